@@ -1,0 +1,5 @@
+import sys
+
+from fluidopt.cli import main
+
+sys.exit(main())

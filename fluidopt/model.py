@@ -1,0 +1,256 @@
+"""The model: frozen dataclasses for a GPU profile, request classes and a scenario.
+
+Units throughout: seconds, tokens, requests. Arrival rates in a :class:`RequestClass` are for the
+whole cluster (requests per second); the fluid LP works per GPU, so :meth:`Scenario.rates` divides
+by the number of GPUs. Every derived rate (tau, mu_p, mu_m, mu_s, w) is computed here and nowhere
+else.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Sequence
+
+import numpy as np
+
+from fluidopt.errors import ScenarioError
+
+LENGTH_DISTRIBUTIONS = ("exponential", "fixed", "lognormal")
+
+
+def _check_positive(where: str, name: str, value: float, *, allow_zero: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ScenarioError(f"{where}.{name}: expected a number, got {value!r} ({type(value).__name__})")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ScenarioError(f"{where}.{name}: expected a finite number, got {value!r}")
+    if allow_zero:
+        if value < 0:
+            raise ScenarioError(f"{where}.{name}: expected a number >= 0, got {value!r}")
+    elif value <= 0:
+        raise ScenarioError(f"{where}.{name}: expected a number > 0, got {value!r}")
+    return value
+
+
+def _check_int(where: str, name: str, value: int, *, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ScenarioError(f"{where}.{name}: expected an integer, got {value!r} ({type(value).__name__})")
+    if value < minimum:
+        raise ScenarioError(f"{where}.{name}: expected an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class GPUProfile:
+    """Iteration-time law of one GPU serving one model.
+
+    A mixed iteration (one prefill chunk of ``chunk`` tokens plus decodes) takes
+    ``tau_mix = alpha + beta * chunk`` seconds; a decode-only ("solo") iteration takes ``tau_solo``
+    seconds, so a solo decode stream produces ``gamma = 1 / tau_solo`` tokens per second.
+
+    Optional fields describe the instance-level setting of the RL-router paper (KV-cache limits and
+    context-dependent iteration time); the fluid model ignores them.
+    """
+
+    alpha: float  # s, mixed-iteration intercept
+    beta: float  # s per prefill token in the chunk
+    tau_solo: float  # s, decode-only iteration
+    chunk: int  # C, prefill tokens per mixed iteration
+    batch: int  # B, concurrent requests per GPU (prefill included)
+    name: str = ""
+    kv_capacity: float | None = None  # tokens of KV cache per GPU (None: unlimited)
+    kv_time_per_token: float = 0.0  # s added to every iteration per token of resident context
+
+    def __post_init__(self) -> None:
+        w = "gpu"
+        _check_positive(w, "alpha", self.alpha, allow_zero=True)
+        _check_positive(w, "beta", self.beta, allow_zero=True)
+        _check_positive(w, "tau_solo", self.tau_solo)
+        _check_int(w, "chunk", self.chunk, minimum=1)
+        _check_int(w, "batch", self.batch, minimum=1)
+        if self.tau_mix <= 0:
+            raise ScenarioError(f"gpu: alpha + beta * chunk must be > 0, got {self.tau_mix!r}")
+        if self.kv_capacity is not None:
+            _check_positive(w, "kv_capacity", self.kv_capacity)
+        _check_positive(w, "kv_time_per_token", self.kv_time_per_token, allow_zero=True)
+
+    @classmethod
+    def from_gamma(cls, alpha: float, beta: float, gamma: float, chunk: int, batch: int, **kw) -> GPUProfile:
+        """Build a profile from the solo decode speed ``gamma`` (tokens/s per stream)."""
+        _check_positive("gpu", "gamma", gamma)
+        return cls(alpha=alpha, beta=beta, tau_solo=1.0 / gamma, chunk=chunk, batch=batch, **kw)
+
+    @property
+    def tau_mix(self) -> float:
+        """Seconds per mixed iteration: alpha + beta * chunk."""
+        return self.alpha + self.beta * self.chunk
+
+    @property
+    def gamma(self) -> float:
+        """Tokens per second of one decode stream on a solo GPU (1 / tau_solo)."""
+        return 1.0 / self.tau_solo
+
+    @property
+    def decode_buffer_free(self) -> bool:
+        """Prop. 3.2 condition gamma * tau_mix >= (B - 1) / B: the bundled LP needs no decode buffer."""
+        return self.gamma * self.tau_mix >= (self.batch - 1) / self.batch
+
+
+@dataclass(frozen=True)
+class RequestClass:
+    """One class of requests.
+
+    ``prompt`` and ``decode`` are mean token counts; ``rate`` is the cluster-wide Poisson arrival
+    rate (requests/s); ``patience`` is theta, the abandonment rate (1/s) while waiting in any queue
+    (0 means infinitely patient). ``prefill_price``/``decode_price`` override the scenario's token
+    prices for this class. The ``lengths`` fields only matter to the token-level simulator.
+    """
+
+    name: str
+    prompt: float  # mean prompt tokens P_i
+    decode: float  # mean output tokens D_i
+    rate: float  # arrivals per second, whole cluster
+    patience: float = 0.0  # theta_i, 1/s
+    prefill_price: float | None = None  # per prompt token
+    decode_price: float | None = None  # per output token
+    lengths: str = "exponential"  # distribution of token lengths: exponential, fixed, lognormal
+    prompt_sigma: float | None = None  # lognormal shape of prompt length
+    decode_sigma: float | None = None  # lognormal shape of output length
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ScenarioError(f"classes.name: expected a non-empty string, got {self.name!r}")
+        w = f"classes[{self.name}]"
+        _check_positive(w, "prompt", self.prompt)
+        _check_positive(w, "decode", self.decode)
+        _check_positive(w, "rate", self.rate)
+        _check_positive(w, "patience", self.patience, allow_zero=True)
+        if self.prefill_price is not None:
+            _check_positive(w, "prefill_price", self.prefill_price, allow_zero=True)
+        if self.decode_price is not None:
+            _check_positive(w, "decode_price", self.decode_price, allow_zero=True)
+        if self.lengths not in LENGTH_DISTRIBUTIONS:
+            raise ScenarioError(
+                f"{w}.lengths: expected one of {', '.join(LENGTH_DISTRIBUTIONS)}, got {self.lengths!r}"
+            )
+        for s in ("prompt_sigma", "decode_sigma"):
+            v = getattr(self, s)
+            if v is not None:
+                _check_positive(w, s, v)
+        if self.lengths == "lognormal" and (self.prompt_sigma is None or self.decode_sigma is None):
+            raise ScenarioError(f"{w}: lengths = 'lognormal' needs prompt_sigma and decode_sigma (> 0)")
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Per-class rates of a scenario, per GPU, as numpy arrays indexed by class (fluid LP inputs).
+
+    lam: arrivals per GPU per second; theta: abandonment rate (1/s); mu_p: prefill completions
+    per second of one prefill slot; mu_m / mu_s: decode completions per second of one decode slot on
+    a mixed / solo GPU; prefill_reward = c_p P, decode_reward = c_d D, w = their sum (per request).
+    """
+
+    lam: np.ndarray
+    theta: np.ndarray
+    mu_p: np.ndarray
+    mu_m: np.ndarray
+    mu_s: np.ndarray
+    prefill_reward: np.ndarray
+    decode_reward: np.ndarray
+
+    @property
+    def w(self) -> np.ndarray:
+        """Bundled reward per completed request: c_p P_i + c_d D_i."""
+        return self.prefill_reward + self.decode_reward
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A fleet of ``gpus`` identical GPUs serving ``classes`` at token prices c_p and c_d."""
+
+    gpu: GPUProfile
+    gpus: int
+    classes: tuple[RequestClass, ...]
+    prefill_price: float = 0.0  # c_p, per prompt token
+    decode_price: float = 0.0  # c_d, per output token
+    name: str = "scenario"
+    meta: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.gpu, GPUProfile):
+            raise ScenarioError(f"gpu: expected a GPUProfile, got {type(self.gpu).__name__}")
+        _check_int("cluster", "gpus", self.gpus, minimum=1)
+        classes = tuple(self.classes)
+        object.__setattr__(self, "classes", classes)
+        if not classes:
+            raise ScenarioError("classes: expected at least one request class, got none")
+        for c in classes:
+            if not isinstance(c, RequestClass):
+                raise ScenarioError(f"classes: expected RequestClass items, got {type(c).__name__}")
+        names = [c.name for c in classes]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ScenarioError(f"classes.name: class names must be unique, repeated: {', '.join(dup)}")
+        _check_positive("pricing", "prefill", self.prefill_price, allow_zero=True)
+        _check_positive("pricing", "decode", self.decode_price, allow_zero=True)
+
+    # -- convenience -------------------------------------------------------------------------
+    @property
+    def n_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def class_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.classes)
+
+    def with_gpus(self, gpus: int) -> Scenario:
+        """Same per-GPU load on a fleet of ``gpus`` GPUs (cluster arrival rates scale with n)."""
+        f = gpus / self.gpus
+        return replace(self, gpus=gpus, classes=tuple(replace(c, rate=c.rate * f) for c in self.classes))
+
+    def with_prices(self, prefill: float | None = None, decode: float | None = None) -> Scenario:
+        return replace(
+            self,
+            prefill_price=self.prefill_price if prefill is None else prefill,
+            decode_price=self.decode_price if decode is None else decode,
+        )
+
+    def class_prices(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per-class (c_p, c_d) token prices after applying per-class overrides."""
+        cp = np.array([self.prefill_price if c.prefill_price is None else c.prefill_price for c in self.classes])
+        cd = np.array([self.decode_price if c.decode_price is None else c.decode_price for c in self.classes])
+        return cp, cd
+
+    def rates(self) -> Rates:
+        """Derived per-GPU rates of the fluid model (DESIGN.md section 2)."""
+        g = self.gpu
+        tau = g.tau_mix
+        P = np.array([c.prompt for c in self.classes], dtype=float)
+        D = np.array([c.decode for c in self.classes], dtype=float)
+        cp, cd = self.class_prices()
+        return Rates(
+            lam=np.array([c.rate for c in self.classes], dtype=float) / self.gpus,
+            theta=np.array([c.patience for c in self.classes], dtype=float),
+            mu_p=g.chunk / (P * tau),
+            mu_m=1.0 / (D * tau),
+            mu_s=g.gamma / D,
+            prefill_reward=cp * P,
+            decode_reward=cd * D,
+        )
+
+
+def paper_gpu() -> GPUProfile:
+    """The GPU of the paper's two-class instance (Qwen-8B on A100: alpha, beta, gamma = 45.45)."""
+    return GPUProfile.from_gamma(alpha=0.0174, beta=6.2e-5, gamma=45.45, chunk=256, batch=16, name="paper")
+
+
+def paper_scenario(gpus: int = 500, lam: Sequence[float] = (0.5, 0.5), theta: Sequence[float] = (0.1, 0.1)) -> Scenario:
+    """The paper's two-class instance (DESIGN.md 2.1) on ``gpus`` GPUs; ``lam`` is per GPU."""
+    classes = (
+        RequestClass("short-prompt", prompt=300, decode=1000, rate=lam[0] * gpus, patience=theta[0]),
+        RequestClass("long-prompt", prompt=3000, decode=400, rate=lam[1] * gpus, patience=theta[1]),
+    )
+    return Scenario(
+        gpu=paper_gpu(), gpus=gpus, classes=classes, prefill_price=0.1, decode_price=0.2, name="paper-two-class"
+    )

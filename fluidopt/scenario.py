@@ -1,0 +1,245 @@
+"""Load and validate scenarios from TOML files or plain dicts.
+
+The TOML shape (DESIGN/issue 2)::
+
+    name = "paper-two-class"
+    [gpu]            # or: gpu = "qwen-8b-a100", a named profile from calibration/
+    alpha = 0.0174   # s
+    beta = 6.2e-5    # s per prefill token
+    tau_solo = 0.022 # s (or gamma = 45.45 tokens/s, not both)
+    chunk = 256
+    batch = 16
+    [cluster]
+    gpus = 500
+    [pricing]
+    prefill = 0.1
+    decode = 0.2
+    [[classes]]
+    name = "code"
+    prompt = 300
+    decode = 1000
+    rate = 250.0     # per second, whole cluster
+    patience = 0.1   # 1/s
+
+Validation is strict: unknown keys, missing fields and wrong types raise :class:`ScenarioError`
+naming the field, the value and what was expected.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Mapping
+
+from fluidopt.errors import ScenarioError
+from fluidopt.model import GPUProfile, RequestClass, Scenario, paper_scenario
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+_TOP_KEYS = {"name", "gpu", "cluster", "pricing", "classes", "description"}
+_GPU_REQUIRED = ("alpha", "beta", "chunk", "batch")
+_GPU_OPTIONAL = {"tau_solo", "gamma", "name", "kv_capacity", "kv_time_per_token"}
+_CLUSTER_KEYS = {"gpus"}
+_PRICING_KEYS = {"prefill", "decode"}
+_CLASS_REQUIRED = ("name", "prompt", "decode", "rate")
+_CLASS_OPTIONAL = {
+    "patience", "prefill_price", "decode_price", "lengths", "prompt_sigma", "decode_sigma",
+}
+
+DEFAULT_SCENARIO_NAME = "paper-two-class"
+
+
+def _expect_table(where: str, value: Any) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ScenarioError(f"{where}: expected a table, got {value!r} ({type(value).__name__})")
+    return value
+
+
+def _reject_unknown(where: str, table: Mapping[str, Any], allowed: set[str]) -> None:
+    unknown = sorted(set(table) - allowed)
+    if unknown:
+        raise ScenarioError(
+            f"{where}: unknown key {unknown[0]!r}; expected one of {', '.join(sorted(allowed))}"
+        )
+
+
+def _require(where: str, table: Mapping[str, Any], keys: tuple[str, ...]) -> None:
+    for k in keys:
+        if k not in table:
+            raise ScenarioError(f"{where}.{k}: missing required field")
+
+
+def _number(where: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ScenarioError(f"{where}: expected a number, got {value!r} ({type(value).__name__})")
+    return value
+
+
+def _integer(where: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ScenarioError(f"{where}: expected an integer, got {value!r} ({type(value).__name__})")
+    return value
+
+
+def gpu_from_dict(table: Mapping[str, Any], where: str = "gpu") -> GPUProfile:
+    """Build a :class:`GPUProfile` from a TOML-like table, validating every field."""
+    table = _expect_table(where, table)
+    _reject_unknown(where, table, set(_GPU_REQUIRED) | _GPU_OPTIONAL)
+    _require(where, table, _GPU_REQUIRED)
+    has_tau, has_gamma = "tau_solo" in table, "gamma" in table
+    if has_tau == has_gamma:
+        raise ScenarioError(
+            f"{where}: give exactly one of tau_solo (s per decode-only iteration) or gamma (tokens/s), "
+            f"got {'both' if has_tau else 'neither'}"
+        )
+    kw: dict[str, Any] = {}
+    for k in ("alpha", "beta"):
+        kw[k] = _number(f"{where}.{k}", table[k])
+    for k in ("chunk", "batch"):
+        kw[k] = _integer(f"{where}.{k}", table[k])
+    if has_tau:
+        kw["tau_solo"] = _number(f"{where}.tau_solo", table["tau_solo"])
+    else:
+        gamma = _number(f"{where}.gamma", table["gamma"])
+        if gamma <= 0:
+            raise ScenarioError(f"{where}.gamma: expected a number > 0, got {gamma!r}")
+        kw["tau_solo"] = 1.0 / gamma
+    if "name" in table:
+        if not isinstance(table["name"], str):
+            raise ScenarioError(f"{where}.name: expected a string, got {table['name']!r}")
+        kw["name"] = table["name"]
+    if "kv_capacity" in table:
+        kw["kv_capacity"] = _number(f"{where}.kv_capacity", table["kv_capacity"])
+    if "kv_time_per_token" in table:
+        kw["kv_time_per_token"] = _number(f"{where}.kv_time_per_token", table["kv_time_per_token"])
+    return GPUProfile(**kw)
+
+
+def class_from_dict(table: Mapping[str, Any], index: int) -> RequestClass:
+    where = f"classes[{index}]"
+    table = _expect_table(where, table)
+    _reject_unknown(where, table, set(_CLASS_REQUIRED) | _CLASS_OPTIONAL)
+    _require(where, table, _CLASS_REQUIRED)
+    name = table["name"]
+    if not isinstance(name, str) or not name:
+        raise ScenarioError(f"{where}.name: expected a non-empty string, got {name!r}")
+    kw: dict[str, Any] = {"name": name}
+    for k in ("prompt", "decode", "rate", "patience", "prefill_price", "decode_price", "prompt_sigma", "decode_sigma"):
+        if k in table:
+            kw[k] = _number(f"{where}.{k}", table[k])
+    if "lengths" in table:
+        if not isinstance(table["lengths"], str):
+            raise ScenarioError(f"{where}.lengths: expected a string, got {table['lengths']!r}")
+        kw["lengths"] = table["lengths"]
+    try:
+        return RequestClass(**kw)
+    except ScenarioError as e:
+        # RequestClass names itself by class name; add the position in the file too.
+        raise ScenarioError(f"{str(e)} (in {where})") from None
+
+
+def scenario_from_dict(data: Mapping[str, Any], *, source: str = "<dict>") -> Scenario:
+    """Build a validated :class:`Scenario` from a dict shaped like the TOML file."""
+    data = _expect_table("scenario", data)
+    _reject_unknown("scenario", data, _TOP_KEYS)
+    _require("scenario", data, ("gpu", "cluster", "classes"))
+    name = data.get("name", Path(source).stem if source != "<dict>" else "scenario")
+    if not isinstance(name, str):
+        raise ScenarioError(f"name: expected a string, got {name!r}")
+
+    gpu_spec = data["gpu"]
+    if isinstance(gpu_spec, str):
+        from fluidopt.calibrate import load_profile  # local import: calibration pulls statsmodels lazily
+
+        gpu = load_profile(gpu_spec)
+    else:
+        gpu = gpu_from_dict(gpu_spec)
+
+    cluster = _expect_table("cluster", data["cluster"])
+    _reject_unknown("cluster", cluster, _CLUSTER_KEYS)
+    _require("cluster", cluster, ("gpus",))
+    gpus = _integer("cluster.gpus", cluster["gpus"])
+    if gpus < 1:
+        raise ScenarioError(f"cluster.gpus: expected an integer >= 1, got {gpus!r}")
+
+    pricing = _expect_table("pricing", data.get("pricing", {}))
+    _reject_unknown("pricing", pricing, _PRICING_KEYS)
+    cp = _number("pricing.prefill", pricing.get("prefill", 0.0))
+    cd = _number("pricing.decode", pricing.get("decode", 0.0))
+
+    classes = data["classes"]
+    if not isinstance(classes, list) or not classes:
+        raise ScenarioError(f"classes: expected a non-empty array of tables ([[classes]]), got {classes!r}")
+    parsed = tuple(class_from_dict(c, i) for i, c in enumerate(classes))
+    return Scenario(gpu=gpu, gpus=gpus, classes=parsed, prefill_price=cp, decode_price=cd, name=name)
+
+
+def loads_scenario(text: str, *, source: str = "<string>") -> Scenario:
+    """Parse a scenario from TOML text."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ScenarioError(f"{source}: not valid TOML: {e}") from None
+    return scenario_from_dict(data, source=source)
+
+
+def load_scenario(path: str | Path | None = None) -> Scenario:
+    """Load a scenario from a TOML file; ``None`` or ``"default"`` gives the built-in default."""
+    if path is None or str(path) in ("default", DEFAULT_SCENARIO_NAME):
+        return default_scenario()
+    p = Path(path)
+    if not p.is_file():
+        raise ScenarioError(f"scenario file {str(p)!r}: no such file")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ScenarioError(f"scenario file {str(p)!r}: cannot read it: {e}") from None
+    return loads_scenario(text, source=str(p))
+
+
+def default_scenario(gpus: int = 500) -> Scenario:
+    """The built-in default: the paper's two-class instance (DESIGN.md 2.1) on ``gpus`` GPUs."""
+    return paper_scenario(gpus=gpus)
+
+
+def scenario_to_dict(s: Scenario) -> dict[str, Any]:
+    """The inverse of :func:`scenario_from_dict` (round-trips through TOML)."""
+    g = s.gpu
+    gpu: dict[str, Any] = {"alpha": g.alpha, "beta": g.beta, "tau_solo": g.tau_solo, "chunk": g.chunk, "batch": g.batch}
+    if g.name:
+        gpu["name"] = g.name
+    if g.kv_capacity is not None:
+        gpu["kv_capacity"] = g.kv_capacity
+    if g.kv_time_per_token:
+        gpu["kv_time_per_token"] = g.kv_time_per_token
+    classes = []
+    for c in s.classes:
+        d: dict[str, Any] = {"name": c.name, "prompt": c.prompt, "decode": c.decode, "rate": c.rate, "patience": c.patience}
+        for k in ("prefill_price", "decode_price", "prompt_sigma", "decode_sigma"):
+            if getattr(c, k) is not None:
+                d[k] = getattr(c, k)
+        if c.lengths != "exponential":
+            d["lengths"] = c.lengths
+        classes.append(d)
+    return {
+        "name": s.name,
+        "gpu": gpu,
+        "cluster": {"gpus": s.gpus},
+        "pricing": {"prefill": s.prefill_price, "decode": s.decode_price},
+        "classes": classes,
+    }
+
+
+__all__ = [
+    "load_scenario",
+    "loads_scenario",
+    "scenario_from_dict",
+    "scenario_to_dict",
+    "default_scenario",
+    "gpu_from_dict",
+]
