@@ -58,7 +58,7 @@ class GPUProfile:
     tau_solo: float  # s, decode-only iteration
     chunk: int  # C, prefill tokens per mixed iteration
     batch: int  # B, concurrent requests per GPU (prefill included)
-    name: str = ""
+    name: str = field(default="", compare=False)
     kv_capacity: float | None = None  # tokens of KV cache per GPU (None: unlimited)
     kv_time_per_token: float = 0.0  # s added to every iteration per token of resident context
 

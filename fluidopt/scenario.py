@@ -27,6 +27,7 @@ naming the field, the value and what was expected.
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import Any, Mapping
@@ -106,8 +107,8 @@ def gpu_from_dict(table: Mapping[str, Any], where: str = "gpu") -> GPUProfile:
         kw["tau_solo"] = _number(f"{where}.tau_solo", table["tau_solo"])
     else:
         gamma = _number(f"{where}.gamma", table["gamma"])
-        if gamma <= 0:
-            raise ScenarioError(f"{where}.gamma: expected a number > 0, got {gamma!r}")
+        if not math.isfinite(gamma) or gamma <= 0:
+            raise ScenarioError(f"{where}.gamma: expected a finite number > 0, got {gamma!r}")
         kw["tau_solo"] = 1.0 / gamma
     if "name" in table:
         if not isinstance(table["name"], str):
@@ -148,7 +149,7 @@ def scenario_from_dict(data: Mapping[str, Any], *, source: str = "<dict>") -> Sc
     data = _expect_table("scenario", data)
     _reject_unknown("scenario", data, _TOP_KEYS)
     _require("scenario", data, ("gpu", "cluster", "classes"))
-    name = data.get("name", Path(source).stem if source != "<dict>" else "scenario")
+    name = data.get("name", Path(source).stem if not source.startswith("<") else "scenario")
     if not isinstance(name, str):
         raise ScenarioError(f"name: expected a string, got {name!r}")
 
