@@ -40,7 +40,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-_TOP_KEYS = {"name", "gpu", "cluster", "pricing", "classes", "description"}
+_TOP_KEYS = {"name", "gpu", "cluster", "pricing", "classes", "description", "slis"}
 _GPU_REQUIRED = ("alpha", "beta", "chunk", "batch")
 _GPU_OPTIONAL = {"tau_solo", "gamma", "name", "kv_capacity", "kv_time_per_token"}
 _CLUSTER_KEYS = {"gpus"}
@@ -177,7 +177,20 @@ def scenario_from_dict(data: Mapping[str, Any], *, source: str = "<dict>") -> Sc
     if not isinstance(classes, list) or not classes:
         raise ScenarioError(f"classes: expected a non-empty array of tables ([[classes]]), got {classes!r}")
     parsed = tuple(class_from_dict(c, i) for i, c in enumerate(classes))
-    return Scenario(gpu=gpu, gpus=gpus, classes=parsed, prefill_price=cp, decode_price=cd, name=name)
+    meta: dict[str, Any] = {}
+    if "slis" in data:
+        meta["slis"] = _slis(data["slis"], tuple(c.name for c in parsed))
+    return Scenario(gpu=gpu, gpus=gpus, classes=parsed, prefill_price=cp, decode_price=cd, name=name, meta=meta)
+
+
+def _slis(value: Any, class_names: tuple[str, ...]) -> tuple[str, ...]:
+    """Validate ``slis = ["tpot=0.03", ...]`` (the ``--sli`` spec strings of ``fluidopt solve``)."""
+    from fluidopt.fluid.sli import parse_sli, validate_slis  # pure Python, no solver import
+
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ScenarioError(f"slis: expected an array of SLI spec strings like \"tpot=0.03\", got {value!r}")
+    validate_slis([parse_sli(v, where=f"slis[{i}]") for i, v in enumerate(value)], class_names)
+    return tuple(value)
 
 
 def loads_scenario(text: str, *, source: str = "<string>") -> Scenario:
@@ -227,13 +240,16 @@ def scenario_to_dict(s: Scenario) -> dict[str, Any]:
         if c.lengths != "exponential":
             d["lengths"] = c.lengths
         classes.append(d)
-    return {
+    out: dict[str, Any] = {
         "name": s.name,
         "gpu": gpu,
         "cluster": {"gpus": s.gpus},
         "pricing": {"prefill": s.prefill_price, "decode": s.decode_price},
         "classes": classes,
     }
+    if s.meta.get("slis"):
+        out["slis"] = list(s.meta["slis"])
+    return out
 
 
 __all__ = [
