@@ -18,6 +18,28 @@ from fluidopt.scenario import default_scenario, load_scenario, loads_scenario, s
 
 __version__ = "0.1.0"
 
+# Heavy parts (Pyomo, statsmodels, the simulator) load on first use, so `import fluidopt` stays fast.
+_LAZY = {
+    "solve_fluid": "fluidopt.fluid.lp",
+    "build_fluid_model": "fluidopt.fluid.lp",
+    "FluidSolution": "fluidopt.fluid.solution",
+    "sweep": "fluidopt.fluid.sweeps",
+    "simulate": "fluidopt.sim.api",
+    "fit_iteration_time": "fluidopt.calibrate",
+    "load_profile": "fluidopt.calibrate",
+}
+
+
+def __getattr__(name: str):
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'fluidopt' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(mod), name)
+    globals()[name] = value
+    return value
+
 __all__ = [
     "ActionError",
     "CalibrationError",
@@ -35,4 +57,5 @@ __all__ = [
     "loads_scenario",
     "paper_scenario",
     "scenario_from_dict",
+    *_LAZY,
 ]
