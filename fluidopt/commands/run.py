@@ -1,0 +1,144 @@
+"""``fluidopt run``: the main job. Solve the scenario's fluid LP, simulate gate-and-route and the
+paper's baselines on it, print a compact report and save tables and figures."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+DEFAULT_POLICIES = ("gate-and-route", "fi-wsp", "gi-wsp", "gf-wsp", "fg-sp")
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "run",
+        help="solve, simulate gate-and-route and the baselines, report (the main job)",
+        description="Solve the fluid LP of SCENARIO (default: the built-in paper instance), simulate "
+        "gate-and-route and the paper's baselines on it, print revenue against the LP bound, "
+        "throughput, abandonment and latency, and save tables and figures under --out.",
+    )
+    p.add_argument("scenario", nargs="?", default=None, metavar="SCENARIO", help="scenario TOML (default: built-in)")
+    p.add_argument("--gpus", type=int, default=None, help="fleet size (same per-GPU load; default: the scenario's)")
+    p.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
+                   help=f"comma-separated policy names (default: {','.join(DEFAULT_POLICIES)})")
+    p.add_argument("--horizon", type=float, default=600.0, help="simulated seconds per run (default 600)")
+    p.add_argument("--warmup", type=float, default=150.0, help="seconds excluded from metrics (default 150)")
+    p.add_argument("--seeds", type=int, default=2, help="independent seeds per policy (default 2)")
+    p.add_argument("--service", choices=("markov", "tokens"), default="markov")
+    p.add_argument("--pricing", choices=("bundled", "separate"), default="bundled")
+    p.add_argument("--workers", type=int, default=None, help="processes (default: CPU count)")
+    p.add_argument("--out", default="fluidopt-run", help="directory for CSV tables and PNG figures "
+                   "(default ./fluidopt-run; '' to save nothing)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from fluidopt.errors import ScenarioError
+    from fluidopt.fluid.lp import solve_fluid
+    from fluidopt.harness import compare
+    from fluidopt.scenario import load_scenario
+
+    scenario = load_scenario(args.scenario)
+    if args.gpus is not None:
+        if args.gpus < 1:
+            raise ScenarioError(f"--gpus: expected an integer >= 1, got {args.gpus}")
+        scenario = scenario.with_gpus(args.gpus)
+    if args.seeds < 1:
+        raise ScenarioError(f"--seeds: expected an integer >= 1, got {args.seeds}")
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    sol = solve_fluid(scenario, pricing=args.pricing)
+    progress = not args.json and bool(getattr(sys.stderr, "isatty", lambda: False)())
+    if not args.json:
+        print(f"fluidopt run: {scenario.name}, {scenario.gpus} GPUs, {args.pricing} pricing, "
+              f"{len(policies)} policies x {args.seeds} seeds, {args.service} service, "
+              f"horizon {args.horizon:g} s (warm-up {args.warmup:g} s)", flush=True)
+        print(f"LP optimum R* = {sol.objective_per_gpu:.2f} per GPU per s; M = {sol.mixed_gpus} mixed GPUs "
+              f"(sum x* = {sol.prefill_occupancy:.4f}); simulating...", flush=True)
+    comp = compare(
+        scenario, policies, seeds=list(range(args.seeds)), horizon=args.horizon, warmup=args.warmup,
+        service=args.service, pricing=args.pricing, workers=args.workers, progress=progress,
+    )
+    summ = comp.summary()
+    files: list[str] = []
+    if args.out:
+        out = Path(args.out)
+        files += [str(p) for p in comp.save(out)]
+        files += _figures(comp, scenario, sol, args, out)
+    if args.json:
+        print(json.dumps({
+            "scenario": scenario.name,
+            "gpus": scenario.gpus,
+            "pricing": args.pricing,
+            "lp_objective_per_gpu": sol.objective_per_gpu,
+            "mixed_gpus": sol.mixed_gpus,
+            "interrupted": comp.interrupted,
+            "wall_seconds": comp.wall_seconds,
+            "policies": [{k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                          for k, v in row.items()} for row in summ.to_dict(orient="records")],
+            "files": files,
+        }, indent=2))
+        return 130 if comp.interrupted else 0
+    print()
+    print(_report(summ))
+    if comp.interrupted:
+        print(f"\ninterrupted: {len(comp.runs)} runs finished and are reported above")
+    if files:
+        print(f"\nsaved: {', '.join(files)}")
+    print(f"({comp.wall_seconds:.1f} s wall)")
+    return 130 if comp.interrupted else 0
+
+
+def _report(summ) -> str:
+    import pandas as pd
+
+    def pm(m, ci, digits):
+        return "" if not math.isfinite(m) else (f"{m:.{digits}f}" + (f" ± {ci:.{digits}f}" if math.isfinite(ci) else ""))
+
+    rows = []
+    for _, r in summ.iterrows():
+        rows.append({
+            "policy": r["policy"],
+            "revenue/GPU/s": pm(r["revenue"], r["revenue_ci"], 2),
+            "vs LP": pm(r["ratio"], r["ratio_ci"], 4),
+            "throughput/GPU/s": f"{r['throughput']:.4f}",
+            "abandoned": f"{100 * r['abandoned_fraction']:.2f}%",
+            "TTFT mean s": f"{r['ttft_mean']:.3f}",
+            "e2e mean s": f"{r['e2e_mean']:.2f}",
+            "e2e p99 s": f"{r['e2e_p99']:.1f}",
+        })
+    return pd.DataFrame(rows).to_string(index=False)
+
+
+def _figures(comp, scenario, sol, args, out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from fluidopt.plots import plot_comparison, plot_occupancy
+    from fluidopt.sim.api import simulate
+
+    files = []
+    if comp.runs.empty:
+        return files
+    path = out / "comparison.png"
+    _save(plot_comparison(comp), path)
+    files.append(str(path))
+    # One sampled gate-and-route run (the first policy) for the occupancy paths.
+    first = comp.runs["policy"].iloc[0]
+    res = simulate(replace(scenario), first, horizon=args.horizon, warmup=args.warmup, seed=0,
+                   service=args.service, sample_interval=max(args.horizon / 300, 0.5), progress=False)
+    path = out / "occupancy.png"
+    _save(plot_occupancy(res, sol), path)
+    files.append(str(path))
+    return files
+
+
+def _save(fig, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.png")
+    fig.savefig(tmp, dpi=110)
+    os.replace(tmp, path)

@@ -1,0 +1,319 @@
+"""The comparison harness: policies x scenarios x seeds, in parallel, into tidy DataFrames.
+
+Each run is one :func:`fluidopt.simulate` call; each scenario's fluid LP optimum (the bound R* that
+no policy can beat in the limit) is solved once in the parent. Runs go to a process pool; Ctrl-C
+stops the pool and returns the runs that finished (``interrupted=True``); ``out=`` writes the tables
+atomically (temporary file, then rename), so a result file is never half written.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from fluidopt.errors import ScenarioError
+from fluidopt.model import Scenario
+
+__all__ = ["Comparison", "compare", "RUN_COLUMNS"]
+
+# Cluster metrics copied from SimResult.summary() into one row per run.
+RUN_COLUMNS = (
+    "revenue_per_gpu",
+    "revenue_per_gpu_ci",
+    "revenue_per_gpu_separate",
+    "revenue_per_gpu_separate_ci",
+    "throughput",
+    "abandoned_fraction",
+    "ttft_mean",
+    "ttft_p99",
+    "e2e_mean",
+    "e2e_p50",
+    "e2e_p99",
+    "tpot_mean",
+    "mixed_gpu_fraction",
+    "slot_utilisation",
+    "requests",
+    "completed",
+    "abandoned",
+    "abandoned_prefill",
+    "abandoned_decode",
+    "wall_seconds",
+    "interrupted",
+)
+
+# Per-class metrics kept in the long per-class table.
+_MIN_SEEDS_FOR_T = 5
+
+CLASS_COLUMNS = (
+    "throughput",
+    "abandoned_fraction",
+    "abandoned_prefill_fraction",
+    "abandoned_decode_fraction",
+    "ttft_mean",
+    "ttft_p99",
+    "e2e_mean",
+    "e2e_p99",
+    "x_mean",
+    "y_mixed_mean",
+    "y_solo_mean",
+    "q_prefill_mean",
+    "q_decode_mean",
+)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Outcome of :func:`compare`.
+
+    ``runs``: one row per (scenario, policy, seed) with cluster metrics (rates per GPU per second,
+    times in seconds), ``revenue`` (per GPU per second under ``pricing``, with its batch-means 95%
+    half-width ``revenue_ci``), the LP bound ``lp_bound`` (R* for ``pricing``) and ``ratio`` =
+    revenue / R*. ``classes``: the per-class metrics of every run (long format).
+    ``bounds``: one row per scenario with the bundled and separate LP optima and M.
+    """
+
+    runs: pd.DataFrame
+    classes: pd.DataFrame
+    bounds: pd.DataFrame
+    pricing: str
+    wall_seconds: float
+    interrupted: bool = False
+    meta: dict = field(default_factory=dict)
+
+    def to_frame(self) -> pd.DataFrame:
+        return self.runs.copy()
+
+    def summary(self) -> pd.DataFrame:
+        """Mean, standard deviation and 95% CI half-width over seeds, per scenario and policy.
+
+        Half-widths are t intervals over seeds; for revenue and ratio with fewer than
+        ``_MIN_SEEDS_FOR_T`` seeds they pool the runs' batch-means intervals instead.
+        """
+        if self.runs.empty:
+            return pd.DataFrame()
+        metrics = ["ratio", "revenue", "throughput", "abandoned_fraction", "ttft_mean", "e2e_mean", "e2e_p99"]
+        rows = []
+        for (scen, pol), g in self.runs.groupby(["scenario", "policy"], sort=False):
+            row: dict[str, Any] = {"scenario": scen, "policy": pol, "seeds": len(g)}
+            for m in metrics:
+                v = g[m].to_numpy(dtype=float)
+                k = len(v)
+                row[m] = float(np.mean(v))
+                row[f"{m}_std"] = float(np.std(v, ddof=1)) if k > 1 else math.nan
+                if m in ("ratio", "revenue") and k < _MIN_SEEDS_FOR_T:
+                    # Few seeds: a t interval over seeds is uninformative (t_{0.975,1} = 12.7), so
+                    # pool the runs' own batch-means half-widths: hw = sqrt(sum hw_j^2) / k.
+                    hw = float(np.sqrt(np.sum(g["revenue_ci"].to_numpy(dtype=float) ** 2)) / k)
+                    row[f"{m}_ci"] = hw / float(g["lp_bound"].iloc[0]) if m == "ratio" else hw
+                elif k > 1:
+                    row[f"{m}_ci"] = float(stats.t.ppf(0.975, k - 1) * row[f"{m}_std"] / math.sqrt(k))
+                else:
+                    row[f"{m}_ci"] = math.nan
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    def save(self, directory: str | os.PathLike) -> list[Path]:
+        """Write runs.csv, classes.csv, bounds.csv and summary.csv into ``directory`` (atomically)."""
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        written = []
+        for name, df in (("runs", self.runs), ("classes", self.classes), ("bounds", self.bounds),
+                         ("summary", self.summary())):
+            written.append(write_csv_atomic(df, d / f"{name}.csv"))
+        return written
+
+
+def write_csv_atomic(df: pd.DataFrame, path: str | os.PathLike) -> Path:
+    """Write ``df`` to ``path`` through a temporary file and a rename (never half written)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        df.to_csv(tmp, index=False)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return path
+
+
+def _lp_bounds(scenario: Scenario) -> dict[str, Any]:
+    from fluidopt.fluid.lp import solve_fluid
+
+    b = solve_fluid(scenario, pricing="bundled")
+    s = solve_fluid(scenario, pricing="separate")
+    return {
+        "scenario": scenario.name,
+        "gpus": scenario.gpus,
+        "lp_bundled": b.objective_per_gpu,
+        "lp_separate": s.objective_per_gpu,
+        "mixed_gpus_bundled": b.mixed_gpus,
+        "mixed_gpus_separate": s.mixed_gpus,
+        "prefill_occupancy_bundled": b.prefill_occupancy,
+    }
+
+
+def _ignore_sigint() -> None:
+    # Workers leave Ctrl-C to the parent, which stops the pool and keeps what finished.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _run_one(job: dict[str, Any]) -> dict[str, Any]:
+    from fluidopt.sim.api import simulate
+
+    res = simulate(
+        job["scenario"], job["policy"], horizon=job["horizon"], warmup=job["warmup"], seed=job["seed"],
+        service=job["service"], progress=False, controller_options=job["options"] or None,
+    )
+    summ = res.summary()
+    row = {k: summ.get(k, math.nan) for k in RUN_COLUMNS}
+    classes = [{"name": c["name"], **{k: c.get(k, math.nan) for k in CLASS_COLUMNS}} for c in summ["classes"]]
+    return {"row": row, "classes": classes}
+
+
+def _check_jobs(scenarios: Sequence[Scenario], policies: Sequence[str], seeds: Sequence[int]) -> None:
+    if not scenarios:
+        raise ScenarioError("compare: scenarios: expected at least one Scenario, got none")
+    for s in scenarios:
+        if not isinstance(s, Scenario):
+            raise ScenarioError(f"compare: scenarios: expected Scenario objects, got {type(s).__name__}")
+    names = [s.name for s in scenarios]
+    if len(set(names)) != len(names):
+        raise ScenarioError(f"compare: scenarios: names must be unique to label the results, got {names}")
+    if not policies:
+        raise ScenarioError("compare: policies: expected at least one policy name, got none")
+    from fluidopt.control.registry import available
+
+    known = available()
+    for p in policies:
+        if not isinstance(p, str) or p.strip().lower().replace("_", "-") not in known:
+            raise ScenarioError(f"compare: policies: unknown policy {p!r}; known: {', '.join(sorted(known))}")
+    if not seeds:
+        raise ScenarioError("compare: seeds: expected at least one seed, got none")
+    for s in seeds:
+        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+            raise ScenarioError(f"compare: seeds: expected integers >= 0, got {s!r}")
+
+
+def compare(
+    scenarios: Scenario | Sequence[Scenario],
+    policies: Sequence[str],
+    *,
+    seeds: Sequence[int] = (0,),
+    horizon: float,
+    warmup: float = 0.0,
+    service: str = "markov",
+    pricing: str = "bundled",
+    workers: int | None = None,
+    progress: bool | None = None,
+    options: dict[str, dict] | None = None,
+    out: str | os.PathLike | None = None,
+) -> Comparison:
+    """Simulate every policy on every scenario for every seed and compare with the LP bound.
+
+    ``policies``: registered names (:func:`fluidopt.control.registry.available`); ``options`` maps a
+    policy name to its controller options. ``pricing`` picks the bound and the revenue column used
+    for ``ratio`` ("bundled" or "separate"). ``workers``: processes (default: CPU count, at most the
+    number of runs; 1 runs in this process). ``out``: a directory for the CSV tables.
+    """
+    if isinstance(scenarios, Scenario):
+        scenarios = [scenarios]
+    scenarios = list(scenarios)
+    policies = list(policies)
+    seeds = list(seeds)
+    _check_jobs(scenarios, policies, seeds)
+    if pricing not in ("bundled", "separate"):
+        raise ScenarioError(f"compare: pricing: expected 'bundled' or 'separate', got {pricing!r}")
+    if progress is None:
+        progress = bool(getattr(sys.stderr, "isatty", lambda: False)())
+    t0 = time.perf_counter()
+    bounds = pd.DataFrame([_lp_bounds(s) for s in scenarios])
+    bound_of = dict(zip(bounds["scenario"], bounds[f"lp_{pricing}"]))
+
+    jobs = [
+        {"scenario": s, "policy": p, "seed": seed, "horizon": horizon, "warmup": warmup, "service": service,
+         "options": (options or {}).get(p)}
+        for s in scenarios for p in policies for seed in seeds
+    ]
+    # Validate run parameters once, up front, rather than in every worker.
+    from fluidopt.sim.api import _seconds
+
+    _seconds("horizon", horizon)
+    if _seconds("warmup", warmup, zero=True) >= horizon:
+        raise ScenarioError(f"compare: warmup: expected less than the horizon {horizon:g} s, got {warmup:g} s")
+    if service not in ("markov", "tokens"):
+        raise ScenarioError(f"compare: service: expected 'markov' or 'tokens', got {service!r}")
+
+    n_workers = workers if workers is not None else (os.cpu_count() or 1)
+    n_workers = max(1, min(int(n_workers), len(jobs)))
+    done: dict[int, dict[str, Any]] = {}
+    interrupted = False
+
+    def note(k: int) -> None:
+        if progress:
+            j = jobs[k]
+            r = done[k]["row"]
+            print(f"[{len(done)}/{len(jobs)}] {j['scenario'].name} {j['policy']} seed={j['seed']}: "
+                  f"revenue/GPU/s {r['revenue_per_gpu']:.4g} ({r['wall_seconds']:.1f} s)", file=sys.stderr, flush=True)
+
+    try:
+        if n_workers == 1:
+            for k, job in enumerate(jobs):
+                done[k] = _run_one(job)
+                note(k)
+        else:
+            with ProcessPoolExecutor(max_workers=n_workers, initializer=_ignore_sigint) as pool:
+                futures: dict[Future, int] = {pool.submit(_run_one, job): k for k, job in enumerate(jobs)}
+                pending = set(futures)
+                try:
+                    while pending:
+                        finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                        for f in finished:
+                            done[futures[f]] = f.result()
+                            note(futures[f])
+                except KeyboardInterrupt:
+                    for f in pending:
+                        f.cancel()
+                    for p in list(getattr(pool, "_processes", {}).values()):
+                        p.terminate()
+                    raise
+    except KeyboardInterrupt:
+        interrupted = True
+        if progress:
+            print(f"interrupted: keeping {len(done)} of {len(jobs)} runs", file=sys.stderr, flush=True)
+
+    rows, class_rows = [], []
+    for k in sorted(done):
+        j = jobs[k]
+        key = {"scenario": j["scenario"].name, "policy": j["policy"], "seed": j["seed"], "gpus": j["scenario"].gpus,
+               "service": j["service"]}
+        r = done[k]["row"]
+        col = "revenue_per_gpu" if pricing == "bundled" else "revenue_per_gpu_separate"
+        rev, rev_ci = r[col], r[f"{col}_ci"]
+        bound = bound_of[j["scenario"].name]
+        rows.append({**key, "lp_bound": bound, "revenue": rev, "revenue_ci": rev_ci,
+                     "ratio": rev / bound if bound > 0 else math.nan, **r})
+        class_rows.extend({**key, **c} for c in done[k]["classes"])
+    result = Comparison(
+        runs=pd.DataFrame(rows),
+        classes=pd.DataFrame(class_rows),
+        bounds=bounds,
+        pricing=pricing,
+        wall_seconds=time.perf_counter() - t0,
+        interrupted=interrupted,
+        meta={"horizon": horizon, "warmup": warmup, "service": service, "seeds": seeds, "workers": n_workers},
+    )
+    if out is not None:
+        result.save(out)
+    return result

@@ -1,0 +1,119 @@
+"""The comparison harness and the ``fluidopt run`` main job."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import fluidopt
+from fluidopt import harness
+from fluidopt.errors import ScenarioError
+from fluidopt.harness import compare
+
+SMALL = fluidopt.default_scenario(gpus=8)
+KW = dict(horizon=60.0, warmup=10.0)
+
+
+def test_rows_bounds_and_ratio():
+    c = compare(SMALL, ["gate-and-route", "fi-wsp"], seeds=[0, 1], workers=1, **KW)
+    assert len(c.runs) == 4 and not c.interrupted
+    assert set(c.runs["policy"]) == {"gate-and-route", "fi-wsp"}
+    lp = fluidopt.solve_fluid(SMALL).objective_per_gpu
+    assert np.allclose(c.runs["lp_bound"], lp)
+    assert np.allclose(c.runs["ratio"], c.runs["revenue_per_gpu"] / lp)
+    # per-class table: one row per class per run
+    assert len(c.classes) == 4 * SMALL.n_classes
+    s = c.summary()
+    assert list(s["policy"]) == ["gate-and-route", "fi-wsp"] and (s["seeds"] == 2).all()
+    # two seeds: the pooled batch-means half-width sqrt(sum hw^2)/k
+    g = c.runs[c.runs["policy"] == "fi-wsp"]
+    expect = np.sqrt((g["revenue_ci"] ** 2).sum()) / 2
+    assert s.loc[s["policy"] == "fi-wsp", "revenue_ci"].item() == pytest.approx(expect)
+
+
+def test_runs_reproduce_simulate_and_do_not_depend_on_workers():
+    """A harness run is exactly simulate() with the same seed, in any process layout."""
+    serial = compare(SMALL, ["gate-and-route"], seeds=[3, 4], workers=1, **KW)
+    parallel = compare(SMALL, ["gate-and-route"], seeds=[3, 4], workers=2, **KW)
+    cols = ["seed", "revenue_per_gpu", "throughput", "abandoned", "completed", "e2e_mean"]
+    assert serial.runs[cols].equals(parallel.runs[cols])
+    direct = fluidopt.simulate(SMALL, "gate-and-route", seed=4, **KW)
+    row = serial.runs[serial.runs["seed"] == 4].iloc[0]
+    assert row["revenue_per_gpu"] == direct.cluster["revenue_per_gpu"]
+    assert row["completed"] == direct.totals["completed"]
+
+
+def test_interrupt_keeps_finished_runs(monkeypatch):
+    real = harness._run_one
+    calls = []
+
+    def flaky(job):
+        calls.append(job["seed"])
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(job)
+
+    monkeypatch.setattr(harness, "_run_one", flaky)
+    c = compare(SMALL, ["fi-wsp"], seeds=[0, 1, 2], workers=1, **KW)
+    assert c.interrupted and list(c.runs["seed"]) == [0]
+
+
+def test_save_writes_complete_tables(tmp_path):
+    c = compare(SMALL, ["fi-wsp"], seeds=[0], workers=1, out=tmp_path / "res", **KW)
+    names = sorted(p.name for p in (tmp_path / "res").iterdir())
+    assert names == ["bounds.csv", "classes.csv", "runs.csv", "summary.csv"]
+    import pandas as pd
+
+    assert len(pd.read_csv(tmp_path / "res" / "runs.csv")) == len(c.runs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(policies=["no-such-policy"]), r"unknown policy 'no-such-policy'"),
+        (dict(policies=[]), r"policies: expected at least one"),
+        (dict(seeds=[-1]), r"seeds: expected integers >= 0, got -1"),
+        (dict(seeds=[]), r"seeds: expected at least one seed"),
+        (dict(pricing="flat"), r"pricing: expected 'bundled' or 'separate', got 'flat'"),
+        (dict(warmup=100.0), r"warmup: expected less than the horizon"),
+        (dict(service="fluid"), r"service: expected 'markov' or 'tokens', got 'fluid'"),
+    ],
+)
+def test_bad_arguments_are_named(kwargs, message):
+    args = dict(policies=["fi-wsp"], seeds=[0], horizon=60.0, warmup=10.0, workers=1)
+    args.update(kwargs)
+    policies = args.pop("policies")
+    with pytest.raises(ScenarioError, match=message):
+        compare(SMALL, policies, **args)
+
+
+def test_duplicate_scenario_names_rejected():
+    with pytest.raises(ScenarioError, match="names must be unique"):
+        compare([SMALL, SMALL.with_gpus(4)], ["fi-wsp"], workers=1, **KW)
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "fluidopt", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_run_main_job_json_and_files(tmp_path):
+    out = tmp_path / "out"
+    p = _cli("run", "--gpus", "6", "--horizon", "40", "--warmup", "10", "--seeds", "1", "--workers", "1",
+             "--policies", "gate-and-route,fi-wsp", "--out", str(out), "--json")
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert d["gpus"] == 6 and d["lp_objective_per_gpu"] == pytest.approx(297.7032, abs=1e-3)
+    assert [r["policy"] for r in d["policies"]] == ["gate-and-route", "fi-wsp"]
+    assert all(0 < r["ratio"] < 1.2 for r in d["policies"])
+    for name in ("runs.csv", "summary.csv", "comparison.png", "occupancy.png"):
+        assert (out / name).stat().st_size > 0
+
+
+def test_run_bad_input_exits_2_without_traceback(tmp_path):
+    p = _cli("run", "--gpus", "0", "--out", "")
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "--gpus: expected an integer >= 1, got 0" in p.stderr
+    p = _cli("run", "--policies", "nope", "--gpus", "4", "--horizon", "10", "--out", "")
+    assert p.returncode == 2 and "unknown policy 'nope'" in p.stderr
