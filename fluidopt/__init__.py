@@ -57,5 +57,11 @@ __all__ = [
     "loads_scenario",
     "paper_scenario",
     "scenario_from_dict",
-    *_LAZY,
+    "solve_fluid",
+    "build_fluid_model",
+    "FluidSolution",
+    "sweep",
+    "simulate",
+    "fit_iteration_time",
+    "load_profile",
 ]

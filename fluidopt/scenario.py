@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from fluidopt.errors import ScenarioError
 from fluidopt.model import GPUProfile, RequestClass, Scenario, paper_scenario
