@@ -1,0 +1,133 @@
+"""``fluidopt simulate``: run a policy on a scenario in the many-server simulator and print its metrics."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from typing import Any
+
+EPILOG = """\
+examples:
+  fluidopt simulate --policy fi-wsp --horizon 2000 --warmup 200
+  fluidopt simulate scenario.toml --policy round-robin --service tokens --gpus 8 --horizon 600 --json
+  fluidopt simulate --policy fi-wsp --horizon 100 --records requests.csv
+  fluidopt simulate --list-policies
+
+Metrics exclude the warm-up; rates, occupancies and queues are per GPU (docs/simulator.md). Ctrl-C
+stops the run and prints the partial result, flagged as interrupted (exit status 130).
+"""
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "simulate",
+        help="simulate a policy on a scenario (stochastic many-server simulator)",
+        description=(
+            "Run a controller (a registered policy) on a scenario in the event-driven many-server simulator "
+            "and print revenue, throughput, abandonment, latency and occupancy metrics with 95% batch-means "
+            "confidence intervals."
+        ),
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("scenario", nargs="?", default=None, metavar="SCENARIO",
+                   help="scenario TOML file (default: the built-in paper two-class instance)")
+    p.add_argument("--policy", default=None, metavar="NAME", help="registered policy name (see --list-policies)")
+    p.add_argument("--gpus", type=int, default=None, metavar="N",
+                   help="number of GPUs (arrival rates scale to keep the per-GPU load)")
+    p.add_argument("--horizon", type=float, default=1000.0, metavar="T", help="simulated seconds (default 1000)")
+    p.add_argument("--warmup", type=float, default=None, metavar="W",
+                   help="warm-up seconds excluded from the metrics (default: 10%% of the horizon)")
+    p.add_argument("--seed", type=int, default=0, metavar="S", help="random seed (default 0)")
+    p.add_argument("--service", choices=("markov", "tokens"), default="markov",
+                   help="markov: the paper's exponential model; tokens: integer token lengths (default markov)")
+    p.add_argument("--records", default=None, metavar="FILE", help="write one CSV row per request to FILE")
+    p.add_argument("--sample-interval", type=float, default=None, metavar="S",
+                   help="sample the state every S seconds (shown only with --json as 'timeseries_rows')")
+    p.add_argument("--batches", type=int, default=20, metavar="K", help="batches for the confidence intervals (20)")
+    prog = p.add_mutually_exclusive_group()
+    prog.add_argument("--progress", dest="progress", action="store_true", default=None,
+                      help="show progress on stderr (default: when stderr is a terminal)")
+    prog.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    p.add_argument("--list-policies", action="store_true", help="list the registered policies and exit")
+    return p
+
+
+def _fmt(v: Any, digits: int = 5) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        return f"{v:.{digits}g}"
+    return str(v)
+
+
+def format_result(res: Any) -> str:
+    """Plain-text report of a SimResult."""
+    s = res.summary()
+    cl = res.cluster
+    if len(res.per_class.columns) == 0:  # interrupted before the warm-up ended: nothing measured
+        return (f"simulate: policy {res.policy!r} on {res.scenario!r}: interrupted at t = {res.t_end:g} s, before the "
+                f"warm-up ended ({res.warmup:g} s): no metrics; {s['requests']} requests simulated")
+    lines = [
+        (f"simulate: policy {res.policy!r} on {res.scenario!r}, {res.n_gpus} GPUs, service {res.service}, "
+         f"seed {res.seed}" + ("  [INTERRUPTED]" if res.interrupted else "")),
+        (f"  window {res.warmup:g} .. {res.t_end:g} s; {s['requests']} requests ({s['completed']} completed, "
+         f"{s['abandoned']} abandoned, {s['dropped']} dropped, {s['in_system']} in system); "
+         f"{res.wall_seconds:.2f} s wall, {s['requests'] / max(res.wall_seconds, 1e-9):,.0f} requests/s"),
+        "",
+        (f"  revenue per GPU per s   bundled {_fmt(cl['revenue_per_gpu'], 6)} +/- {_fmt(cl['revenue_per_gpu_ci'], 2)}"
+         f"   separate {_fmt(cl['revenue_per_gpu_separate'], 6)} +/- {_fmt(cl['revenue_per_gpu_separate_ci'], 2)}"),
+        (f"  throughput {_fmt(cl['throughput'])} per GPU per s; abandoned {_fmt(cl['abandoned_fraction'], 4)}; "
+         f"TTFT mean {_fmt(cl['ttft_mean'], 4)} s; e2e mean {_fmt(cl['e2e_mean'], 4)} s "
+         f"(p50 {_fmt(cl['e2e_p50'], 4)}, p90 {_fmt(cl['e2e_p90'], 4)}, p99 {_fmt(cl['e2e_p99'], 4)})"),
+        (f"  GPUs busy {_fmt(cl['gpu_busy_fraction'], 4)}, mixed {_fmt(cl['mixed_gpu_fraction'], 4)}; "
+         f"slot utilisation {_fmt(cl['slot_utilisation'], 4)}; preemptions {cl['preemptions']}"),
+        "",
+    ]
+    import pandas as pd
+
+    cols = ["throughput", "abandoned_fraction", "ttft_mean", "ttft_p99", "e2e_mean", "e2e_p99", "x_mean",
+            "y_mixed_mean", "y_solo_mean", "q_prefill_mean", "q_decode_mean"]
+    df = res.per_class[cols]
+    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.float_format", "{:.5g}".format):
+        lines.append("  per class (rates, occupancies and queues per GPU; times in seconds):")
+        lines += ["    " + ln for ln in df.to_string().splitlines()]
+    if res.records_path:
+        lines += ["", f"  records: {res.records_path}"]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from fluidopt.control.registry import available
+    from fluidopt.errors import ScenarioError
+    from fluidopt.scenario import load_scenario
+    from fluidopt.sim.api import simulate
+
+    if args.list_policies:
+        for name, desc in available().items():
+            print(f"{name:24s} {desc}")
+        return 0
+    if not args.policy:
+        raise ScenarioError("--policy: a policy name is required (see fluidopt simulate --list-policies)")
+    scenario = load_scenario(args.scenario)
+    if args.gpus is not None:
+        if args.gpus < 1:
+            raise ScenarioError(f"--gpus: expected an integer >= 1, got {args.gpus}")
+        scenario = scenario.with_gpus(args.gpus)
+    warmup = 0.1 * args.horizon if args.warmup is None else args.warmup
+    res = simulate(
+        scenario, args.policy, horizon=args.horizon, warmup=warmup, seed=args.seed, service=args.service,
+        records=args.records, sample_interval=args.sample_interval, progress=args.progress, batches=args.batches,
+    )
+    if args.json:
+        out = res.summary()
+        if res.timeseries is not None:
+            out["timeseries_rows"] = len(res.timeseries)
+        print(json.dumps(out, indent=2, allow_nan=False))
+    else:
+        print(format_result(res))
+    return 130 if res.interrupted else 0

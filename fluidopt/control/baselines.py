@@ -1,0 +1,137 @@
+"""Baseline policies: the paper's FI-WSP (DESIGN.md 2.3, Fig. 7) and a reference FCFS policy.
+
+FI-WSP ("FCFS, no gate, work-sharing prefill"; vLLM/Sarathi's default): no gate and no partition:
+every GPU takes a prefill whenever its prefill slot is idle and it has a free slot, admitting the
+earliest-arrived waiting request of any class; a finished prefill decodes on the same GPU, in the
+slot it already holds (coupled decode), so the decode buffer stays empty.
+"""
+
+from __future__ import annotations
+
+from fluidopt.control.protocol import DECODE_QUEUE, PREFILL_QUEUE, Context, Controller
+from fluidopt.control.registry import register
+from fluidopt.errors import ScenarioError
+from fluidopt.model import Scenario
+
+__all__ = ["FIWSP", "ReservedPrefillFCFS"]
+
+
+class FIWSP(Controller):
+    """FCFS admission to any GPU with an idle prefill slot; decode stays on its prefill's GPU.
+
+    An arrival that finds idle prefill slots starts on one chosen uniformly at random (the
+    controller's seeded stream). With a KV capacity (tokens mode) a prefill starts only where its
+    prompt fits; otherwise it waits.
+    """
+
+    name = "fi-wsp"
+
+    def setup(self, ctx: Context) -> None:
+        self._idle = ctx.idle_prefill(0)
+        self._kv = ctx.gpu_kv_free(0) != float("inf")
+
+    def _fits(self, ctx: Context, r: int, g: int) -> bool:
+        return not self._kv or ctx.gpu_kv_free(g) >= ctx.req_prompt(r) + ctx.req_generated(r)
+
+    def on_arrival(self, ctx: Context, r: int) -> None:
+        idle = self._idle
+        if ctx.qlen(PREFILL_QUEUE) == 0:
+            g = idle.choice()
+            if g >= 0 and self._fits(ctx, r, g):
+                ctx.start_prefill(r, g)
+            return
+        # Others wait (possible only when KV space held them back): FCFS, r joins the back.
+        ctx.enqueue(r, PREFILL_QUEUE)
+        while idle:
+            h = ctx.head(PREFILL_QUEUE)
+            g = idle.choice()
+            if not self._fits(ctx, h, g):
+                break
+            ctx.start_prefill(h, g)
+            if ctx.qlen(PREFILL_QUEUE) == 0:
+                break
+
+    def on_prefill_done(self, ctx: Context, r: int, g: int) -> None:
+        ctx.start_decode(r, g)  # the slot it held for the prefill: always free
+
+    def on_slot_freed(self, ctx: Context, g: int) -> None:
+        if g in self._idle:
+            r = ctx.head(PREFILL_QUEUE)
+            if r >= 0 and self._fits(ctx, r, g):
+                ctx.start_prefill(r, g)
+
+
+@register("fi-wsp", description="paper baseline: FCFS admission, no gate, decode stays on its prefill's GPU",
+          aliases=("fcfs",))
+def _make_fiwsp(scenario: Scenario) -> FIWSP:
+    return FIWSP()
+
+
+class ReservedPrefillFCFS(Controller):
+    """Reference policy: prefill GPUs keep one slot for prefills; FCFS admission; decodes anywhere.
+
+    GPUs ``0..m-1`` (``m = prefill_gpus``, default all) take prefills and at most B-1 decodes
+    (``decode_on_prefill_gpus=False``: none), so a prefill slot is free exactly when no prefill runs
+    on the GPU; GPUs ``m..n-1`` only decode (B each). An arrival starts on a random idle prefill slot
+    if no one waits (FCFS across classes); a finished prefill decodes on a random decode-only GPU
+    with a free slot, else a random prefill GPU with a free decode slot, else waits in the FCFS
+    decode buffer; freed slots pull from the two queues.
+
+    Whatever the decodes do, the prefill stage is then a textbook FCFS multi-server queue with m
+    servers: M/M/m+M (Erlang A; Erlang C without patience) under ``service="markov"``, M/G/m under
+    ``service="tokens"`` with service time ceil(P/C) * tau_mix (see :mod:`fluidopt.sim.textbook`).
+    """
+
+    name = "reserved-prefill-fcfs"
+
+    def __init__(self, *, prefill_gpus: int | None = None, decode_on_prefill_gpus: bool = True):
+        self.prefill_gpus = prefill_gpus
+        self.decode_on_prefill_gpus = bool(decode_on_prefill_gpus)
+
+    def setup(self, ctx: Context) -> None:
+        n, B = ctx.n_gpus, ctx.batch
+        m = n if self.prefill_gpus is None else int(self.prefill_gpus)
+        if not 1 <= m <= n:
+            raise ScenarioError(f"{self.name}: prefill_gpus: expected 1..{n}, got {self.prefill_gpus!r}")
+        if B < 2 and self.decode_on_prefill_gpus and m == n:
+            raise ScenarioError(f"{self.name}: needs batch >= 2 (one slot for prefills, one for decodes), got {B}")
+        ctx.set_pool(range(m), 0, prefill=True, max_decodes=B - 1 if self.decode_on_prefill_gpus else 0)
+        if m < n:
+            ctx.set_pool(range(m, n), 1, prefill=False, max_decodes=B)
+        self._idle = ctx.idle_prefill(0)
+        self._dec = [ctx.free_decode(1) if m < n else None, ctx.free_decode(0)]
+        self._kv = ctx.gpu_kv_free(0) != float("inf")
+
+    def _fits(self, ctx: Context, r: int, g: int) -> bool:
+        """KV room on g for r's prompt (plus the tokens it already generated); always without a KV cap."""
+        return not self._kv or ctx.gpu_kv_free(g) >= ctx.req_prompt(r) + ctx.req_generated(r)
+
+    def on_arrival(self, ctx: Context, r: int) -> None:
+        if ctx.qlen(PREFILL_QUEUE) == 0:
+            g = self._idle.choice()
+            if g >= 0 and self._fits(ctx, r, g):
+                ctx.start_prefill(r, g)
+
+    def on_prefill_done(self, ctx: Context, r: int, g: int) -> None:
+        for s in self._dec:
+            if s:
+                h = s.choice()
+                if self._fits(ctx, r, h):
+                    ctx.start_decode(r, h)
+                    return
+
+    def on_slot_freed(self, ctx: Context, g: int) -> None:
+        if g in self._idle:
+            r = ctx.head(PREFILL_QUEUE)
+            if r >= 0 and self._fits(ctx, r, g):
+                ctx.start_prefill(r, g)
+        if ctx.qlen(DECODE_QUEUE) and any(s is not None and g in s for s in self._dec):
+            r = ctx.head(DECODE_QUEUE)
+            if self._fits(ctx, r, g):
+                ctx.start_decode(r, g)
+
+
+@register("reserved-prefill-fcfs",
+          description="reference: a slot reserved for prefill on every GPU, FCFS, decode anywhere (exact M/M/c+M prefill stage)")
+def _make_reserved(scenario: Scenario, **kw) -> ReservedPrefillFCFS:
+    return ReservedPrefillFCFS(**kw)

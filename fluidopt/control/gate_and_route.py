@@ -1,0 +1,554 @@
+"""Gate-and-route controllers built from a fluid-LP solution (DESIGN.md 2.3; paper Thms 4.1, 4.2, 5.1).
+
+All of them share one static plan: with ``n`` GPUs and per-GPU LP targets x_i*, the first
+M = ceil(n sum_i x_i*) GPUs form the *mixed* pool (pool 0: prefills allowed, at most B-1 decodes, so
+one slot per GPU stays reserved for a prefill) and the other n - M the *solo* pool (pool 1: no
+prefill, B decodes). They differ in the gate (which waiting class a free prefill slot admits) and in
+the router (where a finished prefill's decode goes):
+
+* :class:`GateAndRoute` (bundled pricing, "GG-SP"): deviation-index gate
+  argmin_i (X_i - n x_i*) / x_i* over waiting classes with x_i* > 0 (ties: the largest
+  Q_p,i - n q_p,i*); greedy router: a random solo GPU with a free slot, else a random mixed GPU with
+  a free decode slot, else the central FCFS decode buffer.
+* :class:`PrioritizeAndRoute` (separate pricing): the gate admits the waiting class with the largest
+  D_i / P_i (decode tokens bought per prompt token prefilled); greedy router.
+* :class:`SLIGateAndRoute` (Thm 5.1): deviation gate; class i's decode goes to the solo pool with
+  probability p_s,i = mu_s,i y_s,i* / (mu_m,i y_m,i* + mu_s,i y_s,i*), else to the mixed pool; one
+  FCFS buffer per pool.
+* :class:`WeightedSLIGateAndRoute` (paper EC 13, for q_d* > 0): deviation gate; decodes routed as in
+  :class:`SLIGateAndRoute` when the chosen pool has room, else they wait in per-class buffers; a
+  freed decode slot in pool k serves a waiting class drawn with probability proportional to
+  mu_k,i y_k,i*, which makes pool k's class mix converge to y_k* when the pool is saturated.
+
+The controllers only use the :mod:`fluidopt.control.protocol` view and actions, so a real router can
+drive them from its own event loop. Every decision costs O(I) (I = number of classes): GPUs are
+picked from the view's ``idle_prefill`` / ``free_decode`` sets, never by scanning the fleet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from fluidopt.control.protocol import DECODE_QUEUE, PREFILL_QUEUE, Context, Controller
+from fluidopt.errors import ScenarioError
+from fluidopt.fluid.solution import FluidSolution, mixed_gpus_of
+from fluidopt.model import Rates, Scenario
+
+__all__ = [
+    "MIXED_POOL",
+    "SOLO_POOL",
+    "GateAndRoute",
+    "PartitionedController",
+    "PrioritizeAndRoute",
+    "SLIGateAndRoute",
+    "WeightedSLIGateAndRoute",
+    "solo_probabilities",
+]
+
+MIXED_POOL = 0
+SOLO_POOL = 1
+_EPS = 1e-12  # LP targets below this (per GPU) count as zero
+_LP_TOL = 1e-7  # negative inputs down to this are solver round-off, read as 0
+
+
+def _vector(name: str, value: Any, n_classes: int | None = None, *, allow_none: bool = False) -> np.ndarray | None:
+    if value is None:
+        if allow_none:
+            return None
+        raise ScenarioError(f"{name}: expected a per-class sequence of numbers, got None")
+    a = np.array(value, dtype=float).reshape(-1)
+    if n_classes is not None and a.size != n_classes:
+        raise ScenarioError(f"{name}: expected {n_classes} values (one per class), got {a.size}")
+    if a.size == 0:
+        raise ScenarioError(f"{name}: expected at least one class, got an empty sequence")
+    # -1e-7: HiGHS's primal feasibility tolerance; LP solutions carry round-off such as q_p = -1.4e-8
+    if not np.all(np.isfinite(a)) or np.any(a < -_LP_TOL):
+        raise ScenarioError(f"{name}: expected finite numbers >= 0, got {a.tolist()}")
+    a = np.where(a < _EPS, 0.0, a)
+    a.setflags(write=False)
+    return a
+
+
+def _rates_of(scenario: Scenario | Rates | None, who: str) -> Rates:
+    if isinstance(scenario, Rates):
+        return scenario
+    if isinstance(scenario, Scenario):
+        return scenario.rates()
+    raise ScenarioError(f"{who}: expected the Scenario (or its Rates) the LP was solved for, got {scenario!r}")
+
+
+def _check_solution(solution: FluidSolution, who: str) -> None:
+    if not isinstance(solution, FluidSolution):
+        raise ScenarioError(f"{who}: expected a FluidSolution, got {type(solution).__name__}")
+    if solution.status != "optimal":
+        raise ScenarioError(f"{who}: the LP solution has status {solution.status!r}; expected 'optimal'")
+
+
+def solo_probabilities(solution: FluidSolution, rates: Rates) -> np.ndarray:
+    """p_s,i = mu_s,i y_s,i* / (mu_m,i y_m,i* + mu_s,i y_s,i*): share of class i's decodes sent to solo GPUs.
+
+    A class with no decode flow in the plan (both y* zero) gets p_s = 1 (solo first, like the greedy
+    router); it is only reached if the class is prefilled at all.
+    """
+    fm = rates.mu_m * np.asarray(solution.y_mixed)
+    fs = rates.mu_s * np.asarray(solution.y_solo)
+    tot = fm + fs
+    with np.errstate(invalid="ignore", divide="ignore"):
+        p = np.where(tot > _EPS, fs / np.where(tot > _EPS, tot, 1.0), 1.0)
+    return np.clip(p, 0.0, 1.0)
+
+
+class PartitionedController(Controller):
+    """Shared machinery: the static mixed/solo partition, the deviation gate and the greedy router.
+
+    ``x``: per-GPU prefill occupancy targets x_i* (prefill slots per GPU; sum <= 1). ``q_prefill``:
+    per-GPU fluid prefill queues q_p,i* (tie-break of the gate; zeros if omitted). ``mixed_gpus``:
+    override M (default ceil(n sum x*) for the fleet size ``n`` found at :meth:`setup`, so one
+    controller object runs on any fleet size). ``class_names``: when given, :meth:`setup` checks that
+    the fleet serves the same classes in the same order.
+    """
+
+    name = "partitioned"
+    chunked_prefill = True
+
+    def __init__(
+        self,
+        x: Sequence[float],
+        q_prefill: Sequence[float] | None = None,
+        *,
+        mixed_gpus: int | None = None,
+        class_names: Sequence[str] | None = None,
+    ) -> None:
+        self.x = _vector("x", x)
+        n_classes = self.x.size
+        if float(self.x.sum()) > 1.0 + 1e-9:
+            raise ScenarioError(f"x: prefill occupancy targets must sum to <= 1 per GPU, got {float(self.x.sum())!r}")
+        qp = np.zeros(n_classes) if q_prefill is None else _vector("q_prefill", q_prefill, n_classes)
+        self.q_prefill = qp
+        if mixed_gpus is not None and (isinstance(mixed_gpus, bool) or not isinstance(mixed_gpus, (int, np.integer))
+                                       or mixed_gpus < 0):
+            raise ScenarioError(f"mixed_gpus: expected an integer >= 0 (GPUs in the mixed pool), got {mixed_gpus!r}")
+        self.mixed_override = None if mixed_gpus is None else int(mixed_gpus)
+        if class_names is not None:
+            class_names = tuple(class_names)
+            if len(class_names) != n_classes:
+                raise ScenarioError(f"class_names: expected {n_classes} names (one per class), got {len(class_names)}")
+        self.class_names: tuple[str, ...] | None = class_names
+        # Set by setup() for the fleet at hand.
+        self.n_gpus = 0
+        self.batch = 0
+        self.mixed_gpus = 0
+        self._nx: list[float] = []
+        self._inv_x: list[float] = []
+        self._nqp: list[float] = []
+        self._admissible: list[int] = [i for i in range(n_classes) if self.x[i] > 0]
+        self._has_mixed = False
+        self._has_solo = False
+
+    # -- planning ---------------------------------------------------------------------------------
+    @property
+    def n_classes(self) -> int:
+        return int(self.x.size)
+
+    def plan_mixed_gpus(self, n_gpus: int) -> int:
+        """M for a fleet of ``n_gpus``: the override, else ceil(n sum x*) (at most n)."""
+        m = self.mixed_override if self.mixed_override is not None else mixed_gpus_of(n_gpus, float(self.x.sum()))
+        return min(int(m), int(n_gpus))
+
+    def plan(self, n_gpus: int) -> pd.DataFrame:
+        """The per-class targets scaled to a fleet of ``n_gpus`` (X_i*, Q_p,i* in requests); M in attrs."""
+        idx = pd.Index(self.class_names or [str(i) for i in range(self.n_classes)], name="class")
+        df = pd.DataFrame({"x": self.x, "X_target": n_gpus * self.x, "Q_prefill_target": n_gpus * self.q_prefill},
+                          index=idx)
+        df.attrs.update(n_gpus=int(n_gpus), mixed_gpus=self.plan_mixed_gpus(n_gpus), policy=self.name)
+        return df
+
+    def setup(self, ctx: Context) -> None:
+        """Declare the two pools: GPUs 0..M-1 mixed (B-1 decodes, prefill allowed), M..n-1 solo (B decodes)."""
+        self._bind(ctx)
+        self._declare_pools(ctx)
+        self._setup_queues(ctx)
+
+    def _bind(self, ctx: Context) -> None:
+        """Check the fleet's classes and scale the per-GPU targets to its size n."""
+        if ctx.n_classes != self.n_classes:
+            raise ScenarioError(
+                f"{self.name}: the plan has {self.n_classes} classes, the fleet serves {ctx.n_classes}"
+            )
+        if self.class_names is not None and tuple(ctx.class_names) != self.class_names:
+            raise ScenarioError(
+                f"{self.name}: the plan's classes are {', '.join(self.class_names)}, "
+                f"the fleet's are {', '.join(ctx.class_names)}"
+            )
+        n, B = int(ctx.n_gpus), int(ctx.batch)
+        self.n_gpus, self.batch = n, B
+        self._nx = [n * float(v) for v in self.x]
+        self._inv_x = [1.0 / float(v) if v > 0 else 0.0 for v in self.x]
+        self._nqp = [n * float(v) for v in self.q_prefill]
+        # tokens mode with a KV capacity: check that work fits before starting it (the paper's model has
+        # no KV limit; there the checks cost nothing).
+        self._kv = n > 0 and ctx.gpu_kv_free(0) != float("inf")
+
+    def _declare_pools(self, ctx: Context) -> None:
+        n, B = self.n_gpus, self.batch
+        M = self.plan_mixed_gpus(n)
+        self.mixed_gpus = M
+        self._has_mixed = M > 0
+        self._has_solo = M < n
+        if M > 0:
+            # B = 1 leaves no decode slot on a mixed GPU; max_decodes = 0 is then the honest cap.
+            ctx.set_pool(range(M), MIXED_POOL, prefill=True, max_decodes=B - 1)
+        if M < n:
+            ctx.set_pool(range(M, n), SOLO_POOL, prefill=False, max_decodes=B)
+
+    def _setup_queues(self, ctx: Context) -> None:
+        """Hook for subclasses that need named queues."""
+
+    # -- gate -------------------------------------------------------------------------------------
+    def gate_class(self, ctx: Context) -> int:
+        """The class the gate admits next, or -1: argmin_i (X_i - n x_i*) / x_i* over waiting classes.
+
+        Only classes with x_i* > 0 and a request in PREFILL_QUEUE compete; ties (exact) go to the largest
+        Q_p,i - n q_p,i*, then to the lowest index. O(I).
+        """
+        best, best_dev, best_tie = -1, 0.0, 0.0
+        nx, inv, nqp = self._nx, self._inv_x, self._nqp
+        for i in self._admissible:
+            q = ctx.qlen(PREFILL_QUEUE, i)
+            if q == 0:
+                continue
+            dev = (ctx.n_prefill(i) - nx[i]) * inv[i]
+            tie = q - nqp[i]
+            if best < 0 or dev < best_dev or (dev == best_dev and tie > best_tie):
+                best, best_dev, best_tie = i, dev, tie
+        return best
+
+    def _fits(self, ctx: Context, r: int, g: int) -> bool:
+        """KV capacity (tokens mode only): r's context (prompt + generated tokens) fits in g's free cache."""
+        return not self._kv or ctx.gpu_kv_free(g) >= ctx.req_prompt(r) + ctx.req_generated(r)
+
+    def _admit_on(self, ctx: Context, g: int) -> bool:
+        """Start the gate's choice on GPU g (which must have an idle prefill slot); False if none starts."""
+        i = self.gate_class(ctx)
+        if i < 0:
+            return False
+        r = ctx.head(PREFILL_QUEUE, i)
+        if not self._fits(ctx, r, g):
+            return False  # KV full: the slot waits for the next freed capacity
+        ctx.start_prefill(r, g)
+        return True
+
+    def _admit_all(self, ctx: Context, pool: int = MIXED_POOL) -> None:
+        """Fill idle prefill slots of ``pool`` (random GPU each time) while the gate has a class to admit."""
+        idle = ctx.idle_prefill(pool)
+        while len(idle):
+            if not self._admit_on(ctx, idle.choice()):
+                return
+
+    @staticmethod
+    def _prefill_slot_idle(ctx: Context, g: int) -> bool:
+        return ctx.gpu_prefill_allowed(g) and ctx.gpu_prefill(g) < 0 and ctx.gpu_free(g) > 0
+
+    @staticmethod
+    def _decode_slot_free(ctx: Context, g: int) -> bool:
+        return ctx.gpu_free(g) > 0 and ctx.gpu_decodes(g) < ctx.gpu_max_decodes(g)
+
+    def _pull_decodes(self, ctx: Context, g: int, queue: int) -> None:
+        """Fill g's free decode slots from the FCFS head (across classes) of ``queue``."""
+        while self._decode_slot_free(ctx, g):
+            r = ctx.head(queue)
+            if r < 0 or not self._fits(ctx, r, g):
+                return
+            ctx.start_decode(r, g)
+
+    def _greedy_place(self, ctx: Context, r: int) -> bool:
+        """Greedy router: a random solo GPU with a free slot, else a random mixed GPU with a free decode slot."""
+        if self._has_solo:
+            g = ctx.free_decode(SOLO_POOL).choice()
+            if g >= 0 and self._fits(ctx, r, g):
+                ctx.start_decode(r, g)
+                return True
+        if self._has_mixed:
+            g = ctx.free_decode(MIXED_POOL).choice()
+            if g >= 0 and self._fits(ctx, r, g):
+                ctx.start_decode(r, g)
+                return True
+        return False
+
+    # -- events -----------------------------------------------------------------------------------
+    def on_arrival(self, ctx: Context, r: int) -> None:
+        # Queue first, then let the gate choose among everything waiting (by the invariant "no idle
+        # reserved slot while an admissible class waits" that is r itself, but the gate stays exact
+        # even if a real router hands over a state that breaks the invariant).
+        ctx.enqueue(r, PREFILL_QUEUE)
+        if self._has_mixed:
+            self._admit_all(ctx)
+
+    def on_prefill_done(self, ctx: Context, r: int, g: int) -> None:
+        self._greedy_place(ctx, r)  # unplaced: the engine appends r to DECODE_QUEUE (FCFS buffer)
+
+    def on_slot_freed(self, ctx: Context, g: int) -> None:
+        # Mixed GPU: its prefill slot goes to the gate, its decode slots to the buffer head; solo GPU:
+        # its slots go to the buffer head.
+        if self._prefill_slot_idle(ctx, g):
+            self._admit_on(ctx, g)
+        self._pull_decodes(ctx, g, DECODE_QUEUE)
+
+    # -- construction helpers ---------------------------------------------------------------------
+    @staticmethod
+    def _solution_kwargs(solution: FluidSolution, mixed_gpus: int | None) -> dict[str, Any]:
+        return {"q_prefill": solution.q_prefill, "mixed_gpus": mixed_gpus, "class_names": solution.class_names}
+
+
+class GateAndRoute(PartitionedController):
+    """Occupancy-based Gate-and-Route for bundled pricing (paper Thm 4.1, "GG-SP").
+
+    Build it from a bundled LP solution: ``GateAndRoute.from_solution(solve_fluid(scenario))`` or
+    ``GateAndRoute.from_scenario(scenario)``; it runs on a fleet of any size (M is recomputed from n).
+    """
+
+    name = "gate-and-route"
+
+    @classmethod
+    def from_solution(cls, solution: FluidSolution, *, mixed_gpus: int | None = None) -> GateAndRoute:
+        """Targets x*, q_p* from an optimal LP solution (any pricing; bundled is the paper's case)."""
+        _check_solution(solution, f"{cls.__name__}.from_solution")
+        return cls(solution.x, **cls._solution_kwargs(solution, mixed_gpus))
+
+    @classmethod
+    def from_scenario(cls, scenario: Scenario, slis: Sequence[Any] = (), *, pricing: str = "bundled",
+                      mixed_gpus: int | None = None) -> GateAndRoute:
+        """Solve the LP of ``scenario`` (HiGHS) and build the controller from it."""
+        from fluidopt.fluid.lp import solve_fluid
+
+        return cls.from_solution(solve_fluid(scenario, pricing, slis), mixed_gpus=mixed_gpus)
+
+
+class PrioritizeAndRoute(PartitionedController):
+    """Prioritize-and-Route for separate pricing (paper Thm 4.2).
+
+    The partition comes from the separate-pricing LP; the gate admits the waiting class with the
+    largest D_i / P_i (ties: lowest index); classes with x_i* = 0 are never admitted. Greedy router.
+    ``priority``: per-class D_i / P_i (or any score, larger first).
+    """
+
+    name = "prioritize-and-route"
+
+    def __init__(self, x: Sequence[float], priority: Sequence[float], q_prefill: Sequence[float] | None = None,
+                 **kw: Any) -> None:
+        super().__init__(x, q_prefill, **kw)
+        pr = np.array(priority, dtype=float).reshape(-1)
+        if pr.size != self.n_classes or not np.all(np.isfinite(pr)):
+            raise ScenarioError(f"priority: expected {self.n_classes} finite numbers (one per class), got {pr.tolist()}")
+        self.priority = pr
+        # Admissible classes in priority order, once: the gate is then a scan for the first waiting one.
+        self._order = sorted(self._admissible, key=lambda i: (-pr[i], i))
+
+    def gate_class(self, ctx: Context) -> int:
+        for i in self._order:
+            if ctx.qlen(PREFILL_QUEUE, i):
+                return i
+        return -1
+
+    @classmethod
+    def from_solution(cls, solution: FluidSolution, scenario: Scenario, *,
+                      mixed_gpus: int | None = None) -> PrioritizeAndRoute:
+        """Partition from ``solution`` (the separate LP), priorities D_i / P_i from ``scenario``."""
+        _check_solution(solution, f"{cls.__name__}.from_solution")
+        if not isinstance(scenario, Scenario):
+            raise ScenarioError(f"{cls.__name__}.from_solution: expected the Scenario for D_i/P_i, got {scenario!r}")
+        pr = [c.decode / c.prompt for c in scenario.classes]
+        return cls(solution.x, pr, **cls._solution_kwargs(solution, mixed_gpus))
+
+    @classmethod
+    def from_scenario(cls, scenario: Scenario, slis: Sequence[Any] = (), *, pricing: str = "separate",
+                      mixed_gpus: int | None = None) -> PrioritizeAndRoute:
+        from fluidopt.fluid.lp import solve_fluid
+
+        return cls.from_solution(solve_fluid(scenario, pricing, slis), scenario, mixed_gpus=mixed_gpus)
+
+
+class SLIGateAndRoute(PartitionedController):
+    """SLI-aware Gate-and-Route (paper Thm 5.1): per-class solo probabilities, one FCFS buffer per pool.
+
+    ``p_solo``: per-class probability that a finished prefill's decode goes to the solo pool
+    (:func:`solo_probabilities` of the SLI LP). A decode sent to a pool starts on a random GPU of that
+    pool with a free decode slot, else waits in that pool's buffer (named queues ``decode_mixed`` and
+    ``decode_solo``); a freed decode slot pulls the FCFS head of its own pool's buffer. When the fleet
+    has no solo (mixed) pool, every decode goes to the other pool.
+    """
+
+    name = "sli-gate-and-route"
+    MIXED_BUFFER = "decode_mixed"
+    SOLO_BUFFER = "decode_solo"
+
+    def __init__(self, x: Sequence[float], p_solo: Sequence[float], q_prefill: Sequence[float] | None = None,
+                 **kw: Any) -> None:
+        super().__init__(x, q_prefill, **kw)
+        p = _vector("p_solo", p_solo, self.n_classes)
+        if np.any(p > 1):
+            raise ScenarioError(f"p_solo: expected probabilities in [0, 1], got {p.tolist()}")
+        self.p_solo = p
+        self._p: list[float] = [float(v) for v in p]
+        self._buf = [DECODE_QUEUE, DECODE_QUEUE]
+
+    def _setup_queues(self, ctx: Context) -> None:
+        self._buf = [ctx.add_queue(self.MIXED_BUFFER), ctx.add_queue(self.SOLO_BUFFER)]
+
+    def _pool_for(self, ctx: Context, i: int) -> int:
+        if not self._has_solo:
+            return MIXED_POOL
+        if not self._has_mixed:
+            return SOLO_POOL
+        p = self._p[i]
+        # Draw only when the split is random, so deterministic splits do not consume the stream.
+        if p >= 1.0:
+            return SOLO_POOL
+        if p <= 0.0:
+            return MIXED_POOL
+        return SOLO_POOL if ctx.rng.random() < p else MIXED_POOL
+
+    def on_prefill_done(self, ctx: Context, r: int, g: int) -> None:
+        pool = self._pool_for(ctx, ctx.req_class(r))
+        h = ctx.free_decode(pool).choice()
+        if h >= 0 and self._fits(ctx, r, h):
+            ctx.start_decode(r, h)
+        else:
+            ctx.enqueue(r, self._buf[pool])
+
+    def on_slot_freed(self, ctx: Context, g: int) -> None:
+        if self._prefill_slot_idle(ctx, g):
+            self._admit_on(ctx, g)
+        self._pull_decodes(ctx, g, self._buf[ctx.gpu_pool(g)])
+
+    @classmethod
+    def from_solution(cls, solution: FluidSolution, scenario: Scenario | Rates, *,
+                      mixed_gpus: int | None = None) -> SLIGateAndRoute:
+        """Targets from the (SLI) LP ``solution``; decode rates mu_m, mu_s from ``scenario`` for p_s,i."""
+        _check_solution(solution, f"{cls.__name__}.from_solution")
+        rates = _rates_of(scenario, f"{cls.__name__}.from_solution")
+        return cls(solution.x, solo_probabilities(solution, rates), **cls._solution_kwargs(solution, mixed_gpus))
+
+    @classmethod
+    def from_scenario(cls, scenario: Scenario, slis: Sequence[Any] = (), *, pricing: str = "bundled",
+                      mixed_gpus: int | None = None) -> SLIGateAndRoute:
+        from fluidopt.fluid.lp import solve_fluid
+
+        return cls.from_solution(solve_fluid(scenario, pricing, slis), scenario, mixed_gpus=mixed_gpus)
+
+
+class WeightedSLIGateAndRoute(SLIGateAndRoute):
+    """General SLI-aware Gate-and-Route for plans with a decode buffer (q_d* > 0; paper EC 13).
+
+    Gate and first routing attempt as in :class:`SLIGateAndRoute` (pool drawn with p_s,i, a random GPU
+    of that pool with a free decode slot). A decode that finds no room waits in the per-class FCFS
+    buffer :data:`DECODE_QUEUE`, shared by both pools. A freed decode slot in pool k (mixed or solo)
+    serves a waiting class i drawn with probability proportional to ``weights[k][i]`` = mu_k,i y_k,i*
+    (classes with weight 0 are never served by pool k): when pool k is saturated its class-i decode
+    completions then run at n mu_k,i y_k,i*, i.e. its class-i occupancy tracks n y_k,i*. A class with
+    no planned decode flow at all (y_m,i* = y_s,i* = 0, possible when q_d* > 0) is prefilled if
+    x_i* > 0 but never decoded: the plan prefills it only to keep mixed GPUs in their (faster) mixed
+    mode, and it abandons from the buffer.
+    """
+
+    name = "sli-weighted-gate-and-route"
+
+    def __init__(self, x: Sequence[float], p_solo: Sequence[float], weights_mixed: Sequence[float],
+                 weights_solo: Sequence[float], q_prefill: Sequence[float] | None = None, **kw: Any) -> None:
+        super().__init__(x, p_solo, q_prefill, **kw)
+        wm = _vector("weights_mixed", weights_mixed, self.n_classes)
+        ws = _vector("weights_solo", weights_solo, self.n_classes)
+        self.weights_mixed, self.weights_solo = wm, ws
+        self._w = [[float(v) for v in wm], [float(v) for v in ws]]
+
+    def _setup_queues(self, ctx: Context) -> None:
+        self._buf = [DECODE_QUEUE, DECODE_QUEUE]
+
+    def on_prefill_done(self, ctx: Context, r: int, g: int) -> None:
+        i = ctx.req_class(r)
+        pool = self._pool_for(ctx, i)
+        if self._w[pool][i] <= 0.0:
+            return  # no planned decode flow for class i in that pool (or at all): r waits, and may abandon
+        h = ctx.free_decode(pool).choice()
+        if h >= 0 and self._fits(ctx, r, h):
+            ctx.start_decode(r, h)
+        # else: the engine appends r to DECODE_QUEUE (per-class FCFS)
+
+    def pick_class(self, ctx: Context, pool: int) -> int:
+        """A waiting class drawn with probability proportional to its weight in ``pool``, or -1. O(I)."""
+        w = self._w[pool]
+        total = 0.0
+        for i, wi in enumerate(w):
+            if wi > 0 and ctx.qlen(DECODE_QUEUE, i):
+                total += wi
+        if total <= 0.0:
+            return -1
+        u = ctx.rng.random() * total
+        last = -1
+        for i, wi in enumerate(w):
+            if wi > 0 and ctx.qlen(DECODE_QUEUE, i):
+                last = i
+                u -= wi
+                if u < 0.0:
+                    return i
+        return last  # round-off: u landed on the upper edge
+
+    def on_slot_freed(self, ctx: Context, g: int) -> None:
+        if self._prefill_slot_idle(ctx, g):
+            self._admit_on(ctx, g)
+        pool = ctx.gpu_pool(g)
+        while self._decode_slot_free(ctx, g):
+            i = self.pick_class(ctx, pool)
+            if i < 0:
+                return
+            r = ctx.head(DECODE_QUEUE, i)
+            if not self._fits(ctx, r, g):
+                return
+            ctx.start_decode(r, g)
+
+    @classmethod
+    def from_solution(cls, solution: FluidSolution, scenario: Scenario | Rates, *,
+                      mixed_gpus: int | None = None) -> WeightedSLIGateAndRoute:
+        _check_solution(solution, f"{cls.__name__}.from_solution")
+        rates = _rates_of(scenario, f"{cls.__name__}.from_solution")
+        wm = rates.mu_m * np.asarray(solution.y_mixed)
+        ws = rates.mu_s * np.asarray(solution.y_solo)
+        return cls(solution.x, solo_probabilities(solution, rates), wm, ws,
+                   **cls._solution_kwargs(solution, mixed_gpus))
+
+
+# -- registry: names usable as simulate(..., controller="gate-and-route") and by the CLI -------------
+def _register() -> None:
+    from fluidopt.control.registry import register
+
+    def factory(cls: type, pricing: str, description: str):
+        def make(scenario: Scenario, *, pricing: str = pricing, slis: Sequence[Any] = (),
+                 mixed_gpus: int | None = None) -> PartitionedController:
+            return cls.from_scenario(scenario, slis, pricing=pricing, mixed_gpus=mixed_gpus)
+
+        make.__doc__ = f"{description} Options: pricing (default {pricing!r}), slis, mixed_gpus."
+        return make
+
+    specs = (
+        ("gate-and-route", GateAndRoute, "bundled", ("gg-sp",),
+         "paper's Gate-and-Route (GG-SP): static partition, deviation-index gate, solo-first greedy router"),
+        ("prioritize-and-route", PrioritizeAndRoute, "separate", (),
+         "paper's Prioritize-and-Route for separate pricing: gate by largest D/P, greedy router"),
+        ("sli-gate-and-route", SLIGateAndRoute, "bundled", (),
+         "SLI-aware Gate-and-Route: LP-planned solo probability per class, one decode buffer per pool"),
+        ("sli-weighted-gate-and-route", WeightedSLIGateAndRoute, "bundled", ("sli-general",),
+         "general SLI-aware Gate-and-Route (q_d* > 0): per-class buffers, pools pick classes by mu y*"),
+    )
+    for name, cls, pricing, aliases, desc in specs:
+        register(name, factory(cls, pricing, desc), description=desc, aliases=aliases)
+
+
+_register()
+
+# The paper's baselines register themselves on import; importing them here makes every paper policy
+# available as soon as this module is (fluidopt.control.registry.BUILTIN_MODULES lists this module).
+from fluidopt.control import paper_baselines as _paper_baselines  # noqa: E402, F401

@@ -1,0 +1,682 @@
+"""Classic load balancers over instance-local continuous batching (DESIGN.md 3; docs/routing.md).
+
+Every balancer here is an :class:`~fluidopt.control.instance.InstanceScheduler`: each GPU is a
+vLLM-like instance with its own FCFS queue and prefill-first continuous batching, and the balancer
+only decides *which instance* an arriving request joins (``route``). The instance-local part
+(admission, decode in place, recompute preemption) is the base class's. These are the baselines of
+the workload-guided RL router paper (Jain et al. 2025) plus the standard ones from the
+load-balancing literature:
+
+==================  =========================================  ==========================
+name                rule                                       state it reads
+==================  =========================================  ==========================
+random              uniform instance                           none (``ctx.rng``)
+least-requests      fewest requests routed and unfinished      ``instance_requests``
+power-of-two        fewer requests of two distinct random ones ``instance_requests``
+jsq                 fewest outstanding tokens, predicted       token ledger
+decode-balancer     fewest outstanding output tokens, oracle   token ledger (oracle)
+max-capacity        most free capacity, chosen once a second   slots, KV, token ledger
+min-min             earliest estimated completion time         token ledger, GPU profile
+small-large         instance groups by predicted output        token ledger
+==================  =========================================  ==========================
+
+Each name also exists as ``<name>-chunked`` (chunked prefill, Sarathi-style mixed iterations); the
+plain names run vLLM's classic prefill-first scheduler without chunking, like ``round-robin``.
+
+*Token ledger.* Several balancers need each instance's outstanding work in tokens. The engine's view
+knows requests and KV usage but not a router's *predictions*, so :class:`TokenLedgerScheduler`
+keeps, per instance g, from the events it sees: the prompt tokens whose prefill has not finished
+(a recomputed prefill after a preemption counts prompt + generated tokens again), their number, and
+the predicted output tokens of every request routed to g and not finished. A prediction counts in
+full until its request completes. With true lengths (the oracle) the output generated so far is
+subtracted, read in O(1) from the KV cache the instance holds (tokens mode: resident context minus
+the prompts of the decoding requests, plus what preempted requests had generated): exact remaining
+work. Subtracting generated tokens from a mere prediction would let a request that outlives its
+prediction cancel its neighbours' work and draw traffic to the busiest instance. In
+``service="markov"`` nothing is generated token by token (service times are exponential with
+class-mean rates), so predictions always count in full: by memorylessness, the expected remaining
+work of a class-mean prediction.
+
+*Predictions.* ``predictor``: ``"mean"`` (default: the class-mean output D_i of the scenario, what a
+router knows without a length predictor; never the true length), ``"oracle"`` (the request's true
+output length, ``ctx.req_output``), or any callable ``f(ctx, r) -> tokens``. In markov service the
+true lengths do not drive service times, so an oracle there carries no information.
+
+*Ties* in an argmin/argmax scan go to the first instance in cyclic order starting just after the
+instance chosen last (deterministic, and it spreads load when all instances look alike, e.g. empty).
+
+*Cost.* One decision is an O(n) scan over the n instances with O(1) work each (a few view calls);
+ledger updates are O(1) per event. Power of two choices is O(1); random is O(1).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+from fluidopt.control.instance import InstanceScheduler
+from fluidopt.control.protocol import ClusterView, Context
+from fluidopt.control.registry import register
+from fluidopt.errors import ScenarioError
+from fluidopt.model import GPUProfile, Scenario
+
+__all__ = [
+    "ClassMeanOutput",
+    "DecodeBalancer",
+    "JoinShortestQueue",
+    "LeastRequests",
+    "MaxCapacity",
+    "MinMin",
+    "OutputPredictor",
+    "PowerOfTwo",
+    "RandomRouter",
+    "SmallLarge",
+    "TokenLedgerScheduler",
+    "oracle_output",
+    "resolve_predictor",
+]
+
+OutputPredictor = Callable[[ClusterView, int], float]
+"""``f(ctx, r) -> predicted output tokens of request r`` (called once, when r is routed)."""
+
+INF = math.inf
+
+
+def oracle_output(ctx: ClusterView, r: int) -> float:
+    """The request's true output length in tokens (an oracle; the Decode Balancer's definition)."""
+    return float(ctx.req_output(r))
+
+
+class ClassMeanOutput:
+    """Predict a request's output as its class's mean output D_i (tokens)."""
+
+    def __init__(self, means: Sequence[float]):
+        vals = [float(v) for v in means]
+        if not vals or any(not math.isfinite(v) or v < 0 for v in vals):
+            raise ScenarioError(f"predictor: class-mean outputs: expected finite numbers >= 0, got {list(means)!r}")
+        self.means = tuple(vals)
+
+    @classmethod
+    def from_scenario(cls, scenario: Scenario) -> ClassMeanOutput:
+        return cls([c.decode for c in scenario.classes])
+
+    def __call__(self, ctx: ClusterView, r: int) -> float:
+        return self.means[ctx.req_class(r)]
+
+    def __repr__(self) -> str:
+        return f"ClassMeanOutput({list(self.means)})"
+
+
+def resolve_predictor(spec: str | OutputPredictor | None, scenario: Scenario | None) -> OutputPredictor:
+    """``"mean"`` (or None) -> :class:`ClassMeanOutput` of ``scenario``; ``"oracle"``; or a callable."""
+    if spec is None or (isinstance(spec, str) and spec.strip().lower() == "mean"):
+        if scenario is None:
+            raise ScenarioError("predictor: 'mean' needs the scenario's class means; pass a Scenario or a callable")
+        return ClassMeanOutput.from_scenario(scenario)
+    if isinstance(spec, str):
+        if spec.strip().lower() == "oracle":
+            return oracle_output
+        raise ScenarioError(f"predictor: expected 'mean', 'oracle' or a callable f(ctx, r) -> tokens, got {spec!r}")
+    if not callable(spec):
+        raise ScenarioError(f"predictor: expected 'mean', 'oracle' or a callable f(ctx, r) -> tokens, got {spec!r}")
+    return spec
+
+
+def _no_output(ctx: ClusterView, r: int) -> float:
+    return 0.0
+
+
+def _chunk_name(obj: InstanceScheduler) -> None:
+    if obj.chunked_prefill:
+        obj.name = f"{type(obj).name}-chunked"
+
+
+class _CyclicArg:
+    """argmin/argmax scans with cyclic tie-breaking (start just after the last choice)."""
+
+    _start = 0
+
+    def _pick_min(self, n: int, score: Callable[[int], float]) -> int:
+        s = self._start if self._start < n else 0
+        best, bv = s, score(s)
+        g = s
+        for _ in range(n - 1):
+            g = g + 1 if g + 1 < n else 0
+            v = score(g)
+            if v < bv:
+                best, bv = g, v
+        self._start = best + 1 if best + 1 < n else 0
+        return best
+
+
+# =================================================================================================
+# Stateless balancers (only the engine's view)
+# =================================================================================================
+class RandomRouter(InstanceScheduler):
+    """Send each arrival to a uniformly random instance (the controller's stream ``ctx.rng``)."""
+
+    name = "random"
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        _chunk_name(self)
+
+    def route(self, ctx: Context, r: int) -> int:
+        return ctx.rng.randrange(self.n)
+
+
+class LeastRequests(_CyclicArg, InstanceScheduler):
+    """Least Outstanding Requests: the instance with the fewest requests routed to it and unfinished.
+
+    Outstanding = waiting in the instance's queue + in service on it (``ctx.instance_requests``).
+    """
+
+    name = "least-requests"
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        _chunk_name(self)
+
+    def setup(self, ctx: Context) -> None:
+        super().setup(ctx)
+        self._start = 0
+
+    def route(self, ctx: Context, r: int) -> int:
+        return self._pick_min(self.n, ctx.instance_requests)
+
+
+class PowerOfTwo(InstanceScheduler):
+    """Power of two choices: two distinct uniformly random instances; the one with fewer outstanding
+    requests wins (ties: the first drawn). With one instance, that instance."""
+
+    name = "power-of-two"
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        _chunk_name(self)
+
+    def route(self, ctx: Context, r: int) -> int:
+        n = self.n
+        if n == 1:
+            return 0
+        rng = ctx.rng
+        a = rng.randrange(n)
+        b = rng.randrange(n - 1)
+        if b >= a:
+            b += 1  # uniform over the other n - 1 instances
+        return b if ctx.instance_requests(b) < ctx.instance_requests(a) else a
+
+
+# =================================================================================================
+# The token ledger and the balancers built on it
+# =================================================================================================
+class TokenLedgerScheduler(_CyclicArg, InstanceScheduler):
+    """An instance scheduler that keeps per-instance outstanding work in tokens (see the module doc).
+
+    Per instance g: :meth:`pending_prefill_tokens` (prompt tokens routed to g whose prefill has not
+    finished, the running one included), :meth:`pending_prefills` (their number),
+    :meth:`outstanding_output` (predicted output tokens of its unfinished requests, minus those
+    generated when ``live``) and
+    :meth:`outstanding_tokens` (the sum of the first and the last).
+    """
+
+    name = "token-ledger"
+
+    def __init__(self, predictor: OutputPredictor, *, live: bool | None = None, **kw):
+        super().__init__(**kw)
+        if not callable(predictor):
+            raise ScenarioError(f"{type(self).__name__}: predictor: expected a callable f(ctx, r) -> tokens, got {predictor!r}")
+        self.predictor = predictor
+        # Subtracting generated tokens is exact only when predictions are true lengths: a request that
+        # outlives its prediction would otherwise offset the others' outstanding work on its instance.
+        self.live = (predictor is oracle_output) if live is None else bool(live)
+
+    def setup(self, ctx: Context) -> None:
+        super().setup(ctx)
+        n = self.n
+        self._start = 0
+        self._tok = ctx.service == "tokens"
+        self._pp = [0] * n  # prompt tokens of unfinished prefills
+        self._pk = [0] * n  # number of unfinished prefills
+        self._out = [0.0] * n  # predicted output tokens of unfinished requests
+        self._dprompt = [0] * n  # prompts of the requests decoding on g (their KV, net of output)
+        self._bank = [0] * n  # output generated by routed requests not decoding now (preempted)
+        # r -> [g, pending prefill tokens (0 once prefilled), predicted output, prompt decoding on g, banked]
+        self._rec: dict[int, list] = {}
+        self._pred_r, self._pred_v = -1, 0.0
+
+    def predict(self, ctx: Context, r: int) -> float:
+        """The predictor's output tokens for arrival r, computed once per routing (route and ledger share it)."""
+        if r == self._pred_r:
+            return self._pred_v
+        v = self.predictor(ctx, r)
+        try:
+            v = float(v)
+        except (TypeError, ValueError):
+            v = math.nan
+        if not (math.isfinite(v) and v >= 0):
+            raise ScenarioError(f"{self.name}: predictor returned {v!r} output tokens for request {r}; expected a finite number >= 0")
+        self._pred_r, self._pred_v = r, v
+        return v
+
+    # -- ledger queries (O(1)) --------------------------------------------------------------------
+    def pending_prefill_tokens(self, g: int) -> int:
+        return self._pp[g]
+
+    def pending_prefills(self, g: int) -> int:
+        return self._pk[g]
+
+    def generated(self, ctx: Context, g: int) -> int:
+        """Output tokens generated so far by the unfinished requests routed to g (tokens mode; 0 in markov).
+
+        Read from g's KV cache: resident tokens minus the running prefill's context minus the prompts
+        of the requests decoding on g, plus what preempted requests had generated before eviction.
+        """
+        if not self._tok:
+            return 0
+        kv = ctx.gpu_kv_used(g)
+        p = ctx.gpu_prefill(g)
+        if p >= 0:
+            kv -= ctx.req_prompt(p) + ctx.req_generated(p)
+        kv -= self._dprompt[g]
+        return max(0, kv) + self._bank[g]
+
+    def outstanding_output(self, ctx: Context, g: int) -> float:
+        """Output tokens still to come on g: the predicted outputs of its unfinished requests; with
+        ``live`` (default: oracle predictor) minus the tokens they have generated (clipped at 0)."""
+        if self.live and self._tok:
+            return max(0.0, self._out[g] - self.generated(ctx, g))
+        return self._out[g]
+
+    def outstanding_tokens(self, ctx: Context, g: int) -> float:
+        """Prompt tokens not yet prefilled + predicted output tokens not yet generated, on instance g."""
+        return self._pp[g] + self.outstanding_output(ctx, g)
+
+    # -- ledger updates ---------------------------------------------------------------------------
+    def _drop(self, g: int, rec: list) -> None:
+        pend = rec[1]
+        if pend:
+            self._pp[g] -= pend
+            self._pk[g] -= 1
+        self._out[g] -= rec[2]
+        self._dprompt[g] -= rec[3]
+        self._bank[g] -= rec[4]
+
+    def dispatch(self, ctx: Context, r: int, g: int) -> None:
+        old = self._rec.pop(r, None)
+        if old is not None:
+            # r's id was recycled: its previous holder left without a callback (dropped by the engine
+            # after a preemption because its context outgrew the KV cache); forget that one now.
+            self._drop(old[0], old)
+        gen = ctx.req_generated(r)
+        pend = ctx.req_prompt(r) + gen
+        out = self.predict(ctx, r)
+        self._pred_r = -1  # ids are recycled: the cache holds for this routing only
+        self._rec[r] = [g, pend, out, 0, gen]
+        self._pp[g] += pend
+        self._pk[g] += 1
+        self._out[g] += out
+        self._bank[g] += gen
+        super().dispatch(ctx, r, g)
+
+    def on_arrival(self, ctx: Context, r: int) -> None:
+        try:
+            super().on_arrival(ctx, r)
+        finally:
+            self._pred_r = -1  # a held request (route None) is predicted afresh when dispatched
+
+    def on_prefill_done(self, ctx: Context, r: int, g: int) -> None:
+        rec = self._rec.get(r)
+        if rec is not None:
+            h = rec[0]
+            self._pp[h] -= rec[1]
+            self._pk[h] -= 1
+            rec[1] = 0
+        super().on_prefill_done(ctx, r, g)  # decodes in place, on g
+        if rec is not None:
+            h = rec[0]
+            p = ctx.req_prompt(r)
+            self._dprompt[h] += p
+            rec[3] = p
+            self._bank[h] -= rec[4]  # its earlier output is resident KV again
+            rec[4] = 0
+
+    def on_decode_done(self, ctx: Context, r: int, g: int) -> None:
+        rec = self._rec.pop(r, None)
+        if rec is not None:
+            self._drop(rec[0], rec)
+
+    def on_abandon(self, ctx: Context, r: int, q: int) -> None:
+        rec = self._rec.pop(r, None)
+        if rec is not None:
+            self._drop(rec[0], rec)
+
+    def on_preempt(self, ctx: Context, r: int, g: int) -> None:
+        rec = self._rec.get(r)
+        if rec is not None:
+            h = rec[0]
+            gen = ctx.req_generated(r)
+            pend = ctx.req_prompt(r) + gen
+            if rec[1]:
+                self._pp[h] += pend - rec[1]
+            else:
+                self._pp[h] += pend
+                self._pk[h] += 1
+            rec[1] = pend
+            self._dprompt[h] -= rec[3]
+            rec[3] = 0
+            self._bank[h] += gen - rec[4]
+            rec[4] = gen
+        super().on_preempt(ctx, r, g)
+
+
+class JoinShortestQueue(TokenLedgerScheduler):
+    """Join the Shortest Queue in tokens: the instance with the fewest outstanding prompt + output
+    tokens, output predicted by ``predictor`` (default: class means)."""
+
+    name = "jsq"
+
+    def __init__(self, predictor: OutputPredictor, **kw):
+        super().__init__(predictor, **kw)
+        _chunk_name(self)
+
+    def route(self, ctx: Context, r: int) -> int:
+        return self._pick_min(self.n, lambda g: self.outstanding_tokens(ctx, g))
+
+
+class DecodeBalancer(TokenLedgerScheduler):
+    """Decode Balancer: the instance with the fewest outstanding output tokens, true lengths (oracle)."""
+
+    name = "decode-balancer"
+
+    def __init__(self, predictor: OutputPredictor = oracle_output, **kw):
+        super().__init__(predictor, **kw)
+        _chunk_name(self)
+
+    def route(self, ctx: Context, r: int) -> int:
+        return self._pick_min(self.n, lambda g: self.outstanding_output(ctx, g))
+
+
+class MaxCapacity(TokenLedgerScheduler):
+    """Maximum Capacity Usage: every ``interval`` seconds (default 1.0) pick the instance with the most
+    free capacity; every arrival until the next pick goes there.
+
+    Free capacity of g, as a fraction: slots ``(B - instance_requests(g)) / B`` (free slots net of
+    g's queue); with a KV capacity K also ``(kv_free(g) - queued prompt tokens) / K`` (free cache net
+    of the prompts waiting at g), and the smaller of the two counts. Before the first pick: instance 0.
+    """
+
+    name = "max-capacity"
+
+    def __init__(self, *, interval: float = 1.0, **kw):
+        # the ledger's queued prompt tokens are all it needs: no output prediction
+        super().__init__(_no_output, **kw)
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not (
+            math.isfinite(interval) and interval > 0
+        ):
+            raise ScenarioError(f"max-capacity: interval: expected seconds > 0, got {interval!r}")
+        self.tick_interval = float(interval)
+        _chunk_name(self)
+
+    def setup(self, ctx: Context) -> None:
+        super().setup(ctx)
+        self.batch = ctx.batch
+        cap = ctx.gpu_kv_free(0)
+        self._kvcap = None if cap == INF else float(cap)
+        self.target = 0
+
+    def free_capacity(self, ctx: Context, g: int) -> float:
+        """Free share of g's capacity (slots, and KV cache when it is limited), net of g's queue."""
+        f = (self.batch - ctx.instance_requests(g)) / self.batch
+        if self._kvcap is not None:
+            queued = self._pp[g]
+            p = ctx.gpu_prefill(g)
+            if p >= 0:
+                queued -= ctx.req_prompt(p) + ctx.req_generated(p)  # the running prefill is resident already
+            k = (ctx.gpu_kv_free(g) - queued) / self._kvcap
+            f = min(f, k)
+        return f
+
+    def on_tick(self, ctx: Context) -> None:
+        self.target = self._pick_min(self.n, lambda g: -self.free_capacity(ctx, g))
+
+    def route(self, ctx: Context, r: int) -> int:
+        return self.target
+
+
+class MinMin(TokenLedgerScheduler):
+    """Min-Min: the instance where the request is estimated to complete earliest.
+
+    Estimated completion of r (prompt P, predicted output D) on g, in seconds from now::
+
+        max(T_slot, T_backlog) + T_prefill(P) + D * tau_d(g)
+
+    * tau_d(g) = tau_solo + kv_time_per_token * (KV tokens on g): g's current decode iteration.
+    * T_backlog: the prefills routed to g and unfinished, k prompts of W tokens in all, run first
+      (FCFS, prefill first): k alpha + beta W without chunking; (W / C + k / 2) tau_mix with
+      chunked prefill (half a chunk of rounding per prompt).
+    * T_slot: with N = ``instance_requests(g)`` >= B, r waits for N + 1 - B slots to free; slots
+      turn over at B per (mean outstanding output per request) * tau_d(g), so
+      T_slot = (N + 1 - B) * (O / N) * tau_d(g) / B with O the outstanding predicted output on g.
+    * T_prefill(P) = alpha + beta P without chunking, ceil(P / C) tau_mix with chunking.
+    """
+
+    name = "min-min"
+
+    def __init__(self, predictor: OutputPredictor, gpu: GPUProfile, **kw):
+        super().__init__(predictor, **kw)
+        if not isinstance(gpu, GPUProfile):
+            raise ScenarioError(f"min-min: gpu: expected a GPUProfile (the iteration-time law), got {gpu!r}")
+        self.gpu = gpu
+        _chunk_name(self)
+
+    def setup(self, ctx: Context) -> None:
+        super().setup(ctx)
+        self.batch = ctx.batch
+
+    def _tau_d(self, ctx: Context, g: int) -> float:
+        gpu = self.gpu
+        if gpu.kv_time_per_token and self._tok:
+            return gpu.tau_solo + gpu.kv_time_per_token * ctx.gpu_kv_used(g)
+        return gpu.tau_solo
+
+    def prefill_time(self, prompt: int) -> float:
+        """Seconds of one prefill of ``prompt`` tokens on an instance."""
+        gpu = self.gpu
+        if self.chunked_prefill:
+            return -(-int(prompt) // gpu.chunk) * gpu.tau_mix
+        return gpu.alpha + gpu.beta * prompt
+
+    def completion_estimate(self, ctx: Context, g: int, prompt: int, output: float) -> float:
+        """Estimated seconds until a request (``prompt``, predicted ``output`` tokens) sent to g completes."""
+        gpu = self.gpu
+        tau = self._tau_d(ctx, g)
+        k, W = self._pk[g], self._pp[g]
+        if self.chunked_prefill:
+            backlog = (W / gpu.chunk + 0.5 * k) * gpu.tau_mix
+        else:
+            backlog = k * gpu.alpha + gpu.beta * W
+        N = ctx.instance_requests(g)
+        B = self.batch
+        wait = backlog
+        if N >= B:
+            t_slot = (N + 1 - B) * (self.outstanding_output(ctx, g) / N) * tau / B
+            wait = max(wait, t_slot)
+        return wait + self.prefill_time(prompt) + output * tau
+
+    def route(self, ctx: Context, r: int) -> int:
+        p = ctx.req_prompt(r) + ctx.req_generated(r)
+        d = self.predict(ctx, r)
+        return self._pick_min(self.n, lambda g: self.completion_estimate(ctx, g, p, d))
+
+
+class SmallLarge(TokenLedgerScheduler):
+    """Dedicated Small-Large: instances split into a small-request and a large-request group.
+
+    A request is *small* when its predicted output is <= ``threshold`` tokens (default: the
+    geometric mean of the smallest and largest class-mean outputs), else *large*. The first
+    ``small_gpus`` instances serve small requests, the rest large ones. Default: the split that
+    best equalises the two groups' load per instance (:meth:`plan_small_gpus`), at least one
+    instance for each group that has load (n >= 2); classes go to groups by their mean output.
+    ``load="tokens"`` (default) measures a class's load as rate_i (P_i + D_i), its token load;
+    ``load="slots"`` as rate_i (T_prefill(P_i) + D_i tau_solo), the mean number of slots it keeps
+    busy (Little's law); neither is right everywhere (docs/routing.md). A request whose group has
+    no instance goes to the other group. Within a group: ``within="round-robin"`` (default) or
+    ``"jsq"`` (fewest outstanding tokens, as :class:`JoinShortestQueue`).
+    """
+
+    name = "small-large"
+
+    def __init__(self, predictor: OutputPredictor, *, threshold: float, small_share: float,
+                 small_gpus: int | None = None, within: str = "round-robin", **kw):
+        super().__init__(predictor, **kw)
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not (
+            math.isfinite(threshold) and threshold >= 0
+        ):
+            raise ScenarioError(f"small-large: threshold: expected output tokens >= 0, got {threshold!r}")
+        if isinstance(small_share, bool) or not isinstance(small_share, (int, float)) or not 0 <= small_share <= 1:
+            raise ScenarioError(f"small-large: small_share: expected a fraction in [0, 1], got {small_share!r}")
+        if small_gpus is not None and (isinstance(small_gpus, bool) or not isinstance(small_gpus, int) or small_gpus < 0):
+            raise ScenarioError(f"small-large: small_gpus: expected an integer >= 0, got {small_gpus!r}")
+        if within not in ("round-robin", "jsq"):
+            raise ScenarioError(f"small-large: within: expected 'round-robin' or 'jsq', got {within!r}")
+        self.threshold = float(threshold)
+        self.small_share = float(small_share)
+        self.small_gpus_option = small_gpus
+        self.within = within
+        _chunk_name(self)
+
+    @staticmethod
+    def plan_from_scenario(scenario: Scenario, threshold: float | None = None, *, load: str = "tokens",
+                           chunked: bool = False) -> tuple[float, float]:
+        """(threshold, small_share): the default split of :class:`SmallLarge` from the class means."""
+        if load not in ("slots", "tokens"):
+            raise ScenarioError(f"small-large: load: expected 'slots' or 'tokens', got {load!r}")
+        D = [c.decode for c in scenario.classes]
+        if threshold is None:
+            threshold = math.sqrt(min(D) * max(D))
+        gpu = scenario.gpu
+        if load == "tokens":
+            w = [c.rate * (c.prompt + c.decode) for c in scenario.classes]
+        else:
+            w = [c.rate * ((math.ceil(c.prompt / gpu.chunk) * gpu.tau_mix if chunked else gpu.alpha + gpu.beta * c.prompt)
+                           + c.decode * gpu.tau_solo) for c in scenario.classes]
+        small = sum(x for x, c in zip(w, scenario.classes) if c.decode <= threshold)
+        return float(threshold), small / sum(w)
+
+    def plan_small_gpus(self, n: int) -> int:
+        """Instances in the small group on a fleet of n.
+
+        The option ``small_gpus`` if given; else, with small share s of the load, the k in 1..n-1 that
+        minimises the larger per-instance load max(s / k, (1 - s) / (n - k)) (ties: k nearest n s);
+        k = 0 when s = 0, k = n when s = 1 or n = 1 (and s > 0).
+        """
+        if self.small_gpus_option is not None:
+            return min(self.small_gpus_option, n)
+        s = self.small_share
+        if s <= 0.0:
+            return 0
+        if s >= 1.0 or n == 1:
+            return n
+        return min(range(1, n), key=lambda k: (max(s / k, (1.0 - s) / (n - k)), abs(k - n * s)))
+
+    def setup(self, ctx: Context) -> None:
+        super().setup(ctx)
+        k = self.plan_small_gpus(self.n)
+        self.small_gpus = k
+        self._groups = ((0, k), (k, self.n))  # [lo, hi) of the small and the large group
+        self._rr = [0, k]
+
+    def route(self, ctx: Context, r: int) -> int:
+        large = self.predict(ctx, r) > self.threshold
+        lo, hi = self._groups[large]
+        if hi <= lo:
+            large = not large
+            lo, hi = self._groups[large]
+        if self.within == "jsq":
+            best, bv = lo, INF
+            for g in range(lo, hi):
+                v = self.outstanding_tokens(ctx, g)
+                if v < bv:
+                    best, bv = g, v
+            return best
+        g = self._rr[large]
+        if not lo <= g < hi:
+            g = lo
+        self._rr[large] = g + 1 if g + 1 < hi else lo
+        return g
+
+
+# =================================================================================================
+# Registry
+# =================================================================================================
+def _registered(name: str, aliases: tuple[str, ...], description: str, build: Callable[..., InstanceScheduler]) -> None:
+    def make(nm: str, scenario: Scenario, options: dict) -> InstanceScheduler:
+        try:
+            return build(scenario, **options)
+        except TypeError as e:
+            if "unexpected keyword argument" not in str(e):
+                raise
+            bad = str(e).split("argument", 1)[1].strip()
+            raise ScenarioError(f"controller {nm!r}: unknown option {bad}; see docs/routing.md") from None
+
+    def plain(scenario: Scenario, **options) -> InstanceScheduler:
+        return make(name, scenario, options)
+
+    def chunked(scenario: Scenario, **options) -> InstanceScheduler:
+        if "chunked" in options:
+            raise ScenarioError(f"controller '{name}-chunked': the 'chunked' option is fixed by the name")
+        return make(f"{name}-chunked", scenario, {"chunked": True, **options})
+
+    register(name, plain, description=f"{description} (instances: prefill first, no chunking)", aliases=aliases)
+    register(f"{name}-chunked", chunked, description=f"{description} (instances: chunked prefill)",
+             aliases=tuple(f"{a}-chunked" for a in aliases))
+
+
+def _build_random(scenario: Scenario, **kw) -> RandomRouter:
+    return RandomRouter(**kw)
+
+
+def _build_lor(scenario: Scenario, **kw) -> LeastRequests:
+    return LeastRequests(**kw)
+
+
+def _build_po2(scenario: Scenario, **kw) -> PowerOfTwo:
+    return PowerOfTwo(**kw)
+
+
+def _build_jsq(scenario: Scenario, *, predictor: str | OutputPredictor = "mean", **kw) -> JoinShortestQueue:
+    return JoinShortestQueue(resolve_predictor(predictor, scenario), **kw)
+
+
+def _build_db(scenario: Scenario, *, predictor: str | OutputPredictor = "oracle", **kw) -> DecodeBalancer:
+    return DecodeBalancer(resolve_predictor(predictor, scenario), **kw)
+
+
+def _build_mcu(scenario: Scenario, **kw) -> MaxCapacity:
+    return MaxCapacity(**kw)
+
+
+def _build_minmin(scenario: Scenario, *, predictor: str | OutputPredictor = "mean", **kw) -> MinMin:
+    return MinMin(resolve_predictor(predictor, scenario), scenario.gpu, **kw)
+
+
+def _build_sl(scenario: Scenario, *, predictor: str | OutputPredictor = "mean", threshold: float | None = None,
+              load: str = "tokens", **kw) -> SmallLarge:
+    thr, share = SmallLarge.plan_from_scenario(scenario, threshold, load=load, chunked=bool(kw.get("chunked")))
+    return SmallLarge(resolve_predictor(predictor, scenario), threshold=thr, small_share=share, **kw)
+
+
+_register_specs = (
+    ("random", (), "uniformly random instance", _build_random),
+    ("least-requests", ("lor", "least-outstanding-requests"), "fewest outstanding requests per instance", _build_lor),
+    ("power-of-two", ("po2", "p2c"), "fewer outstanding requests of two random instances", _build_po2),
+    ("jsq", ("join-shortest-queue",), "fewest outstanding prompt + predicted output tokens", _build_jsq),
+    ("decode-balancer", (), "fewest outstanding output tokens, oracle lengths", _build_db),
+    ("max-capacity", ("mcu", "maximum-capacity-usage"), "most free capacity, chosen once a second", _build_mcu),
+    ("min-min", (), "earliest estimated completion time", _build_minmin),
+    ("small-large", ("dedicated-small-large",), "instance groups for small and large predicted outputs", _build_sl),
+)
+for _name, _aliases, _desc, _build in _register_specs:
+    _registered(_name, _aliases, _desc, _build)
+del _name, _aliases, _desc, _build

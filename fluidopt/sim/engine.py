@@ -1,0 +1,1811 @@
+"""The event-driven many-server simulator (DESIGN.md 2 and 6; docs/simulator.md).
+
+One engine, two service semantics:
+
+* ``markov``: the paper's stochastic model exactly. Prefill and decode durations are exponential
+  (rates mu_p,i; mu_m,i on a mixed GPU, mu_s,i on a solo GPU), patience is Exp(theta_i). The whole
+  state is a continuous-time Markov chain, simulated by a single exponential race (Gillespie):
+  after every event the next "clock" event comes after Exp(Lambda) with Lambda = sum_i (mu_p,i X_i +
+  mbar_i Y_i + theta_i W_i), mbar_i = max(mu_m,i, mu_s,i); the event is a prefill completion, a
+  decode completion or an abandonment of a uniformly chosen request of the chosen kind and class. A
+  decode's true rate depends on its GPU's current mode, so the decode candidate is accepted with
+  probability rate/mbar_i (thinning: exact, and a mode switch costs nothing). Memorylessness makes
+  redrawing the race after every event exact.
+* ``tokens``: integer prompt and output lengths. A GPU runs iterations of tau_mix = alpha + beta*C
+  while a prefill chunk runs on it, tau_solo otherwise (plus kv_time_per_token per token of resident
+  KV cache, if set); a prefill of P tokens takes ceil(P/C) mixed iterations, a decode of D tokens
+  takes D iterations of its GPU; new work joins at the GPU's next iteration boundary. Between two
+  events a GPU's iteration law is fixed, so its next completion is a closed-form number of
+  iterations away: each GPU has one pending event in a heap (lazy invalidation by a version counter)
+  and the engine never steps iteration by iteration. Abandonment still uses the exponential race.
+
+Arrivals come lazily from a :class:`fluidopt.sim.workload.Workload`. Controllers (see
+:mod:`fluidopt.control.protocol`) receive events with this engine as their context and act through
+its validated actions. Memory is proportional to the requests in flight: per-request state lives in
+recycled slots, finished requests are folded into :mod:`fluidopt.sim.metrics` in chunks.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from fluidopt.control.protocol import (
+    DECODE,
+    DECODE_QUEUE,
+    NO_REQUEST,
+    PREFILL,
+    PREFILL_QUEUE,
+    WAIT_DECODE,
+    WAIT_PREFILL,
+    Controller,
+)
+from fluidopt.errors import ActionError, ScenarioError
+from fluidopt.model import Scenario
+from fluidopt.sim import metrics as M
+
+__all__ = ["Engine", "GpuSet"]
+
+INF = math.inf
+_GONE = 4  # phase of a freed request slot
+_FLUSH = 8192  # finished requests buffered before folding into the metrics
+_RNG_BLOCK = 65536
+
+_PHASE_NAMES = {WAIT_PREFILL: "waiting for a prefill", PREFILL: "in prefill", WAIT_DECODE: "waiting for a decode",
+                DECODE: "decoding", _GONE: "not in the system"}
+
+
+class GpuSet:
+    """A set of GPU indices with O(1) add, discard, membership and uniform random choice.
+
+    Controllers see it read-only (``len``, ``in``, iteration, :meth:`choice`, :meth:`first`); the
+    engine mutates it through the underscored methods.
+    """
+
+    __slots__ = ("_items", "_pos", "_rand")
+
+    def __init__(self, n: int, rand: Callable[[], float]):
+        self._items: list[int] = []
+        self._pos = [-1] * n
+        self._rand = rand
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __bool__(self) -> bool:
+        return bool(self._items)
+
+    def __contains__(self, g: object) -> bool:
+        try:
+            return self._pos[g] >= 0  # type: ignore[index]
+        except (IndexError, TypeError):
+            return False
+
+    def __iter__(self):
+        return iter(list(self._items))  # a copy: safe while the controller acts on members
+
+    def __repr__(self) -> str:
+        return f"GpuSet({sorted(self._items)})"
+
+    def choice(self) -> int:
+        items = self._items
+        if not items:
+            return -1
+        return items[int(self._rand() * len(items))]
+
+    def first(self) -> int:
+        return self._items[0] if self._items else -1
+
+    def _add(self, g: int) -> None:
+        if self._pos[g] < 0:
+            self._pos[g] = len(self._items)
+            self._items.append(g)
+
+    def _discard(self, g: int) -> None:
+        p = self._pos[g]
+        if p >= 0:
+            items = self._items
+            last = items.pop()
+            if last != g:
+                items[p] = last
+                self._pos[last] = p
+            self._pos[g] = -1
+
+
+class Engine:
+    """One simulation run. Use :func:`fluidopt.sim.api.simulate` rather than this class directly.
+
+    The engine is also the controllers' :class:`fluidopt.control.protocol.Context`: its public
+    methods below (views and actions) are the protocol; everything underscored is internal.
+    """
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        controller: Controller,
+        workload,
+        *,
+        service: str = "markov",
+        horizon: float,
+        warmup: float = 0.0,
+        seed: int = 0,
+        sample_interval: float | None = None,
+        records=None,
+        progress: bool = False,
+        batches: int = 20,
+        check: bool = False,
+        arrival_chunk: int = 65536,
+    ):
+        if not isinstance(scenario, Scenario):
+            raise ScenarioError(f"simulate: scenario: expected a Scenario, got {type(scenario).__name__}")
+        if service not in ("markov", "tokens"):
+            raise ScenarioError(f"simulate: service: expected 'markov' or 'tokens', got {service!r}")
+        if not isinstance(controller, Controller):
+            raise ScenarioError(
+                f"simulate: controller: expected a fluidopt.control.protocol.Controller, got {type(controller).__name__}"
+            )
+        self.scenario = scenario
+        self.controller = controller
+        self.workload = workload
+        self._service = service
+        self.horizon = float(horizon)
+        self.warmup = float(warmup)
+        self.seed = int(seed)
+        self.check = bool(check)
+        gpu = scenario.gpu
+        self.n = n = scenario.gpus
+        self.B = gpu.batch
+        self.I = I = scenario.n_classes
+        self._class_names = scenario.class_names
+        self.C = gpu.chunk
+        self.alpha, self.beta = gpu.alpha, gpu.beta
+        self.tau_mix = gpu.tau_mix
+        self.tau_solo = gpu.tau_solo
+        self.kap = float(gpu.kv_time_per_token)
+        self.kvcap = -1 if gpu.kv_capacity is None else int(math.floor(gpu.kv_capacity))
+        if service == "markov" and (gpu.kv_capacity is not None or gpu.kv_time_per_token):
+            raise ScenarioError(
+                "simulate: service='markov' has no KV-cache model (gpu.kv_capacity / gpu.kv_time_per_token are "
+                "set); use service='tokens'"
+            )
+        self.markov = service == "markov"
+        self.chunked = bool(getattr(controller, "chunked_prefill", True))
+
+        # -- random streams: workload, engine, controller (independent children of one seed) ------
+        ss = np.random.SeedSequence(self.seed)
+        s_work, s_eng, s_ctrl = ss.spawn(3)
+        self._work_rng = np.random.default_rng(s_work)
+        self._np_rng = np.random.default_rng(s_eng)
+        self._ctrl_rng = random.Random(int(s_ctrl.generate_state(1, dtype=np.uint64)[0]))
+        self._exp_block: list[float] = []
+        self._exp_i = 0
+        self._uni_block: list[float] = []
+        self._uni_i = 0
+
+        # -- rates ---------------------------------------------------------------------------------
+        rates = scenario.rates()
+        self.theta = [float(x) for x in rates.theta]
+        P = np.array([c.prompt for c in scenario.classes], dtype=float)
+        if self.chunked:
+            self.mu_p = [float(x) for x in rates.mu_p]
+            self.mu_m = [float(x) for x in rates.mu_m]
+        else:
+            # vLLM prefill-first without chunking: one iteration of alpha + beta * P for the whole
+            # prompt, decodes stalled meanwhile (see Controller.chunked_prefill).
+            self.mu_p = [float(x) for x in 1.0 / (gpu.alpha + gpu.beta * P)]
+            self.mu_m = [0.0] * I
+        self.mu_s = [float(x) for x in rates.mu_s]
+        self.mbar = [max(a, b) for a, b in zip(self.mu_m, self.mu_s)]
+        cp, cd = scenario.class_prices()
+        self._cp = [float(x) for x in cp]
+        self._cd = [float(x) for x in cd]
+        self._mean_prompt = [float(c.prompt) for c in scenario.classes]
+        self._mean_output = [float(c.decode) for c in scenario.classes]
+
+        # -- per-request state (recycled slots) ----------------------------------------------------
+        self._free: list[int] = []
+        self.r_cls: list[int] = []
+        self.r_prompt: list[int] = []  # original prompt tokens
+        self.r_output: list[int] = []
+        self.r_arr: list[float] = []
+        self.r_phase: list[int] = []
+        self.r_q: list[int] = []  # queue it waits in, -1
+        self.r_gpu: list[int] = []
+        self.r_next: list[int] = []
+        self.r_prev: list[int] = []
+        self.r_seq: list[int] = []
+        self.r_pos: list[int] = []  # index in the waiting / prefill / decode list of its class
+        self.r_tw: list[float] = []  # time the current wait began
+        self.r_wp: list[float] = []  # accumulated wait for a prefill
+        self.r_wd: list[float] = []  # accumulated wait for a decode
+        self.r_ttft: list[float] = []  # time of the first prefill completion (NaN before)
+        self.r_serial: list[int] = []
+        self.r_gen: list[int] = []  # output tokens generated before the current decode stint
+        self.r_dstart: list[int] = []  # GPU decode clock when the current decode stint joined
+        self.r_npre: list[int] = []  # preemptions
+        self.r_pg: list[int] = []  # GPU of the first prefill
+        self.r_dg: list[int] = []  # GPU of the (last) decode
+        self._serial = 0
+        self._seq_back = 0
+        self._seq_front = 0
+
+        # -- per-class lists for the exponential race (swap-remove) ----------------------------------
+        self._wlist: list[list[int]] = [[] for _ in range(I)]  # queued (waiting) requests
+        self._plist: list[list[int]] = [[] for _ in range(I)]  # markov: in prefill
+        self._dlist: list[list[int]] = [[] for _ in range(I)]  # markov: decoding
+        self._lam = 0.0  # total race rate
+
+        # -- counts (time-integrated by the "sum of signed change times" trick) -------------------
+        nq = M.N_CLASS_QTY * I + M.N_GPU_QTY
+        self._cnt = [0] * nq
+        self._acc = [0.0] * nq
+        self._gbase = M.N_CLASS_QTY * I
+        self._ctr = [0] * (M.N_CTR * I)
+
+        # -- GPUs -----------------------------------------------------------------------------------
+        self.g_pre = [NO_REQUEST] * n
+        self.g_ndec = [0] * n
+        self.g_cnt = [0] * n
+        self.g_pool = [0] * n
+        self.g_pok = [True] * n
+        self.g_maxd = [self.B] * n
+        self.g_dcls = [[0] * I for _ in range(n)]
+        self.g_reqs: list[set[int]] = [set() for _ in range(n)]  # markov: decoding requests on g
+        self._n_pools = 1
+        rand = self._ctrl_rng.random
+        self._ip = [GpuSet(n, rand)]
+        self._fd = [GpuSet(n, rand)]
+        for g in range(n):
+            self._ip[0]._add(g)
+            self._fd[0]._add(g)
+        # tokens mode
+        self.t_ka = [0] * n  # anchor boundary index
+        self.t_ta = [0.0] * n  # anchor time
+        self.t_dca = [0] * n  # decode clock at the anchor
+        self.t_kv = [0] * n  # KV tokens at the anchor
+        self.t_itl = [self.tau_solo] * n  # base iteration length from the anchor on
+        self.t_adv = [1] * n  # decode clock advance per iteration (0 while a whole prefill stalls decodes)
+        self.t_pend = [-1] * n  # boundary index where the running prefill ends
+        self.t_dheap: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+        self.t_ver = [0] * n
+        self._heap: list[tuple[float, int, int, int]] = []
+        self._dirty: list[int] = []
+        self._isdirty = [False] * n
+
+        # -- queues ---------------------------------------------------------------------------------
+        self._qnames: list[str] = ["prefill", "decode"] + [f"instance[{g}]" for g in range(n)]
+        self._qindex = {nm: q for q, nm in enumerate(self._qnames)}
+        nqueues = len(self._qnames)
+        self.q_head = [-1] * (nqueues * I)
+        self.q_tail = [-1] * (nqueues * I)
+        self.q_cnt = [0] * (nqueues * I)
+        self.q_tot = [0] * nqueues
+
+        # -- time, arrivals, housekeeping -----------------------------------------------------------
+        self._now = 0.0
+        self._in_setup = False
+        self._events = 0
+        self._arr_t: list[float] = []
+        self._arr_c: list[int] = []
+        self._arr_p: list[int] = []
+        self._arr_o: list[int] = []
+        self._ai = 0
+        self._arr_iter = None
+        self._arrival_chunk = int(arrival_chunk)
+        self._t_race = INF
+        self.collector = M.MetricCollector(I, self.warmup, self.horizon, batches)
+        self._bounds = [self.warmup + j * self.collector.L for j in range(batches)] + [self.horizon]
+        self._bi = 0
+        self.sample_interval = sample_interval
+        self._t_sample = 0.0 if sample_interval else INF
+        self._samples: list[list[float]] = []
+        self.tick_interval = getattr(controller, "tick_interval", None)
+        self._t_tick = float(self.tick_interval) if self.tick_interval else INF
+        self._out: list[tuple] = []
+        self._records = records
+        self.progress = progress
+        self._interrupted = False
+        self._stop = False  # set by the first Ctrl-C: stop between two events
+
+        # callbacks (skip the ones a controller leaves as no-ops)
+        base = Controller
+        ct = type(controller)
+        self._cb_arrival = controller.on_arrival if ct.on_arrival is not base.on_arrival else None
+        self._cb_pdone = controller.on_prefill_done if ct.on_prefill_done is not base.on_prefill_done else None
+        self._cb_ddone = controller.on_decode_done if ct.on_decode_done is not base.on_decode_done else None
+        self._cb_abandon = controller.on_abandon if ct.on_abandon is not base.on_abandon else None
+        self._cb_preempt = controller.on_preempt if ct.on_preempt is not base.on_preempt else None
+        self._cb_freed = controller.on_slot_freed if ct.on_slot_freed is not base.on_slot_freed else None
+
+    # =============================================================================================
+    # Controller view (read-only)
+    # =============================================================================================
+    @property
+    def now(self) -> float:
+        return self._now
+
+    @property
+    def n_gpus(self) -> int:
+        return self.n
+
+    @property
+    def batch(self) -> int:
+        return self.B
+
+    @property
+    def n_classes(self) -> int:
+        return self.I
+
+    @property
+    def class_names(self) -> tuple[str, ...]:
+        return self._class_names
+
+    @property
+    def service(self) -> str:
+        return self._service
+
+    @property
+    def rng(self) -> random.Random:
+        return self._ctrl_rng
+
+    @property
+    def n_pools(self) -> int:
+        return self._n_pools
+
+    def n_prefill(self, i: int) -> int:
+        return self._cnt[5 * i + 1]
+
+    def n_decode_mixed(self, i: int) -> int:
+        return self._cnt[5 * i + 3]
+
+    def n_decode_solo(self, i: int) -> int:
+        return self._cnt[5 * i + 4]
+
+    def n_wait_prefill(self, i: int) -> int:
+        return self._cnt[5 * i]
+
+    def n_wait_decode(self, i: int) -> int:
+        return self._cnt[5 * i + 2]
+
+    def gpu_prefill(self, g: int) -> int:
+        return self.g_pre[g]
+
+    def gpu_decodes(self, g: int) -> int:
+        return self.g_ndec[g]
+
+    def gpu_free(self, g: int) -> int:
+        return self.B - self.g_cnt[g]
+
+    def gpu_mixed(self, g: int) -> bool:
+        return self.g_pre[g] >= 0
+
+    def gpu_pool(self, g: int) -> int:
+        return self.g_pool[g]
+
+    def gpu_max_decodes(self, g: int) -> int:
+        return self.g_maxd[g]
+
+    def gpu_prefill_allowed(self, g: int) -> bool:
+        return self.g_pok[g]
+
+    def gpu_decodes_by_class(self, g: int) -> tuple[int, ...]:
+        return tuple(self.g_dcls[g])
+
+    def gpu_requests(self, g: int) -> list[int]:
+        out = [self.g_pre[g]] if self.g_pre[g] >= 0 else []
+        if self.markov:
+            return out + sorted(self.g_reqs[g])
+        return out + sorted(r for _, r in self.t_dheap[g])
+
+    def gpu_kv_used(self, g: int) -> int:
+        if self.markov or self.g_cnt[g] == 0:
+            return 0
+        t = self._now
+        if t > self.t_ta[g]:
+            m = self._boundary_after(g, t) - self.t_ka[g]
+            return self.t_kv[g] + self.g_ndec[g] * self.t_adv[g] * m
+        return self.t_kv[g]
+
+    def gpu_kv_free(self, g: int) -> float:
+        if self.kvcap < 0:
+            return INF
+        return float(self.kvcap - self.gpu_kv_used(g))
+
+    def idle_prefill(self, pool: int = 0) -> GpuSet:
+        return self._ip[pool]
+
+    def free_decode(self, pool: int = 0) -> GpuSet:
+        return self._fd[pool]
+
+    def queue_id(self, name: str) -> int:
+        try:
+            return self._qindex[name]
+        except KeyError:
+            raise ActionError(f"queue_id: no queue named {name!r}; known: {', '.join(self._qnames[:2])}, "
+                              f"instance[g], and {', '.join(self._qnames[2 + self.n:]) or 'no named queues'}") from None
+
+    def instance_queue(self, g: int) -> int:
+        if not 0 <= g < self.n:
+            self._check_gpu("instance_queue", g)
+        return 2 + g
+
+    def qlen(self, q: int, cls: int = -1) -> int:
+        if cls < 0:
+            return self.q_tot[q]
+        return self.q_cnt[q * self.I + cls]
+
+    def head(self, q: int, cls: int = -1) -> int:
+        I = self.I
+        if cls >= 0:
+            return self.q_head[q * I + cls]
+        if I == 1:
+            return self.q_head[q]
+        best = -1
+        bs = 0
+        qh = self.q_head
+        seq = self.r_seq
+        for k in range(q * I, q * I + I):
+            r = qh[k]
+            if r >= 0 and (best < 0 or seq[r] < bs):
+                best = r
+                bs = seq[r]
+        return best
+
+    def queue_requests(self, q: int) -> list[int]:
+        I = self.I
+        out = []
+        for k in range(q * I, q * I + I):
+            r = self.q_head[k]
+            while r >= 0:
+                out.append(r)
+                r = self.r_next[r]
+        out.sort(key=self.r_seq.__getitem__)
+        return out
+
+    def instance_requests(self, g: int) -> int:
+        return self.q_tot[2 + g] + self.g_cnt[g]
+
+    def instance_tokens(self, g: int) -> int:
+        # computed on demand (O(B + queue length)): keeps the per-event cost free of it
+        return sum(self._tokens(r) for r in self.queue_requests(2 + g)) + sum(
+            self._tokens(r) for r in self.gpu_requests(g)
+        )
+
+    def req_class(self, r: int) -> int:
+        return self.r_cls[r]
+
+    def req_prompt(self, r: int) -> int:
+        return self.r_prompt[r]
+
+    def req_output(self, r: int) -> int:
+        return self.r_output[r]
+
+    def req_arrival(self, r: int) -> float:
+        return self.r_arr[r]
+
+    def req_phase(self, r: int) -> int:
+        return self.r_phase[r]
+
+    def req_gpu(self, r: int) -> int:
+        return self.r_gpu[r]
+
+    def req_queue(self, r: int) -> int:
+        return self.r_q[r]
+
+    def req_generated(self, r: int) -> int:
+        """Output tokens r has produced by the GPU's last iteration boundary (tokens mode; markov: 0
+        until completion). While new work is joining a GPU (its anchor lies at the next boundary) the
+        count may run one token ahead."""
+        if self.r_phase[r] == DECODE and not self.markov:
+            g = self.r_gpu[r]
+            now = self._now
+            dc = self.t_dca[g]
+            if now > self.t_ta[g]:
+                k = self._boundary_after(g, now)
+                if self._time_at(g, k) > now:
+                    k -= 1  # the last boundary at or before now
+                dc += (k - self.t_ka[g]) * self.t_adv[g]
+            return self.r_gen[r] + max(0, dc - self.r_dstart[r])
+        return self.r_gen[r]
+
+    def req_preemptions(self, r: int) -> int:
+        return self.r_npre[r]
+
+    # =============================================================================================
+    # Setup-only actions
+    # =============================================================================================
+    def set_pool(self, gpus: Sequence[int], pool: int, *, prefill: bool = True, max_decodes: int | None = None) -> None:
+        """Put ``gpus`` in ``pool`` (0, 1, ...), allow or forbid prefills there, cap their decodes."""
+        if not self._in_setup:
+            raise ActionError("set_pool: pools can only be declared in Controller.setup")
+        if isinstance(pool, bool) or not isinstance(pool, int) or pool < 0:
+            raise ActionError(f"set_pool: pool: expected an integer >= 0, got {pool!r}")
+        md = self.B if max_decodes is None else max_decodes
+        if isinstance(md, bool) or not isinstance(md, int) or not 0 <= md <= self.B:
+            raise ActionError(f"set_pool: max_decodes: expected an integer in 0..{self.B} (B), got {max_decodes!r}")
+        while self._n_pools <= pool:
+            self._ip.append(GpuSet(self.n, self._ctrl_rng.random))
+            self._fd.append(GpuSet(self.n, self._ctrl_rng.random))
+            self._n_pools += 1
+        for g in gpus:
+            self._check_gpu("set_pool", g)
+            self._ip[self.g_pool[g]]._discard(g)
+            self._fd[self.g_pool[g]]._discard(g)
+            self.g_pool[g] = pool
+            self.g_pok[g] = bool(prefill)
+            self.g_maxd[g] = md
+            self._refresh(g)
+
+    def add_queue(self, name: str) -> int:
+        """Declare a named FCFS queue (setup only); returns its id."""
+        if not self._in_setup:
+            raise ActionError("add_queue: queues can only be declared in Controller.setup")
+        if not isinstance(name, str) or not name:
+            raise ActionError(f"add_queue: name: expected a non-empty string, got {name!r}")
+        if name in self._qindex:
+            raise ActionError(f"add_queue: a queue named {name!r} already exists")
+        q = len(self._qnames)
+        self._qnames.append(name)
+        self._qindex[name] = q
+        self.q_head.extend([-1] * self.I)
+        self.q_tail.extend([-1] * self.I)
+        self.q_cnt.extend([0] * self.I)
+        self.q_tot.append(0)
+        return q
+
+    # =============================================================================================
+    # Actions
+    # =============================================================================================
+    def _check_gpu(self, what: str, g: object) -> None:
+        if isinstance(g, bool) or not isinstance(g, int) or not 0 <= g < self.n:
+            raise ActionError(f"{what}: GPU {g!r} does not exist (expected an integer in 0..{self.n - 1})")
+
+    def _check_req(self, what: str, r: object) -> None:
+        if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < len(self.r_phase) or self.r_phase[r] == _GONE:
+            raise ActionError(f"{what}: request {r!r} is not in the system at t={self._now:.9g}")
+
+    def start_prefill(self, r: int, g: int) -> None:
+        """Start request r's prefill on GPU g (validated; see the protocol)."""
+        try:
+            ok = (self.r_phase[r] == WAIT_PREFILL and self.g_pre[g] < 0 and self.g_cnt[g] < self.B
+                  and self.g_pok[g] and r >= 0 and g >= 0)
+        except (IndexError, TypeError):
+            ok = False
+        if not ok:
+            self._prefill_error(r, g)
+        t = self._now
+        c = self.r_cls[r]
+        gen = self.r_gen[r]
+        ptok = self.r_prompt[r] + gen  # recompute after a preemption
+        markov = self.markov
+        if not markov:
+            self._join(g, t)
+            if self.kvcap >= 0 and self.t_kv[g] + ptok > self.kvcap:
+                raise ActionError(
+                    f"start_prefill(r={r}, g={g}) at t={t:.9g}: GPU {g} has {self.kvcap - self.t_kv[g]} free KV tokens, "
+                    f"the prompt needs {ptok}"
+                )
+        if self.r_q[r] >= 0:
+            self._dequeue(r, c)
+        cnt = self._cnt
+        acc = self._acc
+        k = 5 * c
+        cnt[k] -= 1
+        acc[k] -= t
+        cnt[k + 1] += 1
+        acc[k + 1] += t
+        self.r_wp[r] += t - self.r_tw[r]
+        self.g_pre[g] = r
+        gc = self.g_cnt
+        n0 = gc[g]
+        n1 = n0 + 1
+        gc[g] = n1
+        if n0 == 0:
+            gb = self._gbase
+            cnt[gb] += 1
+            acc[gb] += t
+        else:
+            self._switch_mode(g, True, t)
+        self.r_gpu[r] = g
+        self.r_phase[r] = PREFILL
+        if self.r_pg[r] < 0:
+            self.r_pg[r] = g
+        # sets: g's prefill slot is now busy; a full GPU also takes no decode
+        p = self.g_pool[g]
+        s = self._ip[p]
+        pos = s._pos
+        j = pos[g]
+        if j >= 0:
+            items = s._items
+            last = items.pop()
+            if last != g:
+                items[j] = last
+                pos[last] = j
+            pos[g] = -1
+        if n1 >= self.B:
+            s = self._fd[p]
+            pos = s._pos
+            j = pos[g]
+            if j >= 0:
+                items = s._items
+                last = items.pop()
+                if last != g:
+                    items[j] = last
+                    pos[last] = j
+                pos[g] = -1
+        if markov:
+            lst = self._plist[c]
+            self.r_pos[r] = len(lst)
+            lst.append(r)
+            self._lam += self.mu_p[c]
+        else:
+            ka = self.t_ka[g]
+            if self.chunked:
+                self.t_pend[g] = ka + (ptok + self.C - 1) // self.C
+                self.t_itl[g] = self.tau_mix
+            else:
+                self.t_pend[g] = ka + 1
+                self.t_itl[g] = self.alpha + self.beta * ptok
+                self.t_adv[g] = 0
+            self.t_kv[g] += ptok
+            if not self._isdirty[g]:
+                self._isdirty[g] = True
+                self._dirty.append(g)
+
+    def _prefill_error(self, r: object, g: object) -> None:
+        w = f"start_prefill(r={r!r}, g={g!r}) at t={self._now:.9g}"
+        self._check_req(w, r)
+        self._check_gpu(w, g)
+        ph = self.r_phase[r]  # type: ignore[index]
+        if ph != WAIT_PREFILL:
+            raise ActionError(f"{w}: request {r} is {_PHASE_NAMES[ph]}, not waiting for a prefill")
+        if not self.g_pok[g]:  # type: ignore[index]
+            raise ActionError(f"{w}: GPU {g} does not take prefills (pool {self.g_pool[g]}, set in setup)")  # type: ignore[index]
+        if self.g_pre[g] >= 0:  # type: ignore[index]
+            raise ActionError(f"{w}: GPU {g} already runs a prefill (request {self.g_pre[g]})")  # type: ignore[index]
+        raise ActionError(f"{w}: GPU {g} has no free slot ({self.g_cnt[g]} of B={self.B} in use)")  # type: ignore[index]
+
+    def start_decode(self, r: int, g: int) -> None:
+        """Start request r's decode on GPU g (validated; see the protocol)."""
+        try:
+            ok = (self.r_phase[r] == WAIT_DECODE and self.g_cnt[g] < self.B and self.g_ndec[g] < self.g_maxd[g]
+                  and r >= 0 and g >= 0)
+        except (IndexError, TypeError):
+            ok = False
+        if not ok:
+            self._decode_error(r, g)
+        t = self._now
+        c = self.r_cls[r]
+        markov = self.markov
+        if not markov:
+            self._join(g, t)
+            ctxlen = self.r_prompt[r] + self.r_gen[r]
+            if self.kvcap >= 0 and self.t_kv[g] + ctxlen > self.kvcap:
+                raise ActionError(
+                    f"start_decode(r={r}, g={g}) at t={t:.9g}: GPU {g} has {self.kvcap - self.t_kv[g]} free KV tokens, "
+                    f"the request's context needs {ctxlen}"
+                )
+        if self.r_q[r] >= 0:
+            self._dequeue(r, c)
+        cnt = self._cnt
+        acc = self._acc
+        k = 5 * c
+        cnt[k + 2] -= 1
+        acc[k + 2] -= t
+        self.r_wd[r] += t - self.r_tw[r]
+        k += 3 if self.g_pre[g] >= 0 else 4
+        cnt[k] += 1
+        acc[k] += t
+        gc = self.g_cnt
+        n0 = gc[g]
+        n1 = n0 + 1
+        gc[g] = n1
+        nd = self.g_ndec[g] + 1
+        self.g_ndec[g] = nd
+        self.g_dcls[g][c] += 1
+        if markov:
+            self.g_reqs[g].add(r)
+        if n0 == 0:
+            gb = self._gbase
+            cnt[gb] += 1
+            acc[gb] += t
+        self.r_gpu[r] = g
+        self.r_dg[r] = g
+        self.r_phase[r] = DECODE
+        # sets: a full GPU leaves both; a GPU at its decode cap leaves the free-decode set
+        full = n1 >= self.B
+        if full or nd >= self.g_maxd[g]:
+            p = self.g_pool[g]
+            s = self._fd[p]
+            pos = s._pos
+            j = pos[g]
+            if j >= 0:
+                items = s._items
+                last = items.pop()
+                if last != g:
+                    items[j] = last
+                    pos[last] = j
+                pos[g] = -1
+            if full:
+                s = self._ip[p]
+                pos = s._pos
+                j = pos[g]
+                if j >= 0:
+                    items = s._items
+                    last = items.pop()
+                    if last != g:
+                        items[j] = last
+                        pos[last] = j
+                    pos[g] = -1
+        if markov:
+            lst = self._dlist[c]
+            self.r_pos[r] = len(lst)
+            lst.append(r)
+            self._lam += self.mbar[c]
+        else:
+            dca = self.t_dca[g]
+            self.r_dstart[r] = dca
+            heapq.heappush(self.t_dheap[g], (dca + self.r_output[r] - self.r_gen[r], r))
+            self.t_kv[g] += self.r_prompt[r] + self.r_gen[r]
+            if not self._isdirty[g]:
+                self._isdirty[g] = True
+                self._dirty.append(g)
+
+    def _dequeue(self, r: int, c: int) -> None:
+        """Take queued request r (class c) out of its queue and out of the abandonment race."""
+        q = self.r_q[r]
+        k = q * self.I + c
+        rp = self.r_prev
+        rn = self.r_next
+        p = rp[r]
+        nx = rn[r]
+        if p >= 0:
+            rn[p] = nx
+        else:
+            self.q_head[k] = nx
+        if nx >= 0:
+            rp[nx] = p
+        else:
+            self.q_tail[k] = p
+        self.q_cnt[k] -= 1
+        self.q_tot[q] -= 1
+        self.r_q[r] = -1
+        lst = self._wlist[c]
+        j = self.r_pos[r]
+        last = lst.pop()
+        if last != r:
+            lst[j] = last
+            self.r_pos[last] = j
+        self._lam -= self.theta[c]
+
+    def _decode_error(self, r: object, g: object) -> None:
+        w = f"start_decode(r={r!r}, g={g!r}) at t={self._now:.9g}"
+        self._check_req(w, r)
+        self._check_gpu(w, g)
+        ph = self.r_phase[r]  # type: ignore[index]
+        if ph != WAIT_DECODE:
+            raise ActionError(f"{w}: request {r} is {_PHASE_NAMES[ph]}, not waiting for a decode")
+        if self.g_cnt[g] >= self.B:  # type: ignore[index]
+            raise ActionError(f"{w}: GPU {g} has no free slot ({self.g_cnt[g]} of B={self.B} in use)")  # type: ignore[index]
+        raise ActionError(
+            f"{w}: GPU {g} already runs {self.g_ndec[g]} decodes, its cap (max_decodes={self.g_maxd[g]}, set in setup)"  # type: ignore[index]
+        )
+
+    def enqueue(self, r: int, q: int, front: bool = False) -> None:
+        """Put waiting request r at the back (front=True: the front) of queue q."""
+        try:
+            ph = self.r_phase[r]
+            ok = (ph == WAIT_PREFILL or ph == WAIT_DECODE) and 0 <= q < len(self.q_tot) and r >= 0
+        except (IndexError, TypeError):
+            ok = False
+        if not ok:
+            w = f"enqueue(r={r!r}, q={q!r}) at t={self._now:.9g}"
+            self._check_req(w, r)
+            if isinstance(q, bool) or not isinstance(q, int) or not 0 <= q < len(self.q_tot):
+                raise ActionError(f"{w}: queue {q!r} does not exist (expected 0..{len(self.q_tot) - 1})")
+            raise ActionError(f"{w}: request {r} is {_PHASE_NAMES[self.r_phase[r]]}, not waiting")
+        old = self.r_q[r]
+        if old == q and not front:
+            return
+        c = self.r_cls[r]
+        if old >= 0:
+            self._q_remove(r, old)
+        else:
+            # entering a waiting place: it can now abandon
+            lst = self._wlist[c]
+            self.r_pos[r] = len(lst)
+            lst.append(r)
+            self._lam += self.theta[c]
+        if front:
+            self._q_push(r, q, True)
+            return
+        # append at the back (inlined: the common case)
+        k = q * self.I + c
+        s = self._seq_back + 1
+        self._seq_back = s
+        self.r_seq[r] = s
+        tl = self.q_tail[k]
+        self.r_next[r] = -1
+        self.r_prev[r] = tl
+        if tl >= 0:
+            self.r_next[tl] = r
+        else:
+            self.q_head[k] = r
+        self.q_tail[k] = r
+        self.q_cnt[k] += 1
+        self.q_tot[q] += 1
+        self.r_q[r] = q
+
+    # =============================================================================================
+    # Internal: queues and waiting
+    # =============================================================================================
+    def _q_push(self, r: int, q: int, front: bool) -> None:
+        c = self.r_cls[r]
+        k = q * self.I + c
+        if front:
+            self._seq_front -= 1
+            self.r_seq[r] = self._seq_front
+            h = self.q_head[k]
+            self.r_prev[r] = -1
+            self.r_next[r] = h
+            if h >= 0:
+                self.r_prev[h] = r
+            else:
+                self.q_tail[k] = r
+            self.q_head[k] = r
+        else:
+            self._seq_back += 1
+            self.r_seq[r] = self._seq_back
+            tl = self.q_tail[k]
+            self.r_next[r] = -1
+            self.r_prev[r] = tl
+            if tl >= 0:
+                self.r_next[tl] = r
+            else:
+                self.q_head[k] = r
+            self.q_tail[k] = r
+        self.q_cnt[k] += 1
+        self.q_tot[q] += 1
+        self.r_q[r] = q
+
+    def _q_remove(self, r: int, q: int) -> None:
+        k = q * self.I + self.r_cls[r]
+        p = self.r_prev[r]
+        nx = self.r_next[r]
+        if p >= 0:
+            self.r_next[p] = nx
+        else:
+            self.q_head[k] = nx
+        if nx >= 0:
+            self.r_prev[nx] = p
+        else:
+            self.q_tail[k] = p
+        self.q_cnt[k] -= 1
+        self.q_tot[q] -= 1
+        self.r_q[r] = -1
+
+    def _tokens(self, r: int) -> int:
+        """Outstanding work of r in tokens: its (re)prefill if still due, plus its remaining output."""
+        ph = self.r_phase[r]
+        rem = self.r_output[r] - self.r_gen[r]
+        if ph == WAIT_PREFILL or ph == PREFILL:
+            return self.r_prompt[r] + self.r_gen[r] + rem
+        return rem
+
+    def _leave_wait(self, r: int, c: int, t: float, qk: int) -> None:
+        """r stops waiting (phase WAIT_PREFILL if qk == 0, WAIT_DECODE if qk == 2) at time t."""
+        if self.r_q[r] >= 0:
+            self._dequeue(r, c)
+        k = 5 * c + qk
+        self._cnt[k] -= 1
+        self._acc[k] -= t
+        if qk == 0:
+            self.r_wp[r] += t - self.r_tw[r]
+        else:
+            self.r_wd[r] += t - self.r_tw[r]
+
+    def _switch_mode(self, g: int, mixed: bool, t: float) -> None:
+        """GPU g's decodes move between Y_s and Y_m (a prefill started or ended on g)."""
+        cnt = self._cnt
+        acc = self._acc
+        dcl = self.g_dcls[g]
+        for c in range(self.I):
+            d = dcl[c]
+            if d:
+                a, b = (5 * c + 4, 5 * c + 3) if mixed else (5 * c + 3, 5 * c + 4)
+                cnt[a] -= d
+                acc[a] -= d * t
+                cnt[b] += d
+                acc[b] += d * t
+
+    def _refresh(self, g: int) -> None:
+        """Update g's membership in its pool's idle-prefill and free-decode sets."""
+        p = self.g_pool[g]
+        n = self.g_cnt[g]
+        if n < self.B:
+            if self.g_pre[g] < 0 and self.g_pok[g]:
+                self._ip[p]._add(g)
+            else:
+                self._ip[p]._discard(g)
+            if self.g_ndec[g] < self.g_maxd[g]:
+                self._fd[p]._add(g)
+            else:
+                self._fd[p]._discard(g)
+        else:
+            self._ip[p]._discard(g)
+            self._fd[p]._discard(g)
+
+    # =============================================================================================
+    # Internal: request lifecycle
+    # =============================================================================================
+    def _alloc(self) -> int:
+        if self._free:
+            return self._free.pop()
+        r = len(self.r_phase)
+        for lst, v in (
+            (self.r_cls, 0), (self.r_prompt, 0), (self.r_output, 0), (self.r_arr, 0.0), (self.r_phase, _GONE),
+            (self.r_q, -1), (self.r_gpu, -1), (self.r_next, -1), (self.r_prev, -1), (self.r_seq, 0), (self.r_pos, -1),
+            (self.r_tw, 0.0), (self.r_wp, 0.0), (self.r_wd, 0.0), (self.r_ttft, math.nan), (self.r_serial, 0),
+            (self.r_gen, 0), (self.r_dstart, 0), (self.r_npre, 0), (self.r_pg, -1), (self.r_dg, -1),
+        ):
+            lst.append(v)
+        return r
+
+    def _resolve(self, r: int, outcome: int, t: float) -> None:
+        """Record r's outcome and free its slot."""
+        out = self._out
+        out.append((self.r_serial[r], self.r_cls[r], self.r_arr[r], self.r_prompt[r], self.r_output[r], outcome,
+                    t, self.r_ttft[r], self.r_wp[r], self.r_wd[r], self.r_npre[r], self.r_pg[r], self.r_dg[r]))
+        self.r_phase[r] = _GONE
+        self.r_gpu[r] = -1
+        self._free.append(r)
+        if len(out) >= _FLUSH:
+            self._flush()
+
+    def _arrive(self, t: float, c: int, prompt: int, output: int) -> None:
+        if self._free:
+            r = self._free.pop()
+        else:
+            r = self._alloc()
+        s = self._serial + 1
+        self._serial = s
+        self.r_serial[r] = s
+        self.r_cls[r] = c
+        self.r_prompt[r] = prompt
+        self.r_output[r] = output
+        self.r_arr[r] = t
+        self.r_phase[r] = WAIT_PREFILL
+        self.r_tw[r] = t
+        self.r_wp[r] = 0.0
+        self.r_wd[r] = 0.0
+        self.r_ttft[r] = math.nan
+        self.r_gen[r] = 0
+        self.r_npre[r] = 0
+        self.r_pg[r] = -1
+        self.r_dg[r] = -1
+        self._ctr[10 * c] += 1
+        if self.kvcap >= 0 and prompt + 1 > self.kvcap:
+            # can never fit on a GPU (vLLM rejects prompts beyond the KV capacity)
+            self._ctr[10 * c + M.C_DROPPED] += 1
+            self._resolve(r, M.DROPPED, t)
+            return
+        k = 5 * c
+        self._cnt[k] += 1
+        self._acc[k] += t
+        cb = self._cb_arrival
+        if cb is not None:
+            cb(self, r)
+        if self.r_phase[r] == WAIT_PREFILL and self.r_q[r] < 0:
+            self.enqueue(r, PREFILL_QUEUE)
+
+    def _prefill_done(self, r: int, g: int, t: float) -> None:
+        c = self.r_cls[r]
+        cnt = self._cnt
+        acc = self._acc
+        k = 5 * c
+        cnt[k + 1] -= 1
+        acc[k + 1] -= t
+        cnt[k + 2] += 1  # now waiting for a decode (placed by the controller, or the decode buffer)
+        acc[k + 2] += t
+        self.g_pre[g] = NO_REQUEST
+        gc = self.g_cnt
+        n1 = gc[g] - 1
+        gc[g] = n1
+        if n1 == 0:
+            gb = self._gbase
+            cnt[gb] -= 1
+            acc[gb] -= t
+        else:
+            self._switch_mode(g, False, t)
+        if self.markov:
+            lst = self._plist[c]
+            j = self.r_pos[r]
+            last = lst.pop()
+            if last != r:
+                lst[j] = last
+                self.r_pos[last] = j
+            self._lam -= self.mu_p[c]
+        else:
+            self.t_pend[g] = -1
+            self.t_itl[g] = self.tau_solo
+            self.t_adv[g] = 1
+            self.t_kv[g] -= self.r_prompt[r] + self.r_gen[r]
+            if not self._isdirty[g]:
+                self._isdirty[g] = True
+                self._dirty.append(g)
+        if self.r_ttft[r] != self.r_ttft[r]:  # NaN: the first prefill of r
+            self.r_ttft[r] = t - self.r_arr[r]
+            ctr = self._ctr
+            ctr[10 * c + 1] += 1  # C_PREFILLED
+            ctr[10 * c + 7] += self.r_prompt[r]  # C_PREFILL_TOKENS
+        self.r_phase[r] = WAIT_DECODE
+        self.r_gpu[r] = -1
+        self.r_tw[r] = t
+        # sets: g's prefill slot is free, and so is one slot
+        p = self.g_pool[g]
+        if self.g_pok[g]:
+            s = self._ip[p]
+            pos = s._pos
+            if pos[g] < 0:
+                items = s._items
+                pos[g] = len(items)
+                items.append(g)
+        if self.g_ndec[g] < self.g_maxd[g]:
+            s = self._fd[p]
+            pos = s._pos
+            if pos[g] < 0:
+                items = s._items
+                pos[g] = len(items)
+                items.append(g)
+        cb = self._cb_pdone
+        if cb is not None:
+            cb(self, r, g)
+        if self.r_phase[r] == WAIT_DECODE and self.r_q[r] < 0:
+            self.enqueue(r, DECODE_QUEUE)
+        cb = self._cb_freed
+        if cb is not None:
+            cb(self, g)
+
+    def _decode_done(self, r: int, g: int, t: float) -> None:
+        c = self.r_cls[r]
+        cnt = self._cnt
+        acc = self._acc
+        pre = self.g_pre[g]
+        k = 5 * c + (3 if pre >= 0 else 4)
+        cnt[k] -= 1
+        acc[k] -= t
+        nd = self.g_ndec[g] - 1
+        self.g_ndec[g] = nd
+        gc = self.g_cnt
+        n1 = gc[g] - 1
+        gc[g] = n1
+        self.g_dcls[g][c] -= 1
+        if n1 == 0:
+            gb = self._gbase
+            cnt[gb] -= 1
+            acc[gb] -= t
+        out = self.r_output[r]
+        if self.markov:
+            self.g_reqs[g].discard(r)
+            lst = self._dlist[c]
+            j = self.r_pos[r]
+            last = lst.pop()
+            if last != r:
+                lst[j] = last
+                self.r_pos[last] = j
+            self._lam -= self.mbar[c]
+        else:
+            self.t_kv[g] -= self.r_prompt[r] + out
+            if not self._isdirty[g]:
+                self._isdirty[g] = True
+                self._dirty.append(g)
+        self.r_gen[r] = out
+        ctr = self._ctr
+        k = 10 * c
+        ctr[k + 2] += 1  # C_COMPLETED
+        ctr[k + 8] += self.r_prompt[r]  # C_DONE_PROMPT
+        ctr[k + 9] += out  # C_DONE_OUTPUT
+        # sets: one slot freed
+        p = self.g_pool[g]
+        if pre < 0 and self.g_pok[g]:
+            s = self._ip[p]
+            pos = s._pos
+            if pos[g] < 0:
+                items = s._items
+                pos[g] = len(items)
+                items.append(g)
+        if nd < self.g_maxd[g]:
+            s = self._fd[p]
+            pos = s._pos
+            if pos[g] < 0:
+                items = s._items
+                pos[g] = len(items)
+                items.append(g)
+        cb = self._cb_ddone
+        if cb is not None:
+            cb(self, r, g)
+        self._resolve(r, 0, t)
+        cb = self._cb_freed
+        if cb is not None:
+            cb(self, g)
+
+    def _abandon(self, r: int, t: float) -> None:
+        c = self.r_cls[r]
+        q = self.r_q[r]
+        ph = self.r_phase[r]
+        self._leave_wait(r, c, t, 0 if ph == WAIT_PREFILL else 2)
+        self._ctr[10 * c + (M.C_AB_PREFILL if ph == WAIT_PREFILL else M.C_AB_DECODE)] += 1
+        cb = self._cb_abandon
+        if cb is not None:
+            cb(self, r, q)
+        self._resolve(r, M.ABANDONED_PREFILL if ph == WAIT_PREFILL else M.ABANDONED_DECODE, t)
+
+    # =============================================================================================
+    # Internal: tokens-mode GPU clock
+    # =============================================================================================
+    def _time_at(self, g: int, k: int) -> float:
+        """Time of boundary k (>= the anchor) of busy GPU g under its current iteration law."""
+        m = k - self.t_ka[g]
+        if self.kap == 0.0:
+            return self.t_ta[g] + m * self.t_itl[g]
+        d = self.g_ndec[g] * self.t_adv[g]
+        return self.t_ta[g] + m * (self.t_itl[g] + self.kap * self.t_kv[g]) + self.kap * d * (m * (m - 1) // 2)
+
+    def _boundary_after(self, g: int, t: float) -> int:
+        """The first boundary of busy GPU g at or after time t (t > anchor time)."""
+        ta = self.t_ta[g]
+        if self.kap == 0.0:
+            itl = self.t_itl[g]
+            m = int((t - ta) / itl)
+            if ta + m * itl < t:
+                m += 1
+            return self.t_ka[g] + m
+        a = self.t_itl[g] + self.kap * self.t_kv[g]
+        bq = 0.5 * self.kap * self.g_ndec[g] * self.t_adv[g]
+        x = t - ta
+        if bq > 0:
+            m = int((-(a - bq) + math.sqrt((a - bq) ** 2 + 4 * bq * x)) / (2 * bq))
+        else:
+            m = int(x / a)
+        ka = self.t_ka[g]
+        while self._time_at(g, ka + m) < t:
+            m += 1
+        while m > 0 and self._time_at(g, ka + m - 1) >= t:
+            m -= 1
+        return ka + m
+
+    def _anchor(self, g: int, k: int) -> None:
+        """Move g's anchor to boundary k (>= current anchor); the iteration law is unchanged."""
+        m = k - self.t_ka[g]
+        if m <= 0:
+            return
+        if self.kap == 0.0:
+            self.t_ta[g] += m * self.t_itl[g]
+        else:
+            self.t_ta[g] = self._time_at(g, k)
+        adv = self.t_adv[g]
+        if adv:
+            self.t_dca[g] += m
+            self.t_kv[g] += self.g_ndec[g] * m
+        self.t_ka[g] = k
+
+    def _join(self, g: int, t: float) -> None:
+        """Prepare GPU g for new work at time t: anchor it at the boundary where the work joins."""
+        if self.g_cnt[g] == 0:
+            # idle GPU: iterations start now
+            self.t_ta[g] = t
+            self.t_itl[g] = self.tau_solo
+            self.t_adv[g] = 1
+            self.t_kv[g] = 0
+        else:
+            ta = self.t_ta[g]
+            if t > ta:
+                if self.kap == 0.0:
+                    itl = self.t_itl[g]
+                    m = int((t - ta) / itl)
+                    if ta + m * itl < t:
+                        m += 1
+                    if m > 0:
+                        self.t_ta[g] = ta + m * itl
+                        if self.t_adv[g]:
+                            self.t_dca[g] += m
+                            self.t_kv[g] += self.g_ndec[g] * m
+                        self.t_ka[g] += m
+                else:
+                    self._anchor(g, self._boundary_after(g, t))
+
+    def _schedule(self, g: int) -> None:
+        """(Re)compute GPU g's next event and push it (older entries become stale)."""
+        v = self.t_ver[g] + 1
+        self.t_ver[g] = v
+        if self.g_cnt[g] == 0:
+            return
+        ka = self.t_ka[g]
+        kb = self.t_pend[g] if self.g_pre[g] >= 0 else 1 << 62
+        if self.t_adv[g]:
+            h = self.t_dheap[g]
+            if h:
+                kd = ka + h[0][0] - self.t_dca[g]
+                if kd < kb:
+                    kb = kd
+            if self.kvcap >= 0:
+                nd = self.g_ndec[g]
+                if nd:
+                    ko = ka + max(0, (self.kvcap - self.t_kv[g]) // nd)
+                    if ko < kb:
+                        kb = ko
+        if kb < ka:
+            kb = ka
+        if self.kap == 0.0:
+            te = self.t_ta[g] + (kb - ka) * self.t_itl[g]
+        else:
+            te = self._time_at(g, kb)
+        heapq.heappush(self._heap, (te, g, v, kb))
+
+    def _gpu_event(self, g: int, kb: int, t: float) -> None:
+        m = kb - self.t_ka[g]
+        if m > 0:
+            if self.t_adv[g]:
+                self.t_dca[g] += m
+                self.t_kv[g] += self.g_ndec[g] * m
+            self.t_ka[g] = kb
+        self.t_ta[g] = t  # = the anchor law's time of boundary kb (how the event was scheduled)
+        dc = self.t_dca[g]
+        h = self.t_dheap[g]
+        while h and h[0][0] <= dc:
+            r = heapq.heappop(h)[1]
+            self._decode_done(r, g, t)
+        if self.g_pre[g] >= 0 and self.t_pend[g] <= kb:
+            self._prefill_done(self.g_pre[g], g, t)
+        if self.kvcap >= 0:
+            guard = 0
+            while self.t_adv[g] and self.g_ndec[g] and self.t_kv[g] + self.g_ndec[g] > self.kvcap:
+                self._preempt_youngest(g, t)
+                guard += 1
+                if guard > 2 * self.B + 2:
+                    raise ActionError(
+                        f"GPU {g} at t={t:.9g}: KV overflow persists after {guard} preemptions; the controller "
+                        "re-admits work on the GPU it was evicted from (do not start work from on_preempt)"
+                    )
+        if not self._isdirty[g]:
+            self._isdirty[g] = True
+            self._dirty.append(g)
+
+    def _preempt_youngest(self, g: int, t: float) -> None:
+        """vLLM recompute preemption: evict the most recently arrived request running on g."""
+        cands = [x for _, x in self.t_dheap[g]]
+        if self.g_pre[g] >= 0:
+            cands.append(self.g_pre[g])
+        r = max(cands, key=lambda x: (self.r_arr[x], self.r_serial[x]))
+        c = self.r_cls[r]
+        cnt = self._cnt
+        acc = self._acc
+        gb = self._gbase
+        if self.r_phase[r] == PREFILL:
+            ptok = self.r_prompt[r] + self.r_gen[r]
+            k = 5 * c + 1
+            self.g_pre[g] = NO_REQUEST
+            self.t_pend[g] = -1
+            self.t_itl[g] = self.tau_solo
+            self.t_adv[g] = 1
+            self.t_kv[g] -= ptok
+            cnt[k] -= 1
+            acc[k] -= t
+            if self.g_ndec[g]:
+                self._switch_mode(g, False, t)
+        else:
+            h = self.t_dheap[g]
+            h[:] = [e for e in h if e[1] != r]
+            heapq.heapify(h)
+            gen = self.t_dca[g] - self.r_dstart[r]
+            self.t_kv[g] -= self.r_prompt[r] + self.r_gen[r] + gen
+            self.r_gen[r] += gen
+            k = 5 * c + (3 if self.g_pre[g] >= 0 else 4)
+            cnt[k] -= 1
+            acc[k] -= t
+            self.g_ndec[g] -= 1
+            self.g_dcls[g][c] -= 1
+        n1 = self.g_cnt[g] - 1
+        self.g_cnt[g] = n1
+        if n1 == 0:
+            cnt[gb] -= 1
+            acc[gb] -= t
+        self.r_npre[r] += 1
+        self.r_gpu[r] = -1
+        self._ctr[10 * c + M.C_PREEMPTED] += 1
+        self._refresh(g)
+        if self.r_prompt[r] + self.r_gen[r] + 1 > self.kvcap:
+            # its context alone no longer fits any GPU: drop it (vLLM aborts such requests)
+            self._ctr[10 * c + M.C_DROPPED] += 1
+            self._resolve(r, M.DROPPED, t)
+        else:
+            self.r_phase[r] = WAIT_PREFILL
+            self.r_q[r] = -1
+            self.r_tw[r] = t
+            k = 5 * c
+            cnt[k] += 1
+            acc[k] += t
+            cb = self._cb_preempt
+            if cb is not None:
+                cb(self, r, g)
+            if self.r_phase[r] == WAIT_PREFILL and self.r_q[r] < 0:
+                self.enqueue(r, PREFILL_QUEUE, front=True)
+        # No on_slot_freed here: like vLLM, no new work is admitted in an iteration that had to preempt.
+
+    # =============================================================================================
+    # Internal: the exponential race
+    # =============================================================================================
+    def _refill_exp(self) -> None:
+        self._exp_block = self._np_rng.standard_exponential(_RNG_BLOCK).tolist()
+        self._exp_i = 0
+
+    def _refill_uni(self) -> None:
+        self._uni_block = self._np_rng.random(_RNG_BLOCK).tolist()
+        self._uni_i = 0
+
+    def _exact_lam(self) -> float:
+        lam = 0.0
+        for c in range(self.I):
+            lam += self.theta[c] * len(self._wlist[c])
+            if self.markov:
+                lam += self.mu_p[c] * len(self._plist[c]) + self.mbar[c] * len(self._dlist[c])
+        return lam
+
+    # =============================================================================================
+    # Internal: arrivals, housekeeping, metrics
+    # =============================================================================================
+    def _next_arrivals(self) -> bool:
+        """Load the next arrival batch; False when the workload is exhausted."""
+        if self._arr_iter is None:
+            return False
+        for b in self._arr_iter:
+            if len(b.time) == 0:
+                continue
+            cls = np.asarray(b.cls)
+            if cls.min() < 0 or cls.max() >= self.I:
+                bad = int(cls[(cls < 0) | (cls >= self.I)][0])
+                raise ScenarioError(f"workload: class index {bad} out of range 0..{self.I - 1}")
+            self._arr_t = np.asarray(b.time, dtype=float).tolist()
+            self._arr_c = cls.tolist()
+            self._arr_p = np.asarray(b.prompt).tolist()
+            self._arr_o = np.asarray(b.output).tolist()
+            self._ai = 0
+            return True
+        self._arr_iter = None
+        self._arr_t = []
+        self._ai = 0
+        return False
+
+    def _areas(self, t: float) -> np.ndarray:
+        return np.array(self._cnt, dtype=float) * t - np.array(self._acc, dtype=float)
+
+    def _flush(self) -> None:
+        out = self._out
+        if not out:
+            return
+        self._out = []
+        # one 2-D conversion (ints below 2**53 are exact in float64)
+        A = np.array(out, dtype=float)
+        i64 = np.int64
+        a = {
+            "id": A[:, 0].astype(i64),
+            "cls": A[:, 1].astype(i64),
+            "arrival": A[:, 2],
+            "prompt": A[:, 3].astype(i64),
+            "output": A[:, 4].astype(i64),
+            "outcome": A[:, 5].astype(i64),
+            "end": A[:, 6],
+            "ttft": A[:, 7],
+            "wait_prefill": A[:, 8],
+            "wait_decode": A[:, 9],
+            "preemptions": A[:, 10].astype(i64),
+            "prefill_gpu": A[:, 11].astype(i64),
+            "decode_gpu": A[:, 12].astype(i64),
+        }
+        self.collector.add_requests(a)
+        if self._records is not None:
+            self._records.write(a)
+
+    def _sample(self, t: float) -> None:
+        row = [t] + [float(x) for x in self._cnt] + [float(x) for x in self._ctr]
+        self._samples.append(row)
+
+    def _housekeeping(self, t: float) -> tuple[bool, bool]:
+        """Snapshots, samples and ticks due at time t: (horizon reached, controller ticked).
+
+        Measurement (snapshots, samples) does not touch the dynamics, so runs that differ only in
+        warm-up, batches or sample interval follow the same sample path.
+        """
+        done = False
+        ticked = False
+        while self._bi < len(self._bounds) and self._bounds[self._bi] <= t:
+            self._flush()
+            self.collector.snapshot(t, self._areas(t), np.array(self._ctr, dtype=float))
+            self._bi += 1
+            if self._bi == len(self._bounds):
+                done = True
+        if self._t_sample <= t:
+            self._sample(t)
+            self._t_sample += self.sample_interval
+            if self._t_sample >= self.horizon:
+                self._t_sample = INF
+        if not done and self._t_tick <= t:
+            self.controller.on_tick(self)
+            self._t_tick += self.tick_interval
+            ticked = True
+        return done, ticked
+
+    def _t_house(self) -> float:
+        tb = self._bounds[self._bi] if self._bi < len(self._bounds) else INF
+        return min(tb, self._t_sample, self._t_tick)
+
+    # =============================================================================================
+    # The run
+    # =============================================================================================
+    def run(self) -> M.SimResult:
+        wall0 = time.perf_counter()
+        self._in_setup = True
+        try:
+            self.controller.setup(self)
+        finally:
+            self._in_setup = False
+        self._arr_iter = iter(self.workload.batches(self._work_rng, self.horizon, self._arrival_chunk))
+        self._next_arrivals()
+        self._refill_exp()
+        self._refill_uni()
+        # Ctrl-C: the first SIGINT asks the loop to stop between two events (so no state or records
+        # chunk is left half-done); a second one interrupts at once.
+        old_handler = None
+        if threading.current_thread() is threading.main_thread():
+            cur = signal.getsignal(signal.SIGINT)
+            if cur is not signal.SIG_IGN:
+                old_handler = signal.signal(signal.SIGINT, self._on_sigint)
+        try:
+            self._loop(wall0)
+        except KeyboardInterrupt:
+            self._interrupted = True
+        finally:
+            if old_handler is not None:
+                signal.signal(signal.SIGINT, old_handler)
+            if self.progress:
+                sys.stderr.write("\n")
+                sys.stderr.flush()
+        if self._interrupted:
+            t = self._now
+            self._flush()
+            self.collector.snapshot(t, self._areas(t), np.array(self._ctr, dtype=float))
+        return self._finish(time.perf_counter() - wall0)
+
+    def _on_sigint(self, signum, frame) -> None:
+        if self._stop:
+            raise KeyboardInterrupt
+        self._stop = True
+
+    def _loop(self, wall0: float) -> None:
+        """The event loop. The race selection is inlined here: it runs for most events."""
+        heap = self._heap
+        t_house = self._t_house()
+        markov = self.markov
+        dirty = self._dirty
+        isdirty = self._isdirty
+        check = self.check
+        next_report = wall0 + 1.0
+        report_every = 1 << 14
+        exp_block = self._exp_block
+        ei = self._exp_i
+        uni_block = self._uni_block
+        ui = self._uni_i
+        ev = 0
+        heappop = heapq.heappop
+        ver = self.t_ver
+        I = self.I
+        crange = range(I)
+        plists, dlists, wlists = self._plist, self._dlist, self._wlist
+        mu_p, mbar, mu_m, mu_s, theta = self.mu_p, self.mbar, self.mu_m, self.mu_s, self.theta
+        r_gpu = self.r_gpu
+        g_pre = self.g_pre
+        prefill_done = self._prefill_done
+        decode_done = self._decode_done
+        arrive = self._arrive
+        arr_t, arr_c, arr_p, arr_o = self._arr_t, self._arr_c, self._arr_p, self._arr_o
+        ai = 0
+        na = len(arr_t)
+        tr = INF
+        nd = 0  # events that can change the dynamics (not measurement)
+        while True:
+            if ai < na:
+                ta = arr_t[ai]
+            elif self._next_arrivals():
+                arr_t, arr_c, arr_p, arr_o = self._arr_t, self._arr_c, self._arr_p, self._arr_o
+                ai = 0
+                na = len(arr_t)
+                ta = arr_t[0]
+            else:
+                ta = INF
+                na = -1
+            tg = heap[0][0] if heap else INF
+            ev += 1
+            if t_house <= ta and t_house <= tr and t_house <= tg:
+                t = t_house
+                self._now = t
+                done, ticked = self._housekeeping(t)
+                if done:
+                    break
+                t_house = self._t_house()
+                if not ticked:
+                    continue  # nothing changed: the race clock stays valid
+            elif ta <= tr and ta <= tg:
+                self._now = ta
+                k = ai
+                ai += 1
+                arrive(ta, arr_c[k], arr_p[k], arr_o[k])
+            elif tr <= tg:
+                # --- the exponential race: pick the event kind, class and request ---------------
+                t = tr
+                self._now = t
+                if ui >= _RNG_BLOCK:
+                    self._refill_uni()
+                    uni_block = self._uni_block
+                    ui = 0
+                u = uni_block[ui] * self._lam
+                ui += 1
+                done = False
+                if markov:
+                    for c in crange:
+                        lst = plists[c]
+                        if lst:
+                            a = mu_p[c] * len(lst)
+                            if u < a:
+                                j = int(u / mu_p[c])
+                                if j >= len(lst):
+                                    j = len(lst) - 1
+                                r = lst[j]
+                                prefill_done(r, r_gpu[r], t)
+                                done = True
+                                break
+                            u -= a
+                    if not done:
+                        for c in crange:
+                            lst = dlists[c]
+                            if lst:
+                                m = mbar[c]
+                                a = m * len(lst)
+                                if u < a:
+                                    x = u / m
+                                    j = int(x)
+                                    if j >= len(lst):
+                                        j = len(lst) - 1
+                                    r = lst[j]
+                                    g = r_gpu[r]
+                                    # thinning; the fractional part of x is a fresh uniform
+                                    if (x - j) * m < (mu_m[c] if g_pre[g] >= 0 else mu_s[c]):
+                                        decode_done(r, g, t)
+                                    done = True
+                                    break
+                                u -= a
+                if not done:
+                    for c in crange:
+                        lst = wlists[c]
+                        if lst and theta[c] > 0:
+                            a = theta[c] * len(lst)
+                            if u < a:
+                                j = int(u / theta[c])
+                                if j >= len(lst):
+                                    j = len(lst) - 1
+                                self._abandon(lst[j], t)
+                                break
+                            u -= a
+                    # else: u fell beyond the exact total (float drift of the incremental rate): null event
+            else:
+                tt, g, v, kb = heappop(heap)
+                if v != ver[g]:
+                    ev -= 1
+                    continue
+                self._now = tt
+                self._gpu_event(g, kb, tt)
+            if dirty:
+                schedule = self._schedule
+                for g in dirty:
+                    isdirty[g] = False
+                    schedule(g)
+                dirty.clear()
+            nd += 1
+            if not nd & 0xFFFF:
+                self._lam = self._exact_lam()  # drop the incremental rate's float drift
+            lam = self._lam
+            if lam > 1e-12:
+                if ei >= _RNG_BLOCK:
+                    self._refill_exp()
+                    exp_block = self._exp_block
+                    ei = 0
+                tr = self._now + exp_block[ei] / lam
+                ei += 1
+            else:
+                tr = INF
+            if check:
+                self.check_invariants()
+            if not ev & 1023:
+                if self._stop:
+                    self._interrupted = True
+                    break
+                if not ev & (report_every - 1):
+                    self._events = ev
+                    if self.progress:
+                        now = time.perf_counter()
+                        if now >= next_report:
+                            next_report = now + 1.0
+                            self._report(now - wall0)
+        self._events = ev
+        self._exp_i = ei
+        self._uni_i = ui
+
+    def _report(self, wall: float) -> None:
+        t = self._now
+        arrived = sum(self._ctr[10 * c] for c in range(self.I))
+        sys.stderr.write(
+            f"\r[fluidopt simulate] t = {t:.6g} / {self.horizon:g} s ({100 * t / self.horizon:5.1f}%), "
+            f"{arrived} requests, {arrived / wall if wall > 0 else 0:,.0f} req/s  "
+        )
+        sys.stderr.flush()
+
+    def _in_system(self) -> list[int]:
+        return [r for r in range(len(self.r_phase)) if self.r_phase[r] != _GONE]
+
+    def _finish(self, wall: float) -> M.SimResult:
+        t_end = self._now
+        self._flush()
+        live = self._in_system()
+        records_path = None
+        if self._records is not None:
+            for r in sorted(live, key=self.r_serial.__getitem__):
+                self._out.append((self.r_serial[r], self.r_cls[r], self.r_arr[r], self.r_prompt[r], self.r_output[r],
+                                  M.IN_SYSTEM, t_end, self.r_ttft[r], self.r_wp[r], self.r_wd[r], self.r_npre[r],
+                                  self.r_pg[r], self.r_dg[r]))
+            self._flush()
+            records_path = self._records.close()
+        ctr = self._ctr
+        I = self.I
+        arrived = sum(ctr[10 * c] for c in range(I))
+        totals = {
+            "requests": arrived,
+            "completed": sum(ctr[10 * c + M.C_COMPLETED] for c in range(I)),
+            "abandoned": sum(ctr[10 * c + M.C_AB_PREFILL] + ctr[10 * c + M.C_AB_DECODE] for c in range(I)),
+            "abandoned_prefill": sum(ctr[10 * c + M.C_AB_PREFILL] for c in range(I)),
+            "abandoned_decode": sum(ctr[10 * c + M.C_AB_DECODE] for c in range(I)),
+            "dropped": sum(ctr[10 * c + M.C_DROPPED] for c in range(I)),
+            "in_system": len(live),
+            "preemptions": sum(ctr[10 * c + M.C_PREEMPTED] for c in range(I)),
+        }
+        ts = None
+        if self._samples:
+            cols = ["time"]
+            for nm in self._class_names:
+                cols += [f"q_prefill[{nm}]", f"x[{nm}]", f"q_decode[{nm}]", f"y_mixed[{nm}]", f"y_solo[{nm}]"]
+            cols += ["busy_gpus"]
+            for nm in self._class_names:
+                cols += [f"{k}[{nm}]" for k in ("arrived", "prefilled", "completed", "abandoned_prefill",
+                                                 "abandoned_decode", "dropped", "preempted", "prefill_tokens",
+                                                 "done_prompt_tokens", "done_output_tokens")]
+            ts = pd.DataFrame(self._samples, columns=cols)
+        markov = self.markov
+        cp, cd, Pm, Dm = self._cp, self._cd, self._mean_prompt, self._mean_output
+
+        def bundled(cls_ctr):
+            if markov:  # the paper's model: class-mean rewards w_i per completion
+                return cls_ctr(M.C_COMPLETED) * (np.array(cp) * Pm + np.array(cd) * Dm)
+            return cls_ctr(M.C_DONE_PROMPT) * np.array(cp) + cls_ctr(M.C_DONE_OUTPUT) * np.array(cd)
+
+        def separate(cls_ctr):
+            if markov:
+                return cls_ctr(M.C_PREFILLED) * (np.array(cp) * Pm) + cls_ctr(M.C_COMPLETED) * (np.array(cd) * Dm)
+            return cls_ctr(M.C_PREFILL_TOKENS) * np.array(cp) + cls_ctr(M.C_DONE_OUTPUT) * np.array(cd)
+
+        return M.build_result(
+            self.collector, scenario=self.scenario, policy=getattr(self.controller, "name", type(self.controller).__name__),
+            service=self._service, seed=self.seed, t_end=t_end, wall=wall, interrupted=self._interrupted,
+            events=self._events, totals=totals, rewards={"bundled": bundled, "separate": separate}, timeseries=ts,
+            records_path=records_path,
+        )
+
+    # =============================================================================================
+    # Invariants (tests; check=True runs them after every event)
+    # =============================================================================================
+    def check_invariants(self) -> None:
+        """Recount the whole state from scratch and compare with every incremental counter."""
+        I = self.I
+        live = self._in_system()
+        cnt = [0] * len(self._cnt)
+        for r in live:
+            c = self.r_cls[r]
+            ph = self.r_phase[r]
+            if ph == WAIT_PREFILL:
+                cnt[5 * c] += 1
+            elif ph == PREFILL:
+                cnt[5 * c + 1] += 1
+            elif ph == WAIT_DECODE:
+                cnt[5 * c + 2] += 1
+            else:
+                g = self.r_gpu[r]
+                cnt[5 * c + (3 if self.g_pre[g] >= 0 else 4)] += 1
+        nd_of = [0] * self.n
+        pre_of: list[list[int]] = [[] for _ in range(self.n)]
+        for r in live:
+            ph = self.r_phase[r]
+            if ph == DECODE:
+                nd_of[self.r_gpu[r]] += 1
+            elif ph == PREFILL:
+                pre_of[self.r_gpu[r]].append(r)
+        for g in range(self.n):
+            nd = nd_of[g]
+            pre = pre_of[g]
+            assert len(pre) <= 1, f"GPU {g} runs {len(pre)} prefills"
+            assert self.g_pre[g] == (pre[0] if pre else -1), f"GPU {g}: prefill {self.g_pre[g]} vs {pre}"
+            assert self.g_ndec[g] == nd, f"GPU {g}: {self.g_ndec[g]} decodes counted, {nd} found"
+            assert self.g_cnt[g] == nd + len(pre) <= self.B, f"GPU {g}: slots {self.g_cnt[g]}"
+            assert nd <= self.g_maxd[g], f"GPU {g}: {nd} decodes > cap {self.g_maxd[g]}"
+            assert sum(self.g_dcls[g]) == nd
+            cnt[self._gbase] += self.g_cnt[g] > 0
+            p = self.g_pool[g]
+            ip = self.g_pre[g] < 0 and self.g_cnt[g] < self.B and self.g_pok[g]
+            fd = self.g_cnt[g] < self.B and self.g_ndec[g] < self.g_maxd[g]
+            assert (g in self._ip[p]) == ip, f"GPU {g}: idle-prefill set membership"
+            assert (g in self._fd[p]) == fd, f"GPU {g}: free-decode set membership"
+            if not self.markov and self.g_cnt[g]:
+                assert len(self.t_dheap[g]) == nd
+                assert self.kvcap < 0 or self.t_kv[g] <= self.kvcap, f"GPU {g}: KV {self.t_kv[g]} > {self.kvcap}"
+        assert cnt == self._cnt, f"counts {self._cnt} != recount {cnt}"
+        # queues
+        inq = 0
+        for q in range(len(self.q_tot)):
+            tot = 0
+            for c in range(I):
+                k = q * I + c
+                n = 0
+                r = self.q_head[k]
+                prev = -1
+                while r >= 0:
+                    assert self.r_q[r] == q and self.r_cls[r] == c and self.r_prev[r] == prev
+                    assert self.r_phase[r] in (WAIT_PREFILL, WAIT_DECODE)
+                    n += 1
+                    prev = r
+                    r = self.r_next[r]
+                assert self.q_tail[k] == prev and self.q_cnt[k] == n, f"queue {q} class {c}: count"
+                tot += n
+            assert self.q_tot[q] == tot
+            inq += tot
+        waiting = [r for r in live if self.r_phase[r] in (WAIT_PREFILL, WAIT_DECODE)]
+        assert inq == len(waiting), f"{len(waiting)} waiting but {inq} queued (a request was left unplaced)"
+        assert sum(len(w) for w in self._wlist) == inq
+        for c in range(I):
+            for j, r in enumerate(self._wlist[c]):
+                assert self.r_pos[r] == j and self.r_cls[r] == c and self.r_q[r] >= 0
+        # conservation per class and per phase
+        ctr = self._ctr
+        in_sys_of = [0] * I
+        past_of = [0] * I
+        for r in live:
+            in_sys_of[self.r_cls[r]] += 1
+            past_of[self.r_cls[r]] += self.r_phase[r] in (WAIT_DECODE, DECODE)
+        for c in range(I):
+            in_sys = in_sys_of[c]
+            arrived = ctr[10 * c]
+            resolved = (ctr[10 * c + M.C_COMPLETED] + ctr[10 * c + M.C_AB_PREFILL] + ctr[10 * c + M.C_AB_DECODE]
+                        + ctr[10 * c + M.C_DROPPED])
+            assert arrived == resolved + in_sys, f"class {c}: arrived {arrived} != resolved {resolved} + in system {in_sys}"
+            if self.kvcap < 0:  # without preemption every prefilled request is past its prefill for good
+                prefilled = ctr[10 * c + M.C_PREFILLED]
+                past = past_of[c]
+                assert prefilled == ctr[10 * c + M.C_COMPLETED] + ctr[10 * c + M.C_AB_DECODE] + past, (
+                    f"class {c}: prefilled {prefilled} != completed + abandoned in decode wait + decoding/waiting"
+                )
+        lam = self._exact_lam()
+        assert abs(lam - self._lam) <= 1e-6 * max(1.0, lam), f"race rate {self._lam} != {lam}"

@@ -1,0 +1,578 @@
+"""Gate-and-route controllers: decision logic on a hand-driven fake cluster, then the real simulator.
+
+The fake cluster (:class:`FakeCluster`) implements the controller protocol without any engine code:
+it is what a real router's own state snapshot would be, and it shows the controllers need nothing else.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+
+import numpy as np
+import pytest
+
+import fluidopt
+from fluidopt.control.gate_and_route import (
+    MIXED_POOL,
+    SOLO_POOL,
+    GateAndRoute,
+    PrioritizeAndRoute,
+    SLIGateAndRoute,
+    WeightedSLIGateAndRoute,
+    solo_probabilities,
+)
+from fluidopt.control.protocol import (
+    DECODE,
+    DECODE_QUEUE,
+    PREFILL,
+    PREFILL_QUEUE,
+    WAIT_DECODE,
+    WAIT_PREFILL,
+    ClusterView,
+    Context,
+)
+from fluidopt.control.registry import make_controller
+from fluidopt.errors import ActionError, ScenarioError
+from fluidopt.fluid import DecodeFairness, solve_fluid
+from fluidopt.sim.api import simulate
+
+
+# =================================================================================================
+# A fake cluster: the protocol over plain Python state (no time, events driven by the test)
+# =================================================================================================
+class FakeSet:
+    def __init__(self, items: list[int], rng: random.Random):
+        self._items, self._rng = items, rng
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, g: object) -> bool:
+        return g in self._items
+
+    def __iter__(self):
+        return iter(list(self._items))
+
+    def choice(self) -> int:
+        return self._rng.choice(self._items) if self._items else -1
+
+    def first(self) -> int:
+        return self._items[0] if self._items else -1
+
+
+class FakeCluster:
+    """n GPUs of B slots, I classes; requests, FCFS queues and pools as plain lists and dicts."""
+
+    def __init__(self, n: int, B: int, I: int, seed: int = 0):
+        self.n_gpus, self.batch, self.n_classes = n, B, I
+        self.class_names = tuple(f"c{i}" for i in range(I))
+        self.service = "markov"
+        self.rng = random.Random(seed)
+        self.now = 0.0
+        self.pool = [0] * n
+        self.pok = [True] * n
+        self.maxd = [B] * n
+        self.pre = [-1] * n
+        self.dec: list[list[int]] = [[] for _ in range(n)]
+        self.queues: list[list[int]] = [[], []]  # FCFS lists of request ids
+        self.qnames = ["prefill", "decode"]
+        self.req: dict[int, dict] = {}
+        self._next_id = 0
+        self.in_setup = False
+        self.actions: list[tuple] = []
+
+    # -- view --------------------------------------------------------------------------------------
+    @property
+    def n_pools(self) -> int:
+        return max(self.pool) + 1
+
+    def _count(self, i: int, phase: int, mixed: bool | None = None) -> int:
+        return sum(1 for r in self.req.values() if r["cls"] == i and r["phase"] == phase
+                   and (mixed is None or (self.pre[r["gpu"]] >= 0) == mixed))
+
+    def n_prefill(self, i: int) -> int:
+        return self._count(i, PREFILL)
+
+    def n_decode_mixed(self, i: int) -> int:
+        return self._count(i, DECODE, True)
+
+    def n_decode_solo(self, i: int) -> int:
+        return self._count(i, DECODE, False)
+
+    def n_wait_prefill(self, i: int) -> int:
+        return self._count(i, WAIT_PREFILL)
+
+    def n_wait_decode(self, i: int) -> int:
+        return self._count(i, WAIT_DECODE)
+
+    def gpu_prefill(self, g: int) -> int:
+        return self.pre[g]
+
+    def gpu_decodes(self, g: int) -> int:
+        return len(self.dec[g])
+
+    def gpu_free(self, g: int) -> int:
+        return self.batch - len(self.dec[g]) - (self.pre[g] >= 0)
+
+    def gpu_mixed(self, g: int) -> bool:
+        return self.pre[g] >= 0
+
+    def gpu_pool(self, g: int) -> int:
+        return self.pool[g]
+
+    def gpu_max_decodes(self, g: int) -> int:
+        return self.maxd[g]
+
+    def gpu_prefill_allowed(self, g: int) -> bool:
+        return self.pok[g]
+
+    def gpu_decodes_by_class(self, g: int) -> tuple[int, ...]:
+        c = Counter(self.req[r]["cls"] for r in self.dec[g])
+        return tuple(c[i] for i in range(self.n_classes))
+
+    def gpu_requests(self, g: int) -> list[int]:
+        return ([self.pre[g]] if self.pre[g] >= 0 else []) + sorted(self.dec[g])
+
+    def gpu_kv_used(self, g: int) -> int:
+        return 0
+
+    def gpu_kv_free(self, g: int) -> float:
+        return math.inf
+
+    def idle_prefill(self, pool: int = 0) -> FakeSet:
+        return FakeSet([g for g in range(self.n_gpus) if self.pool[g] == pool and self.pok[g] and self.pre[g] < 0
+                        and self.gpu_free(g) > 0], self.rng)
+
+    def free_decode(self, pool: int = 0) -> FakeSet:
+        return FakeSet([g for g in range(self.n_gpus) if self.pool[g] == pool and self.gpu_free(g) > 0
+                        and len(self.dec[g]) < self.maxd[g]], self.rng)
+
+    def queue_id(self, name: str) -> int:
+        return self.qnames.index(name)
+
+    def instance_queue(self, g: int) -> int:
+        raise NotImplementedError
+
+    def qlen(self, q: int, cls: int = -1) -> int:
+        return sum(1 for r in self.queues[q] if cls < 0 or self.req[r]["cls"] == cls)
+
+    def head(self, q: int, cls: int = -1) -> int:
+        return next((r for r in self.queues[q] if cls < 0 or self.req[r]["cls"] == cls), -1)
+
+    def queue_requests(self, q: int) -> list[int]:
+        return list(self.queues[q])
+
+    def instance_requests(self, g: int) -> int:
+        return len(self.gpu_requests(g))
+
+    def instance_tokens(self, g: int) -> int:
+        return 0
+
+    def req_class(self, r: int) -> int:
+        return self.req[r]["cls"]
+
+    def req_prompt(self, r: int) -> int:
+        return 100
+
+    def req_output(self, r: int) -> int:
+        return 100
+
+    def req_arrival(self, r: int) -> float:
+        return self.req[r]["t"]
+
+    def req_phase(self, r: int) -> int:
+        return self.req[r]["phase"]
+
+    def req_gpu(self, r: int) -> int:
+        return self.req[r]["gpu"]
+
+    def req_queue(self, r: int) -> int:
+        return self.req[r]["q"]
+
+    def req_generated(self, r: int) -> int:
+        return 0
+
+    def req_preemptions(self, r: int) -> int:
+        return 0
+
+    # -- actions (validated) ---------------------------------------------------------------------
+    def _unqueue(self, r: int) -> None:
+        q = self.req[r]["q"]
+        if q >= 0:
+            self.queues[q].remove(r)
+            self.req[r]["q"] = -1
+
+    def start_prefill(self, r: int, g: int) -> None:
+        rq = self.req.get(r)
+        if rq is None or rq["phase"] != WAIT_PREFILL or not self.pok[g] or self.pre[g] >= 0 or self.gpu_free(g) <= 0:
+            raise ActionError(f"start_prefill({r}, {g}) invalid")
+        self._unqueue(r)
+        rq.update(phase=PREFILL, gpu=g)
+        self.pre[g] = r
+        self.actions.append(("prefill", r, g))
+
+    def start_decode(self, r: int, g: int) -> None:
+        rq = self.req.get(r)
+        if rq is None or rq["phase"] != WAIT_DECODE or self.gpu_free(g) <= 0 or len(self.dec[g]) >= self.maxd[g]:
+            raise ActionError(f"start_decode({r}, {g}) invalid")
+        self._unqueue(r)
+        rq.update(phase=DECODE, gpu=g)
+        self.dec[g].append(r)
+        self.actions.append(("decode", r, g))
+
+    def enqueue(self, r: int, q: int, front: bool = False) -> None:
+        rq = self.req[r]
+        if rq["phase"] not in (WAIT_PREFILL, WAIT_DECODE):
+            raise ActionError(f"enqueue({r}) not waiting")
+        self._unqueue(r)
+        self.queues[q].insert(0, r) if front else self.queues[q].append(r)
+        rq["q"] = q
+
+    def set_pool(self, gpus, pool: int, *, prefill: bool = True, max_decodes: int | None = None) -> None:
+        assert self.in_setup
+        for g in gpus:
+            self.pool[g], self.pok[g] = pool, bool(prefill)
+            self.maxd[g] = self.batch if max_decodes is None else max_decodes
+
+    def add_queue(self, name: str) -> int:
+        assert self.in_setup
+        self.qnames.append(name)
+        self.queues.append([])
+        return len(self.queues) - 1
+
+    # -- event drivers (what an engine or a real router's event loop does) -----------------------
+    def setup(self, ctrl) -> None:
+        self.in_setup = True
+        ctrl.setup(self)
+        self.in_setup = False
+
+    def inject(self, cls: int, q: int, phase: int = WAIT_PREFILL) -> int:
+        """A waiting request placed in queue q behind the controller's back (a handed-over state)."""
+        r = self._next_id
+        self._next_id += 1
+        self.req[r] = {"cls": cls, "phase": phase, "q": -1, "gpu": -1, "t": self.now}
+        self.enqueue(r, q)
+        return r
+
+    def arrive(self, ctrl, cls: int) -> int:
+        r = self._next_id
+        self._next_id += 1
+        self.req[r] = {"cls": cls, "phase": WAIT_PREFILL, "q": -1, "gpu": -1, "t": self.now}
+        ctrl.on_arrival(self, r)
+        if self.req[r]["phase"] == WAIT_PREFILL and self.req[r]["q"] < 0:
+            self.enqueue(r, PREFILL_QUEUE)
+        return r
+
+    def finish_prefill(self, ctrl, r: int) -> None:
+        g = self.req[r]["gpu"]
+        assert self.pre[g] == r
+        self.pre[g] = -1
+        self.req[r].update(phase=WAIT_DECODE, gpu=-1)
+        ctrl.on_prefill_done(self, r, g)
+        if self.req[r]["phase"] == WAIT_DECODE and self.req[r]["q"] < 0:
+            self.enqueue(r, DECODE_QUEUE)
+        ctrl.on_slot_freed(self, g)
+
+    def finish_decode(self, ctrl, r: int) -> None:
+        g = self.req[r]["gpu"]
+        self.dec[g].remove(r)
+        del self.req[r]
+        ctrl.on_decode_done(self, r, g)
+        ctrl.on_slot_freed(self, g)
+
+
+def test_fake_cluster_implements_the_protocol():
+    assert isinstance(FakeCluster(2, 4, 2), ClusterView)
+    assert isinstance(FakeCluster(2, 4, 2), Context)
+
+
+# =================================================================================================
+# Decision logic on the fake cluster
+# =================================================================================================
+def make_gg(n=10, B=4, x=(0.05, 0.15), qp=(0.0, 0.0), cls=GateAndRoute, **kw):
+    fc = FakeCluster(n, B, len(x))
+    ctrl = cls(x, q_prefill=qp, **kw) if cls is GateAndRoute else cls(x, **kw)
+    fc.setup(ctrl)
+    return fc, ctrl
+
+
+def test_static_partition_and_caps():
+    fc, ctrl = make_gg(n=10, B=4, x=(0.05, 0.15))  # n sum x = 2.0 -> M = 2
+    assert ctrl.mixed_gpus == 2
+    assert fc.pool == [MIXED_POOL] * 2 + [SOLO_POOL] * 8
+    assert fc.pok == [True] * 2 + [False] * 8
+    assert fc.maxd == [3] * 2 + [4] * 8  # one slot per mixed GPU reserved for its prefill
+    # ceil: 10 * 0.201 = 2.01 -> 3; the same controller on 1000 GPUs -> 201
+    fc2, c2 = make_gg(n=10, x=(0.051, 0.15))
+    assert c2.mixed_gpus == 3
+    assert c2.plan_mixed_gpus(1000) == 201
+    assert c2.plan(1000).attrs["mixed_gpus"] == 201
+
+
+def test_gate_admits_most_underoccupied_class():
+    fc, ctrl = make_gg(n=20, B=4, x=(0.05, 0.15))  # targets X* = (1, 3), M = 4
+    # Occupy three of the four prefill slots: one class-0 and two class-1 prefills.
+    a = fc.arrive(ctrl, 0)
+    b = fc.arrive(ctrl, 1)
+    c = fc.arrive(ctrl, 1)
+    assert {fc.req[r]["phase"] for r in (a, b, c)} == {PREFILL}
+    d = fc.arrive(ctrl, 0)  # the last idle slot: the gate only sees class 0 waiting -> admitted
+    assert fc.req[d]["phase"] == PREFILL
+    # All slots busy now; queue one of each class.
+    e, f = fc.arrive(ctrl, 0), fc.arrive(ctrl, 1)
+    assert fc.req[e]["phase"] == fc.req[f]["phase"] == WAIT_PREFILL
+    # Deviations: class 0 (2 - 1)/0.05 = 20, class 1 (2 - 3)/0.15 = -6.7 -> class 1 first.
+    assert ctrl.gate_class(fc) == 1
+    fc.finish_prefill(ctrl, d)  # frees a mixed GPU's prefill slot
+    assert fc.req[f]["phase"] == PREFILL and fc.req[e]["phase"] == WAIT_PREFILL
+
+
+def test_gate_ties_go_to_largest_queue_excess_and_zero_targets_never_admitted():
+    fc, ctrl = make_gg(n=10, B=4, x=(0.1, 0.1, 0.0), qp=(0.0, 0.1, 0.0))  # M = 2
+    # Class 2 has x* = 0: never admitted even with every slot idle.
+    z = fc.arrive(ctrl, 2)
+    assert fc.req[z]["phase"] == WAIT_PREFILL and ctrl.gate_class(fc) == -1
+    # A state handed over by a router: one class-0 and one class-1 request already queued, both slots
+    # idle. Deviations tie at (0 - 1)/0.1; Q_p - n q_p* is 1 - 0 for class 0 and 1 - 1 for class 1.
+    w0, w1 = fc.inject(0, PREFILL_QUEUE), fc.inject(1, PREFILL_QUEUE)
+    assert ctrl.gate_class(fc) == 0
+    ctrl.on_slot_freed(fc, 1)
+    assert fc.req[w0]["phase"] == PREFILL and fc.req[w0]["gpu"] == 1 and fc.req[w1]["phase"] == WAIT_PREFILL
+    ctrl.on_slot_freed(fc, 0)
+    assert fc.req[w1]["phase"] == PREFILL and fc.req[z]["phase"] == WAIT_PREFILL
+
+
+def test_greedy_router_solo_first_then_mixed_then_fcfs_buffer():
+    fc, ctrl = make_gg(n=3, B=2, x=(0.2, 0.1))  # M = ceil(0.9) = 1: GPU 0 mixed (1 decode), 1-2 solo (2 each)
+    assert ctrl.mixed_gpus == 1
+    placed = []
+    for k in range(6):
+        r = fc.arrive(ctrl, k % 2)
+        assert fc.req[r]["gpu"] == 0  # the only prefill slot
+        fc.finish_prefill(ctrl, r)
+        placed.append(r)
+    gpus = [fc.req[r]["gpu"] for r in placed]
+    # four solo slots fill first (in any order), then the mixed GPU's one decode slot, then the buffer
+    assert sorted(gpus[:4]) == [1, 1, 2, 2] and gpus[4] == 0 and fc.req[placed[5]]["q"] == DECODE_QUEUE
+    late = fc.arrive(ctrl, 1)
+    fc.finish_prefill(ctrl, late)
+    assert fc.queues[DECODE_QUEUE] == [placed[5], late]  # FCFS across classes
+    fc.finish_decode(ctrl, placed[0])  # a solo slot frees: it pulls the buffer head
+    assert fc.req[placed[5]]["phase"] == DECODE and fc.req[placed[5]]["gpu"] == gpus[0]
+    fc.finish_decode(ctrl, placed[4])  # the mixed GPU's decode slot frees: buffer head again
+    assert fc.req[late]["gpu"] == 0 and fc.req[late]["phase"] == DECODE
+
+
+def test_mixed_prefill_slot_goes_to_gate_not_to_buffer():
+    fc, ctrl = make_gg(n=2, B=2, x=(0.3, 0.2))  # M = 1, one solo GPU
+    rs = [fc.arrive(ctrl, 0) for _ in range(3)]
+    fc.finish_prefill(ctrl, rs[0])  # -> solo GPU 1; rs[1] starts its prefill on GPU 0
+    fc.finish_prefill(ctrl, rs[1])  # -> solo GPU 1 (2nd slot); rs[2] prefills
+    fc.finish_prefill(ctrl, rs[2])  # -> mixed GPU 0's decode slot
+    r4 = fc.arrive(ctrl, 1)  # GPU 0's prefill slot is idle: admitted
+    assert fc.req[r4]["phase"] == PREFILL and fc.req[r4]["gpu"] == 0
+    assert fc.gpu_free(0) == 0
+
+
+def test_prioritize_and_route_gate_order():
+    fc = FakeCluster(10, 4, 3)
+    ctrl = PrioritizeAndRoute((0.1, 0.05, 0.0), priority=(0.5, 3.0, 9.0))
+    fc.setup(ctrl)
+    assert ctrl.mixed_gpus == 2
+    busy = [fc.arrive(ctrl, 0), fc.arrive(ctrl, 0)]
+    w = [fc.arrive(ctrl, c) for c in (0, 2, 1, 0)]
+    # class 2 has the top priority but x* = 0: never; class 1 (D/P = 3) before class 0
+    assert ctrl.gate_class(fc) == 1
+    fc.finish_prefill(ctrl, busy[0])
+    assert fc.req[w[2]]["phase"] == PREFILL
+    fc.finish_prefill(ctrl, busy[1])
+    assert fc.req[w[0]]["phase"] == PREFILL and fc.req[w[1]]["phase"] == WAIT_PREFILL
+
+
+def test_sli_router_respects_pools_and_buffers():
+    fc = FakeCluster(4, 2, 2)
+    ctrl = SLIGateAndRoute((0.25, 0.25), p_solo=(0.0, 1.0))  # M = 2: class 0 -> mixed pool only, class 1 -> solo
+    fc.setup(ctrl)
+    qm, qs = fc.queue_id("decode_mixed"), fc.queue_id("decode_solo")
+    done = {0: [], 1: []}
+    for k in range(8):
+        c = k % 2
+        r = fc.arrive(ctrl, c)
+        fc.finish_prefill(ctrl, r)
+        done[c].append(r)
+    pools = {c: [fc.pool[fc.req[r]["gpu"]] if fc.req[r]["gpu"] >= 0 else None for r in done[c]] for c in done}
+    # class 0: 2 mixed decode slots (1 per mixed GPU), then the mixed buffer even though solo slots are free
+    assert pools[0][:2] == [MIXED_POOL, MIXED_POOL] and pools[0][2:] == [None, None]
+    assert [fc.req[r]["q"] for r in done[0][2:]] == [qm, qm]
+    assert pools[1] == [SOLO_POOL] * 4 and fc.qlen(qs) == 0
+    fc.finish_decode(ctrl, done[1][0])  # a solo slot frees: the solo buffer is empty, mixed waiters stay
+    assert fc.qlen(qm) == 2
+    fc.finish_decode(ctrl, done[0][0])  # a mixed decode slot frees: mixed buffer head
+    assert fc.req[done[0][2]]["phase"] == DECODE
+
+
+def test_weighted_pool_picks_classes_proportionally_to_mu_y():
+    fc = FakeCluster(4, 2, 3, seed=7)
+    ctrl = WeightedSLIGateAndRoute((0.1, 0.1, 0.1), p_solo=(1, 1, 1), weights_mixed=(1, 0, 0),
+                                   weights_solo=(1.0, 3.0, 0.0))
+    fc.setup(ctrl)
+    # One waiting decode per class in the per-class buffer; draw (without serving) for each pool.
+    for c in range(3):
+        fc.inject(c, DECODE_QUEUE, WAIT_DECODE)
+    draws = Counter(ctrl.pick_class(fc, SOLO_POOL) for _ in range(4000))
+    assert draws[2] == 0  # weight 0: never served by this pool
+    assert abs(draws[1] / 4000 - 0.75) < 0.03  # 3 sigma = 0.021
+    assert Counter(ctrl.pick_class(fc, MIXED_POOL) for _ in range(100)) == {0: 100}
+
+
+def test_constructors_validate_inputs():
+    with pytest.raises(ScenarioError, match="sum to <= 1"):
+        GateAndRoute((0.7, 0.6))
+    with pytest.raises(ScenarioError, match="finite numbers >= 0"):
+        GateAndRoute((0.1, -0.1))
+    with pytest.raises(ScenarioError, match="p_solo"):
+        SLIGateAndRoute((0.1, 0.1), p_solo=(0.5, 1.5))
+    with pytest.raises(ScenarioError, match="2 values"):
+        GateAndRoute((0.1, 0.1), q_prefill=(0.1,))
+    ctrl = GateAndRoute((0.1, 0.1), class_names=("a", "b"))
+    fc = FakeCluster(4, 4, 2)
+    with pytest.raises(ScenarioError, match="classes are a, b"):
+        fc.setup(ctrl)
+    with pytest.raises(ScenarioError, match="3 classes"):
+        FakeCluster(4, 4, 2).setup(GateAndRoute((0.1, 0.1, 0.1)))
+
+
+# =================================================================================================
+# From LP solutions
+# =================================================================================================
+@pytest.fixture(scope="module")
+def paper():
+    return fluidopt.default_scenario()
+
+
+@pytest.fixture(scope="module")
+def bundled(paper):
+    return solve_fluid(paper)
+
+
+def test_from_solution_on_the_paper_instance(paper, bundled):
+    ctrl = GateAndRoute.from_solution(bundled)
+    np.testing.assert_allclose(ctrl.x, [0.01826, 0.19495], atol=1e-5)
+    assert ctrl.plan_mixed_gpus(500) == 107 and ctrl.plan_mixed_gpus(2000) == math.ceil(2000 * 0.21321144)
+    assert ctrl.plan_mixed_gpus(5) == 2
+    par = PrioritizeAndRoute.from_solution(solve_fluid(paper, "separate"), paper)
+    np.testing.assert_allclose(par.priority, [1000 / 300, 400 / 3000])
+    assert par.plan_mixed_gpus(500) == math.ceil(500 * 0.21444844)
+
+
+def test_solo_probabilities_formula(paper):
+    sol = solve_fluid(paper, slis=[DecodeFairness(0.5)])
+    r = paper.rates()
+    p = solo_probabilities(sol, r)
+    ms, mm = r.mu_s * sol.y_solo, r.mu_m * sol.y_mixed
+    np.testing.assert_allclose(p, ms / (ms + mm))
+    assert 0.6 < p[0] < 0.8 and p[1] == pytest.approx(1.0)
+    ctrl = make_controller("sli-gate-and-route", paper, slis=["decode_fairness=0.5"])
+    np.testing.assert_allclose(ctrl.p_solo, p)
+
+
+def test_registry_names_build_from_the_scenario_alone(paper):
+    for name in ("gate-and-route", "gg-sp", "prioritize-and-route", "sli-gate-and-route",
+                 "sli-weighted-gate-and-route", "gi-wsp", "gf-wsp", "fg-sp", "fi-wsp"):
+        assert make_controller(name, paper).name in (name, "gate-and-route")
+
+
+# =================================================================================================
+# On the simulator
+# =================================================================================================
+def _ratio_and_x(n: int, horizon: float, seed: int, sol):
+    s = fluidopt.default_scenario().with_gpus(n)
+    res = simulate(s, GateAndRoute.from_solution(sol), horizon=horizon, warmup=horizon / 5, seed=seed)
+    return res.cluster["revenue_per_gpu"] / sol.objective_per_gpu, res.per_class["x_mean"].to_numpy(), res
+
+
+def test_asymptotic_optimality_small(bundled):
+    """Revenue / R* rises from n = 5 to n = 200 and X_i/n tracks x_i* (paper instance, markov).
+
+    Values from examples/asymptotic_optimality.py (docs/results.md): about 0.93 at n = 5 and 0.97 at
+    n = 200, with batch-means 95% half-widths of about 0.014 and 0.007 at these horizons, so a rise of
+    at least 0.02 is a safe margin. X_i/n at n = 200 is within 0.002 of x_i* (class 1 runs above its
+    target: it takes the reserved slots that class 2 leaves idle); we allow 0.006 (0.6% of a GPU).
+    """
+    r5, _, res5 = _ratio_and_x(5, 4000.0, 11, bundled)
+    r200, x200, res200 = _ratio_and_x(200, 600.0, 11, bundled)
+    assert r5 < r200 - 0.02
+    assert 0.95 < r200 < 1.0
+    np.testing.assert_allclose(x200, bundled.x, atol=0.006)
+    # conservation: every arrival is resolved or still in the system
+    for res in (res5, res200):
+        t = res.totals
+        assert t["requests"] == t["completed"] + t["abandoned"] + t["dropped"] + t["in_system"]
+
+
+def test_separate_pricing_builds_the_decode_backlog(paper):
+    """Prioritize-and-Route under separate pricing: near the separate optimum, with the LP's decode backlog.
+
+    Every optimum of the separate LP keeps a total decode buffer of at least sum q_d* = 0.32 per GPU
+    (the LP's lexicographic stage returns the least one); which class waits is degenerate (decode
+    revenue per slot-second is c_d gamma for every class), so we check the total.
+    """
+    sep = solve_fluid(paper, "separate")
+    assert sep.q_decode.sum() > 0.3
+    s = paper.with_gpus(200)
+    res = simulate(s, "prioritize-and-route", horizon=600.0, warmup=120.0, seed=5)
+    ratio = res.cluster["revenue_per_gpu_separate"] / sep.objective_per_gpu
+    assert 0.97 < ratio < 1.01
+    qd = res.per_class["q_decode_mean"].to_numpy()
+    assert qd.sum() > 0.8 * sep.q_decode.sum()
+    # the gate serves class 1 (largest D/P) first: it is prefilled in full, as in the LP
+    assert res.per_class["abandoned_prefill_fraction"].iloc[0] < 0.01
+
+
+def test_sli_routing_tracks_the_sli_lp_where_greedy_does_not(paper):
+    """Decode fairness: SLI-aware routing puts the class-wise mixed occupancy on y_m* (greedy does not).
+
+    Under the SLI LP class 1 holds every mixed decode slot (y_m* = (3.11, 0)): SLI-aware routing reaches
+    it (class 2 never goes to the mixed pool, class 1's mixed share saturates it); solo-first greedy
+    routing leaves mixed slots idle and mixes both classes there. y_s,1 overshoots its target under
+    both policies at this n because the work-conserving gate admits class 1 above n x_1* (docs).
+    """
+    sol = solve_fluid(paper, slis=[DecodeFairness(0.5)])
+    s = paper.with_gpus(200)
+    kw = dict(horizon=600.0, warmup=150.0, seed=3)
+    sli = simulate(s, SLIGateAndRoute.from_solution(sol, paper), **kw)
+    greedy = simulate(s, GateAndRoute.from_solution(sol), **kw)
+    ym_sli = sli.per_class["y_mixed_mean"].to_numpy()
+    ym_gr = greedy.per_class["y_mixed_mean"].to_numpy()
+    np.testing.assert_allclose(ym_sli, sol.y_mixed, atol=0.2)
+    assert ym_sli[1] == 0.0
+    assert np.abs(ym_gr - sol.y_mixed).max() > 1.0
+    err = {k: np.abs(r.per_class["y_solo_mean"].to_numpy() - sol.y_solo).max() for k, r in
+           (("sli", sli), ("greedy", greedy))}
+    assert err["sli"] < err["greedy"] - 1.0
+
+
+def test_weighted_policy_follows_a_plan_with_a_decode_buffer():
+    """gamma * tau < (B-1)/B: a mixed iteration is faster than a solo one, and the bundled LP prefills class a
+    (x_a* > 0) only to keep GPUs mixed, planning no decode for it (y_a* = 0, q_d,a* > 0). The general
+    SLI-aware policy follows that plan and reaches R*; Gate-and-Route's greedy router decodes class a
+    FCFS and loses ~13% (instance 9 of examples/baseline_grid.py, at n = 50).
+    """
+    from fluidopt import GPUProfile, RequestClass, Scenario
+
+    gpu = GPUProfile.from_gamma(alpha=0.0184, beta=9.43e-5, gamma=13.7, chunk=256, batch=16)
+    n = 50
+    s = Scenario(gpu=gpu, gpus=n, classes=(RequestClass("a", 236, 1892, rate=0.373 * n, patience=0.1),
+                                           RequestClass("b", 1884, 1779, rate=0.473 * n, patience=0.1)),
+                 prefill_price=0.1, decode_price=0.2, name="fast-mixed")
+    sol = solve_fluid(s)
+    assert not gpu.decode_buffer_free and sol.x[0] > 0 and sol.y_mixed[0] == sol.y_solo[0] == 0.0
+    kw = dict(horizon=900.0, warmup=300.0, seed=4)
+    w = simulate(s, WeightedSLIGateAndRoute.from_solution(sol, s), **kw)
+    gg = simulate(s, GateAndRoute.from_solution(sol), **kw)
+    rw = w.cluster["revenue_per_gpu"] / sol.objective_per_gpu
+    rg = gg.cluster["revenue_per_gpu"] / sol.objective_per_gpu
+    assert rw > 0.95 and rg < 0.92  # batch-means half-widths ~0.03 at this size
+    assert w.per_class["completed"].iloc[0] == 0  # class a is never decoded, as planned
