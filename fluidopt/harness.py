@@ -164,9 +164,14 @@ def _lp_bounds(scenario: Scenario) -> dict[str, Any]:
     }
 
 
-def _ignore_sigint() -> None:
+def _init_worker(imports: tuple[str, ...]) -> None:
     # Workers leave Ctrl-C to the parent, which stops the pool and keeps what finished.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # User modules that register policies must be imported in every worker process too.
+    if imports:
+        from fluidopt.commands._options import import_user_modules
+
+        import_user_modules(list(imports))
 
 
 def _run_one(job: dict[str, Any]) -> dict[str, Any]:
@@ -218,12 +223,14 @@ def compare(
     workers: int | None = None,
     progress: bool | None = None,
     options: dict[str, dict] | None = None,
+    imports: Sequence[str] = (),
     out: str | os.PathLike | None = None,
 ) -> Comparison:
     """Simulate every policy on every scenario for every seed and compare with the LP bound.
 
     ``policies``: registered names (:func:`fluidopt.control.registry.available`); ``options`` maps a
-    policy name to its controller options. ``pricing`` picks the bound and the revenue column used
+    policy name to its controller options; ``imports`` names modules (or .py files) that register
+    user policies, imported in every worker. ``pricing`` picks the bound and the revenue column used
     for ``ratio`` ("bundled" or "separate"). ``workers``: processes (default: CPU count, at most the
     number of runs; 1 runs in this process). ``out``: a directory for the CSV tables.
     """
@@ -232,6 +239,10 @@ def compare(
     scenarios = list(scenarios)
     policies = list(policies)
     seeds = list(seeds)
+    if imports:
+        from fluidopt.commands._options import import_user_modules
+
+        import_user_modules(list(imports))
     _check_jobs(scenarios, policies, seeds)
     if pricing not in ("bundled", "separate"):
         raise ScenarioError(f"compare: pricing: expected 'bundled' or 'separate', got {pricing!r}")
@@ -273,7 +284,8 @@ def compare(
                 done[k] = _run_one(job)
                 note(k)
         else:
-            with ProcessPoolExecutor(max_workers=n_workers, initializer=_ignore_sigint) as pool:
+            with ProcessPoolExecutor(max_workers=n_workers, initializer=_init_worker,
+                                     initargs=(tuple(str(m) for m in imports),)) as pool:
                 futures: dict[Future, int] = {pool.submit(_run_one, job): k for k, job in enumerate(jobs)}
                 pending = set(futures)
                 try:
@@ -312,7 +324,8 @@ def compare(
         pricing=pricing,
         wall_seconds=time.perf_counter() - t0,
         interrupted=interrupted,
-        meta={"horizon": horizon, "warmup": warmup, "service": service, "seeds": seeds, "workers": n_workers},
+        meta={"horizon": horizon, "warmup": warmup, "service": service, "seeds": seeds, "workers": n_workers,
+              "options": dict(options or {})},
     )
     if out is not None:
         result.save(out)

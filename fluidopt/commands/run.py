@@ -11,6 +11,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from fluidopt.commands._options import add_controller_arguments, import_user_modules, parse_options
+
 DEFAULT_POLICIES = ("gate-and-route", "fi-wsp", "gi-wsp", "gf-wsp", "fg-sp")
 
 
@@ -35,6 +37,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--out", default="fluidopt-run", help="directory for CSV tables and PNG figures "
                    "(default ./fluidopt-run; '' to save nothing)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
+    add_controller_arguments(p)
     return p
 
 
@@ -44,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
     from fluidopt.harness import compare
     from fluidopt.scenario import load_scenario
 
+    import_user_modules(args.imports)  # so the policy names below validate; workers import them again
+    options = parse_options(args.option)
     scenario = load_scenario(args.scenario)
     if args.gpus is not None:
         if args.gpus < 1:
@@ -63,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     comp = compare(
         scenario, policies, seeds=list(range(args.seeds)), horizon=args.horizon, warmup=args.warmup,
         service=args.service, pricing=args.pricing, workers=args.workers, progress=progress,
+        options={p: options for p in policies} if options else None, imports=args.imports,
     )
     summ = comp.summary()
     files: list[str] = []
@@ -131,7 +137,8 @@ def _figures(comp, scenario, sol, args, out: Path) -> list[str]:
     # One sampled gate-and-route run (the first policy) for the occupancy paths.
     first = comp.runs["policy"].iloc[0]
     res = simulate(replace(scenario), first, horizon=args.horizon, warmup=args.warmup, seed=0,
-                   service=args.service, sample_interval=max(args.horizon / 300, 0.5), progress=False)
+                   service=args.service, sample_interval=max(args.horizon / 300, 0.5), progress=False,
+                   controller_options=comp.meta.get("options", {}).get(first))
     path = out / "occupancy.png"
     _save(plot_occupancy(res, sol), path)
     files.append(str(path))

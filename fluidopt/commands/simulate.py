@@ -7,12 +7,16 @@ import json
 import math
 from typing import Any
 
+from fluidopt.commands._options import add_controller_arguments, import_user_modules, parse_options
+
 EPILOG = """\
 examples:
   fluidopt simulate --policy fi-wsp --horizon 2000 --warmup 200
   fluidopt simulate scenario.toml --policy round-robin --service tokens --gpus 8 --horizon 600 --json
   fluidopt simulate --policy fi-wsp --horizon 100 --records requests.csv
   fluidopt simulate --list-policies
+  fluidopt simulate --policy jsq --option predictor=oracle --gpus 8 --service tokens --horizon 300
+  fluidopt simulate --import examples/custom_controller.py --policy class-affinity --horizon 300
 
 Metrics exclude the warm-up; rates, occupancies and queues are per GPU (docs/simulator.md). Ctrl-C
 stops the run and prints the partial result, flagged as interrupted (exit status 130).
@@ -52,6 +56,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     prog.add_argument("--no-progress", dest="progress", action="store_false")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--list-policies", action="store_true", help="list the registered policies and exit")
+    add_controller_arguments(p)
     return p
 
 
@@ -107,6 +112,8 @@ def run(args: argparse.Namespace) -> int:
     from fluidopt.scenario import load_scenario
     from fluidopt.sim.api import simulate
 
+    import_user_modules(args.imports)
+    options = parse_options(args.option)
     if args.list_policies:
         for name, desc in available().items():
             print(f"{name:24s} {desc}")
@@ -122,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
     res = simulate(
         scenario, args.policy, horizon=args.horizon, warmup=warmup, seed=args.seed, service=args.service,
         records=args.records, sample_interval=args.sample_interval, progress=args.progress, batches=args.batches,
+        controller_options=options,
     )
     if args.json:
         out = res.summary()
