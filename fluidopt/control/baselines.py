@@ -37,7 +37,7 @@ class FIWSP(Controller):
         idle = self._idle
         if ctx.qlen(PREFILL_QUEUE) == 0:
             g = idle.choice()
-            if g >= 0 and self._fits(ctx, r, g):
+            if g >= 0 and (not self._kv or self._fits(ctx, r, g)):
                 ctx.start_prefill(r, g)
             return
         # Others wait (possible only when KV space held them back): FCFS, r joins the back.
@@ -57,7 +57,7 @@ class FIWSP(Controller):
     def on_slot_freed(self, ctx: Context, g: int) -> None:
         if g in self._idle:
             r = ctx.head(PREFILL_QUEUE)
-            if r >= 0 and self._fits(ctx, r, g):
+            if r >= 0 and (not self._kv or self._fits(ctx, r, g)):
                 ctx.start_prefill(r, g)
 
 

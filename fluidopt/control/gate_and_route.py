@@ -217,11 +217,12 @@ class PartitionedController(Controller):
         """
         best, best_dev, best_tie = -1, 0.0, 0.0
         nx, inv, nqp = self._nx, self._inv_x, self._nqp
+        qlen, n_prefill = ctx.qlen, ctx.n_prefill
         for i in self._admissible:
-            q = ctx.qlen(PREFILL_QUEUE, i)
+            q = qlen(PREFILL_QUEUE, i)
             if q == 0:
                 continue
-            dev = (ctx.n_prefill(i) - nx[i]) * inv[i]
+            dev = (n_prefill(i) - nx[i]) * inv[i]
             tie = q - nqp[i]
             if best < 0 or dev < best_dev or (dev == best_dev and tie > best_tie):
                 best, best_dev, best_tie = i, dev, tie
@@ -237,7 +238,7 @@ class PartitionedController(Controller):
         if i < 0:
             return False
         r = ctx.head(PREFILL_QUEUE, i)
-        if not self._fits(ctx, r, g):
+        if self._kv and not self._fits(ctx, r, g):
             return False  # KV full: the slot waits for the next freed capacity
         ctx.start_prefill(r, g)
         return True
@@ -259,22 +260,27 @@ class PartitionedController(Controller):
 
     def _pull_decodes(self, ctx: Context, g: int, queue: int) -> None:
         """Fill g's free decode slots from the FCFS head (across classes) of ``queue``."""
-        while self._decode_slot_free(ctx, g):
+        # g has a free decode slot iff it is in its pool's free_decode set (same test as
+        # _decode_slot_free, two view calls instead of four); the set is asked again after every start.
+        pool = ctx.gpu_pool(g)
+        kv = self._kv
+        while g in ctx.free_decode(pool):
             r = ctx.head(queue)
-            if r < 0 or not self._fits(ctx, r, g):
+            if r < 0 or (kv and not self._fits(ctx, r, g)):
                 return
             ctx.start_decode(r, g)
 
     def _greedy_place(self, ctx: Context, r: int) -> bool:
         """Greedy router: a random solo GPU with a free slot, else a random mixed GPU with a free decode slot."""
+        kv = self._kv
         if self._has_solo:
             g = ctx.free_decode(SOLO_POOL).choice()
-            if g >= 0 and self._fits(ctx, r, g):
+            if g >= 0 and (not kv or self._fits(ctx, r, g)):
                 ctx.start_decode(r, g)
                 return True
         if self._has_mixed:
             g = ctx.free_decode(MIXED_POOL).choice()
-            if g >= 0 and self._fits(ctx, r, g):
+            if g >= 0 and (not kv or self._fits(ctx, r, g)):
                 ctx.start_decode(r, g)
                 return True
         return False
@@ -293,10 +299,12 @@ class PartitionedController(Controller):
 
     def on_slot_freed(self, ctx: Context, g: int) -> None:
         # Mixed GPU: its prefill slot goes to the gate, its decode slots to the buffer head; solo GPU:
-        # its slots go to the buffer head.
-        if self._prefill_slot_idle(ctx, g):
+        # its slots go to the buffer head. (Fast forms of _prefill_slot_idle and _pull_decodes: g has an
+        # idle prefill slot iff it is in its pool's idle_prefill set; an empty buffer has nothing to pull.)
+        if g in ctx.idle_prefill(ctx.gpu_pool(g)):
             self._admit_on(ctx, g)
-        self._pull_decodes(ctx, g, DECODE_QUEUE)
+        if ctx.qlen(DECODE_QUEUE):
+            self._pull_decodes(ctx, g, DECODE_QUEUE)
 
     # -- construction helpers ---------------------------------------------------------------------
     @staticmethod
