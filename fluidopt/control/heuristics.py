@@ -351,6 +351,11 @@ class TokenLedgerScheduler(_CyclicArg, InstanceScheduler):
         if rec is not None:
             self._drop(rec[0], rec)
 
+    def on_drop(self, ctx: Context, r: int, g: int) -> None:
+        rec = self._rec.pop(r, None)
+        if rec is not None:
+            self._drop(rec[0], rec)
+
     def on_preempt(self, ctx: Context, r: int, g: int) -> None:
         rec = self._rec.get(r)
         if rec is not None:

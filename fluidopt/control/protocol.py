@@ -40,6 +40,9 @@ Events (all optional to implement; the defaults do nothing):
 * ``on_preempt(ctx, r, g)``: ``service="tokens"`` with a KV capacity only: r was evicted from g to
   make room (vLLM's recompute preemption); it waits for a new prefill of its prompt plus the tokens
   it had generated. Unplaced, it goes to the front of :data:`PREFILL_QUEUE`.
+* ``on_drop(ctx, r, g)``: ``service="tokens"`` with a KV capacity only: r was evicted from g and its
+  context alone no longer fits any GPU's KV cache, so it leaves the system unserved (vLLM aborts
+  such requests); counted as ``dropped``. Called instead of ``on_preempt``.
 * ``on_slot_freed(ctx, g)``: called once after every decode or prefill completion on g, after the
   event's own callback and default placement. This is where a controller pulls waiting work onto g.
   (Not after a preemption: like vLLM, no new work is admitted in an iteration that had to preempt.)
@@ -140,7 +143,9 @@ class ClusterView(Protocol):
     def gpu_prefill_allowed(self, g: int) -> bool: ...
     def gpu_decodes_by_class(self, g: int) -> tuple[int, ...]: ...
     def gpu_requests(self, g: int) -> list[int]: ...  # prefill first, then decodes (O(B))
-    def gpu_kv_used(self, g: int) -> int: ...  # tokens of KV cache committed on g (tokens mode)
+    # tokens of KV cache committed on g (tokens mode); includes the token each running decode is
+    # producing in the current iteration, which req_generated() counts only once it is done
+    def gpu_kv_used(self, g: int) -> int: ...
     def gpu_kv_free(self, g: int) -> float: ...  # inf without a KV capacity
     def idle_prefill(self, pool: int = 0) -> GpuSet: ...  # prefill allowed, none running, a free slot
     def free_decode(self, pool: int = 0) -> GpuSet: ...  # a free slot and decodes < max_decodes
@@ -223,6 +228,9 @@ class Controller:
 
     def on_preempt(self, ctx: Context, r: int, g: int) -> None:
         """r was evicted from g (tokens mode, KV overflow). Unplaced, it joins the front of PREFILL_QUEUE."""
+
+    def on_drop(self, ctx: Context, r: int, g: int) -> None:
+        """r was evicted from g and can never fit again (tokens mode, KV); it leaves the system."""
 
     def on_slot_freed(self, ctx: Context, g: int) -> None:
         """Capacity freed on g (after a decode or prefill completion and its own callback)."""

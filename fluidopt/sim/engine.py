@@ -334,6 +334,7 @@ class Engine:
         self._cb_ddone = controller.on_decode_done if ct.on_decode_done is not base.on_decode_done else None
         self._cb_abandon = controller.on_abandon if ct.on_abandon is not base.on_abandon else None
         self._cb_preempt = controller.on_preempt if ct.on_preempt is not base.on_preempt else None
+        self._cb_drop = controller.on_drop if ct.on_drop is not base.on_drop else None
         self._cb_freed = controller.on_slot_freed if ct.on_slot_freed is not base.on_slot_freed else None
 
     # =============================================================================================
@@ -1481,6 +1482,9 @@ class Engine:
         if self.r_prompt[r] + self.r_gen[r] + 1 > self.kvcap:
             # its context alone no longer fits any GPU: drop it (vLLM aborts such requests)
             self._ctr[10 * c + M.C_DROPPED] += 1
+            cb = self._cb_drop
+            if cb is not None:
+                cb(self, r, g)
             self._resolve(r, M.DROPPED, t)
         else:
             self.r_phase[r] = WAIT_PREFILL
