@@ -140,7 +140,7 @@ def figures(summary: pd.DataFrame, df: pd.DataFrame, paths: dict, sol, names, fi
                 pth = pth[pth["time"] <= PATH_WINDOW]
                 ax[i].plot(pth["time"], pth[f"X{i}/n"], lw=0.4 + 0.4 * j, color=f"C{j}", label=f"n = {n}",
                            alpha=0.5 if j == 0 else 1.0)
-            ax[i].set_ylim(0, 3 * sol.x[i])
+            ax[i].set_ylim(max(0.0, sol.x[i] - 0.03), sol.x[i] + 0.03)  # +/- 3% of a GPU around x*
             ax[i].axhline(sol.x[i], color="k", ls="--", lw=1.0, label="x* (LP)")
             ax[i].set_xlabel("time (s)")
             ax[i].set_ylabel(f"X/n, class {nm}")

@@ -114,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1, help="simulation seed (the same for every policy)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--replot", action="store_true", help="redraw from <out>/runs.csv without simulating")
     ap.add_argument("--out", type=Path, default=ROOT / "out" / "examples" / "baseline_grid")
     ap.add_argument("--fig-dir", type=Path, default=ROOT / "docs" / "figures")
     a = ap.parse_args(argv)
@@ -123,17 +124,21 @@ def main(argv: list[str] | None = None) -> int:
     tasks = [(j, s, p, *window(s, a.horizon_scale), a.seed) for j, s in enumerate(insts) for p in POLICIES + EXTRA]
     tasks.sort(key=lambda t: -t[3])  # longest first
     t0 = time.perf_counter()
-    recs = []
-    with Pool(a.workers) as pool:
-        for rec in pool.imap_unordered(run_one, tasks):
-            recs.append(rec)
-            print(f"  inst {rec['instance']:2d} {LABEL[rec['policy']]:7s} ratio={rec['ratio']:.4f} "
-                  f"wall={rec['wall_seconds']:.0f}s", flush=True)
+    if a.replot:  # tables and figure from a previous run's CSV (same --instances/--draw-seed/--gpus)
+        df = pd.read_csv(a.out / "runs.csv")
+    else:
+        recs = []
+        with Pool(a.workers) as pool:
+            for rec in pool.imap_unordered(run_one, tasks):
+                recs.append(rec)
+                print(f"  inst {rec['instance']:2d} {LABEL[rec['policy']]:7s} ratio={rec['ratio']:.4f} "
+                      f"wall={rec['wall_seconds']:.0f}s", flush=True)
+        df = pd.DataFrame(recs).sort_values(["instance", "policy"])
     total = time.perf_counter() - t0
-    df = pd.DataFrame(recs).sort_values(["instance", "policy"])
     inst = pd.DataFrame([describe(s) for s in insts]).set_index("instance")
     a.out.mkdir(parents=True, exist_ok=True)
-    df.to_csv(a.out / "runs.csv", index=False)
+    if not a.replot:
+        df.to_csv(a.out / "runs.csv", index=False)
     inst.to_csv(a.out / "instances.csv")
     wide_all = df.pivot(index="instance", columns="policy", values="ratio")[list(POLICIES + EXTRA)]
     wide_all.columns = [LABEL[p] for p in POLICIES + EXTRA]
@@ -185,10 +190,13 @@ def main(argv: list[str] | None = None) -> int:
     ax[0].set_title(f"{len(wide)} random instances, n = {a.gpus}")
     for i, c in enumerate(wide.columns):
         ax[1].plot(wide.index, wide[c], marker="o", ms=4, lw=0.8, label=c, color=f"C{i}")
+    for c in wide_all.columns[len(POLICIES):]:
+        ax[1].plot(wide_all.index, wide_all[c], marker="x", ms=5, lw=0.8, ls="--", color="k",
+                   label=f"{c} (EC 13, not in the paper's Fig. 7)")
     ax[1].set_xlabel("instance")
     ax[1].set_ylabel("revenue / R*")
     ax[1].set_title("per instance")
-    ax[1].legend(fontsize=7, ncol=5, loc="lower center")
+    ax[1].legend(fontsize=7, ncol=3, loc="lower center")
     fig.tight_layout()
     p = a.fig_dir / "baseline_grid.png"
     fig.savefig(p, dpi=90)

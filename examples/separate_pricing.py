@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n| pricing (policy) | n | revenue / own R* (mean +/- 95% CI) | bundled rev/GPU | separate rev/GPU | "
           + " | ".join(f"X/n {nm}" for nm in names) + " | " + " | ".join(f"Q_d/n {nm}" for nm in names)
           + " | Q_d/n total | wall s/run |")
-    print("|---" * (8 + 2 * len(names)) + "|")
+    print("|---" * (7 + 2 * len(names)) + "|")
     for _, r in summ.iterrows():
         print(f"| {r.pricing} ({r.policy}) | {r.n} | {r.ratio:.4f} +/- {r.ci95:.4f} | {r.rev_b:.2f} | {r.rev_s:.2f} | "
               + " | ".join(f"{r[f'x{i + 1}']:.5f}" for i in range(len(names))) + " | "

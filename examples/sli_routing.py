@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
           f"R* = {sol_sli.objective_per_gpu:.2f}\n")
     print("| policy | n | " + " | ".join(f"y_m {nm}" for nm in names) + " | " + " | ".join(f"y_s {nm}" for nm in names)
           + f" | max abs error vs y* | y_s gap (SLI <= 0.5) | X/n class 1 (x* = {sol_sli.x[0]:.4f}) | revenue / R* |")
-    print("|---" * (7 + 2 * len(names)) + "|")
+    print("|---" * (6 + 2 * len(names)) + "|")
     for kind in ("sli", "greedy"):
         for n, r in summ.loc[kind].iterrows():
             y = r[cols].to_numpy(dtype=float)
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
           f"q_d* = {np.round(sol_sep.q_decode, 3).tolist()}\n")
     print("| policy | " + " | ".join(f"y_m {nm}" for nm in names) + " | " + " | ".join(f"y_s {nm}" for nm in names)
           + " | max abs error vs y* | " + " | ".join(f"Q_d/n {nm}" for nm in names) + " | separate revenue / R* |")
-    print("|---" * (4 + 4 * len(names)) + "|")
+    print("|---" * (3 + 3 * len(names)) + "|")
     for kind in ("weighted", "sli-sep", "par"):
         r = summ.loc[(kind, a.backlog_n)]
         y = r[cols].to_numpy(dtype=float)

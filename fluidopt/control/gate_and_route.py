@@ -148,6 +148,7 @@ class PartitionedController(Controller):
         self._admissible: list[int] = [i for i in range(n_classes) if self.x[i] > 0]
         self._has_mixed = False
         self._has_solo = False
+        self._kv = False
 
     # -- planning ---------------------------------------------------------------------------------
     @property
@@ -556,7 +557,3 @@ def _register() -> None:
 
 
 _register()
-
-# The paper's baselines register themselves on import; importing them here makes every paper policy
-# available as soon as this module is (fluidopt.control.registry.BUILTIN_MODULES lists this module).
-from fluidopt.control import paper_baselines as _paper_baselines  # noqa: E402, F401

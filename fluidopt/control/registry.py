@@ -31,6 +31,7 @@ BUILTIN_MODULES = (
     "fluidopt.control.baselines",
     "fluidopt.control.instance",
     "fluidopt.control.gate_and_route",
+    "fluidopt.control.paper_baselines",
     "fluidopt.control.heuristics",
     "fluidopt.control.rl",
 )

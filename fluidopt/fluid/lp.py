@@ -459,8 +459,10 @@ class FluidModel:
                   seconds: float, status: str = "optimal") -> FluidSolution:
         r, s, g = self._rates, self.scenario, self.scenario.gpu
         I = len(self.class_names)
-        # Round-off from the simplex (|v| ~ 1e-12) is cleaned so reports show exact zeros.
-        values = np.where(np.abs(values) < 1e-12, 0.0, values)
+        # Round-off from the simplex (|v| ~ 1e-12, or slightly negative values of these nonnegative
+        # variables down to ~1e-8 on badly scaled instances) is cleaned so reports show exact zeros
+        # and controllers never see a negative target.
+        values = np.where((np.abs(values) < 1e-12) | ((values < 0) & (values > -1e-7)), 0.0, values)
         x, ym, ys, qp, qd = (values[k * I:(k + 1) * I] for k in range(5))
         cx, cm, cs = objective_coefficients(r, self.pricing)
         revenue = float(cx @ x + cm @ ym + cs @ ys)
