@@ -85,7 +85,7 @@ def test_real_router_serves_everything_within_the_plan(router, capsys):
 
 
 def test_real_router_snapshot_speaks_the_protocol(router):
-    st = router.FleetState(3, 4, ("a", "b"), clock=lambda: 1.5)
+    st = router.ClusterSnapshot(3, 4, ("a", "b"), clock=lambda: 1.5)
     assert isinstance(st, Context) and st.now == 1.5
     assert len(st.idle_prefill(0)) == 3 and st.gpu_kv_free(0) == math.inf
 

@@ -1,13 +1,12 @@
-"""Gate-and-route controllers: decision logic on a hand-driven fake cluster, then the real simulator.
+"""Gate-and-route controllers: decision logic on a hand-driven snapshot, then the real simulator.
 
-The fake cluster (:class:`FakeCluster`) implements the controller protocol without any engine code:
-it is what a real router's own state snapshot would be, and it shows the controllers need nothing else.
+The snapshot (:class:`fluidopt.control.snapshot.ClusterSnapshot`) implements the controller protocol
+without any engine code: it is what a real router keeps, and it shows the controllers need nothing else.
 """
 
 from __future__ import annotations
 
 import math
-import random
 from collections import Counter
 
 import numpy as np
@@ -34,265 +33,54 @@ from fluidopt.control.protocol import (
     Context,
 )
 from fluidopt.control.registry import make_controller
-from fluidopt.errors import ActionError, ScenarioError
+from fluidopt.control.snapshot import ClusterSnapshot
+from fluidopt.errors import ScenarioError
 from fluidopt.fluid import DecodeFairness, solve_fluid
 from fluidopt.sim.api import simulate
 
 
 # =================================================================================================
-# A fake cluster: the protocol over plain Python state (no time, events driven by the test)
+# The library's plain-Python snapshot (what a real router keeps), events driven by the test
 # =================================================================================================
-class FakeSet:
-    def __init__(self, items: list[int], rng: random.Random):
-        self._items, self._rng = items, rng
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __contains__(self, g: object) -> bool:
-        return g in self._items
-
-    def __iter__(self):
-        return iter(list(self._items))
-
-    def choice(self) -> int:
-        return self._rng.choice(self._items) if self._items else -1
-
-    def first(self) -> int:
-        return self._items[0] if self._items else -1
+def inject(fc: ClusterSnapshot, cls: int, q: int, phase: int = WAIT_PREFILL) -> int:
+    """A waiting request placed in queue q behind the controller's back (a handed-over state)."""
+    r = fc.add_request(cls, 100, 100, prefilled=phase == WAIT_DECODE)
+    fc.enqueue(r, q)
+    return r
 
 
-class FakeCluster:
-    """n GPUs of B slots, I classes; requests, FCFS queues and pools as plain lists and dicts."""
-
-    def __init__(self, n: int, B: int, I: int, seed: int = 0):
-        self.n_gpus, self.batch, self.n_classes = n, B, I
-        self.class_names = tuple(f"c{i}" for i in range(I))
-        self.service = "markov"
-        self.rng = random.Random(seed)
-        self.now = 0.0
-        self.pool = [0] * n
-        self.pok = [True] * n
-        self.maxd = [B] * n
-        self.pre = [-1] * n
-        self.dec: list[list[int]] = [[] for _ in range(n)]
-        self.queues: list[list[int]] = [[], []]  # FCFS lists of request ids
-        self.qnames = ["prefill", "decode"]
-        self.req: dict[int, dict] = {}
-        self._next_id = 0
-        self.in_setup = False
-        self.actions: list[tuple] = []
-
-    # -- view --------------------------------------------------------------------------------------
-    @property
-    def n_pools(self) -> int:
-        return max(self.pool) + 1
-
-    def _count(self, i: int, phase: int, mixed: bool | None = None) -> int:
-        return sum(1 for r in self.req.values() if r["cls"] == i and r["phase"] == phase
-                   and (mixed is None or (self.pre[r["gpu"]] >= 0) == mixed))
-
-    def n_prefill(self, i: int) -> int:
-        return self._count(i, PREFILL)
-
-    def n_decode_mixed(self, i: int) -> int:
-        return self._count(i, DECODE, True)
-
-    def n_decode_solo(self, i: int) -> int:
-        return self._count(i, DECODE, False)
-
-    def n_wait_prefill(self, i: int) -> int:
-        return self._count(i, WAIT_PREFILL)
-
-    def n_wait_decode(self, i: int) -> int:
-        return self._count(i, WAIT_DECODE)
-
-    def gpu_prefill(self, g: int) -> int:
-        return self.pre[g]
-
-    def gpu_decodes(self, g: int) -> int:
-        return len(self.dec[g])
-
-    def gpu_free(self, g: int) -> int:
-        return self.batch - len(self.dec[g]) - (self.pre[g] >= 0)
-
-    def gpu_mixed(self, g: int) -> bool:
-        return self.pre[g] >= 0
-
-    def gpu_pool(self, g: int) -> int:
-        return self.pool[g]
-
-    def gpu_max_decodes(self, g: int) -> int:
-        return self.maxd[g]
-
-    def gpu_prefill_allowed(self, g: int) -> bool:
-        return self.pok[g]
-
-    def gpu_decodes_by_class(self, g: int) -> tuple[int, ...]:
-        c = Counter(self.req[r]["cls"] for r in self.dec[g])
-        return tuple(c[i] for i in range(self.n_classes))
-
-    def gpu_requests(self, g: int) -> list[int]:
-        return ([self.pre[g]] if self.pre[g] >= 0 else []) + sorted(self.dec[g])
-
-    def gpu_kv_used(self, g: int) -> int:
-        return 0
-
-    def gpu_kv_free(self, g: int) -> float:
-        return math.inf
-
-    def idle_prefill(self, pool: int = 0) -> FakeSet:
-        return FakeSet([g for g in range(self.n_gpus) if self.pool[g] == pool and self.pok[g] and self.pre[g] < 0
-                        and self.gpu_free(g) > 0], self.rng)
-
-    def free_decode(self, pool: int = 0) -> FakeSet:
-        return FakeSet([g for g in range(self.n_gpus) if self.pool[g] == pool and self.gpu_free(g) > 0
-                        and len(self.dec[g]) < self.maxd[g]], self.rng)
-
-    def queue_id(self, name: str) -> int:
-        return self.qnames.index(name)
-
-    def instance_queue(self, g: int) -> int:
-        raise NotImplementedError
-
-    def qlen(self, q: int, cls: int = -1) -> int:
-        return sum(1 for r in self.queues[q] if cls < 0 or self.req[r]["cls"] == cls)
-
-    def head(self, q: int, cls: int = -1) -> int:
-        return next((r for r in self.queues[q] if cls < 0 or self.req[r]["cls"] == cls), -1)
-
-    def queue_requests(self, q: int) -> list[int]:
-        return list(self.queues[q])
-
-    def instance_requests(self, g: int) -> int:
-        return len(self.gpu_requests(g))
-
-    def instance_tokens(self, g: int) -> int:
-        return 0
-
-    def req_class(self, r: int) -> int:
-        return self.req[r]["cls"]
-
-    def req_prompt(self, r: int) -> int:
-        return 100
-
-    def req_output(self, r: int) -> int:
-        return 100
-
-    def req_arrival(self, r: int) -> float:
-        return self.req[r]["t"]
-
-    def req_phase(self, r: int) -> int:
-        return self.req[r]["phase"]
-
-    def req_gpu(self, r: int) -> int:
-        return self.req[r]["gpu"]
-
-    def req_queue(self, r: int) -> int:
-        return self.req[r]["q"]
-
-    def req_generated(self, r: int) -> int:
-        return 0
-
-    def req_preemptions(self, r: int) -> int:
-        return 0
-
-    # -- actions (validated) ---------------------------------------------------------------------
-    def _unqueue(self, r: int) -> None:
-        q = self.req[r]["q"]
-        if q >= 0:
-            self.queues[q].remove(r)
-            self.req[r]["q"] = -1
-
-    def start_prefill(self, r: int, g: int) -> None:
-        rq = self.req.get(r)
-        if rq is None or rq["phase"] != WAIT_PREFILL or not self.pok[g] or self.pre[g] >= 0 or self.gpu_free(g) <= 0:
-            raise ActionError(f"start_prefill({r}, {g}) invalid")
-        self._unqueue(r)
-        rq.update(phase=PREFILL, gpu=g)
-        self.pre[g] = r
-        self.actions.append(("prefill", r, g))
-
-    def start_decode(self, r: int, g: int) -> None:
-        rq = self.req.get(r)
-        if rq is None or rq["phase"] != WAIT_DECODE or self.gpu_free(g) <= 0 or len(self.dec[g]) >= self.maxd[g]:
-            raise ActionError(f"start_decode({r}, {g}) invalid")
-        self._unqueue(r)
-        rq.update(phase=DECODE, gpu=g)
-        self.dec[g].append(r)
-        self.actions.append(("decode", r, g))
-
-    def enqueue(self, r: int, q: int, front: bool = False) -> None:
-        rq = self.req[r]
-        if rq["phase"] not in (WAIT_PREFILL, WAIT_DECODE):
-            raise ActionError(f"enqueue({r}) not waiting")
-        self._unqueue(r)
-        self.queues[q].insert(0, r) if front else self.queues[q].append(r)
-        rq["q"] = q
-
-    def set_pool(self, gpus, pool: int, *, prefill: bool = True, max_decodes: int | None = None) -> None:
-        assert self.in_setup
-        for g in gpus:
-            self.pool[g], self.pok[g] = pool, bool(prefill)
-            self.maxd[g] = self.batch if max_decodes is None else max_decodes
-
-    def add_queue(self, name: str) -> int:
-        assert self.in_setup
-        self.qnames.append(name)
-        self.queues.append([])
-        return len(self.queues) - 1
-
-    # -- event drivers (what an engine or a real router's event loop does) -----------------------
-    def setup(self, ctrl) -> None:
-        self.in_setup = True
-        ctrl.setup(self)
-        self.in_setup = False
-
-    def inject(self, cls: int, q: int, phase: int = WAIT_PREFILL) -> int:
-        """A waiting request placed in queue q behind the controller's back (a handed-over state)."""
-        r = self._next_id
-        self._next_id += 1
-        self.req[r] = {"cls": cls, "phase": phase, "q": -1, "gpu": -1, "t": self.now}
-        self.enqueue(r, q)
-        return r
-
-    def arrive(self, ctrl, cls: int) -> int:
-        r = self._next_id
-        self._next_id += 1
-        self.req[r] = {"cls": cls, "phase": WAIT_PREFILL, "q": -1, "gpu": -1, "t": self.now}
-        ctrl.on_arrival(self, r)
-        if self.req[r]["phase"] == WAIT_PREFILL and self.req[r]["q"] < 0:
-            self.enqueue(r, PREFILL_QUEUE)
-        return r
-
-    def finish_prefill(self, ctrl, r: int) -> None:
-        g = self.req[r]["gpu"]
-        assert self.pre[g] == r
-        self.pre[g] = -1
-        self.req[r].update(phase=WAIT_DECODE, gpu=-1)
-        ctrl.on_prefill_done(self, r, g)
-        if self.req[r]["phase"] == WAIT_DECODE and self.req[r]["q"] < 0:
-            self.enqueue(r, DECODE_QUEUE)
-        ctrl.on_slot_freed(self, g)
-
-    def finish_decode(self, ctrl, r: int) -> None:
-        g = self.req[r]["gpu"]
-        self.dec[g].remove(r)
-        del self.req[r]
-        ctrl.on_decode_done(self, r, g)
-        ctrl.on_slot_freed(self, g)
+def arrive(fc: ClusterSnapshot, ctrl, cls: int) -> int:
+    r = fc.add_request(cls, 100, 100)
+    ctrl.on_arrival(fc, r)
+    if fc.req_phase(r) == WAIT_PREFILL and fc.req_queue(r) < 0:
+        fc.enqueue(r, PREFILL_QUEUE)
+    return r
 
 
-def test_fake_cluster_implements_the_protocol():
-    assert isinstance(FakeCluster(2, 4, 2), ClusterView)
-    assert isinstance(FakeCluster(2, 4, 2), Context)
+def finish_prefill(fc: ClusterSnapshot, ctrl, r: int) -> None:
+    g = fc.prefill_finished(r)
+    ctrl.on_prefill_done(fc, r, g)
+    if fc.req_phase(r) == WAIT_DECODE and fc.req_queue(r) < 0:
+        fc.enqueue(r, DECODE_QUEUE)
+    ctrl.on_slot_freed(fc, g)
+
+
+def finish_decode(fc: ClusterSnapshot, ctrl, r: int) -> None:
+    g = fc.decode_finished(r)
+    ctrl.on_decode_done(fc, r, g)
+    ctrl.on_slot_freed(fc, g)
+
+
+def test_snapshot_implements_the_protocol():
+    assert isinstance(ClusterSnapshot(2, 4, 2), ClusterView)
+    assert isinstance(ClusterSnapshot(2, 4, 2), Context)
 
 
 # =================================================================================================
-# Decision logic on the fake cluster
+# Decision logic on the snapshot
 # =================================================================================================
 def make_gg(n=10, B=4, x=(0.05, 0.15), qp=(0.0, 0.0), cls=GateAndRoute, **kw):
-    fc = FakeCluster(n, B, len(x))
+    fc = ClusterSnapshot(n, B, len(x))
     ctrl = cls(x, q_prefill=qp, **kw) if cls is GateAndRoute else cls(x, **kw)
     fc.setup(ctrl)
     return fc, ctrl
@@ -301,9 +89,9 @@ def make_gg(n=10, B=4, x=(0.05, 0.15), qp=(0.0, 0.0), cls=GateAndRoute, **kw):
 def test_static_partition_and_caps():
     fc, ctrl = make_gg(n=10, B=4, x=(0.05, 0.15))  # n sum x = 2.0 -> M = 2
     assert ctrl.mixed_gpus == 2
-    assert fc.pool == [MIXED_POOL] * 2 + [SOLO_POOL] * 8
-    assert fc.pok == [True] * 2 + [False] * 8
-    assert fc.maxd == [3] * 2 + [4] * 8  # one slot per mixed GPU reserved for its prefill
+    assert [fc.gpu_pool(g) for g in range(10)] == [MIXED_POOL] * 2 + [SOLO_POOL] * 8
+    assert [fc.gpu_prefill_allowed(g) for g in range(10)] == [True] * 2 + [False] * 8
+    assert [fc.gpu_max_decodes(g) for g in range(10)] == [3] * 2 + [4] * 8  # one slot per mixed GPU reserved for its prefill
     # ceil: 10 * 0.201 = 2.01 -> 3; the same controller on 1000 GPUs -> 201
     fc2, c2 = make_gg(n=10, x=(0.051, 0.15))
     assert c2.mixed_gpus == 3
@@ -314,34 +102,34 @@ def test_static_partition_and_caps():
 def test_gate_admits_most_underoccupied_class():
     fc, ctrl = make_gg(n=20, B=4, x=(0.05, 0.15))  # targets X* = (1, 3), M = 4
     # Occupy three of the four prefill slots: one class-0 and two class-1 prefills.
-    a = fc.arrive(ctrl, 0)
-    b = fc.arrive(ctrl, 1)
-    c = fc.arrive(ctrl, 1)
-    assert {fc.req[r]["phase"] for r in (a, b, c)} == {PREFILL}
-    d = fc.arrive(ctrl, 0)  # the last idle slot: the gate only sees class 0 waiting -> admitted
-    assert fc.req[d]["phase"] == PREFILL
+    a = arrive(fc, ctrl, 0)
+    b = arrive(fc, ctrl, 1)
+    c = arrive(fc, ctrl, 1)
+    assert {fc.req_phase(r) for r in (a, b, c)} == {PREFILL}
+    d = arrive(fc, ctrl, 0)  # the last idle slot: the gate only sees class 0 waiting -> admitted
+    assert fc.req_phase(d) == PREFILL
     # All slots busy now; queue one of each class.
-    e, f = fc.arrive(ctrl, 0), fc.arrive(ctrl, 1)
-    assert fc.req[e]["phase"] == fc.req[f]["phase"] == WAIT_PREFILL
+    e, f = arrive(fc, ctrl, 0), arrive(fc, ctrl, 1)
+    assert fc.req_phase(e) == fc.req_phase(f) == WAIT_PREFILL
     # Deviations: class 0 (2 - 1)/0.05 = 20, class 1 (2 - 3)/0.15 = -6.7 -> class 1 first.
     assert ctrl.gate_class(fc) == 1
-    fc.finish_prefill(ctrl, d)  # frees a mixed GPU's prefill slot
-    assert fc.req[f]["phase"] == PREFILL and fc.req[e]["phase"] == WAIT_PREFILL
+    finish_prefill(fc, ctrl, d)  # frees a mixed GPU's prefill slot
+    assert fc.req_phase(f) == PREFILL and fc.req_phase(e) == WAIT_PREFILL
 
 
 def test_gate_ties_go_to_largest_queue_excess_and_zero_targets_never_admitted():
     fc, ctrl = make_gg(n=10, B=4, x=(0.1, 0.1, 0.0), qp=(0.0, 0.1, 0.0))  # M = 2
     # Class 2 has x* = 0: never admitted even with every slot idle.
-    z = fc.arrive(ctrl, 2)
-    assert fc.req[z]["phase"] == WAIT_PREFILL and ctrl.gate_class(fc) == -1
+    z = arrive(fc, ctrl, 2)
+    assert fc.req_phase(z) == WAIT_PREFILL and ctrl.gate_class(fc) == -1
     # A state handed over by a router: one class-0 and one class-1 request already queued, both slots
     # idle. Deviations tie at (0 - 1)/0.1; Q_p - n q_p* is 1 - 0 for class 0 and 1 - 1 for class 1.
-    w0, w1 = fc.inject(0, PREFILL_QUEUE), fc.inject(1, PREFILL_QUEUE)
+    w0, w1 = inject(fc, 0, PREFILL_QUEUE), inject(fc, 1, PREFILL_QUEUE)
     assert ctrl.gate_class(fc) == 0
     ctrl.on_slot_freed(fc, 1)
-    assert fc.req[w0]["phase"] == PREFILL and fc.req[w0]["gpu"] == 1 and fc.req[w1]["phase"] == WAIT_PREFILL
+    assert fc.req_phase(w0) == PREFILL and fc.req_gpu(w0) == 1 and fc.req_phase(w1) == WAIT_PREFILL
     ctrl.on_slot_freed(fc, 0)
-    assert fc.req[w1]["phase"] == PREFILL and fc.req[z]["phase"] == WAIT_PREFILL
+    assert fc.req_phase(w1) == PREFILL and fc.req_phase(z) == WAIT_PREFILL
 
 
 def test_greedy_router_solo_first_then_mixed_then_fcfs_buffer():
@@ -349,78 +137,78 @@ def test_greedy_router_solo_first_then_mixed_then_fcfs_buffer():
     assert ctrl.mixed_gpus == 1
     placed = []
     for k in range(6):
-        r = fc.arrive(ctrl, k % 2)
-        assert fc.req[r]["gpu"] == 0  # the only prefill slot
-        fc.finish_prefill(ctrl, r)
+        r = arrive(fc, ctrl, k % 2)
+        assert fc.req_gpu(r) == 0  # the only prefill slot
+        finish_prefill(fc, ctrl, r)
         placed.append(r)
-    gpus = [fc.req[r]["gpu"] for r in placed]
+    gpus = [fc.req_gpu(r) for r in placed]
     # four solo slots fill first (in any order), then the mixed GPU's one decode slot, then the buffer
-    assert sorted(gpus[:4]) == [1, 1, 2, 2] and gpus[4] == 0 and fc.req[placed[5]]["q"] == DECODE_QUEUE
-    late = fc.arrive(ctrl, 1)
-    fc.finish_prefill(ctrl, late)
-    assert fc.queues[DECODE_QUEUE] == [placed[5], late]  # FCFS across classes
-    fc.finish_decode(ctrl, placed[0])  # a solo slot frees: it pulls the buffer head
-    assert fc.req[placed[5]]["phase"] == DECODE and fc.req[placed[5]]["gpu"] == gpus[0]
-    fc.finish_decode(ctrl, placed[4])  # the mixed GPU's decode slot frees: buffer head again
-    assert fc.req[late]["gpu"] == 0 and fc.req[late]["phase"] == DECODE
+    assert sorted(gpus[:4]) == [1, 1, 2, 2] and gpus[4] == 0 and fc.req_queue(placed[5]) == DECODE_QUEUE
+    late = arrive(fc, ctrl, 1)
+    finish_prefill(fc, ctrl, late)
+    assert fc.queue_requests(DECODE_QUEUE) == [placed[5], late]  # FCFS across classes
+    finish_decode(fc, ctrl, placed[0])  # a solo slot frees: it pulls the buffer head
+    assert fc.req_phase(placed[5]) == DECODE and fc.req_gpu(placed[5]) == gpus[0]
+    finish_decode(fc, ctrl, placed[4])  # the mixed GPU's decode slot frees: buffer head again
+    assert fc.req_gpu(late) == 0 and fc.req_phase(late) == DECODE
 
 
 def test_mixed_prefill_slot_goes_to_gate_not_to_buffer():
     fc, ctrl = make_gg(n=2, B=2, x=(0.3, 0.2))  # M = 1, one solo GPU
-    rs = [fc.arrive(ctrl, 0) for _ in range(3)]
-    fc.finish_prefill(ctrl, rs[0])  # -> solo GPU 1; rs[1] starts its prefill on GPU 0
-    fc.finish_prefill(ctrl, rs[1])  # -> solo GPU 1 (2nd slot); rs[2] prefills
-    fc.finish_prefill(ctrl, rs[2])  # -> mixed GPU 0's decode slot
-    r4 = fc.arrive(ctrl, 1)  # GPU 0's prefill slot is idle: admitted
-    assert fc.req[r4]["phase"] == PREFILL and fc.req[r4]["gpu"] == 0
+    rs = [arrive(fc, ctrl, 0) for _ in range(3)]
+    finish_prefill(fc, ctrl, rs[0])  # -> solo GPU 1; rs[1] starts its prefill on GPU 0
+    finish_prefill(fc, ctrl, rs[1])  # -> solo GPU 1 (2nd slot); rs[2] prefills
+    finish_prefill(fc, ctrl, rs[2])  # -> mixed GPU 0's decode slot
+    r4 = arrive(fc, ctrl, 1)  # GPU 0's prefill slot is idle: admitted
+    assert fc.req_phase(r4) == PREFILL and fc.req_gpu(r4) == 0
     assert fc.gpu_free(0) == 0
 
 
 def test_prioritize_and_route_gate_order():
-    fc = FakeCluster(10, 4, 3)
+    fc = ClusterSnapshot(10, 4, 3)
     ctrl = PrioritizeAndRoute((0.1, 0.05, 0.0), priority=(0.5, 3.0, 9.0))
     fc.setup(ctrl)
     assert ctrl.mixed_gpus == 2
-    busy = [fc.arrive(ctrl, 0), fc.arrive(ctrl, 0)]
-    w = [fc.arrive(ctrl, c) for c in (0, 2, 1, 0)]
+    busy = [arrive(fc, ctrl, 0), arrive(fc, ctrl, 0)]
+    w = [arrive(fc, ctrl, c) for c in (0, 2, 1, 0)]
     # class 2 has the top priority but x* = 0: never; class 1 (D/P = 3) before class 0
     assert ctrl.gate_class(fc) == 1
-    fc.finish_prefill(ctrl, busy[0])
-    assert fc.req[w[2]]["phase"] == PREFILL
-    fc.finish_prefill(ctrl, busy[1])
-    assert fc.req[w[0]]["phase"] == PREFILL and fc.req[w[1]]["phase"] == WAIT_PREFILL
+    finish_prefill(fc, ctrl, busy[0])
+    assert fc.req_phase(w[2]) == PREFILL
+    finish_prefill(fc, ctrl, busy[1])
+    assert fc.req_phase(w[0]) == PREFILL and fc.req_phase(w[1]) == WAIT_PREFILL
 
 
 def test_sli_router_respects_pools_and_buffers():
-    fc = FakeCluster(4, 2, 2)
+    fc = ClusterSnapshot(4, 2, 2)
     ctrl = SLIGateAndRoute((0.25, 0.25), p_solo=(0.0, 1.0))  # M = 2: class 0 -> mixed pool only, class 1 -> solo
     fc.setup(ctrl)
     qm, qs = fc.queue_id("decode_mixed"), fc.queue_id("decode_solo")
     done = {0: [], 1: []}
     for k in range(8):
         c = k % 2
-        r = fc.arrive(ctrl, c)
-        fc.finish_prefill(ctrl, r)
+        r = arrive(fc, ctrl, c)
+        finish_prefill(fc, ctrl, r)
         done[c].append(r)
-    pools = {c: [fc.pool[fc.req[r]["gpu"]] if fc.req[r]["gpu"] >= 0 else None for r in done[c]] for c in done}
+    pools = {c: [fc.gpu_pool(fc.req_gpu(r)) if fc.req_gpu(r) >= 0 else None for r in done[c]] for c in done}
     # class 0: 2 mixed decode slots (1 per mixed GPU), then the mixed buffer even though solo slots are free
     assert pools[0][:2] == [MIXED_POOL, MIXED_POOL] and pools[0][2:] == [None, None]
-    assert [fc.req[r]["q"] for r in done[0][2:]] == [qm, qm]
+    assert [fc.req_queue(r) for r in done[0][2:]] == [qm, qm]
     assert pools[1] == [SOLO_POOL] * 4 and fc.qlen(qs) == 0
-    fc.finish_decode(ctrl, done[1][0])  # a solo slot frees: the solo buffer is empty, mixed waiters stay
+    finish_decode(fc, ctrl, done[1][0])  # a solo slot frees: the solo buffer is empty, mixed waiters stay
     assert fc.qlen(qm) == 2
-    fc.finish_decode(ctrl, done[0][0])  # a mixed decode slot frees: mixed buffer head
-    assert fc.req[done[0][2]]["phase"] == DECODE
+    finish_decode(fc, ctrl, done[0][0])  # a mixed decode slot frees: mixed buffer head
+    assert fc.req_phase(done[0][2]) == DECODE
 
 
 def test_weighted_pool_picks_classes_proportionally_to_mu_y():
-    fc = FakeCluster(4, 2, 3, seed=7)
+    fc = ClusterSnapshot(4, 2, 3, seed=7)
     ctrl = WeightedSLIGateAndRoute((0.1, 0.1, 0.1), p_solo=(1, 1, 1), weights_mixed=(1, 0, 0),
                                    weights_solo=(1.0, 3.0, 0.0))
     fc.setup(ctrl)
     # One waiting decode per class in the per-class buffer; draw (without serving) for each pool.
     for c in range(3):
-        fc.inject(c, DECODE_QUEUE, WAIT_DECODE)
+        inject(fc, c, DECODE_QUEUE, WAIT_DECODE)
     draws = Counter(ctrl.pick_class(fc, SOLO_POOL) for _ in range(4000))
     assert draws[2] == 0  # weight 0: never served by this pool
     assert abs(draws[1] / 4000 - 0.75) < 0.03  # 3 sigma = 0.021
@@ -437,11 +225,11 @@ def test_constructors_validate_inputs():
     with pytest.raises(ScenarioError, match="2 values"):
         GateAndRoute((0.1, 0.1), q_prefill=(0.1,))
     ctrl = GateAndRoute((0.1, 0.1), class_names=("a", "b"))
-    fc = FakeCluster(4, 4, 2)
+    fc = ClusterSnapshot(4, 4, 2)
     with pytest.raises(ScenarioError, match="classes are a, b"):
         fc.setup(ctrl)
     with pytest.raises(ScenarioError, match="3 classes"):
-        FakeCluster(4, 4, 2).setup(GateAndRoute((0.1, 0.1, 0.1)))
+        ClusterSnapshot(4, 4, 2).setup(GateAndRoute((0.1, 0.1, 0.1)))
 
 
 # =================================================================================================
