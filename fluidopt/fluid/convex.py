@@ -30,7 +30,7 @@ from fluidopt.fluid.sli import (
     PrefillFairness,
     validate_slis,
 )
-from fluidopt.fluid.solution import FluidSolution, tpot_of_occupancy
+from fluidopt.fluid.solution import FluidSolution
 from fluidopt.model import Scenario
 
 __all__ = ["CLARABEL_TIGHT", "solve_fluid_cvxpy", "solve_proportional_fair"]
@@ -122,7 +122,6 @@ def _solve(f: dict[str, Any], objective, solver: str, solver_options: dict[str, 
 
 def _to_solution(f: dict[str, Any], scenario: Scenario, pricing: str, seconds: float, solver: str,
                  utility: float | None = None) -> FluidSolution:
-    r, g = f["r"], f["g"]
     x, ym, ys, qp, qd = (np.maximum(np.asarray(v.value, dtype=float), 0.0) for v in f["vars"])
     duals: dict[str, float] = {}
     names = scenario.class_names
@@ -141,42 +140,16 @@ def _to_solution(f: dict[str, Any], scenario: Scenario, pricing: str, seconds: f
             # written here as (fraction - served) <= 0, in the Pyomo model as served >= fraction:
             # report d objective / d fraction like the Pyomo model does.
             duals[s.key] = -duals[s.key]
-    X = float(x.sum())
-    sli_prices = {}
-    for s in f["slis"]:
-        if s.key in duals:
-            # d objective / d bound; TPOT's bound also multiplies the slots in its row.
-            sli_prices[s.key] = duals[s.key] * (1 - X / g.batch) if isinstance(s, TPOT) else duals[s.key]
     viol = {s.key: max(0.0, float(f["excess"][s.key].value)) for s in f["slis"] if s.penalty is not None}
     penalty = float(sum(s.penalty * viol[s.key] for s in f["slis"] if s.penalty is not None))
     revenue = float(f["revenue"].value)
-    return FluidSolution(
-        status="optimal",
-        pricing=pricing,
-        scenario_name=scenario.name,
-        class_names=names,
-        gpus=scenario.gpus,
-        batch=g.batch,
-        lam=r.lam,
-        x=x,
-        y_mixed=ym,
-        y_solo=ys,
-        q_prefill=qp,
-        q_decode=qd,
-        prefill_throughput=r.mu_p * x,
-        throughput=r.mu_m * ym + r.mu_s * ys,
+    return FluidSolution.from_primal(
+        scenario, pricing=pricing, x=x, y_mixed=ym, y_solo=ys, q_prefill=qp, q_decode=qd,
         revenue_per_gpu=revenue,
         penalty_per_gpu=penalty if utility is None else 0.0,
         objective_per_gpu=revenue - penalty if utility is None else revenue,
-        tpot=tpot_of_occupancy(X, g.tau_mix, g.gamma, g.batch),
-        duals=duals,
-        sli_shadow_prices=sli_prices,
-        gpu_shadow_price=duals.get("prefill_capacity", np.nan) + g.batch * duals.get("solo_decode_capacity", np.nan),
-        violations=viol,
-        slis=f["slis"],
-        solve_seconds=seconds,
-        solver=f"cvxpy-{solver.lower()}",
-        utility=utility,
+        duals=duals, slis=f["slis"], violations=viol, solve_seconds=seconds,
+        solver=f"cvxpy-{solver.lower()}", utility=utility,
     )
 
 

@@ -41,7 +41,7 @@ from fluidopt.fluid.sli import (
     sli_spec,
     validate_slis,
 )
-from fluidopt.fluid.solution import FluidSolution, tpot_of_occupancy
+from fluidopt.fluid.solution import FluidSolution
 from fluidopt.model import Rates, Scenario
 
 __all__ = [
@@ -457,7 +457,7 @@ class FluidModel:
 
     def _solution(self, values: np.ndarray, viol: dict[str, float], duals: dict[str, float],
                   seconds: float, status: str = "optimal") -> FluidSolution:
-        r, s, g = self._rates, self.scenario, self.scenario.gpu
+        r, s = self._rates, self.scenario
         I = len(self.class_names)
         # Round-off from the simplex (|v| ~ 1e-12, or slightly negative values of these nonnegative
         # variables down to ~1e-8 on badly scaled instances) is cleaned so reports show exact zeros
@@ -467,40 +467,10 @@ class FluidModel:
         cx, cm, cs = objective_coefficients(r, self.pricing)
         revenue = float(cx @ x + cm @ ym + cs @ ys)
         penalty = float(sum(sli.penalty * viol.get(sli.key, 0.0) for sli in self.slis if sli.penalty is not None))
-        X = float(x.sum())
-        B = g.batch
-        sli_prices: dict[str, float] = {}
-        for sli in self.slis:
-            d = duals.get(sli.key, float("nan"))
-            # tpot's bound eta also sits in the row's coefficient: d obj / d eta = dual * (1 - X/B).
-            sli_prices[sli.key] = d * (1.0 - X / B) if isinstance(sli, TPOT) else d
-        gpu_price = duals.get("prefill_capacity", float("nan")) + B * duals.get("solo_decode_capacity", float("nan"))
-        return FluidSolution(
-            status=status,
-            pricing=self.pricing,
-            scenario_name=s.name,
-            class_names=self.class_names,
-            gpus=s.gpus,
-            batch=B,
-            lam=r.lam,
-            x=x,
-            y_mixed=ym,
-            y_solo=ys,
-            q_prefill=qp,
-            q_decode=qd,
-            prefill_throughput=r.mu_p * x,
-            throughput=r.mu_m * ym + r.mu_s * ys,
-            revenue_per_gpu=revenue,
-            penalty_per_gpu=penalty,
-            objective_per_gpu=revenue - penalty,
-            tpot=float("nan") if np.isnan(X) else tpot_of_occupancy(X, g.tau_mix, g.gamma, B),
-            duals=duals,
-            sli_shadow_prices=sli_prices,
-            gpu_shadow_price=gpu_price,
-            violations=viol,
-            slis=self.slis,
-            solve_seconds=seconds,
-            solver="highs",
+        return FluidSolution.from_primal(
+            s, pricing=self.pricing, x=x, y_mixed=ym, y_solo=ys, q_prefill=qp, q_decode=qd,
+            revenue_per_gpu=revenue, penalty_per_gpu=penalty, objective_per_gpu=revenue - penalty,
+            duals=duals, slis=self.slis, violations=viol, solve_seconds=seconds, solver="highs", status=status,
         )
 
     def _nan_solution(self, status: str, seconds: float) -> FluidSolution:

@@ -91,6 +91,73 @@ class FluidSolution:
             object.__setattr__(self, name, _ro(getattr(self, name)))
         object.__setattr__(self, "class_names", tuple(self.class_names))
 
+    @classmethod
+    def from_primal(
+        cls,
+        scenario: Any,
+        *,
+        pricing: str,
+        x: np.ndarray,
+        y_mixed: np.ndarray,
+        y_solo: np.ndarray,
+        q_prefill: np.ndarray,
+        q_decode: np.ndarray,
+        revenue_per_gpu: float,
+        penalty_per_gpu: float,
+        objective_per_gpu: float,
+        duals: Mapping[str, float],
+        slis: tuple,
+        violations: Mapping[str, float],
+        solve_seconds: float,
+        solver: str,
+        status: str = "optimal",
+        utility: float | None = None,
+    ) -> FluidSolution:
+        """Assemble a solution from a solver's primal values, objective and row duals.
+
+        The reporting quantities every solver shares are derived here, once: throughputs from the
+        scenario's rates, TPOT at sum x, the GPU shadow price, and SLI shadow prices d objective /
+        d bound (TPOT's bound also multiplies the slots in its row: dual * (1 - X/B)).
+        """
+        from fluidopt.fluid.sli import TPOT  # pure Python; no cycle at import time
+
+        r, g = scenario.rates(), scenario.gpu
+        B = g.batch
+        X = float(np.sum(x))
+        sli_prices = {}
+        for sli in slis:
+            d = duals.get(sli.key, float("nan"))
+            sli_prices[sli.key] = d * (1.0 - X / B) if isinstance(sli, TPOT) else d
+        return cls(
+            status=status,
+            pricing=pricing,
+            scenario_name=scenario.name,
+            class_names=scenario.class_names,
+            gpus=scenario.gpus,
+            batch=B,
+            lam=r.lam,
+            x=x,
+            y_mixed=y_mixed,
+            y_solo=y_solo,
+            q_prefill=q_prefill,
+            q_decode=q_decode,
+            prefill_throughput=r.mu_p * x,
+            throughput=r.mu_m * y_mixed + r.mu_s * y_solo,
+            revenue_per_gpu=revenue_per_gpu,
+            penalty_per_gpu=penalty_per_gpu,
+            objective_per_gpu=objective_per_gpu,
+            tpot=float("nan") if math.isnan(X) else tpot_of_occupancy(X, g.tau_mix, g.gamma, B),
+            duals=dict(duals),
+            sli_shadow_prices=sli_prices,
+            gpu_shadow_price=duals.get("prefill_capacity", float("nan"))
+            + B * duals.get("solo_decode_capacity", float("nan")),
+            violations=dict(violations),
+            slis=tuple(slis),
+            solve_seconds=solve_seconds,
+            solver=solver,
+            utility=utility,
+        )
+
     # -- derived --------------------------------------------------------------------------------
     @property
     def objective(self) -> float:
