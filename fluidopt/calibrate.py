@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from fluidopt._files import read_text_file
 from fluidopt.errors import CalibrationError, ScenarioError
 from fluidopt.model import GPUProfile
 
@@ -84,12 +85,7 @@ def read_measurements(source: str | Path | pd.DataFrame) -> pd.DataFrame:
     else:
         path = Path(source)
         prefix = f"{path}: "
-        if not path.is_file():
-            raise CalibrationError(f"calibration file {str(path)!r}: no such file")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise CalibrationError(f"calibration file {str(path)!r}: cannot read it: {e}") from None
+        text = read_text_file(path, "calibration", CalibrationError)
         import io
 
         try:

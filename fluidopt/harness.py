@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from fluidopt._files import atomic_path
 from fluidopt.errors import ScenarioError
 from fluidopt.model import Scenario
 
@@ -138,13 +139,8 @@ class Comparison:
 def write_csv_atomic(df: pd.DataFrame, path: str | os.PathLike) -> Path:
     """Write ``df`` to ``path`` through a temporary file and a rename (never half written)."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
+    with atomic_path(path) as tmp:
         df.to_csv(tmp, index=False)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
     return path
 
 

@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from fluidopt._files import read_text_file
 from fluidopt.errors import ScenarioError
 from fluidopt.model import GPUProfile, RequestClass, Scenario, paper_scenario
 
@@ -207,14 +208,8 @@ def load_scenario(path: str | Path | None = None) -> Scenario:
     """Load a scenario from a TOML file; ``None`` or ``"default"`` gives the built-in default."""
     if path is None or str(path) in ("default", DEFAULT_SCENARIO_NAME):
         return default_scenario()
-    p = Path(path)
-    if not p.is_file():
-        raise ScenarioError(f"scenario file {str(p)!r}: no such file")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ScenarioError(f"scenario file {str(p)!r}: cannot read it: {e}") from None
-    return loads_scenario(text, source=str(p))
+    text = read_text_file(path, "scenario", ScenarioError)
+    return loads_scenario(text, source=str(path))
 
 
 def default_scenario(gpus: int = 500) -> Scenario:

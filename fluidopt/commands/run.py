@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -146,6 +145,7 @@ def _figures(comp, scenario, sol, args, out: Path) -> list[str]:
 
 
 def _save(fig, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.png")
-    fig.savefig(tmp, dpi=110)
-    os.replace(tmp, path)
+    from fluidopt._files import atomic_path
+
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110)
