@@ -254,13 +254,9 @@ def compare(
         for s in scenarios for p in policies for seed in seeds
     ]
     # Validate run parameters once, up front, rather than in every worker.
-    from fluidopt.sim.api import _seconds
+    from fluidopt.sim.api import check_run
 
-    _seconds("horizon", horizon)
-    if _seconds("warmup", warmup, zero=True) >= horizon:
-        raise ScenarioError(f"compare: warmup: expected less than the horizon {horizon:g} s, got {warmup:g} s")
-    if service not in ("markov", "tokens"):
-        raise ScenarioError(f"compare: service: expected 'markov' or 'tokens', got {service!r}")
+    check_run(horizon, warmup, service, caller="compare")
 
     n_workers = workers if workers is not None else (os.cpu_count() or 1)
     n_workers = max(1, min(int(n_workers), len(jobs)))

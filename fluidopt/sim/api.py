@@ -14,16 +14,30 @@ from fluidopt.model import Scenario
 from fluidopt.sim.engine import Engine
 from fluidopt.sim.metrics import RecordsWriter, SimResult
 
-__all__ = ["simulate"]
+__all__ = ["check_run", "simulate"]
 
 
-def _seconds(name: str, v: object, *, zero: bool = False) -> float:
+def _seconds(name: str, v: object, *, zero: bool = False, caller: str = "simulate") -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ScenarioError(f"simulate: {name}: expected a number of seconds, got {v!r} ({type(v).__name__})")
+        raise ScenarioError(f"{caller}: {name}: expected a number of seconds, got {v!r} ({type(v).__name__})")
     v = float(v)
     if not math.isfinite(v) or v < 0 or (v == 0 and not zero):
-        raise ScenarioError(f"simulate: {name}: expected a finite number of seconds {'>= 0' if zero else '> 0'}, got {v!r}")
+        raise ScenarioError(f"{caller}: {name}: expected a finite number of seconds {'>= 0' if zero else '> 0'}, got {v!r}")
     return v
+
+
+def check_run(horizon: object, warmup: object, service: object, *, caller: str = "simulate") -> tuple[float, float]:
+    """Validate a run's window (seconds) and service; return (horizon, warmup) as floats.
+
+    Shared by :func:`simulate` and the harness, which checks once before starting any worker.
+    """
+    horizon = _seconds("horizon", horizon, caller=caller)
+    warmup = _seconds("warmup", warmup, zero=True, caller=caller)
+    if warmup >= horizon:
+        raise ScenarioError(f"{caller}: warmup: expected less than the horizon {horizon:g} s, got {warmup:g} s")
+    if service not in ("markov", "tokens"):
+        raise ScenarioError(f"{caller}: service: expected 'markov' or 'tokens', got {service!r}")
+    return horizon, warmup
 
 
 def simulate(
@@ -62,14 +76,9 @@ def simulate(
         if not isinstance(scenario, (str, os.PathLike)):
             raise ScenarioError(f"simulate: scenario: expected a Scenario or a TOML path, got {type(scenario).__name__}")
         scenario = load_scenario(scenario)
-    horizon = _seconds("horizon", horizon)
-    warmup = _seconds("warmup", warmup, zero=True)
-    if warmup >= horizon:
-        raise ScenarioError(f"simulate: warmup: expected less than the horizon {horizon:g} s, got {warmup:g} s")
+    horizon, warmup = check_run(horizon, warmup, service)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ScenarioError(f"simulate: seed: expected an integer >= 0, got {seed!r}")
-    if service not in ("markov", "tokens"):
-        raise ScenarioError(f"simulate: service: expected 'markov' or 'tokens', got {service!r}")
     if sample_interval is not None:
         sample_interval = _seconds("sample_interval", sample_interval)
     if isinstance(batches, bool) or not isinstance(batches, int) or batches < 2:
