@@ -177,20 +177,20 @@ class FluidModel:
         by_type: dict[type, list[SLI]] = {}
         for s in self.slis:
             by_type.setdefault(type(s), []).append(s)
+        def spread_rows(key: str, var) -> None:
+            # max_i var_i - min_i var_i <= eta with two helper variables: rows key_max[i], key_min[i]
+            # and key (2I+1 rows instead of I(I-1) pairwise ones; the same feasible set).
+            hi, lo = pyo.Var(), pyo.Var()
+            setattr(m, f"{var.local_name}_max", hi)
+            setattr(m, f"{var.local_name}_min", lo)
+            setattr(m, f"{key}_max", pyo.Constraint(m.I, rule=lambda m, i: var[i] - hi <= 0))
+            setattr(m, f"{key}_min", pyo.Constraint(m.I, rule=lambda m, i: lo - var[i] <= 0))
+            setattr(m, key, pyo.Constraint(expr=hi - lo - v(key) <= m.sli_bound[key]))
+
         if PrefillFairness in by_type:
-            m.x_max, m.x_min = pyo.Var(), pyo.Var()
-            m.prefill_fairness_max = pyo.Constraint(m.I, rule=lambda m, i: m.x[i] - m.x_max <= 0)
-            m.prefill_fairness_min = pyo.Constraint(m.I, rule=lambda m, i: m.x_min - m.x[i] <= 0)
-            m.prefill_fairness = pyo.Constraint(
-                expr=m.x_max - m.x_min - v("prefill_fairness") <= m.sli_bound["prefill_fairness"]
-            )
+            spread_rows("prefill_fairness", m.x)
         if DecodeFairness in by_type:
-            m.y_solo_max, m.y_solo_min = pyo.Var(), pyo.Var()
-            m.decode_fairness_max = pyo.Constraint(m.I, rule=lambda m, i: m.y_solo[i] - m.y_solo_max <= 0)
-            m.decode_fairness_min = pyo.Constraint(m.I, rule=lambda m, i: m.y_solo_min - m.y_solo[i] <= 0)
-            m.decode_fairness = pyo.Constraint(
-                expr=m.y_solo_max - m.y_solo_min - v("decode_fairness") <= m.sli_bound["decode_fairness"]
-            )
+            spread_rows("decode_fairness", m.y_solo)
         if TPOT in by_type:
             # (N(X) - eta (B - X)) / B <= 0, N(X) = tau (B-1) X + (B/gamma)(1-X), rewritten as
             # tpot_coef * X - v <= tpot_rhs with tpot_coef = (tau (B-1) - B/gamma + eta) / B and
