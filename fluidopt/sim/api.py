@@ -11,7 +11,7 @@ from fluidopt.control.protocol import Controller
 from fluidopt.control.registry import make_controller
 from fluidopt.errors import ScenarioError
 from fluidopt.model import Scenario
-from fluidopt.sim.engine import Engine
+from fluidopt.sim.core import engine_class
 from fluidopt.sim.metrics import RecordsWriter, SimResult
 
 __all__ = ["check_run", "simulate"]
@@ -55,6 +55,7 @@ def simulate(
     batches: int = 20,
     controller_options: dict | None = None,
     check: bool = False,
+    backend: str = "auto",
 ) -> SimResult:
     """Simulate ``controller`` on ``scenario`` over ``[0, horizon)`` seconds of simulated time.
 
@@ -68,7 +69,9 @@ def simulate(
     the state every so many seconds into ``result.timeseries``. ``progress``: a progress line on
     stderr (default: when stderr is a terminal). Ctrl-C stops the run and returns the partial result
     with ``interrupted=True``. ``check``: verify every invariant after every event (slow; tests).
-    Same ``seed``, same numbers, bit for bit.
+    ``backend``: ``"auto"`` (the compiled engine core when installed, else pure Python),
+    ``"compiled"`` or ``"python"`` (:mod:`fluidopt.sim.core`); both give the same numbers bit for bit,
+    and ``result.meta["engine"]`` says which ran. Same ``seed``, same numbers, bit for bit.
     """
     if not isinstance(scenario, Scenario):
         from fluidopt.scenario import load_scenario
@@ -83,6 +86,7 @@ def simulate(
         sample_interval = _seconds("sample_interval", sample_interval)
     if isinstance(batches, bool) or not isinstance(batches, int) or batches < 2:
         raise ScenarioError(f"simulate: batches: expected an integer >= 2, got {batches!r}")
+    Engine, engine_name = engine_class(backend)
     ctrl = make_controller(controller, scenario, **(controller_options or {}))
     tick = getattr(ctrl, "tick_interval", None)
     if tick is not None and not (isinstance(tick, (int, float)) and math.isfinite(tick) and tick > 0):
@@ -106,8 +110,10 @@ def simulate(
             scenario, ctrl, workload, service=service, horizon=horizon, warmup=warmup, seed=seed,
             sample_interval=sample_interval, records=writer, progress=progress, batches=batches, check=check,
         )
-        return engine.run()
+        result = engine.run()
     except BaseException:
         if writer is not None:
             writer.discard()
         raise
+    result.meta["engine"] = engine_name
+    return result

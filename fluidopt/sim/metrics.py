@@ -238,6 +238,8 @@ class SimResult:
             "events": self.events,
             "requests_per_wall_second": self.totals["requests"] / self.wall_seconds if self.wall_seconds > 0 else None,
         }
+        if "engine" in self.meta:
+            out["engine"] = self.meta["engine"]
         out.update({k: _clean(v) for k, v in self.totals.items()})
         out.update({k: _clean(v) for k, v in self.cluster.items()})
         cols = [c for c in self.per_class.columns]

@@ -1,0 +1,114 @@
+# Static types for the compiled simulator core (an "augmenting" .pxd: engine.py stays plain Python).
+#
+# setup.py compiles a copy of engine.py with these declarations into fluidopt.sim._cengine; see
+# fluidopt/sim/core.py. Keep every attribute that engine.py sets on Engine or GpuSet declared here
+# (a cdef class has no __dict__). Types are chosen so that the compiled core computes exactly what
+# the Python engine computes: indices and counters are Py_ssize_t (all far below 2**62), times are
+# double (what a Python float is), and list elements stay Python objects, so no value changes type.
+#
+# setup.py compiles with boundscheck=False and wraparound=False: list indexing with a C-typed index
+# (declared below) is unchecked. Such indices come from the engine's own state, valid by
+# construction; anything a controller passes in (r, g, q, cls) stays an untyped Python object, so
+# indexing with it is checked as in Python and the actions' validation works unchanged.
+
+cimport cython
+
+
+cdef class GpuSet:
+    cdef public list _items
+    cdef public list _pos
+    cdef public object _rand
+
+    @cython.locals(items=list)
+    cpdef choice(self)
+
+
+@cython.final
+cdef class Engine:
+    cdef public object scenario, controller, workload, _service, seed, _class_names
+    cdef public double horizon, warmup, alpha, beta, tau_mix, tau_solo, kap, _now, _lam, _t_race, _t_sample, _t_tick
+    cdef public Py_ssize_t n, B, I, C, kvcap, _gbase, _n_pools, _serial, _seq_back, _seq_front, _ai, _arrival_chunk, _bi
+    cdef public Py_ssize_t _exp_i, _uni_i, _events
+    cdef public bint check, markov, chunked, progress, _in_setup, _interrupted, _stop
+    cdef public object _work_rng, _np_rng, _ctrl_rng, _arr_iter, collector, sample_interval, tick_interval, _records
+    cdef public object _qindex, _sw_mixed, _sw_solo
+    cdef public object _cb_arrival, _cb_pdone, _cb_ddone, _cb_abandon, _cb_preempt, _cb_drop, _cb_freed
+    cdef public list _exp_block, _uni_block, theta, mu_p, mu_m, mu_s, mbar, _cp, _cd, _mean_prompt, _mean_output
+    cdef public list _free, r_cls, r_prompt, r_output, r_arr, r_phase, r_q, r_gpu, r_next, r_prev, r_seq, r_pos
+    cdef public list r_tw, r_wp, r_wd, r_ttft, r_serial, r_gen, r_dstart, r_npre, r_pg, r_dg
+    cdef public list _wlist, _plist, _dlist, _cnt, _acc, _ctr
+    cdef public list g_pre, g_ndec, g_cnt, g_pool, g_pok, g_maxd, g_dcls, g_reqs, _ip, _fd
+    cdef public list t_ka, t_ta, t_dca, t_kv, t_itl, t_adv, t_pend, t_dheap, t_ver, t_pkb, t_pte, _heap, _dirty, _isdirty
+    cdef public list _qnames, q_head, q_tail, q_cnt, q_tot, _arr_t, _arr_c, _arr_p, _arr_o, _bounds, _samples, _out
+
+    # -- actions called by controllers (Python-visible; arguments stay objects: they are validated) --
+    @cython.locals(r_phase=list, g_pre=list, gc=list)
+    cpdef start_prefill(self, r, g)
+
+    @cython.locals(r_phase=list, gc=list, g_ndec=list, g_maxd=list)
+    cpdef start_decode(self, r, g)
+
+    @cython.locals(q_tot=list, r_q=list, old=Py_ssize_t, c=Py_ssize_t, lst=list, k=Py_ssize_t, s=Py_ssize_t,
+                   q_tail=list, tl=Py_ssize_t)
+    cpdef enqueue(self, r, q, front=*)
+
+    # q and cls come from the controller: indices built from them stay Python objects (checked indexing)
+    @cython.locals(I=Py_ssize_t, qh=list, a=Py_ssize_t, b=Py_ssize_t, seq=list, best=Py_ssize_t)
+    cpdef head(self, q, cls=*)
+
+    # -- internal ---------------------------------------------------------------------------------
+    @cython.locals(r_phase=list, g_pre=list, gc=list, t=double, c=Py_ssize_t, markov=bint, ta=double, itl=double,
+                   m=Py_ssize_t, cnt=list, acc=list, k=Py_ssize_t, n0=Py_ssize_t, n1=Py_ssize_t, gb=Py_ssize_t,
+                   dcl=list, cc=Py_ssize_t, a=Py_ssize_t, d=Py_ssize_t, dt=double, p=Py_ssize_t,
+                   s=GpuSet, pos=list, j=Py_ssize_t, items=list, last=Py_ssize_t, lst=list, ka=Py_ssize_t,
+                   t_ta=list)
+    cdef _start_prefill(self, Py_ssize_t r, Py_ssize_t g)
+
+    @cython.locals(r_phase=list, gc=list, g_ndec=list, g_maxd=list, t=double, c=Py_ssize_t, markov=bint, ta=double,
+                   itl=double, m=Py_ssize_t, cnt=list, acc=list, k=Py_ssize_t, n0=Py_ssize_t, n1=Py_ssize_t,
+                   nd=Py_ssize_t, gb=Py_ssize_t, full=bint, p=Py_ssize_t, s=GpuSet, pos=list, j=Py_ssize_t,
+                   items=list, last=Py_ssize_t, lst=list, dca=Py_ssize_t, t_ta=list)
+    cdef _start_decode(self, Py_ssize_t r, Py_ssize_t g)
+
+    @cython.locals(r_q=list, q=Py_ssize_t, k=Py_ssize_t, rn=list, rp=list, p=Py_ssize_t, nx=Py_ssize_t, lst=list,
+                   r_pos=list, j=Py_ssize_t, last=Py_ssize_t)
+    cdef _dequeue(self, Py_ssize_t r, Py_ssize_t c)
+
+    @cython.locals(c=Py_ssize_t, lst=list, k=Py_ssize_t, s=Py_ssize_t, q_tail=list, tl=Py_ssize_t)
+    cdef _enqueue_new(self, Py_ssize_t r, Py_ssize_t q)
+
+    @cython.locals(k=Py_ssize_t)
+    cdef _leave_wait(self, Py_ssize_t r, Py_ssize_t c, double t, Py_ssize_t qk)
+
+    @cython.locals(out=list)
+    cdef _resolve(self, Py_ssize_t r, Py_ssize_t outcome, double t)
+
+    @cython.locals(free=list, r=Py_ssize_t, s=Py_ssize_t, r_phase=list, k=Py_ssize_t)
+    cdef _arrive(self, double t, Py_ssize_t c, prompt, output)
+
+    @cython.locals(c=Py_ssize_t, cnt=list, acc=list, k=Py_ssize_t, gc=list, n1=Py_ssize_t, gb=Py_ssize_t, dcl=list,
+                   cc=Py_ssize_t, a=Py_ssize_t, d=Py_ssize_t, dt=double, lst=list, r_pos=list,
+                   j=Py_ssize_t, last=Py_ssize_t, r_ttft=list, ttft=double, ctr=list, r_phase=list, p=Py_ssize_t,
+                   s=GpuSet, pos=list, items=list)
+    cdef _prefill_done(self, Py_ssize_t r, Py_ssize_t g, double t)
+
+    @cython.locals(c=Py_ssize_t, cnt=list, acc=list, pre=Py_ssize_t, k=Py_ssize_t, g_ndec=list, nd=Py_ssize_t,
+                   gc=list, n1=Py_ssize_t, gb=Py_ssize_t, out=Py_ssize_t, prompt=Py_ssize_t, lst=list, r_pos=list,
+                   j=Py_ssize_t, last=Py_ssize_t, ctr=list, p=Py_ssize_t, s=GpuSet, pos=list, items=list, o=list)
+    cdef _decode_done(self, Py_ssize_t r, Py_ssize_t g, double t)
+
+    @cython.locals(c=Py_ssize_t, q=Py_ssize_t, ph=Py_ssize_t)
+    cdef _abandon(self, Py_ssize_t r, double t)
+
+    @cython.locals(heap=list, t_house=double, markov=bint, dirty=list, isdirty=list, check=bint, next_report=double,
+                   report_every=Py_ssize_t, exp_block=list, ei=Py_ssize_t, uni_block=list, ui=Py_ssize_t,
+                   ev=Py_ssize_t, ver=list, pkb=list, pte=list, simple_sched=bint, never=Py_ssize_t,
+                   rng_block=Py_ssize_t, g_cnt=list, g_ndec=list, t_kv=list, t_ka=list, t_pend=list, t_adv=list,
+                   t_dheap=list, t_dca=list, t_ta=list, t_itl=list, I=Py_ssize_t, plists=list, dlists=list,
+                   wlists=list, mu_p=list, mbar=list, mu_m=list, mu_s=list, theta=list, r_gpu=list, g_pre=list,
+                   arr_t=list, arr_c=list, arr_p=list, arr_o=list, ai=Py_ssize_t, na=Py_ssize_t, tr=double,
+                   nd=Py_ssize_t, ta=double, tg=double, t=double, done=bint, ticked=bint, k=Py_ssize_t, u=double,
+                   c=Py_ssize_t, lst=list, nl=Py_ssize_t, a=double, j=Py_ssize_t, r=Py_ssize_t, m=double, x=double,
+                   g=Py_ssize_t, tt=double, v=Py_ssize_t, kb=Py_ssize_t, mi=Py_ssize_t, dc=Py_ssize_t, h=list,
+                   ka=Py_ssize_t, te=double, lam=double, now=double)
+    cdef _loop(self, double wall0)

@@ -1,0 +1,95 @@
+"""Build step for the optional compiled simulator core; everything else is in pyproject.toml.
+
+The event engine (fluidopt/sim/engine.py) is plain Python. At install time Cython compiles a copy of
+it, with the static types of fluidopt/sim/engine.pxd, into the extension ``fluidopt.sim._cengine``
+(about 1.5-2x faster; same numbers bit for bit). The copy carries the SHA-256 of the engine.py it
+was built from, so that an edited engine.py is never shadowed by a stale build: fluidopt.sim.core
+then falls back to engine.py with a warning.
+
+No compiler, no Cython, or ``FLUIDOPT_PURE_PYTHON=1`` in the environment: the install goes on
+without the extension and the simulator runs engine.py (a notice is printed; nothing else changes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).resolve().parent
+ENGINE = ROOT / "fluidopt" / "sim" / "engine.py"
+TYPES = ROOT / "fluidopt" / "sim" / "engine.pxd"
+GEN = ROOT / "build" / "cengine"  # generated sources (ignored by git), laid out as the package
+
+
+def _notice(msg: str) -> None:
+    sys.stderr.write(f"fluidopt: {msg}; the simulator will run its pure-Python engine (same results, slower)\n")
+
+
+def _extensions() -> list[Extension]:
+    if os.environ.get("FLUIDOPT_PURE_PYTHON", "").strip() not in ("", "0"):
+        _notice("FLUIDOPT_PURE_PYTHON is set: not compiling the simulator core")
+        return []
+    try:
+        from Cython.Build import cythonize
+    except ImportError:
+        _notice("Cython is not available: not compiling the simulator core")
+        return []
+    src = ENGINE.read_bytes()
+    pkg = GEN / "fluidopt" / "sim"
+    pkg.mkdir(parents=True, exist_ok=True)
+    for init in (GEN / "fluidopt" / "__init__.py", pkg / "__init__.py"):
+        init.touch()
+    py = pkg / "_cengine.py"
+    text = src.decode("utf-8") + (
+        "\n\n# Added by setup.py: the engine.py this compiled core was built from.\n"
+        f'SOURCE_SHA256 = "{hashlib.sha256(src).hexdigest()}"\n'
+    )
+    if not py.exists() or py.read_text(encoding="utf-8") != text:
+        py.write_text(text, encoding="utf-8")
+    pxd = pkg / "_cengine.pxd"  # Cython finds a module's .pxd by its dotted name: fluidopt/sim/_cengine.pxd
+    if not pxd.exists() or pxd.read_bytes() != TYPES.read_bytes():
+        shutil.copyfile(TYPES, pxd)
+    ext = Extension(
+        "fluidopt.sim._cengine",
+        [str(py.relative_to(ROOT))],
+        # no fused multiply-add: the compiled core must round exactly like the Python engine
+        extra_compile_args=["-O2", "-ffp-contract=off"] if os.name != "nt" else [],
+    )
+    try:
+        return cythonize(
+            [ext],
+            include_path=[str(GEN)],
+            # annotations are documentation here: the static types come from engine.pxd alone, and
+            # unchecked indexing applies only to the C-typed indices declared there
+            compiler_directives={"language_level": "3", "binding": False, "annotation_typing": False,
+                                 "boundscheck": False, "wraparound": False},
+            quiet=True,
+        )
+    except Exception as exc:  # a Cython error must not stop the install: the Python engine is complete
+        _notice(f"Cython could not translate the simulator core ({exc})")
+        return []
+
+
+class OptionalBuildExt(build_ext):
+    """Build the compiled core if a C compiler works; otherwise go on without it."""
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except Exception as exc:  # no compiler, missing headers, ...
+            _notice(f"building the compiled simulator core failed ({exc})")
+
+    def build_extension(self, ext) -> None:
+        try:
+            super().build_extension(ext)
+        except Exception as exc:
+            _notice(f"building {ext.name} failed ({exc})")
+
+
+setup(ext_modules=_extensions(), cmdclass={"build_ext": OptionalBuildExt})

@@ -1,0 +1,188 @@
+"""Differential test: the compiled engine core and the pure-Python engine give the same numbers, bit for bit.
+
+Both are the same source (fluidopt/sim/engine.py; the core is compiled from it with the static types of
+engine.pxd, see fluidopt/sim/core.py), so any difference is a typing or compilation error: a value that
+changed type, an integer that overflowed, a rounding that differs. Every registered policy runs under
+both in markov mode and in tokens mode with a KV cache (preemptions, drops, the KV time term), and
+random scenarios run with every invariant checked after every event, in both. The rest of the suite
+runs the default backend ("auto": the compiled core where it is built), so this file is also where
+the pure-Python engine is exercised against it.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fluidopt import GPUProfile, RequestClass, Scenario
+from fluidopt.control.registry import available
+from fluidopt.errors import ScenarioError
+from fluidopt.sim import core
+from fluidopt.sim.api import simulate
+
+COMPILED, WHY = core.compiled_status()
+needs_core = pytest.mark.skipif(not COMPILED, reason=f"compiled core not usable: {WHY}")
+
+
+def _scenario(n: int = 8, *, kv: float | None = None, kv_time: float = 0.0) -> Scenario:
+    gpu = GPUProfile.from_gamma(alpha=0.0174, beta=6.2e-5, gamma=45.45, chunk=256, batch=6, kv_capacity=kv,
+                                kv_time_per_token=kv_time)
+    classes = (RequestClass("short", prompt=300, decode=120, rate=0.45 * n, patience=0.4),
+               RequestClass("long", prompt=1800, decode=60, rate=0.2 * n, patience=0.3))
+    return Scenario(gpu=gpu, gpus=n, classes=classes, prefill_price=0.02, decode_price=0.1, name="backends")
+
+
+def _run(backend: str, sc: Scenario, policy: str, service: str, tmp_path=None, **kw):
+    records = None if tmp_path is None else tmp_path / f"{backend}.csv"
+    res = simulate(sc, policy, horizon=40.0, warmup=4.0, seed=7, service=service, backend=backend, batches=4,
+                   sample_interval=5.0, records=records, **kw)
+    assert res.meta["engine"] == backend
+    return res, (records.read_bytes() if records is not None else None)
+
+
+def _same(a, b, what: str) -> None:
+    ra, fa = a
+    rb, fb = b
+    assert ra.events == rb.events, what
+    assert ra.totals == rb.totals, what
+    assert ra.t_end == rb.t_end, what
+    pd.testing.assert_frame_equal(ra.per_class, rb.per_class, check_exact=True, obj=what)
+    pd.testing.assert_frame_equal(ra.ci, rb.ci, check_exact=True, obj=what)
+    pd.testing.assert_frame_equal(ra.batches, rb.batches, check_exact=True, obj=what)
+    if ra.timeseries is None or rb.timeseries is None:
+        assert ra.timeseries is None and rb.timeseries is None, what
+    else:
+        pd.testing.assert_frame_equal(ra.timeseries, rb.timeseries, check_exact=True, obj=what)
+    assert ra.cluster == rb.cluster or all(
+        (x == y) or (x != x and y != y) for x, y in zip(ra.cluster.values(), rb.cluster.values())
+    ), what
+    assert fa == fb, f"{what}: per-request records differ"
+
+
+@needs_core
+@pytest.mark.parametrize("policy", sorted(available()))
+def test_every_policy_same_numbers_markov(policy):
+    sc = _scenario()
+    _same(_run("compiled", sc, policy, "markov"), _run("python", sc, policy, "markov"), f"{policy} markov")
+
+
+@needs_core
+@pytest.mark.parametrize("policy", sorted(available()))
+def test_every_policy_same_numbers_tokens_with_kv_cache(policy, tmp_path):
+    sc = _scenario(kv=9000.0, kv_time=2e-7)
+    a = _run("compiled", sc, policy, "tokens", tmp_path)
+    b = _run("python", sc, policy, "tokens", tmp_path)
+    _same(a, b, f"{policy} tokens+kv")
+
+
+@needs_core
+@pytest.mark.parametrize("policy", ["fi-wsp", "gate-and-route", "round-robin", "jsq"])
+def test_paper_instance_same_numbers_tokens(policy):
+    """The paper's GPU on 60 GPUs (the benchmark's configuration, smaller)."""
+    import fluidopt
+
+    sc = fluidopt.default_scenario(gpus=60)
+    _same(_run("compiled", sc, policy, "tokens"), _run("python", sc, policy, "tokens"), f"{policy} paper tokens")
+
+
+@st.composite
+def _cases(draw):
+    n = draw(st.integers(1, 5))
+    service = draw(st.sampled_from(("markov", "tokens")))
+    kv = float(draw(st.integers(900, 6000))) if service == "tokens" and draw(st.booleans()) else None
+    gpu = GPUProfile.from_gamma(alpha=draw(st.floats(0.005, 0.03)), beta=draw(st.floats(1e-6, 2e-4)),
+                                gamma=draw(st.floats(10.0, 60.0)), chunk=draw(st.sampled_from((32, 256))),
+                                batch=draw(st.integers(2, 6)), kv_capacity=kv)
+    classes = tuple(RequestClass(f"c{i}", prompt=draw(st.floats(20.0, 1500.0)), decode=draw(st.floats(5.0, 500.0)),
+                                 rate=n * draw(st.floats(0.1, 1.5)), patience=draw(st.floats(0.05, 1.0)))
+                    for i in range(draw(st.integers(1, 3))))
+    sc = Scenario(gpu=gpu, gpus=n, classes=classes, prefill_price=0.05, decode_price=0.1, name="random")
+    policy = draw(st.sampled_from(("fi-wsp", "gate-and-route", "gi-wsp", "round-robin", "jsq",
+                                   "reserved-prefill-fcfs", "prioritize-and-route")))
+    horizon = float(min(200.0, 120.0 / sum(c.rate for c in classes)))
+    return sc, policy, service, horizon, draw(st.integers(0, 2**16))
+
+
+@needs_core
+@settings(max_examples=25, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(_cases())
+def test_random_scenarios_same_numbers_with_invariants_checked(case):
+    sc, policy, service, horizon, seed = case
+    out = []
+    for backend in ("compiled", "python"):
+        res = simulate(sc, policy, horizon=horizon, seed=seed, service=service, check=True, batches=2,
+                       backend=backend)
+        out.append((res, None))
+    _same(out[0], out[1], f"{policy} {service}")
+
+
+@needs_core
+def test_action_errors_are_the_same(tmp_path):
+    """Bad actions raise the same ActionError text from both (validation never runs unchecked code)."""
+    from fluidopt.control.protocol import Controller
+    from fluidopt.errors import ActionError
+
+    class Bad(Controller):
+        name = "bad"
+
+        def __init__(self, how):
+            self.how = how
+
+        def on_arrival(self, ctx, r):
+            if self.how == "gpu":
+                ctx.start_prefill(r, 10**6)
+            elif self.how == "negative":
+                ctx.start_prefill(r, -1)
+            elif self.how == "request":
+                ctx.start_decode(r + 10**6, 0)
+            elif self.how == "type":
+                ctx.start_prefill(r, 1.5)
+            elif self.how == "queue":
+                ctx.enqueue(r, 99)
+
+    msgs = {}
+    for how in ("gpu", "negative", "request", "type", "queue"):
+        for backend in ("compiled", "python"):
+            with pytest.raises(ActionError) as e:
+                simulate(_scenario(), Bad(how), horizon=5.0, seed=1, backend=backend)
+            msgs[how, backend] = str(e.value)
+        assert msgs[how, "compiled"] == msgs[how, "python"], how
+
+
+def test_backend_names_and_environment(monkeypatch):
+    with pytest.raises(ScenarioError, match="backend: expected one of"):
+        simulate(_scenario(), "fi-wsp", horizon=1.0, backend="fortran")
+    res = simulate(_scenario(), "fi-wsp", horizon=2.0, backend="python")
+    assert res.meta["engine"] == "python" and res.summary()["engine"] == "python"
+    monkeypatch.setenv("FLUIDOPT_ENGINE", "python")
+    assert simulate(_scenario(), "fi-wsp", horizon=2.0).meta["engine"] == "python"
+    monkeypatch.setenv("FLUIDOPT_ENGINE", "turbo")
+    with pytest.raises(ScenarioError, match="FLUIDOPT_ENGINE"):
+        simulate(_scenario(), "fi-wsp", horizon=2.0)
+
+
+@needs_core
+def test_a_stale_build_is_never_run(monkeypatch):
+    """A core built from another engine.py: "auto" falls back to Python with a warning; "compiled" refuses."""
+    from fluidopt.sim import _cengine  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(_cengine, "SOURCE_SHA256", "0" * 64)
+    core.compiled_status.cache_clear()
+    core._warn_once.cache_clear()
+    try:
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            res = simulate(_scenario(), "fi-wsp", horizon=2.0)
+        assert res.meta["engine"] == "python"
+        assert any("another version of fluidopt/sim/engine.py" in str(x.message) for x in w)
+        with pytest.raises(ScenarioError, match="reinstall"):
+            simulate(_scenario(), "fi-wsp", horizon=2.0, backend="compiled")
+    finally:
+        monkeypatch.undo()
+        core.compiled_status.cache_clear()
+    assert core.compiled_status()[0]
