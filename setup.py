@@ -65,10 +65,11 @@ def _extensions() -> list[Extension]:
         return cythonize(
             [ext],
             include_path=[str(GEN)],
-            # annotations are documentation here: the static types come from engine.pxd alone, and
-            # unchecked indexing applies only to the C-typed indices declared there
+            # annotations are documentation here: the static types come from engine.pxd alone.
+            # Indexing stays bounds-checked (controllers pass GPU and request ids in); only Python's
+            # negative-index wrap-around is off, which the engine never uses.
             compiler_directives={"language_level": "3", "binding": False, "annotation_typing": False,
-                                 "boundscheck": False, "wraparound": False},
+                                 "boundscheck": True, "wraparound": False},
             quiet=True,
         )
     except Exception as exc:  # a Cython error must not stop the install: the Python engine is complete

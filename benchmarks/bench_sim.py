@@ -150,6 +150,17 @@ def bench_erlang(customers: int, seeds: int, long_run: int) -> list[dict]:
         print(f"# {model}, {customers} customers x {errs.size} seeds: mean wait relative error {errs.mean():+.4f} "
               f"(se {errs.std(ddof=1) / np.sqrt(errs.size):.4f}), sd per run {errs.std(ddof=1):.4f}, "
               f"within 3%: {np.mean(np.abs(errs) <= 0.03):.2f}, 95% CI covers exact: {cover:.2f}", flush=True)
+        # the exact per-run sd of the per-customer mean wait (fluidopt.queueing_runlength) and where the
+        # observed sd falls: the ratio observed/exact has a chi-square 95% interval for errs.size runs
+        from scipy.stats import chi2, norm
+
+        from fluidopt.queueing_runlength import mmc_mean_wait_relative_sd
+
+        rsd = mmc_mean_wait_relative_sd(lam, mu, c, customers, theta, estimator="customer")
+        df = errs.size - 1
+        lo, hi = np.sqrt(chi2.ppf(0.025, df) / df), np.sqrt(chi2.ppf(0.975, df) / df)
+        print(f"# exact per-run sd {rsd:.4f} (P(within 3%) = {2 * norm.cdf(0.03 / rsd) - 1:.2f}); observed/exact "
+              f"{errs.std(ddof=1) / rsd:.3f}, 95% range for an exact simulator {lo:.3f}-{hi:.3f}", flush=True)
         if theta == 0:
             bd = np.array([_birth_death_queue(c, lam, mu, customers, 100.0, s) / ex.mean_queue - 1 for s in range(seeds)])
             print(f"# bare birth-death chain, same sizes: E[Q] relative error {bd.mean():+.4f} "

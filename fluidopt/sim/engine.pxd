@@ -6,10 +6,8 @@
 # the Python engine computes: indices and counters are Py_ssize_t (all far below 2**62), times are
 # double (what a Python float is), and list elements stay Python objects, so no value changes type.
 #
-# setup.py compiles with boundscheck=False and wraparound=False: list indexing with a C-typed index
-# (declared below) is unchecked. Such indices come from the engine's own state, valid by
-# construction; anything a controller passes in (r, g, q, cls) stays an untyped Python object, so
-# indexing with it is checked as in Python and the actions' validation works unchanged.
+# setup.py compiles with wraparound=False (the engine never indexes from the end) and bounds checks
+# on: GPU, request and queue ids that a controller passes in are checked as in Python.
 
 cimport cython
 
@@ -36,38 +34,40 @@ cdef class Engine:
     cdef public list _exp_block, _uni_block, theta, mu_p, mu_m, mu_s, mbar, _cp, _cd, _mean_prompt, _mean_output
     cdef public list _free, r_cls, r_prompt, r_output, r_arr, r_phase, r_q, r_gpu, r_next, r_prev, r_seq, r_pos
     cdef public list r_tw, r_wp, r_wd, r_ttft, r_serial, r_gen, r_dstart, r_npre, r_pg, r_dg
-    cdef public list _wlist, _plist, _dlist, _cnt, _acc, _ctr
-    cdef public list g_pre, g_ndec, g_cnt, g_pool, g_pok, g_maxd, g_dcls, g_reqs, _ip, _fd
-    cdef public list t_ka, t_ta, t_dca, t_kv, t_itl, t_adv, t_pend, t_dheap, t_ver, t_pkb, t_pte, _heap, _dirty, _isdirty
+    cdef public list _wlist, _plist, _dlist
+    cdef public list g_dcls, g_reqs, _ip, _fd, t_dheap, _heap, _dirty
+    # per-GPU state and counters: typed arrays in engine.py (_ints / _floats), C arrays here
+    cdef public long long[::1] g_pre, g_ndec, g_cnt, g_pool, g_pok, g_maxd, t_ka, t_dca, t_kv, t_adv, t_pend
+    cdef public long long[::1] t_ver, t_pkb, _isdirty, _cnt, _ctr
+    cdef public double[::1] t_ta, t_itl, t_pte, _acc
     cdef public list _qnames, q_head, q_tail, q_cnt, q_tot, _arr_t, _arr_c, _arr_p, _arr_o, _bounds, _samples, _out
 
     # -- actions called by controllers (Python-visible; arguments stay objects: they are validated) --
-    @cython.locals(r_phase=list, g_pre=list, gc=list)
+    @cython.locals(r_phase=list, g_pre="long long[::1]", gc="long long[::1]")
     cpdef start_prefill(self, r, g)
 
-    @cython.locals(r_phase=list, gc=list, g_ndec=list, g_maxd=list)
+    @cython.locals(r_phase=list, gc="long long[::1]", g_ndec="long long[::1]", g_maxd="long long[::1]")
     cpdef start_decode(self, r, g)
 
     @cython.locals(q_tot=list, r_q=list, old=Py_ssize_t, c=Py_ssize_t, lst=list, k=Py_ssize_t, s=Py_ssize_t,
                    q_tail=list, tl=Py_ssize_t)
     cpdef enqueue(self, r, q, front=*)
 
-    # q and cls come from the controller: indices built from them stay Python objects (checked indexing)
     @cython.locals(I=Py_ssize_t, qh=list, a=Py_ssize_t, b=Py_ssize_t, seq=list, best=Py_ssize_t)
     cpdef head(self, q, cls=*)
 
     # -- internal ---------------------------------------------------------------------------------
-    @cython.locals(r_phase=list, g_pre=list, gc=list, t=double, c=Py_ssize_t, markov=bint, ta=double, itl=double,
-                   m=Py_ssize_t, cnt=list, acc=list, k=Py_ssize_t, n0=Py_ssize_t, n1=Py_ssize_t, gb=Py_ssize_t,
+    @cython.locals(r_phase=list, g_pre="long long[::1]", gc="long long[::1]", t=double, c=Py_ssize_t, markov=bint, ta=double, itl=double,
+                   m=Py_ssize_t, cnt="long long[::1]", acc="double[::1]", k=Py_ssize_t, n0=Py_ssize_t, n1=Py_ssize_t, gb=Py_ssize_t,
                    dcl=list, cc=Py_ssize_t, a=Py_ssize_t, d=Py_ssize_t, dt=double, p=Py_ssize_t,
                    s=GpuSet, pos=list, j=Py_ssize_t, items=list, last=Py_ssize_t, lst=list, ka=Py_ssize_t,
-                   t_ta=list)
+                   t_ta="double[::1]")
     cdef _start_prefill(self, Py_ssize_t r, Py_ssize_t g)
 
-    @cython.locals(r_phase=list, gc=list, g_ndec=list, g_maxd=list, t=double, c=Py_ssize_t, markov=bint, ta=double,
-                   itl=double, m=Py_ssize_t, cnt=list, acc=list, k=Py_ssize_t, n0=Py_ssize_t, n1=Py_ssize_t,
+    @cython.locals(r_phase=list, gc="long long[::1]", g_ndec="long long[::1]", g_maxd="long long[::1]", t=double, c=Py_ssize_t, markov=bint, ta=double,
+                   itl=double, m=Py_ssize_t, cnt="long long[::1]", acc="double[::1]", k=Py_ssize_t, n0=Py_ssize_t, n1=Py_ssize_t,
                    nd=Py_ssize_t, gb=Py_ssize_t, full=bint, p=Py_ssize_t, s=GpuSet, pos=list, j=Py_ssize_t,
-                   items=list, last=Py_ssize_t, lst=list, dca=Py_ssize_t, t_ta=list)
+                   items=list, last=Py_ssize_t, lst=list, dca=Py_ssize_t, t_ta="double[::1]")
     cdef _start_decode(self, Py_ssize_t r, Py_ssize_t g)
 
     @cython.locals(r_q=list, q=Py_ssize_t, k=Py_ssize_t, rn=list, rp=list, p=Py_ssize_t, nx=Py_ssize_t, lst=list,
@@ -86,26 +86,26 @@ cdef class Engine:
     @cython.locals(free=list, r=Py_ssize_t, s=Py_ssize_t, r_phase=list, k=Py_ssize_t)
     cdef _arrive(self, double t, Py_ssize_t c, prompt, output)
 
-    @cython.locals(c=Py_ssize_t, cnt=list, acc=list, k=Py_ssize_t, gc=list, n1=Py_ssize_t, gb=Py_ssize_t, dcl=list,
+    @cython.locals(c=Py_ssize_t, cnt="long long[::1]", acc="double[::1]", k=Py_ssize_t, gc="long long[::1]", n1=Py_ssize_t, gb=Py_ssize_t, dcl=list,
                    cc=Py_ssize_t, a=Py_ssize_t, d=Py_ssize_t, dt=double, lst=list, r_pos=list,
-                   j=Py_ssize_t, last=Py_ssize_t, r_ttft=list, ttft=double, ctr=list, r_phase=list, p=Py_ssize_t,
+                   j=Py_ssize_t, last=Py_ssize_t, r_ttft=list, ttft=double, ctr="long long[::1]", r_phase=list, p=Py_ssize_t,
                    s=GpuSet, pos=list, items=list)
     cdef _prefill_done(self, Py_ssize_t r, Py_ssize_t g, double t)
 
-    @cython.locals(c=Py_ssize_t, cnt=list, acc=list, pre=Py_ssize_t, k=Py_ssize_t, g_ndec=list, nd=Py_ssize_t,
-                   gc=list, n1=Py_ssize_t, gb=Py_ssize_t, out=Py_ssize_t, prompt=Py_ssize_t, lst=list, r_pos=list,
-                   j=Py_ssize_t, last=Py_ssize_t, ctr=list, p=Py_ssize_t, s=GpuSet, pos=list, items=list, o=list)
+    @cython.locals(c=Py_ssize_t, cnt="long long[::1]", acc="double[::1]", pre=Py_ssize_t, k=Py_ssize_t, g_ndec="long long[::1]", nd=Py_ssize_t,
+                   gc="long long[::1]", n1=Py_ssize_t, gb=Py_ssize_t, out=Py_ssize_t, prompt=Py_ssize_t, lst=list, r_pos=list,
+                   j=Py_ssize_t, last=Py_ssize_t, ctr="long long[::1]", p=Py_ssize_t, s=GpuSet, pos=list, items=list, o=list)
     cdef _decode_done(self, Py_ssize_t r, Py_ssize_t g, double t)
 
     @cython.locals(c=Py_ssize_t, q=Py_ssize_t, ph=Py_ssize_t)
     cdef _abandon(self, Py_ssize_t r, double t)
 
-    @cython.locals(heap=list, t_house=double, markov=bint, dirty=list, isdirty=list, check=bint, next_report=double,
+    @cython.locals(heap=list, t_house=double, markov=bint, dirty=list, isdirty="long long[::1]", check=bint, next_report=double,
                    report_every=Py_ssize_t, exp_block=list, ei=Py_ssize_t, uni_block=list, ui=Py_ssize_t,
-                   ev=Py_ssize_t, ver=list, pkb=list, pte=list, simple_sched=bint, never=Py_ssize_t,
-                   rng_block=Py_ssize_t, g_cnt=list, g_ndec=list, t_kv=list, t_ka=list, t_pend=list, t_adv=list,
-                   t_dheap=list, t_dca=list, t_ta=list, t_itl=list, I=Py_ssize_t, plists=list, dlists=list,
-                   wlists=list, mu_p=list, mbar=list, mu_m=list, mu_s=list, theta=list, r_gpu=list, g_pre=list,
+                   ev=Py_ssize_t, ver="long long[::1]", pkb="long long[::1]", pte="double[::1]", simple_sched=bint, never=Py_ssize_t,
+                   rng_block=Py_ssize_t, g_cnt="long long[::1]", g_ndec="long long[::1]", t_kv="long long[::1]", t_ka="long long[::1]", t_pend="long long[::1]", t_adv="long long[::1]",
+                   t_dheap=list, t_dca="long long[::1]", t_ta="double[::1]", t_itl="double[::1]", I=Py_ssize_t, plists=list, dlists=list,
+                   wlists=list, mu_p=list, mbar=list, mu_m=list, mu_s=list, theta=list, r_gpu=list, g_pre="long long[::1]",
                    arr_t=list, arr_c=list, arr_p=list, arr_o=list, ai=Py_ssize_t, na=Py_ssize_t, tr=double,
                    nd=Py_ssize_t, ta=double, tg=double, t=double, done=bint, ticked=bint, k=Py_ssize_t, u=double,
                    c=Py_ssize_t, lst=list, nl=Py_ssize_t, a=double, j=Py_ssize_t, r=Py_ssize_t, m=double, x=double,

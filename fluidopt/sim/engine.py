@@ -36,6 +36,7 @@ import signal
 import sys
 import threading
 import time
+from array import array
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -68,6 +69,17 @@ _NREC = 13  # fields of a finished request's row (see _resolve)
 
 _PHASE_NAMES = {WAIT_PREFILL: "waiting for a prefill", PREFILL: "in prefill", WAIT_DECODE: "waiting for a decode",
                 DECODE: "decoding", _GONE: "not in the system"}
+
+
+def _ints(n: int, v: int) -> array:
+    """n signed 64-bit integers equal to v: per-GPU state and counters. Typed arrays rather than lists so
+    that the compiled core (engine.pxd) reads and writes them as C arrays; in Python they index alike."""
+    return array("q", [v]) * n
+
+
+def _floats(n: int, v: float) -> array:
+    """n doubles equal to v (times and time integrals; see :func:`_ints`)."""
+    return array("d", [v]) * n
 
 
 class GpuSet:
@@ -252,21 +264,21 @@ class Engine:
 
         # -- counts (time-integrated by the "sum of signed change times" trick) -------------------
         nq = M.N_CLASS_QTY * I + M.N_GPU_QTY
-        self._cnt = [0] * nq
-        self._acc = [0.0] * nq
+        self._cnt = _ints(nq, 0)
+        self._acc = _floats(nq, 0.0)
         self._gbase = M.N_CLASS_QTY * I
-        self._ctr = [0] * (M.N_CTR * I)
+        self._ctr = _ints(M.N_CTR * I, 0)
         # (class, from, to) count indices of a GPU's decodes when it turns mixed / solo
         self._sw_mixed = tuple((c, 5 * c + 4, 5 * c + 3) for c in range(I))
         self._sw_solo = tuple((c, 5 * c + 3, 5 * c + 4) for c in range(I))
 
         # -- GPUs -----------------------------------------------------------------------------------
-        self.g_pre = [NO_REQUEST] * n
-        self.g_ndec = [0] * n
-        self.g_cnt = [0] * n
-        self.g_pool = [0] * n
-        self.g_pok = [True] * n
-        self.g_maxd = [self.B] * n
+        self.g_pre = _ints(n, NO_REQUEST)
+        self.g_ndec = _ints(n, 0)
+        self.g_cnt = _ints(n, 0)
+        self.g_pool = _ints(n, 0)
+        self.g_pok = _ints(n, 1)  # prefills allowed (1) or not (0)
+        self.g_maxd = _ints(n, self.B)
         self.g_dcls = [[0] * I for _ in range(n)]
         self.g_reqs: list[set[int]] = [set() for _ in range(n)]  # markov: decoding requests on g
         self._n_pools = 1
@@ -277,21 +289,21 @@ class Engine:
             self._ip[0]._add(g)
             self._fd[0]._add(g)
         # tokens mode
-        self.t_ka = [0] * n  # anchor boundary index
-        self.t_ta = [0.0] * n  # anchor time
-        self.t_dca = [0] * n  # decode clock at the anchor
-        self.t_kv = [0] * n  # KV tokens at the anchor
-        self.t_itl = [self.tau_solo] * n  # base iteration length from the anchor on
-        self.t_adv = [1] * n  # decode clock advance per iteration (0 while a whole prefill stalls decodes)
-        self.t_pend = [-1] * n  # boundary index where the running prefill ends
+        self.t_ka = _ints(n, 0)  # anchor boundary index
+        self.t_ta = _floats(n, 0.0)  # anchor time
+        self.t_dca = _ints(n, 0)  # decode clock at the anchor
+        self.t_kv = _ints(n, 0)  # KV tokens at the anchor
+        self.t_itl = _floats(n, self.tau_solo)  # base iteration length from the anchor on
+        self.t_adv = _ints(n, 1)  # decode clock advance per iteration (0 while a whole prefill stalls decodes)
+        self.t_pend = _ints(n, -1)  # boundary index where the running prefill ends
         self.t_dheap: list[list[tuple[int, int]]] = [[] for _ in range(n)]
-        self.t_ver = [0] * n
-        self.t_pkb = [-1] * n  # boundary of g's valid pending heap entry (-1: none)
-        self.t_pte = [0.0] * n  # its time
+        self.t_ver = _ints(n, 0)
+        self.t_pkb = _ints(n, -1)  # boundary of g's valid pending heap entry (-1: none)
+        self.t_pte = _floats(n, 0.0)  # its time
         # pending GPU events (time, g, version); the event's boundary is t_pkb[g] while the version is current
         self._heap: list[tuple[float, int, int]] = []
         self._dirty: list[int] = []
-        self._isdirty = [False] * n
+        self._isdirty = _ints(n, 0)
 
         # -- queues ---------------------------------------------------------------------------------
         self._qnames: list[str] = ["prefill", "decode"] + [f"instance[{g}]" for g in range(n)]
@@ -408,7 +420,7 @@ class Engine:
         return self.g_maxd[g]
 
     def gpu_prefill_allowed(self, g: int) -> bool:
-        return self.g_pok[g]
+        return bool(self.g_pok[g])
 
     def gpu_decodes_by_class(self, g: int) -> tuple[int, ...]:
         return tuple(self.g_dcls[g])
@@ -2004,7 +2016,7 @@ class Engine:
             if not self.markov and self.g_cnt[g]:
                 assert len(self.t_dheap[g]) == nd
                 assert self.kvcap < 0 or self.t_kv[g] <= self.kvcap, f"GPU {g}: KV {self.t_kv[g]} > {self.kvcap}"
-        assert cnt == self._cnt, f"counts {self._cnt} != recount {cnt}"
+        assert cnt == list(self._cnt), f"counts {list(self._cnt)} != recount {cnt}"
         # queues
         inq = 0
         for q in range(len(self.q_tot)):
