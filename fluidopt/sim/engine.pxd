@@ -32,8 +32,11 @@ cdef class Engine:
     cdef public object _qindex, _sw_mixed, _sw_solo
     cdef public object _cb_arrival, _cb_pdone, _cb_ddone, _cb_abandon, _cb_preempt, _cb_drop, _cb_freed
     cdef public list _exp_block, _uni_block, theta, mu_p, mu_m, mu_s, mbar, _cp, _cd, _mean_prompt, _mean_output
-    cdef public list _free, r_cls, r_prompt, r_output, r_arr, r_phase, r_q, r_gpu, r_next, r_prev, r_seq, r_pos
-    cdef public list r_tw, r_wp, r_wd, r_ttft, r_serial, r_gen, r_dstart, r_npre, r_pg, r_dg
+    cdef public list _free
+    # per-request state (recycled slots): typed arrays in engine.py, replaced when they grow
+    cdef public long long[::1] r_cls, r_prompt, r_output, r_phase, r_q, r_gpu, r_next, r_prev, r_seq, r_pos
+    cdef public long long[::1] r_serial, r_gen, r_dstart, r_npre, r_pg, r_dg
+    cdef public double[::1] r_arr, r_tw, r_wp, r_wd, r_ttft
     cdef public list _wlist, _plist, _dlist
     cdef public list g_dcls, g_reqs, _ip, _fd, t_dheap, _heap, _dirty
     # per-GPU state and counters: typed arrays in engine.py (_ints / _floats), C arrays here
@@ -43,35 +46,35 @@ cdef class Engine:
     cdef public list _qnames, q_head, q_tail, q_cnt, q_tot, _arr_t, _arr_c, _arr_p, _arr_o, _bounds, _samples, _out
 
     # -- actions called by controllers (Python-visible; arguments stay objects: they are validated) --
-    @cython.locals(r_phase=list, g_pre="long long[::1]", gc="long long[::1]")
+    @cython.locals(r_phase="long long[::1]", g_pre="long long[::1]", gc="long long[::1]")
     cpdef start_prefill(self, r, g)
 
-    @cython.locals(r_phase=list, gc="long long[::1]", g_ndec="long long[::1]", g_maxd="long long[::1]")
+    @cython.locals(r_phase="long long[::1]", gc="long long[::1]", g_ndec="long long[::1]", g_maxd="long long[::1]")
     cpdef start_decode(self, r, g)
 
-    @cython.locals(q_tot=list, r_q=list, old=Py_ssize_t, c=Py_ssize_t, lst=list, k=Py_ssize_t, s=Py_ssize_t,
+    @cython.locals(q_tot=list, r_q="long long[::1]", old=Py_ssize_t, c=Py_ssize_t, lst=list, k=Py_ssize_t, s=Py_ssize_t,
                    q_tail=list, tl=Py_ssize_t)
     cpdef enqueue(self, r, q, front=*)
 
-    @cython.locals(I=Py_ssize_t, qh=list, a=Py_ssize_t, b=Py_ssize_t, seq=list, best=Py_ssize_t)
+    @cython.locals(I=Py_ssize_t, qh=list, a=Py_ssize_t, b=Py_ssize_t, seq="long long[::1]", best=Py_ssize_t)
     cpdef head(self, q, cls=*)
 
     # -- internal ---------------------------------------------------------------------------------
-    @cython.locals(r_phase=list, g_pre="long long[::1]", gc="long long[::1]", t=double, c=Py_ssize_t, markov=bint, ta=double, itl=double,
+    @cython.locals(r_phase="long long[::1]", g_pre="long long[::1]", gc="long long[::1]", t=double, c=Py_ssize_t, markov=bint, ta=double, itl=double,
                    m=Py_ssize_t, cnt="long long[::1]", acc="double[::1]", k=Py_ssize_t, n0=Py_ssize_t, n1=Py_ssize_t, gb=Py_ssize_t,
                    dcl=list, cc=Py_ssize_t, a=Py_ssize_t, d=Py_ssize_t, dt=double, p=Py_ssize_t,
                    s=GpuSet, pos=list, j=Py_ssize_t, items=list, last=Py_ssize_t, lst=list, ka=Py_ssize_t,
                    t_ta="double[::1]")
     cdef _start_prefill(self, Py_ssize_t r, Py_ssize_t g)
 
-    @cython.locals(r_phase=list, gc="long long[::1]", g_ndec="long long[::1]", g_maxd="long long[::1]", t=double, c=Py_ssize_t, markov=bint, ta=double,
+    @cython.locals(r_phase="long long[::1]", gc="long long[::1]", g_ndec="long long[::1]", g_maxd="long long[::1]", t=double, c=Py_ssize_t, markov=bint, ta=double,
                    itl=double, m=Py_ssize_t, cnt="long long[::1]", acc="double[::1]", k=Py_ssize_t, n0=Py_ssize_t, n1=Py_ssize_t,
                    nd=Py_ssize_t, gb=Py_ssize_t, full=bint, p=Py_ssize_t, s=GpuSet, pos=list, j=Py_ssize_t,
                    items=list, last=Py_ssize_t, lst=list, dca=Py_ssize_t, t_ta="double[::1]")
     cdef _start_decode(self, Py_ssize_t r, Py_ssize_t g)
 
-    @cython.locals(r_q=list, q=Py_ssize_t, k=Py_ssize_t, rn=list, rp=list, p=Py_ssize_t, nx=Py_ssize_t, lst=list,
-                   r_pos=list, j=Py_ssize_t, last=Py_ssize_t)
+    @cython.locals(r_q="long long[::1]", q=Py_ssize_t, k=Py_ssize_t, rn="long long[::1]", rp="long long[::1]", p=Py_ssize_t, nx=Py_ssize_t, lst=list,
+                   r_pos="long long[::1]", j=Py_ssize_t, last=Py_ssize_t)
     cdef _dequeue(self, Py_ssize_t r, Py_ssize_t c)
 
     @cython.locals(c=Py_ssize_t, lst=list, k=Py_ssize_t, s=Py_ssize_t, q_tail=list, tl=Py_ssize_t)
@@ -83,17 +86,17 @@ cdef class Engine:
     @cython.locals(out=list)
     cdef _resolve(self, Py_ssize_t r, Py_ssize_t outcome, double t)
 
-    @cython.locals(free=list, r=Py_ssize_t, s=Py_ssize_t, r_phase=list, k=Py_ssize_t)
+    @cython.locals(free=list, r=Py_ssize_t, s=Py_ssize_t, r_phase="long long[::1]", k=Py_ssize_t)
     cdef _arrive(self, double t, Py_ssize_t c, prompt, output)
 
     @cython.locals(c=Py_ssize_t, cnt="long long[::1]", acc="double[::1]", k=Py_ssize_t, gc="long long[::1]", n1=Py_ssize_t, gb=Py_ssize_t, dcl=list,
-                   cc=Py_ssize_t, a=Py_ssize_t, d=Py_ssize_t, dt=double, lst=list, r_pos=list,
-                   j=Py_ssize_t, last=Py_ssize_t, r_ttft=list, ttft=double, ctr="long long[::1]", r_phase=list, p=Py_ssize_t,
+                   cc=Py_ssize_t, a=Py_ssize_t, d=Py_ssize_t, dt=double, lst=list, r_pos="long long[::1]",
+                   j=Py_ssize_t, last=Py_ssize_t, r_ttft="double[::1]", ttft=double, ctr="long long[::1]", r_phase="long long[::1]", p=Py_ssize_t,
                    s=GpuSet, pos=list, items=list)
     cdef _prefill_done(self, Py_ssize_t r, Py_ssize_t g, double t)
 
     @cython.locals(c=Py_ssize_t, cnt="long long[::1]", acc="double[::1]", pre=Py_ssize_t, k=Py_ssize_t, g_ndec="long long[::1]", nd=Py_ssize_t,
-                   gc="long long[::1]", n1=Py_ssize_t, gb=Py_ssize_t, out=Py_ssize_t, prompt=Py_ssize_t, lst=list, r_pos=list,
+                   gc="long long[::1]", n1=Py_ssize_t, gb=Py_ssize_t, out=Py_ssize_t, prompt=Py_ssize_t, lst=list, r_pos="long long[::1]",
                    j=Py_ssize_t, last=Py_ssize_t, ctr="long long[::1]", p=Py_ssize_t, s=GpuSet, pos=list, items=list, o=list)
     cdef _decode_done(self, Py_ssize_t r, Py_ssize_t g, double t)
 
@@ -105,7 +108,7 @@ cdef class Engine:
                    ev=Py_ssize_t, ver="long long[::1]", pkb="long long[::1]", pte="double[::1]", simple_sched=bint, never=Py_ssize_t,
                    rng_block=Py_ssize_t, g_cnt="long long[::1]", g_ndec="long long[::1]", t_kv="long long[::1]", t_ka="long long[::1]", t_pend="long long[::1]", t_adv="long long[::1]",
                    t_dheap=list, t_dca="long long[::1]", t_ta="double[::1]", t_itl="double[::1]", I=Py_ssize_t, plists=list, dlists=list,
-                   wlists=list, mu_p=list, mbar=list, mu_m=list, mu_s=list, theta=list, r_gpu=list, g_pre="long long[::1]",
+                   wlists=list, mu_p=list, mbar=list, mu_m=list, mu_s=list, theta=list, g_pre="long long[::1]",
                    arr_t=list, arr_c=list, arr_p=list, arr_o=list, ai=Py_ssize_t, na=Py_ssize_t, tr=double,
                    nd=Py_ssize_t, ta=double, tg=double, t=double, done=bint, ticked=bint, k=Py_ssize_t, u=double,
                    c=Py_ssize_t, lst=list, nl=Py_ssize_t, a=double, j=Py_ssize_t, r=Py_ssize_t, m=double, x=double,

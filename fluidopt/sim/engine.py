@@ -64,7 +64,7 @@ _NEVER = 1 << 62  # a boundary index beyond any run
 _GONE = 4  # phase of a freed request slot
 _FLUSH = 8192  # finished requests buffered before folding into the metrics
 _RNG_BLOCK = 65536
-_ALLOC_BLOCK = 1024  # request slots added at a time
+_ALLOC_BLOCK = 1024  # fewest request slots added at a time
 _NREC = 13  # fields of a finished request's row (see _resolve)
 
 _PHASE_NAMES = {WAIT_PREFILL: "waiting for a prefill", PREFILL: "in prefill", WAIT_DECODE: "waiting for a decode",
@@ -80,6 +80,27 @@ def _ints(n: int, v: int) -> array:
 def _floats(n: int, v: float) -> array:
     """n doubles equal to v (times and time integrals; see :func:`_ints`)."""
     return array("d", [v]) * n
+
+
+def _token_counts(what: str, values) -> list[int]:
+    """A workload batch's token counts as Python ints (whole numbers >= 0 required)."""
+    a = np.asarray(values)
+    if a.dtype.kind not in "iu":
+        if a.dtype.kind != "f" or not np.all(np.isfinite(a)) or np.any(a != np.floor(a)):
+            bad = a[~(np.isfinite(a) & (a == np.floor(a)))][0] if a.dtype.kind == "f" else a.flat[0]
+            raise ScenarioError(f"workload: {what} tokens: expected whole numbers, got {bad!r} ({a.dtype})")
+    if a.size and a.min() < 0:
+        raise ScenarioError(f"workload: {what} tokens: expected >= 0, got {a.min()!r}")
+    return a.astype(np.int64).tolist()
+
+
+def _grown(old, k: int, v: int | float) -> array:
+    """A copy of typed array ``old`` (an array, or the compiled core's view of one) with k more
+    elements equal to v."""
+    code = "d" if isinstance(v, float) else "q"
+    a = getattr(old, "base", old)[:]  # (the compiled core's view of an array has the array as its base)
+    a.extend(array(code, [v]) * k)
+    return a
 
 
 class GpuSet:
@@ -231,27 +252,27 @@ class Engine:
 
         # -- per-request state (recycled slots) ----------------------------------------------------
         self._free: list[int] = []
-        self.r_cls: list[int] = []
-        self.r_prompt: list[int] = []  # original prompt tokens
-        self.r_output: list[int] = []
-        self.r_arr: list[float] = []
-        self.r_phase: list[int] = []
-        self.r_q: list[int] = []  # queue it waits in, -1
-        self.r_gpu: list[int] = []
-        self.r_next: list[int] = []
-        self.r_prev: list[int] = []
-        self.r_seq: list[int] = []
-        self.r_pos: list[int] = []  # index in the waiting / prefill / decode list of its class
-        self.r_tw: list[float] = []  # time the current wait began
-        self.r_wp: list[float] = []  # accumulated wait for a prefill
-        self.r_wd: list[float] = []  # accumulated wait for a decode
-        self.r_ttft: list[float] = []  # time of the first prefill completion (NaN before)
-        self.r_serial: list[int] = []
-        self.r_gen: list[int] = []  # output tokens generated before the current decode stint
-        self.r_dstart: list[int] = []  # GPU decode clock when the current decode stint joined
-        self.r_npre: list[int] = []  # preemptions
-        self.r_pg: list[int] = []  # GPU of the first prefill
-        self.r_dg: list[int] = []  # GPU of the (last) decode
+        self.r_cls = _ints(0, 0)
+        self.r_prompt = _ints(0, 0)  # original prompt tokens
+        self.r_output = _ints(0, 0)
+        self.r_arr = _floats(0, 0.0)
+        self.r_phase = _ints(0, 0)
+        self.r_q = _ints(0, 0)  # queue it waits in, -1
+        self.r_gpu = _ints(0, 0)
+        self.r_next = _ints(0, 0)
+        self.r_prev = _ints(0, 0)
+        self.r_seq = _ints(0, 0)
+        self.r_pos = _ints(0, 0)  # index in the waiting / prefill / decode list of its class
+        self.r_tw = _floats(0, 0.0)  # time the current wait began
+        self.r_wp = _floats(0, 0.0)  # accumulated wait for a prefill
+        self.r_wd = _floats(0, 0.0)  # accumulated wait for a decode
+        self.r_ttft = _floats(0, 0.0)  # time of the first prefill completion (NaN before)
+        self.r_serial = _ints(0, 0)
+        self.r_gen = _ints(0, 0)  # output tokens generated before the current decode stint
+        self.r_dstart = _ints(0, 0)  # GPU decode clock when the current decode stint joined
+        self.r_npre = _ints(0, 0)  # preemptions
+        self.r_pg = _ints(0, 0)  # GPU of the first prefill
+        self.r_dg = _ints(0, 0)  # GPU of the (last) decode
         self._serial = 0
         self._seq_back = 0
         self._seq_front = 0
@@ -1095,18 +1116,34 @@ class Engine:
     def _alloc(self) -> int:
         if self._free:
             return self._free.pop()
-        # Grow by a block of slots (fewer, larger list extensions). The new ids go onto the free stack
-        # in reverse, so they are handed out in increasing order and only after every id freed in the
-        # meantime: the same ids, in the same order, as growing one slot at a time.
+        # Grow by a block of slots (doubling: amortised O(1) per request). The per-request arrays are
+        # replaced, not extended in place (the compiled core holds their buffers), so no method keeps
+        # one in a local across an arrival. The new ids go onto the free stack in reverse, so they
+        # are handed out in increasing order and only after every id freed in the meantime: the same
+        # ids, in the same order, as growing one slot at a time.
         r = len(self.r_phase)
-        k = min(_ALLOC_BLOCK, max(1, r))
-        for lst, v in (
-            (self.r_cls, 0), (self.r_prompt, 0), (self.r_output, 0), (self.r_arr, 0.0), (self.r_phase, _GONE),
-            (self.r_q, -1), (self.r_gpu, -1), (self.r_next, -1), (self.r_prev, -1), (self.r_seq, 0), (self.r_pos, -1),
-            (self.r_tw, 0.0), (self.r_wp, 0.0), (self.r_wd, 0.0), (self.r_ttft, math.nan), (self.r_serial, 0),
-            (self.r_gen, 0), (self.r_dstart, 0), (self.r_npre, 0), (self.r_pg, -1), (self.r_dg, -1),
-        ):
-            lst.extend([v] * k)
+        k = max(_ALLOC_BLOCK, r)
+        self.r_cls = _grown(self.r_cls, k, 0)
+        self.r_prompt = _grown(self.r_prompt, k, 0)
+        self.r_output = _grown(self.r_output, k, 0)
+        self.r_arr = _grown(self.r_arr, k, 0.0)
+        self.r_phase = _grown(self.r_phase, k, _GONE)
+        self.r_q = _grown(self.r_q, k, -1)
+        self.r_gpu = _grown(self.r_gpu, k, -1)
+        self.r_next = _grown(self.r_next, k, -1)
+        self.r_prev = _grown(self.r_prev, k, -1)
+        self.r_seq = _grown(self.r_seq, k, 0)
+        self.r_pos = _grown(self.r_pos, k, -1)
+        self.r_tw = _grown(self.r_tw, k, 0.0)
+        self.r_wp = _grown(self.r_wp, k, 0.0)
+        self.r_wd = _grown(self.r_wd, k, 0.0)
+        self.r_ttft = _grown(self.r_ttft, k, NAN)
+        self.r_serial = _grown(self.r_serial, k, 0)
+        self.r_gen = _grown(self.r_gen, k, 0)
+        self.r_dstart = _grown(self.r_dstart, k, 0)
+        self.r_npre = _grown(self.r_npre, k, 0)
+        self.r_pg = _grown(self.r_pg, k, -1)
+        self.r_dg = _grown(self.r_dg, k, -1)
         self._free.extend(range(r + k - 1, r, -1))
         return r
 
@@ -1566,8 +1603,8 @@ class Engine:
                 raise ScenarioError(f"workload: class index {bad} out of range 0..{self.I - 1}")
             self._arr_t = np.asarray(b.time, dtype=float).tolist()
             self._arr_c = cls.tolist()
-            self._arr_p = np.asarray(b.prompt).tolist()
-            self._arr_o = np.asarray(b.output).tolist()
+            self._arr_p = _token_counts("prompt", b.prompt)
+            self._arr_o = _token_counts("output", b.output)
             self._ai = 0
             return True
         self._arr_iter = None
@@ -1719,7 +1756,6 @@ class Engine:
 
         plists, dlists, wlists = self._plist, self._dlist, self._wlist
         mu_p, mbar, mu_m, mu_s, theta = self.mu_p, self.mbar, self.mu_m, self.mu_s, self.theta
-        r_gpu = self.r_gpu
         g_pre = self.g_pre
         arr_t, arr_c, arr_p, arr_o = self._arr_t, self._arr_c, self._arr_p, self._arr_o
         ai = 0
@@ -1775,7 +1811,7 @@ class Engine:
                                 if j >= nl:
                                     j = nl - 1
                                 r = lst[j]
-                                self._prefill_done(r, r_gpu[r], t)
+                                self._prefill_done(r, self.r_gpu[r], t)
                                 done = True
                                 break
                             u -= a
@@ -1792,7 +1828,7 @@ class Engine:
                                     if j >= nl:
                                         j = nl - 1
                                     r = lst[j]
-                                    g = r_gpu[r]
+                                    g = self.r_gpu[r]
                                     # thinning; the fractional part of x is a fresh uniform
                                     if (x - j) * m < (mu_m[c] if g_pre[g] >= 0 else mu_s[c]):
                                         self._decode_done(r, g, t)
