@@ -1,10 +1,11 @@
 # Static types for the compiled simulator core (an "augmenting" .pxd: engine.py stays plain Python).
 #
 # setup.py compiles a copy of engine.py with these declarations into fluidopt.sim._cengine; see
-# fluidopt/sim/core.py. Keep every attribute that engine.py sets on Engine or GpuSet declared here
-# (a cdef class has no __dict__). Types are chosen so that the compiled core computes exactly what
-# the Python engine computes: indices and counters are Py_ssize_t (all far below 2**62), times are
-# double (what a Python float is), and list elements stay Python objects, so no value changes type.
+# fluidopt/sim/core.py and docs/simulator.md section 9. Keep every attribute that engine.py sets on
+# Engine or GpuSet declared here (a cdef class has no __dict__). Types are chosen so that the compiled
+# core computes exactly what the Python engine computes: the typed arrays of engine.py (_ints: 64-bit
+# integers, _floats: doubles) are C arrays here, typed locals are Py_ssize_t or double (what a Python
+# int in range and a Python float are), and everything else stays a Python object.
 #
 # setup.py compiles with wraparound=False (the engine never indexes from the end) and bounds checks
 # on: GPU, request and queue ids that a controller passes in are checked as in Python.

@@ -23,6 +23,10 @@ Arrivals come lazily from a :class:`fluidopt.sim.workload.Workload`. Controllers
 :mod:`fluidopt.control.protocol`) receive events with this engine as their context and act through
 its validated actions. Memory is proportional to the requests in flight: per-request state lives in
 recycled slots, finished requests are folded into :mod:`fluidopt.sim.metrics` in chunks.
+
+This file is also the source of the compiled core: setup.py compiles it with the static types of
+engine.pxd (docs/simulator.md section 9). Declare new Engine attributes there, keep each local name
+to one type, and keep no per-request array in a local across an arrival.
 """
 
 from __future__ import annotations
