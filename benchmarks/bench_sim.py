@@ -5,8 +5,8 @@ Not a test. Run from the repository root:
     python benchmarks/bench_sim.py speed              # paper instance, n = 500, both service modes
     python benchmarks/bench_sim.py scaling            # requests/s for n = 50, 500, 5000
     python benchmarks/bench_sim.py memory             # peak RSS of a 5-million-request run (no records)
-    python benchmarks/bench_sim.py erlang             # M/M/100 at load 0.9 and M/M/100+M: 10 x 1M customers,
-                                                      # the bare birth-death chain alike, one 10M run
+    python benchmarks/bench_sim.py erlang             # M/M/100 at load 0.9 and M/M/100+M: 40 x 1M customers,
+                                                      # the bare birth-death chain alike, two 17M runs
     python benchmarks/bench_sim.py all
 
 Prints markdown tables; the recorded numbers are in docs/benchmarks-sim.md. Speed is reported per
@@ -119,17 +119,20 @@ def _birth_death_queue(c: int, lam: float, mu: float, customers: int, warmup: fl
     return area / (horizon - warmup)
 
 
-def bench_erlang(customers: int, seeds: int, long_run: int) -> list[dict]:
+def bench_erlang(customers: int, seeds: int, long_run: int, long_seeds: int) -> list[dict]:
     """M/M/100 at load 0.9 (Erlang C) and with patience 0.5 (Erlang A): ``seeds`` runs of ``customers``,
-    the same for the bare birth-death chain, and one run of ``long_run`` customers."""
+    the same for the bare birth-death chain, and ``long_seeds`` M/M/100 runs of ``long_run`` customers
+    (the default 17M: about what 3% at 95% confidence needs, see fluidopt.queueing_runlength)."""
     rows = []
     c, mu, lam = 100, 1.0, 90.0
     for theta in (0.0, 0.5):
         ex = erlang_a(lam, mu, c, theta)
-        sc, ctrl = erlang_setup(c, lam, mu, theta)
         model = f"M/M/{c}" + ("+M" if theta else "")
-        runs = [(s, customers) for s in range(seeds)] + ([(999, long_run)] if long_run and theta == 0 else [])
+        runs = [(s, customers) for s in range(seeds)]
+        if theta == 0:
+            runs += [(1001 + j, long_run) for j in range(long_seeds)]
         for seed, k in runs:
+            sc, ctrl = erlang_setup(c, lam, mu, theta)
             res, wall, cpu = timed(simulate, sc, ctrl, horizon=k / lam, warmup=100.0, seed=seed, progress=False)
             pc = res.per_class.loc["customers"]
             ci = res.ci.set_index(["metric", "class"])
@@ -179,8 +182,9 @@ def main(argv=None) -> int:
     p.add_argument("--service", default="markov")
     p.add_argument("--policy", default="fi-wsp")
     p.add_argument("--customers", type=int, default=1_000_000)
-    p.add_argument("--seeds", type=int, default=10)
-    p.add_argument("--long-run", type=int, default=10_000_000, help="erlang: customers of the one long M/M/100 run")
+    p.add_argument("--seeds", type=int, default=40)
+    p.add_argument("--long-run", type=int, default=17_000_000, help="erlang: customers of each long M/M/100 run")
+    p.add_argument("--long-seeds", type=int, default=2, help="erlang: how many long M/M/100 runs")
     a = p.parse_args(argv)
     if a.what == "_memory_child":
         _memory_child(a.requests, a.service, a.policy)
@@ -194,7 +198,7 @@ def main(argv=None) -> int:
     if a.what in ("memory", "all"):
         bench_memory(a.requests, a.service, a.policy)
     if a.what in ("erlang", "all"):
-        bench_erlang(a.customers, a.seeds, a.long_run)
+        bench_erlang(a.customers, a.seeds, a.long_run, a.long_seeds)
     return 0
 
 

@@ -186,3 +186,14 @@ def test_a_stale_build_is_never_run(monkeypatch):
         monkeypatch.undo()
         core.compiled_status.cache_clear()
     assert core.compiled_status()[0]
+
+
+def test_cli_backend_flag(capsys):
+    import json
+
+    from fluidopt.cli import main
+
+    assert main(["simulate", "--policy", "fi-wsp", "--gpus", "20", "--horizon", "20", "--backend", "python",
+                 "--json", "--no-progress"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["engine"] == "python" and out["requests"] > 0

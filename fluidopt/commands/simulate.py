@@ -54,6 +54,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     prog.add_argument("--progress", dest="progress", action="store_true", default=None,
                       help="show progress on stderr (default: when stderr is a terminal)")
     prog.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--backend", choices=("auto", "compiled", "python"), default="auto",
+                   help="event engine: the compiled core or pure Python (same numbers; default auto)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--list-policies", action="store_true", help="list the registered policies and exit")
     add_controller_arguments(p)
@@ -82,7 +84,8 @@ def format_result(res: Any) -> str:
          f"seed {res.seed}" + ("  [INTERRUPTED]" if res.interrupted else "")),
         (f"  window {res.warmup:g} .. {res.t_end:g} s; {s['requests']} requests ({s['completed']} completed, "
          f"{s['abandoned']} abandoned, {s['dropped']} dropped, {s['in_system']} in system); "
-         f"{res.wall_seconds:.2f} s wall, {s['requests'] / max(res.wall_seconds, 1e-9):,.0f} requests/s"),
+         f"{res.wall_seconds:.2f} s wall, {s['requests'] / max(res.wall_seconds, 1e-9):,.0f} requests/s"
+         + (f" ({res.meta['engine']} engine)" if "engine" in res.meta else "")),
         "",
         (f"  revenue per GPU per s   bundled {_fmt(cl['revenue_per_gpu'], 6)} +/- {_fmt(cl['revenue_per_gpu_ci'], 2)}"
          f"   separate {_fmt(cl['revenue_per_gpu_separate'], 6)} +/- {_fmt(cl['revenue_per_gpu_separate_ci'], 2)}"),
@@ -129,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     res = simulate(
         scenario, args.policy, horizon=args.horizon, warmup=warmup, seed=args.seed, service=args.service,
         records=args.records, sample_interval=args.sample_interval, progress=args.progress, batches=args.batches,
-        controller_options=options,
+        controller_options=options, backend=args.backend,
     )
     if args.json:
         out = res.summary()
