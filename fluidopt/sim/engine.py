@@ -649,7 +649,7 @@ class Engine:
         self._start_prefill(r, g)
 
     def _start_prefill(self, r: int, g: int) -> None:
-        """start_prefill after validation (the engine's own placements call it directly)."""
+        """start_prefill after validation."""
         g_pre = self.g_pre
         gc = self.g_cnt
         r_phase = self.r_phase
