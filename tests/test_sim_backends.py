@@ -197,3 +197,33 @@ def test_cli_backend_flag(capsys):
                  "--json", "--no-progress"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["engine"] == "python" and out["requests"] > 0
+
+
+def test_engine_pxd_declares_every_attribute():
+    """A compiled class has no __dict__: every attribute engine.py sets on Engine or GpuSet must be
+    declared in engine.pxd (checked statically, so it fails even where the core is not built)."""
+    import ast
+    import re
+    from pathlib import Path
+
+    here = Path(core.__file__).parent
+    tree = ast.parse((here / "engine.py").read_text(encoding="utf-8"))
+    pxd = (here / "engine.pxd").read_text(encoding="utf-8")
+    declared: dict[str, set[str]] = {}
+    for cls in re.split(r"^cdef class |^@cython.final\ncdef class ", pxd, flags=re.M)[1:]:
+        name = cls.split(":", 1)[0].strip()
+        names = set()
+        for line in cls.splitlines():
+            m = re.match(r"\s+cdef public [^,]*?(\w+(?:, \w+)*)$", line.split("#")[0].rstrip())
+            if m:
+                names |= {x.strip() for x in m.group(1).split(",")}
+        declared[name] = names
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name in ("Engine", "GpuSet"):
+            targets = [t for n in ast.walk(node) if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign))
+                       for t in (n.targets if isinstance(n, ast.Assign) else [n.target])]
+            assigned = {a.attr for t in targets for a in ast.walk(t)
+                        if isinstance(a, ast.Attribute) and isinstance(a.value, ast.Name) and a.value.id == "self"}
+            assert {"alpha", "beta", "r_cls", "_now"} <= assigned or node.name == "GpuSet"
+            missing = assigned - declared[node.name]
+            assert not missing, f"{node.name}: attributes set in engine.py but not declared in engine.pxd: {missing}"
