@@ -43,8 +43,9 @@ cdef class Engine:
     # per-GPU state and counters: typed arrays in engine.py (_ints / _floats), C arrays here
     cdef public long long[::1] g_pre, g_ndec, g_cnt, g_pool, g_pok, g_maxd, t_ka, t_dca, t_kv, t_adv, t_pend
     cdef public long long[::1] t_ver, t_pkb, _isdirty, _cnt, _ctr
-    cdef public double[::1] t_ta, t_itl, t_pte, _acc
-    cdef public list _qnames, q_head, q_tail, q_cnt, q_tot, _arr_t, _arr_c, _arr_p, _arr_o, _bounds, _samples, _out
+    cdef public double[::1] t_ta, t_itl, t_pte, _acc, _rec
+    cdef public Py_ssize_t _nrec
+    cdef public list _qnames, q_head, q_tail, q_cnt, q_tot, _arr_t, _arr_c, _arr_p, _arr_o, _bounds, _samples
 
     # -- actions called by controllers (Python-visible; arguments stay objects: they are validated) --
     @cython.locals(r_phase="long long[::1]", g_pre="long long[::1]", gc="long long[::1]")
@@ -84,7 +85,9 @@ cdef class Engine:
     @cython.locals(k=Py_ssize_t)
     cdef _leave_wait(self, Py_ssize_t r, Py_ssize_t c, double t, Py_ssize_t qk)
 
-    @cython.locals(out=list)
+    @cython.locals(rec="double[::1]", k=Py_ssize_t)
+    cdef _record(self, Py_ssize_t r, Py_ssize_t c, Py_ssize_t outcome, double t)
+
     cdef _resolve(self, Py_ssize_t r, Py_ssize_t outcome, double t)
 
     @cython.locals(free=list, r=Py_ssize_t, s=Py_ssize_t, r_phase="long long[::1]", k=Py_ssize_t)
@@ -98,7 +101,7 @@ cdef class Engine:
 
     @cython.locals(c=Py_ssize_t, cnt="long long[::1]", acc="double[::1]", pre=Py_ssize_t, k=Py_ssize_t, g_ndec="long long[::1]", nd=Py_ssize_t,
                    gc="long long[::1]", n1=Py_ssize_t, gb=Py_ssize_t, out=Py_ssize_t, prompt=Py_ssize_t, lst=list, r_pos="long long[::1]",
-                   j=Py_ssize_t, last=Py_ssize_t, ctr="long long[::1]", p=Py_ssize_t, s=GpuSet, pos=list, items=list, o=list)
+                   j=Py_ssize_t, last=Py_ssize_t, ctr="long long[::1]", p=Py_ssize_t, s=GpuSet, pos=list, items=list)
     cdef _decode_done(self, Py_ssize_t r, Py_ssize_t g, double t)
 
     @cython.locals(c=Py_ssize_t, q=Py_ssize_t, ph=Py_ssize_t)
