@@ -50,6 +50,7 @@ def _extensions() -> list[Extension]:
     text = src.decode("utf-8") + (
         "\n\n# Added by setup.py: the engine.py and engine.pxd this compiled core was built from.\n"
         f'SOURCE_SHA256 = "{digest}"\n'
+        "_COMPILED = True  # typed arrays for the state (engine._ints)\n"
     )
     if not py.exists() or py.read_text(encoding="utf-8") != text:
         py.write_text(text, encoding="utf-8")

@@ -74,15 +74,28 @@ _PHASE_NAMES = {WAIT_PREFILL: "waiting for a prefill", PREFILL: "in prefill", WA
                 DECODE: "decoding", _GONE: "not in the system"}
 
 
-def _ints(n: int, v: int) -> array:
-    """n signed 64-bit integers equal to v: per-GPU state and counters. Typed arrays rather than lists so
-    that the compiled core (engine.pxd) reads and writes them as C arrays; in Python they index alike."""
-    return array("q", [v]) * n
+# True only in the compiled core: setup.py appends "_COMPILED = True" to the copy it compiles.
+_COMPILED = False
 
 
-def _floats(n: int, v: float) -> array:
-    """n doubles equal to v (times and time integrals; see :func:`_ints`)."""
-    return array("d", [v]) * n
+def _ints(n: int, v: int) -> list[int] | array:
+    """n integers equal to v: per-GPU and per-request state, counters. The compiled core needs typed
+    arrays (signed 64-bit; engine.pxd reads them as C arrays); Python is faster with lists."""
+    return array("q", [v]) * n if _COMPILED else [v] * n
+
+
+def _floats(n: int, v: float) -> list[float] | array:
+    """n floats (doubles) equal to v: times and time integrals; see :func:`_ints`."""
+    return array("d", [v]) * n if _COMPILED else [v] * n
+
+
+def _grown(old, k: int, v: int | float) -> list | array:
+    """A copy of ``old`` (from _ints or _floats) with k more elements equal to v."""
+    if not _COMPILED:
+        return old + [v] * k
+    a = old.base[:]  # the compiled core's view of an array has the array as its base
+    a.extend(array("d" if isinstance(v, float) else "q", [v]) * k)
+    return a
 
 
 def _token_counts(what: str, values) -> list[int]:
@@ -96,14 +109,6 @@ def _token_counts(what: str, values) -> list[int]:
         raise ScenarioError(f"workload: {what} tokens: expected >= 0, got {a.min()!r}")
     return a.astype(np.int64).tolist()
 
-
-def _grown(old, k: int, v: int | float) -> array:
-    """A copy of typed array ``old`` (an array, or the compiled core's view of one) with k more
-    elements equal to v."""
-    code = "d" if isinstance(v, float) else "q"
-    a = getattr(old, "base", old)[:]  # (the compiled core's view of an array has the array as its base)
-    a.extend(array(code, [v]) * k)
-    return a
 
 
 class GpuSet:
@@ -1123,7 +1128,7 @@ class Engine:
             return self._free.pop()
         # Grow by a block of slots (doubling: amortised O(1) per request). The per-request arrays are
         # replaced, not extended in place (the compiled core holds their buffers), so no method keeps
-        # one in a local across an arrival. The new ids go onto the free stack in reverse, so they
+        # one in a local across an arrival (in either engine: they are the same code). The new ids go onto the free stack in reverse, so they
         # are handed out in increasing order and only after every id freed in the meantime: the same
         # ids, in the same order, as growing one slot at a time.
         r = len(self.r_phase)
@@ -1640,8 +1645,8 @@ class Engine:
             return
         self._nrec = 0
         # (the compiled core's view of the buffer has the array as its base)
-        buf = getattr(self._rec, "base", self._rec)
-        self._fold(np.frombuffer(buf, dtype=float, count=n * _NREC).reshape(n, _NREC).copy())
+        buf = self._rec.base if _COMPILED else self._rec  # (the compiled core's view has the array as base)
+        self._fold(np.array(buf[: n * _NREC], dtype=float).reshape(n, _NREC))
 
     def _fold(self, A: np.ndarray) -> None:
         """Rows of finished requests (ints below 2**53 are exact in float64) into the metrics."""
