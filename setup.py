@@ -2,7 +2,7 @@
 
 The event engine (fluidopt/sim/engine.py) is plain Python. At install time Cython compiles a copy of
 it, with the static types of fluidopt/sim/engine.pxd, into the extension ``fluidopt.sim._cengine``
-(about 3x faster; same numbers bit for bit). The copy carries the SHA-256 of the engine.py and
+(about 4x faster; same numbers bit for bit). The copy carries the SHA-256 of the engine.py and
 engine.pxd it was built from, so that an edited engine is never shadowed by a stale build:
 fluidopt.sim.core then falls back to engine.py with a warning.
 

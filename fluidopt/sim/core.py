@@ -3,7 +3,7 @@
 Both are the same code: ``fluidopt/sim/engine.py`` is the engine, and at install time Cython compiles
 a copy of it, with the static types declared in ``fluidopt/sim/engine.pxd``, into the extension
 ``fluidopt.sim._cengine`` (see setup.py). Results are identical bit for bit (tested); the compiled
-core is about 3x faster. The compiled core is used only when it was built from the engine.py that
+core is about 4x faster. The compiled core is used only when it was built from the engine.py that
 is on disk now (it carries the SHA-256 of engine.py and engine.pxd), so editing either never runs a
 stale build: the pure-Python engine runs instead, with one warning, until the package is reinstalled.
 

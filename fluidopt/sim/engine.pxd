@@ -3,9 +3,10 @@
 # setup.py compiles a copy of engine.py with these declarations into fluidopt.sim._cengine; see
 # fluidopt/sim/core.py and docs/simulator.md section 9. Keep every attribute that engine.py sets on
 # Engine or GpuSet declared here (a cdef class has no __dict__). Types are chosen so that the compiled
-# core computes exactly what the Python engine computes: the typed arrays of engine.py (_ints: 64-bit
-# integers, _floats: doubles) are C arrays here, typed locals are Py_ssize_t or double (what a Python
-# int in range and a Python float are), and everything else stays a Python object.
+# core computes exactly what the Python engine computes: the state that engine.py keeps in lists
+# (_ints, _floats) is typed arrays in the core (64-bit integers, doubles), declared here as C arrays;
+# typed locals are Py_ssize_t or double (what a Python int in range and a Python float are); all
+# else stays a Python object.
 #
 # setup.py compiles with wraparound=False (the engine never indexes from the end) and bounds checks
 # on: GPU, request and queue ids that a controller passes in are checked as in Python.
@@ -34,13 +35,13 @@ cdef class Engine:
     cdef public object _cb_arrival, _cb_pdone, _cb_ddone, _cb_abandon, _cb_preempt, _cb_drop, _cb_freed
     cdef public list _exp_block, _uni_block, theta, mu_p, mu_m, mu_s, mbar, _cp, _cd, _mean_prompt, _mean_output
     cdef public list _free
-    # per-request state (recycled slots): typed arrays in engine.py, replaced when they grow
+    # per-request state (recycled slots): typed arrays in the core, replaced when they grow
     cdef public long long[::1] r_cls, r_prompt, r_output, r_phase, r_q, r_gpu, r_next, r_prev, r_seq, r_pos
     cdef public long long[::1] r_serial, r_gen, r_dstart, r_npre, r_pg, r_dg
     cdef public double[::1] r_arr, r_tw, r_wp, r_wd, r_ttft
     cdef public list _wlist, _plist, _dlist
     cdef public list g_dcls, g_reqs, _ip, _fd, t_dheap, _heap, _dirty
-    # per-GPU state and counters: typed arrays in engine.py (_ints / _floats), C arrays here
+    # per-GPU state and counters (engine._ints / _floats)
     cdef public long long[::1] g_pre, g_ndec, g_cnt, g_pool, g_pok, g_maxd, t_ka, t_dca, t_kv, t_adv, t_pend
     cdef public long long[::1] t_ver, t_pkb, _isdirty, _cnt, _ctr
     cdef public double[::1] t_ta, t_itl, t_pte, _acc, _rec
