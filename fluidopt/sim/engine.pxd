@@ -14,6 +14,7 @@
 cimport cython
 
 
+@cython.final
 cdef class GpuSet:
     cdef public list _items
     cdef public list _pos
@@ -21,6 +22,12 @@ cdef class GpuSet:
 
     @cython.locals(items=list)
     cpdef choice(self)
+
+    @cython.locals(pos=list, items=list)
+    cpdef _add(self, Py_ssize_t g)
+
+    @cython.locals(pos=list, items=list, p=Py_ssize_t, last=Py_ssize_t)
+    cpdef _discard(self, Py_ssize_t g)
 
 
 @cython.final
@@ -31,7 +38,7 @@ cdef class Engine:
     cdef public Py_ssize_t _exp_i, _uni_i, _events
     cdef public bint check, markov, chunked, progress, _in_setup, _interrupted, _stop
     cdef public object _work_rng, _np_rng, _ctrl_rng, _arr_iter, collector, sample_interval, tick_interval, _records
-    cdef public object _qindex, _sw_mixed, _sw_solo
+    cdef public object _qindex
     cdef public object _cb_arrival, _cb_pdone, _cb_ddone, _cb_abandon, _cb_preempt, _cb_drop, _cb_freed
     cdef public list _exp_block, _uni_block, theta, mu_p, mu_m, mu_s, mbar, _cp, _cd, _mean_prompt, _mean_output
     cdef public list _free
@@ -63,17 +70,14 @@ cdef class Engine:
     cpdef head(self, q, cls=*)
 
     # -- internal ---------------------------------------------------------------------------------
-    @cython.locals(r_phase="long long[::1]", g_pre="long long[::1]", gc="long long[::1]", t=double, c=Py_ssize_t, markov=bint, ta=double, itl=double,
-                   m=Py_ssize_t, cnt="long long[::1]", acc="double[::1]", k=Py_ssize_t, n0=Py_ssize_t, n1=Py_ssize_t, gb=Py_ssize_t,
-                   dcl=list, cc=Py_ssize_t, a=Py_ssize_t, d=Py_ssize_t, dt=double, p=Py_ssize_t,
-                   s=GpuSet, pos=list, j=Py_ssize_t, items=list, last=Py_ssize_t, lst=list, ka=Py_ssize_t,
-                   t_ta="double[::1]")
+    @cython.locals(g_pre="long long[::1]", gc="long long[::1]", r_phase="long long[::1]", t=double, c=Py_ssize_t, markov=bint, cnt="long long[::1]",
+                   acc="double[::1]", k=Py_ssize_t, n0=Py_ssize_t, n1=Py_ssize_t, gb=Py_ssize_t, p=Py_ssize_t, s=GpuSet,
+                   lst=list, ka=Py_ssize_t)
     cdef _start_prefill(self, Py_ssize_t r, Py_ssize_t g)
 
-    @cython.locals(r_phase="long long[::1]", gc="long long[::1]", g_ndec="long long[::1]", g_maxd="long long[::1]", t=double, c=Py_ssize_t, markov=bint, ta=double,
-                   itl=double, m=Py_ssize_t, cnt="long long[::1]", acc="double[::1]", k=Py_ssize_t, n0=Py_ssize_t, n1=Py_ssize_t,
-                   nd=Py_ssize_t, gb=Py_ssize_t, full=bint, p=Py_ssize_t, s=GpuSet, pos=list, j=Py_ssize_t,
-                   items=list, last=Py_ssize_t, lst=list, dca=Py_ssize_t, t_ta="double[::1]")
+    @cython.locals(r_phase="long long[::1]", gc="long long[::1]", g_ndec="long long[::1]", g_maxd="long long[::1]", t=double, c=Py_ssize_t, markov=bint,
+                   cnt="long long[::1]", acc="double[::1]", k=Py_ssize_t, n0=Py_ssize_t, n1=Py_ssize_t, nd=Py_ssize_t, gb=Py_ssize_t,
+                   full=bint, p=Py_ssize_t, s=GpuSet, lst=list, dca=Py_ssize_t)
     cdef _start_decode(self, Py_ssize_t r, Py_ssize_t g)
 
     @cython.locals(r_q="long long[::1]", q=Py_ssize_t, k=Py_ssize_t, rn="long long[::1]", rp="long long[::1]", p=Py_ssize_t, nx=Py_ssize_t, lst=list,
@@ -86,6 +90,9 @@ cdef class Engine:
     @cython.locals(k=Py_ssize_t)
     cdef _leave_wait(self, Py_ssize_t r, Py_ssize_t c, double t, Py_ssize_t qk)
 
+    @cython.locals(cnt="long long[::1]", acc="double[::1]", dcl=list, c=Py_ssize_t, d=Py_ssize_t, a=Py_ssize_t, b=Py_ssize_t, dt=double)
+    cdef _switch_mode(self, Py_ssize_t g, bint mixed, double t)
+
     @cython.locals(rec="double[::1]", k=Py_ssize_t)
     cdef _record(self, Py_ssize_t r, Py_ssize_t c, Py_ssize_t outcome, double t)
 
@@ -94,29 +101,36 @@ cdef class Engine:
     @cython.locals(free=list, r=Py_ssize_t, s=Py_ssize_t, r_phase="long long[::1]", k=Py_ssize_t)
     cdef _arrive(self, double t, Py_ssize_t c, prompt, output)
 
-    @cython.locals(c=Py_ssize_t, cnt="long long[::1]", acc="double[::1]", k=Py_ssize_t, gc="long long[::1]", n1=Py_ssize_t, gb=Py_ssize_t, dcl=list,
-                   cc=Py_ssize_t, a=Py_ssize_t, d=Py_ssize_t, dt=double, lst=list, r_pos="long long[::1]",
-                   j=Py_ssize_t, last=Py_ssize_t, r_ttft="double[::1]", ttft=double, ctr="long long[::1]", r_phase="long long[::1]", p=Py_ssize_t,
-                   s=GpuSet, pos=list, items=list)
+    @cython.locals(c=Py_ssize_t, cnt="long long[::1]", acc="double[::1]", k=Py_ssize_t, gc="long long[::1]", n1=Py_ssize_t, gb=Py_ssize_t, lst=list,
+                   r_pos="long long[::1]", j=Py_ssize_t, last=Py_ssize_t, r_ttft="double[::1]", ttft=double, ctr="long long[::1]", r_phase="long long[::1]",
+                   p=Py_ssize_t, s=GpuSet)
     cdef _prefill_done(self, Py_ssize_t r, Py_ssize_t g, double t)
 
     @cython.locals(c=Py_ssize_t, cnt="long long[::1]", acc="double[::1]", pre=Py_ssize_t, k=Py_ssize_t, g_ndec="long long[::1]", nd=Py_ssize_t,
                    gc="long long[::1]", n1=Py_ssize_t, gb=Py_ssize_t, out=Py_ssize_t, prompt=Py_ssize_t, lst=list, r_pos="long long[::1]",
-                   j=Py_ssize_t, last=Py_ssize_t, ctr="long long[::1]", p=Py_ssize_t, s=GpuSet, pos=list, items=list)
+                   j=Py_ssize_t, last=Py_ssize_t, ctr="long long[::1]", p=Py_ssize_t, s=GpuSet)
     cdef _decode_done(self, Py_ssize_t r, Py_ssize_t g, double t)
 
     @cython.locals(c=Py_ssize_t, q=Py_ssize_t, ph=Py_ssize_t)
     cdef _abandon(self, Py_ssize_t r, double t)
 
+    # tokens mode: a GPU's clock (the KV branches call untyped helpers)
+    @cython.locals(ta=double, itl=double, m=Py_ssize_t)
+    cdef _join(self, Py_ssize_t g, double t)
+
+    @cython.locals(ka=Py_ssize_t, kb=Py_ssize_t, kd=Py_ssize_t, nd=Py_ssize_t, ko=Py_ssize_t, h=list, te=double,
+                   v=Py_ssize_t)
+    cdef _schedule(self, Py_ssize_t g)
+
+    @cython.locals(m=Py_ssize_t, dc=Py_ssize_t, h=list, r=Py_ssize_t, guard=Py_ssize_t)
+    cdef _gpu_event(self, Py_ssize_t g, Py_ssize_t kb, double t)
+
     @cython.locals(heap=list, t_house=double, markov=bint, dirty=list, isdirty="long long[::1]", check=bint, next_report=double,
                    report_every=Py_ssize_t, exp_block=list, ei=Py_ssize_t, uni_block=list, ui=Py_ssize_t,
-                   ev=Py_ssize_t, ver="long long[::1]", pkb="long long[::1]", pte="double[::1]", simple_sched=bint, never=Py_ssize_t,
-                   rng_block=Py_ssize_t, g_cnt="long long[::1]", g_ndec="long long[::1]", t_kv="long long[::1]", t_ka="long long[::1]", t_pend="long long[::1]", t_adv="long long[::1]",
-                   t_dheap=list, t_dca="long long[::1]", t_ta="double[::1]", t_itl="double[::1]", I=Py_ssize_t, plists=list, dlists=list,
+                   ev=Py_ssize_t, ver="long long[::1]", pkb="long long[::1]", rng_block=Py_ssize_t, I=Py_ssize_t, plists=list, dlists=list,
                    wlists=list, mu_p=list, mbar=list, mu_m=list, mu_s=list, theta=list, g_pre="long long[::1]",
                    arr_t=list, arr_c=list, arr_p=list, arr_o=list, ai=Py_ssize_t, na=Py_ssize_t, tr=double,
                    nd=Py_ssize_t, ta=double, tg=double, t=double, done=bint, ticked=bint, k=Py_ssize_t, u=double,
                    c=Py_ssize_t, lst=list, nl=Py_ssize_t, a=double, j=Py_ssize_t, r=Py_ssize_t, m=double, x=double,
-                   g=Py_ssize_t, tt=double, v=Py_ssize_t, kb=Py_ssize_t, mi=Py_ssize_t, dc=Py_ssize_t, h=list,
-                   ka=Py_ssize_t, te=double, lam=double, now=double)
+                   g=Py_ssize_t, tt=double, v=Py_ssize_t, kb=Py_ssize_t, lam=double, now=double)
     cdef _loop(self, double wall0)

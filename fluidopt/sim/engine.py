@@ -297,9 +297,6 @@ class Engine:
         self._acc = _floats(nq, 0.0)
         self._gbase = M.N_CLASS_QTY * I
         self._ctr = _ints(M.N_CTR * I, 0)
-        # (class, from, to) count indices of a GPU's decodes when it turns mixed / solo
-        self._sw_mixed = tuple((c, 5 * c + 4, 5 * c + 3) for c in range(I))
-        self._sw_solo = tuple((c, 5 * c + 3, 5 * c + 4) for c in range(I))
 
         # -- GPUs -----------------------------------------------------------------------------------
         self.g_pre = _ints(n, NO_REQUEST)
@@ -664,29 +661,7 @@ class Engine:
         markov = self.markov
         if not markov:
             ptok = self.r_prompt[r] + self.r_gen[r]  # recompute after a preemption
-            # inlined _join(g, t) without the KV time term
-            if self.kap == 0.0:
-                if self.g_cnt[g] == 0:
-                    self.t_ta[g] = t
-                    self.t_itl[g] = self.tau_solo
-                    self.t_adv[g] = 1
-                    self.t_kv[g] = 0
-                else:
-                    t_ta = self.t_ta
-                    ta = t_ta[g]
-                    if t > ta:
-                        itl = self.t_itl[g]
-                        m = int((t - ta) / itl)
-                        if ta + m * itl < t:
-                            m += 1
-                        if m > 0:
-                            t_ta[g] = ta + m * itl
-                            if self.t_adv[g]:
-                                self.t_dca[g] += m
-                                self.t_kv[g] += self.g_ndec[g] * m
-                            self.t_ka[g] += m
-            else:
-                self._join(g, t)
+            self._join(g, t)
             if self.kvcap >= 0 and self.t_kv[g] + ptok > self.kvcap:
                 raise ActionError(
                     f"start_prefill(r={r}, g={g}) at t={t:.9g}: GPU {g} has {self.kvcap - self.t_kv[g]} free KV tokens, "
@@ -711,17 +686,7 @@ class Engine:
             cnt[gb] += 1
             acc[gb] += t
         else:
-            # g's decodes move from Y_s to Y_m (inlined _switch_mode(g, True, t))
-            dcl = self.g_dcls[g]
-            for cc in range(self.I):
-                d = dcl[cc]
-                if d:
-                    a = 5 * cc + 4
-                    dt = d * t
-                    cnt[a] -= d
-                    acc[a] -= dt
-                    cnt[a - 1] += d
-                    acc[a - 1] += dt
+            self._switch_mode(g, True, t)
         self.r_gpu[r] = g
         r_phase[r] = PREFILL
         if self.r_pg[r] < 0:
@@ -729,26 +694,10 @@ class Engine:
         # sets: g's prefill slot is now busy; a full GPU also takes no decode
         p = self.g_pool[g]
         s = self._ip[p]
-        pos = s._pos
-        j = pos[g]
-        if j >= 0:
-            items = s._items
-            last = items.pop()
-            if last != g:
-                items[j] = last
-                pos[last] = j
-            pos[g] = -1
+        s._discard(g)
         if n1 >= self.B:
             s = self._fd[p]
-            pos = s._pos
-            j = pos[g]
-            if j >= 0:
-                items = s._items
-                last = items.pop()
-                if last != g:
-                    items[j] = last
-                    pos[last] = j
-                pos[g] = -1
+            s._discard(g)
         if markov:
             lst = self._plist[c]
             self.r_pos[r] = len(lst)
@@ -806,29 +755,7 @@ class Engine:
         c = self.r_cls[r]
         markov = self.markov
         if not markov:
-            # inlined _join(g, t) without the KV time term
-            if self.kap == 0.0:
-                if self.g_cnt[g] == 0:
-                    self.t_ta[g] = t
-                    self.t_itl[g] = self.tau_solo
-                    self.t_adv[g] = 1
-                    self.t_kv[g] = 0
-                else:
-                    t_ta = self.t_ta
-                    ta = t_ta[g]
-                    if t > ta:
-                        itl = self.t_itl[g]
-                        m = int((t - ta) / itl)
-                        if ta + m * itl < t:
-                            m += 1
-                        if m > 0:
-                            t_ta[g] = ta + m * itl
-                            if self.t_adv[g]:
-                                self.t_dca[g] += m
-                                self.t_kv[g] += self.g_ndec[g] * m
-                            self.t_ka[g] += m
-            else:
-                self._join(g, t)
+            self._join(g, t)
             ctxlen = self.r_prompt[r] + self.r_gen[r]
             if self.kvcap >= 0 and self.t_kv[g] + ctxlen > self.kvcap:
                 raise ActionError(
@@ -864,26 +791,10 @@ class Engine:
         if full or nd >= g_maxd[g]:
             p = self.g_pool[g]
             s = self._fd[p]
-            pos = s._pos
-            j = pos[g]
-            if j >= 0:
-                items = s._items
-                last = items.pop()
-                if last != g:
-                    items[j] = last
-                    pos[last] = j
-                pos[g] = -1
+            s._discard(g)
             if full:
                 s = self._ip[p]
-                pos = s._pos
-                j = pos[g]
-                if j >= 0:
-                    items = s._items
-                    last = items.pop()
-                    if last != g:
-                        items[j] = last
-                        pos[last] = j
-                    pos[g] = -1
+                s._discard(g)
         if markov:
             self.g_reqs[g].add(r)
             lst = self._dlist[c]
@@ -1088,15 +999,15 @@ class Engine:
             self.r_wd[r] += t - self.r_tw[r]
 
     def _switch_mode(self, g: int, mixed: bool, t: float) -> None:
-        """GPU g's decodes move between Y_s and Y_m (a prefill started or ended on g).
-
-        (Inlined in start_prefill and _prefill_done; keep the three in step.)"""
+        """GPU g's decodes move between Y_s and Y_m (a prefill started or ended on g)."""
         cnt = self._cnt
         acc = self._acc
         dcl = self.g_dcls[g]
-        for c, a, b in (self._sw_mixed if mixed else self._sw_solo):
+        for c in range(self.I):
             d = dcl[c]
             if d:
+                a = 5 * c + (4 if mixed else 3)  # from (solo or mixed) ...
+                b = 5 * c + (3 if mixed else 4)  # ... to (mixed or solo)
                 dt = d * t
                 cnt[a] -= d
                 acc[a] -= dt
@@ -1238,17 +1149,7 @@ class Engine:
             cnt[gb] -= 1
             acc[gb] -= t
         else:
-            # g's decodes move from Y_m to Y_s (inlined _switch_mode(g, False, t))
-            dcl = self.g_dcls[g]
-            for cc in range(self.I):
-                d = dcl[cc]
-                if d:
-                    a = 5 * cc + 3
-                    dt = d * t
-                    cnt[a] -= d
-                    acc[a] -= dt
-                    cnt[a + 1] += d
-                    acc[a + 1] += dt
+            self._switch_mode(g, False, t)
         if self.markov:
             lst = self._plist[c]
             r_pos = self.r_pos
@@ -1281,18 +1182,10 @@ class Engine:
         p = self.g_pool[g]
         if self.g_pok[g]:
             s = self._ip[p]
-            pos = s._pos
-            if pos[g] < 0:
-                items = s._items
-                pos[g] = len(items)
-                items.append(g)
+            s._add(g)
         if self.g_ndec[g] < self.g_maxd[g]:
             s = self._fd[p]
-            pos = s._pos
-            if pos[g] < 0:
-                items = s._items
-                pos[g] = len(items)
-                items.append(g)
+            s._add(g)
         cb = self._cb_pdone
         if cb is not None:
             cb(self, r, g)
@@ -1348,18 +1241,10 @@ class Engine:
         p = self.g_pool[g]
         if pre < 0 and self.g_pok[g]:
             s = self._ip[p]
-            pos = s._pos
-            if pos[g] < 0:
-                items = s._items
-                pos[g] = len(items)
-                items.append(g)
+            s._add(g)
         if nd < self.g_maxd[g]:
             s = self._fd[p]
-            pos = s._pos
-            if pos[g] < 0:
-                items = s._items
-                pos[g] = len(items)
-                items.append(g)
+            s._add(g)
         cb = self._cb_ddone
         if cb is not None:
             cb(self, r, g)
@@ -1433,9 +1318,7 @@ class Engine:
         self.t_ka[g] = k
 
     def _join(self, g: int, t: float) -> None:
-        """Prepare GPU g for new work at time t: anchor it at the boundary where the work joins.
-
-        (Inlined in start_prefill and start_decode when kv_time_per_token is 0; keep them in step.)"""
+        """Prepare GPU g for new work at time t: anchor it at the boundary where the work joins."""
         if self.g_cnt[g] == 0:
             # idle GPU: iterations start now
             self.t_ta[g] = t
@@ -1498,7 +1381,7 @@ class Engine:
         heapq.heappush(self._heap, (te, g, v))
 
     def _gpu_event(self, g: int, kb: int, t: float) -> None:
-        # (inlined in _loop for the case without a KV model; keep the two in step)
+        """GPU g reached boundary kb at time t, its pending event: finish what ends there."""
         m = kb - self.t_ka[g]
         if m > 0:
             if self.t_adv[g]:
@@ -1769,18 +1652,8 @@ class Engine:
         heappop = heapq.heappop
         ver = self.t_ver
         pkb = self.t_pkb
-        pte = self.t_pte
-        simple_sched = self.kap == 0.0 and self.kvcap < 0
-        never = _NEVER
         rng_block = _RNG_BLOCK
-        heappush = heapq.heappush
-        g_cnt = self.g_cnt
-        g_ndec = self.g_ndec
-        t_kv = self.t_kv
-        t_ka, t_pend, t_adv, t_dheap, t_dca, t_ta, t_itl = (self.t_ka, self.t_pend, self.t_adv, self.t_dheap, self.t_dca,
-                                                            self.t_ta, self.t_itl)
         I = self.I
-
         plists, dlists, wlists = self._plist, self._dlist, self._wlist
         mu_p, mbar, mu_m, mu_s, theta = self.mu_p, self.mbar, self.mu_m, self.mu_s, self.theta
         g_pre = self.g_pre
@@ -1883,57 +1756,11 @@ class Engine:
                 kb = pkb[g]
                 pkb[g] = -1  # consumed: the next _schedule(g) must push
                 self._now = tt
-                if simple_sched:
-                    # _gpu_event(g, kb, tt) inlined for the common case (no KV capacity, no KV time term)
-                    mi = kb - t_ka[g]
-                    if mi > 0:
-                        if t_adv[g]:
-                            t_dca[g] += mi
-                            t_kv[g] += g_ndec[g] * mi
-                        t_ka[g] = kb
-                    t_ta[g] = tt
-                    dc = t_dca[g]
-                    h = t_dheap[g]
-                    while h and h[0][0] <= dc:
-                        self._decode_done(heappop(h)[1], g, tt)
-                    if g_pre[g] >= 0 and t_pend[g] <= kb:
-                        self._prefill_done(g_pre[g], g, tt)
-                    if not isdirty[g]:
-                        isdirty[g] = True
-                        dirty.append(g)
-                else:
-                    self._gpu_event(g, kb, tt)
+                self._gpu_event(g, kb, tt)
             if dirty:
-                if simple_sched:
-                    # _schedule(g) inlined for the common case (no KV capacity, no KV time term)
-                    for g in dirty:
-                        isdirty[g] = False
-                        if g_cnt[g] == 0:
-                            ver[g] += 1
-                            pkb[g] = -1
-                            continue
-                        ka = t_ka[g]
-                        kb = t_pend[g] if g_pre[g] >= 0 else never
-                        if t_adv[g]:
-                            h = t_dheap[g]
-                            if h:
-                                kd = ka + h[0][0] - t_dca[g]
-                                if kd < kb:
-                                    kb = kd
-                        if kb < ka:
-                            kb = ka
-                        te = t_ta[g] + (kb - ka) * t_itl[g]
-                        if kb == pkb[g] and te == pte[g]:
-                            continue  # the pending entry is this very event
-                        v = ver[g] + 1
-                        ver[g] = v
-                        pkb[g] = kb
-                        pte[g] = te
-                        heappush(heap, (te, g, v))
-                else:
-                    for g in dirty:
-                        isdirty[g] = False
-                        self._schedule(g)
+                for g in dirty:
+                    isdirty[g] = False
+                    self._schedule(g)
                 dirty.clear()
             nd += 1
             if not nd & 0xFFFF:
