@@ -110,7 +110,6 @@ def _token_counts(what: str, values) -> list[int]:
     return a.astype(np.int64).tolist()
 
 
-
 class GpuSet:
     """A set of GPU indices with O(1) add, discard, membership and uniform random choice.
 
@@ -1039,9 +1038,10 @@ class Engine:
             return self._free.pop()
         # Grow by a block of slots (doubling: amortised O(1) per request). The per-request arrays are
         # replaced, not extended in place (the compiled core holds their buffers), so no method keeps
-        # one in a local across an arrival (in either engine: they are the same code). The new ids go onto the free stack in reverse, so they
-        # are handed out in increasing order and only after every id freed in the meantime: the same
-        # ids, in the same order, as growing one slot at a time.
+        # one in a local across an arrival (in either engine: they are the same code). The new ids
+        # go onto the free stack in reverse, so they are handed out in increasing order and only
+        # after every id freed in the meantime: the same ids, in the same order, as growing one slot
+        # at a time.
         r = len(self.r_phase)
         k = max(_ALLOC_BLOCK, r)
         self.r_cls = _grown(self.r_cls, k, 0)
@@ -1527,7 +1527,6 @@ class Engine:
         if not n:
             return
         self._nrec = 0
-        # (the compiled core's view of the buffer has the array as its base)
         buf = self._rec.base if _COMPILED else self._rec  # (the compiled core's view has the array as base)
         self._fold(np.array(buf[: n * _NREC], dtype=float).reshape(n, _NREC))
 
