@@ -51,6 +51,7 @@ RUN_COLUMNS = (
     "abandoned_prefill",
     "abandoned_decode",
     "wall_seconds",
+    "engine",  # which event engine ran: "compiled" or "python" (fluidopt.sim.core)
     "interrupted",
 )
 
