@@ -118,6 +118,8 @@ cdef class Engine:
     @cython.locals(ta=double, itl=double, m=Py_ssize_t)
     cdef _join(self, Py_ssize_t g, double t)
 
+    cdef _join_with(self, Py_ssize_t g, double t, Py_ssize_t tokens, Py_ssize_t r, bint prefill)
+
     @cython.locals(ka=Py_ssize_t, kb=Py_ssize_t, kd=Py_ssize_t, nd=Py_ssize_t, ko=Py_ssize_t, h=list, te=double,
                    v=Py_ssize_t)
     cdef _schedule(self, Py_ssize_t g)

@@ -660,22 +660,13 @@ class Engine:
         markov = self.markov
         if not markov:
             ptok = self.r_prompt[r] + self.r_gen[r]  # recompute after a preemption
-            self._join(g, t)
-            if self.kvcap >= 0 and self.t_kv[g] + ptok > self.kvcap:
-                raise ActionError(
-                    f"start_prefill(r={r}, g={g}) at t={t:.9g}: GPU {g} has {self.kvcap - self.t_kv[g]} free KV tokens, "
-                    f"the prompt needs {ptok}"
-                )
-        if self.r_q[r] >= 0:
-            self._dequeue(r, c)
+            self._join_with(g, t, ptok, r, True)
+        self._leave_wait(r, c, t, 0)
         cnt = self._cnt
         acc = self._acc
         k = 5 * c
-        cnt[k] -= 1
-        acc[k] -= t
         cnt[k + 1] += 1
         acc[k + 1] += t
-        self.r_wp[r] += t - self.r_tw[r]
         g_pre[g] = r
         n0 = gc[g]
         n1 = n0 + 1
@@ -754,22 +745,11 @@ class Engine:
         c = self.r_cls[r]
         markov = self.markov
         if not markov:
-            self._join(g, t)
-            ctxlen = self.r_prompt[r] + self.r_gen[r]
-            if self.kvcap >= 0 and self.t_kv[g] + ctxlen > self.kvcap:
-                raise ActionError(
-                    f"start_decode(r={r}, g={g}) at t={t:.9g}: GPU {g} has {self.kvcap - self.t_kv[g]} free KV tokens, "
-                    f"the request's context needs {ctxlen}"
-                )
-        if self.r_q[r] >= 0:
-            self._dequeue(r, c)
+            self._join_with(g, t, self.r_prompt[r] + self.r_gen[r], r, False)
+        self._leave_wait(r, c, t, 2)
         cnt = self._cnt
         acc = self._acc
-        k = 5 * c
-        cnt[k + 2] -= 1
-        acc[k + 2] -= t
-        self.r_wd[r] += t - self.r_tw[r]
-        k += 3 if self.g_pre[g] >= 0 else 4
+        k = 5 * c + (3 if self.g_pre[g] >= 0 else 4)
         cnt[k] += 1
         acc[k] += t
         n0 = gc[g]
@@ -1341,6 +1321,15 @@ class Engine:
                         self.t_ka[g] += m
                 else:
                     self._anchor(g, self._boundary_after(g, t))
+
+    def _join_with(self, g: int, t: float, tokens: int, r: int, prefill: bool) -> None:
+        """_join(g, t) for r's prefill (or decode), which needs ``tokens`` of g's KV cache: ActionError
+        if they do not fit."""
+        self._join(g, t)
+        if self.kvcap >= 0 and self.t_kv[g] + tokens > self.kvcap:
+            action, what = ("start_prefill", "the prompt") if prefill else ("start_decode", "the request's context")
+            raise ActionError(f"{action}(r={r}, g={g}) at t={t:.9g}: GPU {g} has {self.kvcap - self.t_kv[g]} free KV "
+                              f"tokens, {what} needs {tokens}")
 
     def _schedule(self, g: int) -> None:
         """(Re)compute GPU g's next event and push it (older entries become stale).
