@@ -182,6 +182,37 @@ def test_tokens_timeline_kv_iteration_time(tmp_path):
     assert rec.end.tolist() == pytest.approx([0.078], abs=1e-12)
 
 
+def test_tokens_decode_ending_where_a_whole_prompt_prefill_joins(tmp_path):
+    # The engine issue's regression case. One GPU, alpha 0.017, beta 3.2e-4, tau_solo 0.02, B 8,
+    # prefill-first (no chunking). A (P=100, D=2) at 0: prefill 0.017 + 0.032 -> 0.049; its decodes
+    # end at 0.069 and 0.089. B (P=1000, D=1) arrives at 0.075 and joins at 0.089, the boundary where
+    # A's last decode ends: A completes at 0.089 (not after B's 0.337 s prefill), B's prefill runs
+    # 0.089 -> 0.426 and its one decode to 0.446.
+    gpu = GPUProfile(alpha=0.017, beta=3.2e-4, tau_solo=0.02, chunk=256, batch=8)
+    sc = Scenario(gpu=gpu, gpus=1, classes=(RequestClass("a", prompt=100, decode=2, rate=1.0),),
+                  prefill_price=1.0, decode_price=1.0)
+    rec = _run_records(tmp_path, sc, RoundRobin(chunked=False), [(0.0, 100, 2, 0), (0.075, 1000, 1, 0)])
+    assert rec.end.tolist() == pytest.approx([0.089, 0.446], abs=1e-12)
+    assert (rec.arrival + rec.ttft).tolist() == pytest.approx([0.049, 0.426], abs=1e-12)
+
+
+def test_tokens_decode_ending_at_the_join_boundary_frees_kv_before_the_prefill(tmp_path):
+    # The same case with a KV time term of 1e-4 s per resident token; B arrives at 0.095 and joins at
+    # A's last boundary, 0.1191. B's prefill iteration is timed with A's cache already gone (KV = 1000,
+    # B's prompt only): 0.017 + 0.32 + 0.1 = 0.437 s.
+    gpu = GPUProfile(alpha=0.017, beta=3.2e-4, tau_solo=0.02, chunk=256, batch=8, kv_time_per_token=1e-4)
+    sc = Scenario(gpu=gpu, gpus=1, classes=(RequestClass("a", prompt=100, decode=2, rate=1.0),),
+                  prefill_price=1.0, decode_price=1.0)
+    rec = _run_records(tmp_path, sc, RoundRobin(chunked=False), [(0.0, 100, 2, 0), (0.095, 1000, 1, 0)])
+    # A: prefill 0.017 + 0.032 + 0.01 (its own 100 tokens) = 0.059; decodes 0.02 + 1e-4 * 100, then * 101
+    a1 = 0.059 + 0.02 + 0.0100
+    a2 = a1 + 0.02 + 0.0101
+    assert rec.end[0] == pytest.approx(a2, abs=1e-12)
+    b_ttft = a2 + 0.017 + 0.32 + 1e-4 * 1000
+    assert rec.arrival[1] + rec.ttft[1] == pytest.approx(b_ttft, abs=1e-12)
+    assert rec.end[1] == pytest.approx(b_ttft + 0.02 + 1e-4 * 1000, abs=1e-12)
+
+
 def _reference_stepper(rows, *, batch, alpha, beta, chunk, tau_solo, kap, chunked):
     """Iteration-by-iteration simulation of one FCFS instance (prefill first, one prefill at a time).
 

@@ -1343,12 +1343,16 @@ class Engine:
             return
         ka = self.t_ka[g]
         kb = self.t_pend[g] if self.g_pre[g] >= 0 else _NEVER
+        h = self.t_dheap[g]
+        if h:
+            # decodes end where the decode clock reaches their target; while a whole-prompt prefill
+            # stalls the clock (t_adv = 0) only those already due at the anchor end: the anchor is
+            # the boundary where the prefill joins, and the decodes finishing there leave (and free
+            # their KV) before the prefill iteration starts.
+            kd = ka + h[0][0] - self.t_dca[g]
+            if kd < kb and (self.t_adv[g] or kd <= ka):
+                kb = kd
         if self.t_adv[g]:
-            h = self.t_dheap[g]
-            if h:
-                kd = ka + h[0][0] - self.t_dca[g]
-                if kd < kb:
-                    kb = kd
             if self.kvcap >= 0:
                 nd = self.g_ndec[g]
                 if nd:
