@@ -33,10 +33,10 @@ cdef class GpuSet:
 @cython.final
 cdef class Engine:
     cdef public object scenario, controller, workload, _service, seed, _class_names
-    cdef public double horizon, warmup, alpha, beta, tau_mix, tau_solo, kap, _now, _lam, _t_race, _t_sample, _t_tick
+    cdef public double horizon, warmup, alpha, beta, tau_mix, tau_solo, kap, _now, _lam, _t_race, _lam_race, _t_sample, _t_tick, _wall0
     cdef public Py_ssize_t n, B, I, C, kvcap, _gbase, _n_pools, _serial, _seq_back, _seq_front, _ai, _arrival_chunk, _bi
-    cdef public Py_ssize_t _exp_i, _uni_i, _events
-    cdef public bint check, markov, chunked, progress, _in_setup, _interrupted, _stop
+    cdef public Py_ssize_t _exp_i, _uni_i, _events, _nd
+    cdef public bint check, markov, chunked, progress, _in_setup, _interrupted, _stop, _started, _done, _pause
     cdef public object _work_rng, _np_rng, _ctrl_rng, _arr_iter, collector, sample_interval, tick_interval, _records
     cdef public object _qindex
     cdef public object _cb_arrival, _cb_pdone, _cb_ddone, _cb_abandon, _cb_preempt, _cb_drop, _cb_freed
@@ -134,5 +134,5 @@ cdef class Engine:
                    arr_t=list, arr_c=list, arr_p=list, arr_o=list, ai=Py_ssize_t, na=Py_ssize_t, tr=double,
                    nd=Py_ssize_t, ta=double, tg=double, t=double, done=bint, ticked=bint, k=Py_ssize_t, u=double,
                    c=Py_ssize_t, lst=list, nl=Py_ssize_t, a=double, j=Py_ssize_t, r=Py_ssize_t, m=double, x=double,
-                   g=Py_ssize_t, tt=double, v=Py_ssize_t, kb=Py_ssize_t, lam=double, now=double)
-    cdef _loop(self, double wall0)
+                   g=Py_ssize_t, tt=double, v=Py_ssize_t, kb=Py_ssize_t, lam=double, now=double, partial=bint, wall0=double)
+    cdef _loop(self, double stop)

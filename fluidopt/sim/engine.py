@@ -350,7 +350,13 @@ class Engine:
         self._ai = 0
         self._arr_iter = None
         self._arrival_chunk = int(arrival_chunk)
-        self._t_race = INF
+        self._t_race = INF  # the race clock: time of the next race event
+        self._lam_race = 0.0  # the rate it was drawn with
+        self._nd = 0
+        self._started = False
+        self._done = False  # the horizon was reached
+        self._pause = False
+        self._wall0 = 0.0
         self.collector = M.MetricCollector(I, self.warmup, self.horizon, batches)
         self._bounds = [self.warmup + j * self.collector.L for j in range(batches)] + [self.horizon]
         self._bi = 0
@@ -1582,7 +1588,21 @@ class Engine:
     # The run
     # =============================================================================================
     def run(self) -> M.SimResult:
-        wall0 = time.perf_counter()
+        """The whole run: :meth:`start`, :meth:`advance` to the horizon, :meth:`finish`."""
+        self.start()
+        self.advance()
+        return self.finish()
+
+    # -- stepping: run the engine in place, a piece at a time (a Gymnasium environment, a real-time
+    # driver). Any sequence of advance() calls follows the same sample path as one run, bit for bit,
+    # as long as nothing acts between them; actions taken between calls are exact (the race clock is
+    # redrawn only if they changed its rate, which memorylessness allows).
+    def start(self) -> None:
+        """Set the run up (the controller's ``setup``, the first arrivals); idempotent."""
+        if self._started:
+            return
+        self._started = True
+        self._wall0 = time.perf_counter()
         self._in_setup = True
         try:
             self.controller.setup(self)
@@ -1592,6 +1612,29 @@ class Engine:
         self._next_arrivals()
         self._refill_exp()
         self._refill_uni()
+
+    @property
+    def done(self) -> bool:
+        """True once the horizon is reached or the run was interrupted: :meth:`advance` does nothing more."""
+        return self._done or self._interrupted
+
+    def advance(self, until: float | None = None) -> float:
+        """Process events until simulated time ``until`` (seconds; default: the horizon), a
+        controller's :meth:`pause`, or Ctrl-C; return the simulated time reached.
+
+        Events at times before ``until`` are processed, events at ``until`` are not: afterwards
+        ``now == until`` and the state is the state just before that instant, so a caller may act
+        (through this engine's actions) at time ``until`` before the events there happen. After a
+        :meth:`pause`, ``now`` is the time of the event whose handler paused.
+        """
+        self.start()
+        if self.done:
+            return self._now
+        stop = self.horizon if until is None else float(until)
+        if stop != stop:
+            raise ScenarioError("advance: until: expected a time in seconds, got NaN")
+        if stop <= self._now:
+            return self._now
         # Ctrl-C: the first SIGINT asks the loop to stop between two events (so no state or records
         # chunk is left half-done); a second one interrupts at once.
         old_handler = None
@@ -1604,7 +1647,7 @@ class Engine:
         gc_was_enabled = gc.isenabled()
         gc.disable()
         try:
-            self._loop(wall0)
+            self._loop(stop)
         except KeyboardInterrupt:
             self._interrupted = True
         finally:
@@ -1615,26 +1658,39 @@ class Engine:
             if self.progress:
                 sys.stderr.write("\n")
                 sys.stderr.flush()
-        if self._interrupted:
+        return self._now
+
+    def pause(self) -> None:
+        """Ask the engine to return from :meth:`advance` after the event being handled (for a
+        controller that wants its driver to decide now, e.g. a learned router's decision epoch)."""
+        self._pause = True
+
+    def finish(self) -> M.SimResult:
+        """Close the run at the time reached and return its result (a run stopped before the
+        horizon is measured up to ``now``); call once."""
+        self.start()
+        if not self._done:
             t = self._now
             self._flush()
             self.collector.snapshot(t, self._areas(t), np.array(self._ctr, dtype=float))
-        return self._finish(time.perf_counter() - wall0)
+        return self._finish(time.perf_counter() - self._wall0)
 
     def _on_sigint(self, signum, frame) -> None:
         if self._stop:
             raise KeyboardInterrupt
         self._stop = True
 
-    def _loop(self, wall0: float) -> None:
-        """The event loop. The race selection is inlined here: it runs for most events."""
+    def _loop(self, stop: float) -> None:
+        """The event loop, up to (not including) time ``stop`` or the horizon. The race selection is
+        inlined here: it runs for most events. Its state lives in locals and is saved on return."""
         heap = self._heap
-        t_house = self._t_house()
         markov = self.markov
         dirty = self._dirty
         isdirty = self._isdirty
         check = self.check
-        next_report = wall0 + 1.0
+        wall0 = self._wall0
+        next_report = time.perf_counter() + 1.0
+        partial = stop < self.horizon
         report_every = 1 << 14
         exp_block = self._exp_block
         ei = self._exp_i
@@ -1650,10 +1706,31 @@ class Engine:
         mu_p, mbar, mu_m, mu_s, theta = self.mu_p, self.mbar, self.mu_m, self.mu_s, self.theta
         g_pre = self.g_pre
         arr_t, arr_c, arr_p, arr_o = self._arr_t, self._arr_c, self._arr_p, self._arr_o
-        ai = 0
+        ai = self._ai
         na = len(arr_t)
-        tr = INF
-        nd = 0  # events that can change the dynamics (not measurement)
+        ev = self._events
+        nd = self._nd  # events that can change the dynamics (not measurement)
+        # actions taken between two advance() calls: reschedule their GPUs, and redraw the race
+        # clock from now if they changed its rate (exact by memorylessness)
+        if dirty:
+            for g in dirty:
+                isdirty[g] = False
+                self._schedule(g)
+            dirty.clear()
+        tr = self._t_race
+        if self._lam != self._lam_race:
+            lam = self._lam
+            if lam > 1e-12:
+                if ei >= rng_block:
+                    self._refill_exp()
+                    exp_block = self._exp_block
+                    ei = 0
+                tr = self._now + exp_block[ei] / lam
+                ei += 1
+            else:
+                tr = INF
+            self._lam_race = lam
+        t_house = self._t_house()
         while True:
             if ai < na:
                 ta = arr_t[ai]
@@ -1666,12 +1743,16 @@ class Engine:
                 ta = INF
                 na = -1
             tg = heap[0][0] if heap else INF
+            if partial and t_house >= stop and ta >= stop and tr >= stop and tg >= stop:
+                self._now = stop
+                break
             ev += 1
             if t_house <= ta and t_house <= tr and t_house <= tg:
                 t = t_house
                 self._now = t
                 done, ticked = self._housekeeping(t)
                 if done:
+                    self._done = True
                     break
                 t_house = self._t_house()
                 if not ticked:
@@ -1769,6 +1850,8 @@ class Engine:
                 tr = INF
             if check:
                 self.check_invariants()
+            if self._pause:
+                break
             if not ev & 1023:
                 if self._stop:
                     self._interrupted = True
@@ -1781,8 +1864,13 @@ class Engine:
                             next_report = now + 1.0
                             self._report(now - wall0)
         self._events = ev
+        self._nd = nd
         self._exp_i = ei
         self._uni_i = ui
+        self._ai = ai
+        self._t_race = tr
+        self._lam_race = self._lam  # the rate tr was drawn with
+        self._pause = False
 
     def _report(self, wall: float) -> None:
         t = self._now
