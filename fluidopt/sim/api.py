@@ -14,7 +14,7 @@ from fluidopt.model import Scenario
 from fluidopt.sim.core import engine_class
 from fluidopt.sim.metrics import RecordsWriter, SimResult
 
-__all__ = ["check_run", "simulate"]
+__all__ = ["check_run", "make_engine", "simulate"]
 
 
 def _seconds(name: str, v: object, *, zero: bool = False, caller: str = "simulate") -> float:
@@ -73,6 +73,46 @@ def simulate(
     ``"compiled"`` or ``"python"`` (:mod:`fluidopt.sim.core`); both give the same numbers bit for bit,
     and ``result.meta["engine"]`` says which ran. Same ``seed``, same numbers, bit for bit.
     """
+    engine = make_engine(
+        scenario, controller, horizon=horizon, warmup=warmup, seed=seed, service=service, workload=workload,
+        records=records, sample_interval=sample_interval, progress=progress, batches=batches,
+        controller_options=controller_options, check=check, backend=backend,
+    )
+    try:
+        return engine.run()
+    except BaseException:
+        if engine._records is not None:
+            engine._records.discard()
+        raise
+
+
+def make_engine(
+    scenario: Scenario | str | os.PathLike,
+    controller: Controller | str,
+    *,
+    horizon: float,
+    warmup: float = 0.0,
+    seed: int = 0,
+    service: str = "markov",
+    workload=None,
+    records: str | os.PathLike | None = None,
+    sample_interval: float | None = None,
+    progress: bool | None = None,
+    batches: int = 20,
+    controller_options: dict | None = None,
+    check: bool = False,
+    backend: str = "auto",
+):
+    """An engine set up for a run, to drive a piece at a time (the stepping API).
+
+    Same arguments and validation as :func:`simulate`, which is ``make_engine(...).run()``. The
+    engine is the controller's context; drive it with ``start()``, ``advance(until)`` (process the
+    events before time ``until``, seconds; default the horizon), ``pause()`` (from a handler: return
+    from ``advance`` after this event), ``done`` and ``finish()`` (the
+    :class:`~fluidopt.sim.metrics.SimResult` up to the time reached). Between two ``advance`` calls a
+    driver may read the view and act through the engine's actions at time ``now``.
+    ``result.meta["engine"]`` says which engine ran.
+    """
     if not isinstance(scenario, Scenario):
         from fluidopt.scenario import load_scenario
 
@@ -86,7 +126,7 @@ def simulate(
         sample_interval = _seconds("sample_interval", sample_interval)
     if isinstance(batches, bool) or not isinstance(batches, int) or batches < 2:
         raise ScenarioError(f"simulate: batches: expected an integer >= 2, got {batches!r}")
-    Engine, engine_name = engine_class(backend)
+    Engine, _ = engine_class(backend)
     ctrl = make_controller(controller, scenario, **(controller_options or {}))
     tick = getattr(ctrl, "tick_interval", None)
     if tick is not None and not (isinstance(tick, (int, float)) and math.isfinite(tick) and tick > 0):
@@ -110,10 +150,8 @@ def simulate(
             scenario, ctrl, workload, service=service, horizon=horizon, warmup=warmup, seed=seed,
             sample_interval=sample_interval, records=writer, progress=progress, batches=batches, check=check,
         )
-        result = engine.run()
     except BaseException:
         if writer is not None:
             writer.discard()
         raise
-    result.meta["engine"] = engine_name
-    return result
+    return engine

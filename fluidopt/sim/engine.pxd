@@ -32,7 +32,7 @@ cdef class GpuSet:
 
 @cython.final
 cdef class Engine:
-    cdef public object scenario, controller, workload, _service, seed, _class_names
+    cdef public object scenario, controller, workload, _service, seed, _class_names, engine_name
     cdef public double horizon, warmup, alpha, beta, tau_mix, tau_solo, kap, _now, _lam, _t_race, _lam_race, _t_sample, _t_tick, _wall0
     cdef public Py_ssize_t n, B, I, C, kvcap, _gbase, _n_pools, _serial, _seq_back, _seq_front, _ai, _arrival_chunk, _bi
     cdef public Py_ssize_t _exp_i, _uni_i, _events, _nd

@@ -357,6 +357,7 @@ class Engine:
         self._done = False  # the horizon was reached
         self._pause = False
         self._wall0 = 0.0
+        self.engine_name = "compiled" if _COMPILED else "python"
         self.collector = M.MetricCollector(I, self.warmup, self.horizon, batches)
         self._bounds = [self.warmup + j * self.collector.L for j in range(batches)] + [self.horizon]
         self._bi = 0
@@ -1673,7 +1674,9 @@ class Engine:
             t = self._now
             self._flush()
             self.collector.snapshot(t, self._areas(t), np.array(self._ctr, dtype=float))
-        return self._finish(time.perf_counter() - self._wall0)
+        result = self._finish(time.perf_counter() - self._wall0)
+        result.meta["engine"] = self.engine_name
+        return result
 
     def _on_sigint(self, signum, frame) -> None:
         if self._stop:
