@@ -7,7 +7,9 @@ engine.pxd it was built from, so that an edited engine is never shadowed by a st
 fluidopt.sim.core then falls back to engine.py with a warning.
 
 No compiler, no Cython, or ``FLUIDOPT_PURE_PYTHON=1`` in the environment: the install goes on
-without the extension and the simulator runs engine.py (a notice is printed; nothing else changes).
+without the extension and the simulator runs engine.py (a notice is printed; nothing else changes),
+unless ``FLUIDOPT_REQUIRE=compiled`` is set (CI does): then a core that cannot be built fails the
+install, and the tests that need it fail instead of skipping (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -27,7 +29,14 @@ TYPES = ROOT / "fluidopt" / "sim" / "engine.pxd"
 GEN = ROOT / "build" / "cengine"  # generated sources (ignored by git), laid out as the package
 
 
+def _required() -> bool:
+    """FLUIDOPT_REQUIRE=compiled (CI, and a developer editing the engine): the core must build."""
+    return "compiled" in {x.strip() for x in os.environ.get("FLUIDOPT_REQUIRE", "").split(",")}
+
+
 def _notice(msg: str) -> None:
+    if _required():
+        raise SystemExit(f"fluidopt: {msg}, and FLUIDOPT_REQUIRE=compiled is set: the compiled core must build")
     sys.stderr.write(f"fluidopt: {msg}; the simulator will run its pure-Python engine (same results, slower)\n")
 
 

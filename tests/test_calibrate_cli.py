@@ -109,7 +109,6 @@ def test_bad_csv_exits_2_with_one_line_and_no_traceback(tmp_path):
     assert lines[0] == f"fluidopt calibrate: error: {bad}: line 3: iteration_seconds = 'fast': expected a number"
 
 
-@pytest.mark.skipif(not (ROOT / "fluidopt" / "commands" / "solve.py").exists(), reason="fluidopt solve not built yet")
 @pytest.mark.parametrize(
     ("text", "pattern"),
     [

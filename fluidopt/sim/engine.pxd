@@ -13,6 +13,10 @@
 
 cimport cython
 
+# the counter layouts (engine.py binds them from fluidopt.sim.metrics): C integers in the core
+cdef Py_ssize_t NQ, Q_WP, Q_X, Q_WD, Q_YM, Q_YS, NC, C_ARRIVED, C_PREFILLED, C_COMPLETED, C_PREEMPTED
+cdef Py_ssize_t C_AB_PREFILL, C_AB_DECODE, C_DROPPED, C_PREFILL_TOKENS, C_DONE_PROMPT, C_DONE_OUTPUT, _NREC
+
 
 @cython.final
 cdef class GpuSet:

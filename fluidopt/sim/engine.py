@@ -43,7 +43,6 @@ from array import array
 from collections.abc import Callable, Sequence
 
 import numpy as np
-import pandas as pd
 
 from fluidopt.control.protocol import (
     DECODE,
@@ -58,20 +57,30 @@ from fluidopt.control.protocol import (
 from fluidopt.errors import ActionError, ScenarioError
 from fluidopt.model import Scenario
 from fluidopt.sim import metrics as M
+from fluidopt.sim.action_errors import GONE as _GONE  # phase of a freed request slot
+from fluidopt.sim.action_errors import PHASE_NAMES as _PHASE_NAMES
+from fluidopt.sim.action_errors import decode_error, prefill_error
+from fluidopt.sim.invariants import check_invariants
+from fluidopt.sim.results import assemble_result, progress_line
 
 __all__ = ["Engine", "GpuSet"]
 
 INF = math.inf
 NAN = math.nan
 _NEVER = 1 << 62  # a boundary index beyond any run
-_GONE = 4  # phase of a freed request slot
 _FLUSH = 8192  # finished requests buffered before folding into the metrics
 _RNG_BLOCK = 65536
 _ALLOC_BLOCK = 1024  # fewest request slots added at a time
-_NREC = 13  # fields of a finished request's row (see _record)
+_NREC = M.N_RECORD_FIELDS  # fields of a finished request's row (metrics.RECORD_FIELDS; see _record)
 
-_PHASE_NAMES = {WAIT_PREFILL: "waiting for a prefill", PREFILL: "in prefill", WAIT_DECODE: "waiting for a decode",
-                DECODE: "decoding", _GONE: "not in the system"}
+# The layouts of the time-integrated counts (NQ per class) and the event counters (NC per class), by
+# name, from their one definition in fluidopt.sim.metrics (engine.pxd types these as C integers).
+NQ = M.N_CLASS_QTY
+Q_WP, Q_X, Q_WD, Q_YM, Q_YS = M.Q_PREFILL, M.X_PREFILL, M.Q_DECODE, M.Y_MIXED, M.Y_SOLO
+NC = M.N_CTR
+C_ARRIVED, C_PREFILLED, C_COMPLETED, C_PREEMPTED = M.C_ARRIVED, M.C_PREFILLED, M.C_COMPLETED, M.C_PREEMPTED
+C_AB_PREFILL, C_AB_DECODE, C_DROPPED = M.C_AB_PREFILL, M.C_AB_DECODE, M.C_DROPPED
+C_PREFILL_TOKENS, C_DONE_PROMPT, C_DONE_OUTPUT = M.C_PREFILL_TOKENS, M.C_DONE_PROMPT, M.C_DONE_OUTPUT
 
 
 # True only in the compiled core: setup.py appends "_COMPILED = True" to the copy it compiles.
@@ -291,11 +300,11 @@ class Engine:
         self._lam = 0.0  # total race rate
 
         # -- counts (time-integrated by the "sum of signed change times" trick) -------------------
-        nq = M.N_CLASS_QTY * I + M.N_GPU_QTY
+        nq = NQ * I + M.N_GPU_QTY
         self._cnt = _ints(nq, 0)
         self._acc = _floats(nq, 0.0)
-        self._gbase = M.N_CLASS_QTY * I
-        self._ctr = _ints(M.N_CTR * I, 0)
+        self._gbase = NQ * I
+        self._ctr = _ints(NC * I, 0)
 
         # -- GPUs -----------------------------------------------------------------------------------
         self.g_pre = _ints(n, NO_REQUEST)
@@ -421,19 +430,19 @@ class Engine:
         return self._n_pools
 
     def n_prefill(self, i: int) -> int:
-        return self._cnt[5 * i + 1]
+        return self._cnt[NQ * i + Q_X]
 
     def n_decode_mixed(self, i: int) -> int:
-        return self._cnt[5 * i + 3]
+        return self._cnt[NQ * i + Q_YM]
 
     def n_decode_solo(self, i: int) -> int:
-        return self._cnt[5 * i + 4]
+        return self._cnt[NQ * i + Q_YS]
 
     def n_wait_prefill(self, i: int) -> int:
-        return self._cnt[5 * i]
+        return self._cnt[NQ * i + Q_WP]
 
     def n_wait_decode(self, i: int) -> int:
-        return self._cnt[5 * i + 2]
+        return self._cnt[NQ * i + Q_WD]
 
     def gpu_prefill(self, g: int) -> int:
         return self.g_pre[g]
@@ -668,12 +677,12 @@ class Engine:
         if not markov:
             ptok = self.r_prompt[r] + self.r_gen[r]  # recompute after a preemption
             self._join_with(g, t, ptok, r, True)
-        self._leave_wait(r, c, t, 0)
+        self._leave_wait(r, c, t, Q_WP)
         cnt = self._cnt
         acc = self._acc
-        k = 5 * c
-        cnt[k + 1] += 1
-        acc[k + 1] += t
+        k = NQ * c + Q_X
+        cnt[k] += 1
+        acc[k] += t
         g_pre[g] = r
         n0 = gc[g]
         n1 = n0 + 1
@@ -715,17 +724,7 @@ class Engine:
                 self._dirty.append(g)
 
     def _prefill_error(self, r: object, g: object) -> None:
-        w = f"start_prefill(r={r!r}, g={g!r}) at t={self._now:.9g}"
-        self._check_req(w, r)
-        self._check_gpu(w, g)
-        ph = self.r_phase[r]  # type: ignore[index]
-        if ph != WAIT_PREFILL:
-            raise ActionError(f"{w}: request {r} is {_PHASE_NAMES[ph]}, not waiting for a prefill")
-        if not self.g_pok[g]:  # type: ignore[index]
-            raise ActionError(f"{w}: GPU {g} does not take prefills (pool {self.g_pool[g]}, set in setup)")  # type: ignore[index]
-        if self.g_pre[g] >= 0:  # type: ignore[index]
-            raise ActionError(f"{w}: GPU {g} already runs a prefill (request {self.g_pre[g]})")  # type: ignore[index]
-        raise ActionError(f"{w}: GPU {g} has no free slot ({self.g_cnt[g]} of B={self.B} in use)")  # type: ignore[index]
+        prefill_error(self, r, g)
 
     def start_decode(self, r: int, g: int) -> None:
         """Start request r's decode on GPU g (validated; see the protocol)."""
@@ -753,10 +752,10 @@ class Engine:
         markov = self.markov
         if not markov:
             self._join_with(g, t, self.r_prompt[r] + self.r_gen[r], r, False)
-        self._leave_wait(r, c, t, 2)
+        self._leave_wait(r, c, t, Q_WD)
         cnt = self._cnt
         acc = self._acc
-        k = 5 * c + (3 if self.g_pre[g] >= 0 else 4)
+        k = NQ * c + (Q_YM if self.g_pre[g] >= 0 else Q_YS)
         cnt[k] += 1
         acc[k] += t
         n0 = gc[g]
@@ -827,17 +826,7 @@ class Engine:
         self._lam -= self.theta[c]
 
     def _decode_error(self, r: object, g: object) -> None:
-        w = f"start_decode(r={r!r}, g={g!r}) at t={self._now:.9g}"
-        self._check_req(w, r)
-        self._check_gpu(w, g)
-        ph = self.r_phase[r]  # type: ignore[index]
-        if ph != WAIT_DECODE:
-            raise ActionError(f"{w}: request {r} is {_PHASE_NAMES[ph]}, not waiting for a decode")
-        if self.g_cnt[g] >= self.B:  # type: ignore[index]
-            raise ActionError(f"{w}: GPU {g} has no free slot ({self.g_cnt[g]} of B={self.B} in use)")  # type: ignore[index]
-        raise ActionError(
-            f"{w}: GPU {g} already runs {self.g_ndec[g]} decodes, its cap (max_decodes={self.g_maxd[g]}, set in setup)"  # type: ignore[index]
-        )
+        decode_error(self, r, g)
 
     def enqueue(self, r: int, q: int, front: bool = False) -> None:
         """Put waiting request r at the back (front=True: the front) of queue q."""
@@ -973,13 +962,13 @@ class Engine:
         return rem
 
     def _leave_wait(self, r: int, c: int, t: float, qk: int) -> None:
-        """r stops waiting (phase WAIT_PREFILL if qk == 0, WAIT_DECODE if qk == 2) at time t."""
+        """r stops waiting (phase WAIT_PREFILL if qk == Q_WP, WAIT_DECODE if qk == Q_WD) at time t."""
         if self.r_q[r] >= 0:
             self._dequeue(r, c)
-        k = 5 * c + qk
+        k = NQ * c + qk
         self._cnt[k] -= 1
         self._acc[k] -= t
-        if qk == 0:
+        if qk == Q_WP:
             self.r_wp[r] += t - self.r_tw[r]
         else:
             self.r_wd[r] += t - self.r_tw[r]
@@ -992,8 +981,8 @@ class Engine:
         for c in range(self.I):
             d = dcl[c]
             if d:
-                a = 5 * c + (4 if mixed else 3)  # from (solo or mixed) ...
-                b = 5 * c + (3 if mixed else 4)  # ... to (mixed or solo)
+                a = NQ * c + (Q_YS if mixed else Q_YM)  # from (solo or mixed) ...
+                b = NQ * c + (Q_YM if mixed else Q_YS)  # ... to (mixed or solo)
                 dt = d * t
                 cnt[a] -= d
                 acc[a] -= dt
@@ -1056,7 +1045,8 @@ class Engine:
         return r
 
     def _record(self, r: int, c: int, outcome: int, t: float) -> None:
-        """Append r's row (see _fold) to the buffer of finished requests; fold a full buffer."""
+        """Append r's row (the fields of metrics.RECORD_FIELDS, in order) to the buffer of finished
+        requests; fold a full buffer."""
         rec = self._rec
         k = self._nrec * _NREC
         rec[k] = self.r_serial[r]
@@ -1103,13 +1093,13 @@ class Engine:
         self.r_npre[r] = 0
         self.r_pg[r] = -1
         self.r_dg[r] = -1
-        self._ctr[10 * c] += 1
+        self._ctr[NC * c + C_ARRIVED] += 1
         if self.kvcap >= 0 and prompt + 1 > self.kvcap:
             # can never fit on a GPU (vLLM rejects prompts beyond the KV capacity)
-            self._ctr[10 * c + M.C_DROPPED] += 1
+            self._ctr[NC * c + C_DROPPED] += 1
             self._resolve(r, M.DROPPED, t)
             return
-        k = 5 * c
+        k = NQ * c + Q_WP
         self._cnt[k] += 1
         self._acc[k] += t
         cb = self._cb_arrival
@@ -1122,11 +1112,11 @@ class Engine:
         c = self.r_cls[r]
         cnt = self._cnt
         acc = self._acc
-        k = 5 * c
-        cnt[k + 1] -= 1
-        acc[k + 1] -= t
-        cnt[k + 2] += 1  # now waiting for a decode (placed by the controller, or the decode buffer)
-        acc[k + 2] += t
+        k = NQ * c
+        cnt[k + Q_X] -= 1
+        acc[k + Q_X] -= t
+        cnt[k + Q_WD] += 1  # now waiting for a decode (placed by the controller, or the decode buffer)
+        acc[k + Q_WD] += t
         self.g_pre[g] = NO_REQUEST
         gc = self.g_cnt
         n1 = gc[g] - 1
@@ -1159,8 +1149,8 @@ class Engine:
         if ttft != ttft:  # NaN: the first prefill of r
             r_ttft[r] = t - self.r_arr[r]
             ctr = self._ctr
-            ctr[10 * c + 1] += 1  # C_PREFILLED
-            ctr[10 * c + 7] += self.r_prompt[r]  # C_PREFILL_TOKENS
+            ctr[NC * c + C_PREFILLED] += 1
+            ctr[NC * c + C_PREFILL_TOKENS] += self.r_prompt[r]
         r_phase = self.r_phase
         r_phase[r] = WAIT_DECODE
         self.r_gpu[r] = -1
@@ -1187,7 +1177,7 @@ class Engine:
         cnt = self._cnt
         acc = self._acc
         pre = self.g_pre[g]
-        k = 5 * c + (3 if pre >= 0 else 4)
+        k = NQ * c + (Q_YM if pre >= 0 else Q_YS)
         cnt[k] -= 1
         acc[k] -= t
         g_ndec = self.g_ndec
@@ -1220,10 +1210,10 @@ class Engine:
                 self._dirty.append(g)
         self.r_gen[r] = out
         ctr = self._ctr
-        k = 10 * c
-        ctr[k + 2] += 1  # C_COMPLETED
-        ctr[k + 8] += prompt  # C_DONE_PROMPT
-        ctr[k + 9] += out  # C_DONE_OUTPUT
+        k = NC * c
+        ctr[k + C_COMPLETED] += 1
+        ctr[k + C_DONE_PROMPT] += prompt
+        ctr[k + C_DONE_OUTPUT] += out
         # sets: one slot freed
         p = self.g_pool[g]
         if pre < 0 and self.g_pok[g]:
@@ -1248,8 +1238,8 @@ class Engine:
         c = self.r_cls[r]
         q = self.r_q[r]
         ph = self.r_phase[r]
-        self._leave_wait(r, c, t, 0 if ph == WAIT_PREFILL else 2)
-        self._ctr[10 * c + (M.C_AB_PREFILL if ph == WAIT_PREFILL else M.C_AB_DECODE)] += 1
+        self._leave_wait(r, c, t, Q_WP if ph == WAIT_PREFILL else Q_WD)
+        self._ctr[NC * c + (C_AB_PREFILL if ph == WAIT_PREFILL else C_AB_DECODE)] += 1
         cb = self._cb_abandon
         if cb is not None:
             cb(self, r, q)
@@ -1422,7 +1412,7 @@ class Engine:
         gb = self._gbase
         if self.r_phase[r] == PREFILL:
             ptok = self.r_prompt[r] + self.r_gen[r]
-            k = 5 * c + 1
+            k = NQ * c + Q_X
             self.g_pre[g] = NO_REQUEST
             self.t_pend[g] = -1
             self.t_itl[g] = self.tau_solo
@@ -1439,7 +1429,7 @@ class Engine:
             gen = self.t_dca[g] - self.r_dstart[r]
             self.t_kv[g] -= self.r_prompt[r] + self.r_gen[r] + gen
             self.r_gen[r] += gen
-            k = 5 * c + (3 if self.g_pre[g] >= 0 else 4)
+            k = NQ * c + (Q_YM if self.g_pre[g] >= 0 else Q_YS)
             cnt[k] -= 1
             acc[k] -= t
             self.g_ndec[g] -= 1
@@ -1451,11 +1441,11 @@ class Engine:
             acc[gb] -= t
         self.r_npre[r] += 1
         self.r_gpu[r] = -1
-        self._ctr[10 * c + M.C_PREEMPTED] += 1
+        self._ctr[NC * c + C_PREEMPTED] += 1
         self._refresh(g)
         if self.r_prompt[r] + self.r_gen[r] + 1 > self.kvcap:
             # its context alone no longer fits any GPU: drop it (vLLM aborts such requests)
-            self._ctr[10 * c + M.C_DROPPED] += 1
+            self._ctr[NC * c + C_DROPPED] += 1
             cb = self._cb_drop
             if cb is not None:
                 cb(self, r, g)
@@ -1464,7 +1454,7 @@ class Engine:
             self.r_phase[r] = WAIT_PREFILL
             self.r_q[r] = -1
             self.r_tw[r] = t
-            k = 5 * c
+            k = NQ * c + Q_WP
             cnt[k] += 1
             acc[k] += t
             cb = self._cb_preempt
@@ -1531,23 +1521,9 @@ class Engine:
         self._fold(np.array(buf[: n * _NREC], dtype=float).reshape(n, _NREC))
 
     def _fold(self, A: np.ndarray) -> None:
-        """Rows of finished requests (ints below 2**53 are exact in float64) into the metrics."""
-        i64 = np.int64
-        a = {
-            "id": A[:, 0].astype(i64),
-            "cls": A[:, 1].astype(i64),
-            "arrival": A[:, 2],
-            "prompt": A[:, 3].astype(i64),
-            "output": A[:, 4].astype(i64),
-            "outcome": A[:, 5].astype(i64),
-            "end": A[:, 6],
-            "ttft": A[:, 7],
-            "wait_prefill": A[:, 8],
-            "wait_decode": A[:, 9],
-            "preemptions": A[:, 10].astype(i64),
-            "prefill_gpu": A[:, 11].astype(i64),
-            "decode_gpu": A[:, 12].astype(i64),
-        }
+        """Rows of finished requests (metrics.RECORD_FIELDS, as floats) into the metrics."""
+        ints = M.RECORD_INT_FIELDS
+        a = {nm: A[:, j].astype(np.int64) if nm in ints else A[:, j] for j, nm in enumerate(M.RECORD_FIELDS)}
         self.collector.add_requests(a)
         if self._records is not None:
             self._records.write(a)
@@ -1876,163 +1852,15 @@ class Engine:
         self._pause = False
 
     def _report(self, wall: float) -> None:
-        t = self._now
-        arrived = sum(self._ctr[10 * c] for c in range(self.I))
-        sys.stderr.write(
-            f"\r[fluidopt simulate] t = {t:.6g} / {self.horizon:g} s ({100 * t / self.horizon:5.1f}%), "
-            f"{arrived} requests, {arrived / wall if wall > 0 else 0:,.0f} req/s  "
-        )
-        sys.stderr.flush()
+        progress_line(self, wall)
 
     def _in_system(self) -> list[int]:
         return [r for r in range(len(self.r_phase)) if self.r_phase[r] != _GONE]
 
     def _finish(self, wall: float) -> M.SimResult:
-        t_end = self._now
-        self._flush()
-        live = self._in_system()
-        records_path = None
-        if self._records is not None:
-            rows = [(self.r_serial[r], self.r_cls[r], self.r_arr[r], self.r_prompt[r], self.r_output[r], M.IN_SYSTEM,
-                     t_end, self.r_ttft[r], self.r_wp[r], self.r_wd[r], self.r_npre[r], self.r_pg[r], self.r_dg[r])
-                    for r in sorted(live, key=self.r_serial.__getitem__)]
-            if rows:
-                self._fold(np.array(rows, dtype=float).reshape(-1, _NREC))
-            records_path = self._records.close()
-        ctr = self._ctr
-        I = self.I
-        arrived = sum(ctr[10 * c] for c in range(I))
-        totals = {
-            "requests": arrived,
-            "completed": sum(ctr[10 * c + M.C_COMPLETED] for c in range(I)),
-            "abandoned": sum(ctr[10 * c + M.C_AB_PREFILL] + ctr[10 * c + M.C_AB_DECODE] for c in range(I)),
-            "abandoned_prefill": sum(ctr[10 * c + M.C_AB_PREFILL] for c in range(I)),
-            "abandoned_decode": sum(ctr[10 * c + M.C_AB_DECODE] for c in range(I)),
-            "dropped": sum(ctr[10 * c + M.C_DROPPED] for c in range(I)),
-            "in_system": len(live),
-            "preemptions": sum(ctr[10 * c + M.C_PREEMPTED] for c in range(I)),
-        }
-        ts = None
-        if self._samples:
-            cols = ["time"]
-            for nm in self._class_names:
-                cols += [f"q_prefill[{nm}]", f"x[{nm}]", f"q_decode[{nm}]", f"y_mixed[{nm}]", f"y_solo[{nm}]"]
-            cols += ["busy_gpus"]
-            for nm in self._class_names:
-                cols += [f"{k}[{nm}]" for k in ("arrived", "prefilled", "completed", "abandoned_prefill",
-                                                 "abandoned_decode", "dropped", "preempted", "prefill_tokens",
-                                                 "done_prompt_tokens", "done_output_tokens")]
-            ts = pd.DataFrame(self._samples, columns=cols)
-        markov = self.markov
-        cp, cd, Pm, Dm = self._cp, self._cd, self._mean_prompt, self._mean_output
+        return assemble_result(self, wall)
 
-        def bundled(cls_ctr):
-            if markov:  # the paper's model: class-mean rewards w_i per completion
-                return cls_ctr(M.C_COMPLETED) * (np.array(cp) * Pm + np.array(cd) * Dm)
-            return cls_ctr(M.C_DONE_PROMPT) * np.array(cp) + cls_ctr(M.C_DONE_OUTPUT) * np.array(cd)
-
-        def separate(cls_ctr):
-            if markov:
-                return cls_ctr(M.C_PREFILLED) * (np.array(cp) * Pm) + cls_ctr(M.C_COMPLETED) * (np.array(cd) * Dm)
-            return cls_ctr(M.C_PREFILL_TOKENS) * np.array(cp) + cls_ctr(M.C_DONE_OUTPUT) * np.array(cd)
-
-        return M.build_result(
-            self.collector, scenario=self.scenario, policy=getattr(self.controller, "name", type(self.controller).__name__),
-            service=self._service, seed=self.seed, t_end=t_end, wall=wall, interrupted=self._interrupted,
-            events=self._events, totals=totals, rewards={"bundled": bundled, "separate": separate}, timeseries=ts,
-            records_path=records_path,
-        )
-
-    # =============================================================================================
-    # Invariants (tests; check=True runs them after every event)
-    # =============================================================================================
     def check_invariants(self) -> None:
-        """Recount the whole state from scratch and compare with every incremental counter."""
-        I = self.I
-        live = self._in_system()
-        cnt = [0] * len(self._cnt)
-        for r in live:
-            c = self.r_cls[r]
-            ph = self.r_phase[r]
-            if ph == WAIT_PREFILL:
-                cnt[5 * c] += 1
-            elif ph == PREFILL:
-                cnt[5 * c + 1] += 1
-            elif ph == WAIT_DECODE:
-                cnt[5 * c + 2] += 1
-            else:
-                g = self.r_gpu[r]
-                cnt[5 * c + (3 if self.g_pre[g] >= 0 else 4)] += 1
-        nd_of = [0] * self.n
-        pre_of: list[list[int]] = [[] for _ in range(self.n)]
-        for r in live:
-            ph = self.r_phase[r]
-            if ph == DECODE:
-                nd_of[self.r_gpu[r]] += 1
-            elif ph == PREFILL:
-                pre_of[self.r_gpu[r]].append(r)
-        for g in range(self.n):
-            nd = nd_of[g]
-            pre = pre_of[g]
-            assert len(pre) <= 1, f"GPU {g} runs {len(pre)} prefills"
-            assert self.g_pre[g] == (pre[0] if pre else -1), f"GPU {g}: prefill {self.g_pre[g]} vs {pre}"
-            assert self.g_ndec[g] == nd, f"GPU {g}: {self.g_ndec[g]} decodes counted, {nd} found"
-            assert self.g_cnt[g] == nd + len(pre) <= self.B, f"GPU {g}: slots {self.g_cnt[g]}"
-            assert nd <= self.g_maxd[g], f"GPU {g}: {nd} decodes > cap {self.g_maxd[g]}"
-            assert sum(self.g_dcls[g]) == nd
-            cnt[self._gbase] += self.g_cnt[g] > 0
-            p = self.g_pool[g]
-            ip = self.g_pre[g] < 0 and self.g_cnt[g] < self.B and self.g_pok[g]
-            fd = self.g_cnt[g] < self.B and self.g_ndec[g] < self.g_maxd[g]
-            assert (g in self._ip[p]) == ip, f"GPU {g}: idle-prefill set membership"
-            assert (g in self._fd[p]) == fd, f"GPU {g}: free-decode set membership"
-            if not self.markov and self.g_cnt[g]:
-                assert len(self.t_dheap[g]) == nd
-                assert self.kvcap < 0 or self.t_kv[g] <= self.kvcap, f"GPU {g}: KV {self.t_kv[g]} > {self.kvcap}"
-        assert cnt == list(self._cnt), f"counts {list(self._cnt)} != recount {cnt}"
-        # queues
-        inq = 0
-        for q in range(len(self.q_tot)):
-            tot = 0
-            for c in range(I):
-                k = q * I + c
-                n = 0
-                r = self.q_head[k]
-                prev = -1
-                while r >= 0:
-                    assert self.r_q[r] == q and self.r_cls[r] == c and self.r_prev[r] == prev
-                    assert self.r_phase[r] in (WAIT_PREFILL, WAIT_DECODE)
-                    n += 1
-                    prev = r
-                    r = self.r_next[r]
-                assert self.q_tail[k] == prev and self.q_cnt[k] == n, f"queue {q} class {c}: count"
-                tot += n
-            assert self.q_tot[q] == tot
-            inq += tot
-        waiting = [r for r in live if self.r_phase[r] in (WAIT_PREFILL, WAIT_DECODE)]
-        assert inq == len(waiting), f"{len(waiting)} waiting but {inq} queued (a request was left unplaced)"
-        assert sum(len(w) for w in self._wlist) == inq
-        for c in range(I):
-            for j, r in enumerate(self._wlist[c]):
-                assert self.r_pos[r] == j and self.r_cls[r] == c and self.r_q[r] >= 0
-        # conservation per class and per phase
-        ctr = self._ctr
-        in_sys_of = [0] * I
-        past_of = [0] * I
-        for r in live:
-            in_sys_of[self.r_cls[r]] += 1
-            past_of[self.r_cls[r]] += self.r_phase[r] in (WAIT_DECODE, DECODE)
-        for c in range(I):
-            in_sys = in_sys_of[c]
-            arrived = ctr[10 * c]
-            resolved = (ctr[10 * c + M.C_COMPLETED] + ctr[10 * c + M.C_AB_PREFILL] + ctr[10 * c + M.C_AB_DECODE]
-                        + ctr[10 * c + M.C_DROPPED])
-            assert arrived == resolved + in_sys, f"class {c}: arrived {arrived} != resolved {resolved} + in system {in_sys}"
-            if self.kvcap < 0:  # without preemption every prefilled request is past its prefill for good
-                prefilled = ctr[10 * c + M.C_PREFILLED]
-                past = past_of[c]
-                assert prefilled == ctr[10 * c + M.C_COMPLETED] + ctr[10 * c + M.C_AB_DECODE] + past, (
-                    f"class {c}: prefilled {prefilled} != completed + abandoned in decode wait + decoding/waiting"
-                )
-        lam = self._exact_lam()
-        assert abs(lam - self._lam) <= 1e-6 * max(1.0, lam), f"race rate {self._lam} != {lam}"
+        """Recount the whole state from scratch and compare with every incremental counter (tests;
+        ``check=True`` runs this after every event): :func:`fluidopt.sim.invariants.check_invariants`."""
+        check_invariants(self)

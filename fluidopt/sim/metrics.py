@@ -52,6 +52,13 @@ C_ARRIVED, C_PREFILLED, C_COMPLETED, C_AB_PREFILL, C_AB_DECODE, C_DROPPED, C_PRE
 C_PREFILL_TOKENS, C_DONE_PROMPT, C_DONE_OUTPUT = 7, 8, 9
 N_CTR = 10
 
+# A finished request's row as the engine buffers it (floats; integers below 2**53 are exact), field by
+# field in this order; the integer fields are converted back when folded.
+RECORD_FIELDS = ("id", "cls", "arrival", "prompt", "output", "outcome", "end", "ttft", "wait_prefill", "wait_decode",
+                 "preemptions", "prefill_gpu", "decode_gpu")
+RECORD_INT_FIELDS = frozenset({"id", "cls", "prompt", "output", "outcome", "preemptions", "prefill_gpu", "decode_gpu"})
+N_RECORD_FIELDS = len(RECORD_FIELDS)
+
 # Request-statistic fields accumulated per (batch, class).
 (F_DONE, F_TTFT, F_E2E, F_TPOT, F_WAITP_DONE, F_WAITD_DONE, F_AB_P, F_AB_D, F_DROP, F_WAITP_ALL, F_SOJ_ALL,
  F_RESOLVED, F_PREEMPT) = range(13)

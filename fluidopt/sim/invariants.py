@@ -1,0 +1,107 @@
+"""The simulator's invariants: recount an engine's whole state from scratch and compare it with every
+incremental counter, queue, set and rate the engine keeps (tests; ``simulate(check=True)`` runs this
+after every event). Cold code, kept out of the event kernel."""
+
+from __future__ import annotations
+
+from fluidopt.control.protocol import DECODE, PREFILL, WAIT_DECODE, WAIT_PREFILL
+from fluidopt.sim import metrics as M
+from fluidopt.sim.metrics import C_AB_DECODE, C_AB_PREFILL, C_ARRIVED, C_COMPLETED, C_DROPPED, C_PREFILLED
+
+NQ, NC = M.N_CLASS_QTY, M.N_CTR
+Q_WP, Q_X, Q_WD, Q_YM, Q_YS = M.Q_PREFILL, M.X_PREFILL, M.Q_DECODE, M.Y_MIXED, M.Y_SOLO
+
+__all__ = ["check_invariants"]
+
+
+def check_invariants(eng) -> None:
+    """Raise AssertionError naming the first counter, queue, set or rate of ``eng`` (an
+    :class:`fluidopt.sim.engine.Engine`) that disagrees with a recount."""
+    I = eng.I
+    live = eng._in_system()
+    cnt = [0] * len(eng._cnt)
+    for r in live:
+        c = eng.r_cls[r]
+        ph = eng.r_phase[r]
+        if ph == WAIT_PREFILL:
+            cnt[NQ * c + Q_WP] += 1
+        elif ph == PREFILL:
+            cnt[NQ * c + Q_X] += 1
+        elif ph == WAIT_DECODE:
+            cnt[NQ * c + Q_WD] += 1
+        else:
+            g = eng.r_gpu[r]
+            cnt[NQ * c + (Q_YM if eng.g_pre[g] >= 0 else Q_YS)] += 1
+    nd_of = [0] * eng.n
+    pre_of: list[list[int]] = [[] for _ in range(eng.n)]
+    for r in live:
+        ph = eng.r_phase[r]
+        if ph == DECODE:
+            nd_of[eng.r_gpu[r]] += 1
+        elif ph == PREFILL:
+            pre_of[eng.r_gpu[r]].append(r)
+    for g in range(eng.n):
+        nd = nd_of[g]
+        pre = pre_of[g]
+        assert len(pre) <= 1, f"GPU {g} runs {len(pre)} prefills"
+        assert eng.g_pre[g] == (pre[0] if pre else -1), f"GPU {g}: prefill {eng.g_pre[g]} vs {pre}"
+        assert eng.g_ndec[g] == nd, f"GPU {g}: {eng.g_ndec[g]} decodes counted, {nd} found"
+        assert eng.g_cnt[g] == nd + len(pre) <= eng.B, f"GPU {g}: slots {eng.g_cnt[g]}"
+        assert nd <= eng.g_maxd[g], f"GPU {g}: {nd} decodes > cap {eng.g_maxd[g]}"
+        assert sum(eng.g_dcls[g]) == nd
+        cnt[eng._gbase] += eng.g_cnt[g] > 0
+        p = eng.g_pool[g]
+        ip = eng.g_pre[g] < 0 and eng.g_cnt[g] < eng.B and eng.g_pok[g]
+        fd = eng.g_cnt[g] < eng.B and eng.g_ndec[g] < eng.g_maxd[g]
+        assert (g in eng._ip[p]) == ip, f"GPU {g}: idle-prefill set membership"
+        assert (g in eng._fd[p]) == fd, f"GPU {g}: free-decode set membership"
+        if not eng.markov and eng.g_cnt[g]:
+            assert len(eng.t_dheap[g]) == nd
+            assert eng.kvcap < 0 or eng.t_kv[g] <= eng.kvcap, f"GPU {g}: KV {eng.t_kv[g]} > {eng.kvcap}"
+    assert cnt == list(eng._cnt), f"counts {list(eng._cnt)} != recount {cnt}"
+    # queues
+    inq = 0
+    for q in range(len(eng.q_tot)):
+        tot = 0
+        for c in range(I):
+            k = q * I + c
+            n = 0
+            r = eng.q_head[k]
+            prev = -1
+            while r >= 0:
+                assert eng.r_q[r] == q and eng.r_cls[r] == c and eng.r_prev[r] == prev
+                assert eng.r_phase[r] in (WAIT_PREFILL, WAIT_DECODE)
+                n += 1
+                prev = r
+                r = eng.r_next[r]
+            assert eng.q_tail[k] == prev and eng.q_cnt[k] == n, f"queue {q} class {c}: count"
+            tot += n
+        assert eng.q_tot[q] == tot
+        inq += tot
+    waiting = [r for r in live if eng.r_phase[r] in (WAIT_PREFILL, WAIT_DECODE)]
+    assert inq == len(waiting), f"{len(waiting)} waiting but {inq} queued (a request was left unplaced)"
+    assert sum(len(w) for w in eng._wlist) == inq
+    for c in range(I):
+        for j, r in enumerate(eng._wlist[c]):
+            assert eng.r_pos[r] == j and eng.r_cls[r] == c and eng.r_q[r] >= 0
+    # conservation per class and per phase
+    ctr = eng._ctr
+    in_sys_of = [0] * I
+    past_of = [0] * I
+    for r in live:
+        in_sys_of[eng.r_cls[r]] += 1
+        past_of[eng.r_cls[r]] += eng.r_phase[r] in (WAIT_DECODE, DECODE)
+    for c in range(I):
+        in_sys = in_sys_of[c]
+        arrived = ctr[NC * c + C_ARRIVED]
+        resolved = (ctr[NC * c + C_COMPLETED] + ctr[NC * c + C_AB_PREFILL] + ctr[NC * c + C_AB_DECODE]
+                    + ctr[NC * c + C_DROPPED])
+        assert arrived == resolved + in_sys, f"class {c}: arrived {arrived} != resolved {resolved} + in system {in_sys}"
+        if eng.kvcap < 0:  # without preemption every prefilled request is past its prefill for good
+            prefilled = ctr[NC * c + C_PREFILLED]
+            past = past_of[c]
+            assert prefilled == ctr[NC * c + C_COMPLETED] + ctr[NC * c + C_AB_DECODE] + past, (
+                f"class {c}: prefilled {prefilled} != completed + abandoned in decode wait + decoding/waiting"
+            )
+    lam = eng._exact_lam()
+    assert abs(lam - eng._lam) <= 1e-6 * max(1.0, lam), f"race rate {eng._lam} != {lam}"

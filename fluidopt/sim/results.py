@@ -1,0 +1,95 @@
+"""Assembling a run's result from an engine's counters, and the progress line: cold code, kept out
+of the event kernel."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pandas as pd
+
+from fluidopt.sim import metrics as M
+from fluidopt.sim.metrics import (
+    C_AB_DECODE,
+    C_AB_PREFILL,
+    C_ARRIVED,
+    C_COMPLETED,
+    C_DROPPED,
+    C_PREEMPTED,
+)
+
+__all__ = ["assemble_result", "progress_line"]
+
+
+def assemble_result(eng, wall: float) -> M.SimResult:
+    """The :class:`~fluidopt.sim.metrics.SimResult` of engine ``eng`` at its current time (the end of
+    the run): flush the finished requests, write the requests still in the system to the records,
+    total the counters, build the time series and the revenue functions. ``wall``: seconds the run took."""
+    NC = M.N_CTR
+    _NREC = M.N_RECORD_FIELDS
+    t_end = eng._now
+    eng._flush()
+    live = eng._in_system()
+    records_path = None
+    if eng._records is not None:
+        rows = [(eng.r_serial[r], eng.r_cls[r], eng.r_arr[r], eng.r_prompt[r], eng.r_output[r], M.IN_SYSTEM,
+                 t_end, eng.r_ttft[r], eng.r_wp[r], eng.r_wd[r], eng.r_npre[r], eng.r_pg[r], eng.r_dg[r])
+                for r in sorted(live, key=eng.r_serial.__getitem__)]
+        if rows:
+            eng._fold(np.array(rows, dtype=float).reshape(-1, _NREC))
+        records_path = eng._records.close()
+    ctr = eng._ctr
+    I = eng.I
+    arrived = sum(ctr[NC * c + C_ARRIVED] for c in range(I))
+    totals = {
+        "requests": arrived,
+        "completed": sum(ctr[NC * c + C_COMPLETED] for c in range(I)),
+        "abandoned": sum(ctr[NC * c + C_AB_PREFILL] + ctr[NC * c + C_AB_DECODE] for c in range(I)),
+        "abandoned_prefill": sum(ctr[NC * c + C_AB_PREFILL] for c in range(I)),
+        "abandoned_decode": sum(ctr[NC * c + C_AB_DECODE] for c in range(I)),
+        "dropped": sum(ctr[NC * c + C_DROPPED] for c in range(I)),
+        "in_system": len(live),
+        "preemptions": sum(ctr[NC * c + C_PREEMPTED] for c in range(I)),
+    }
+    ts = None
+    if eng._samples:
+        cols = ["time"]
+        for nm in eng._class_names:
+            cols += [f"q_prefill[{nm}]", f"x[{nm}]", f"q_decode[{nm}]", f"y_mixed[{nm}]", f"y_solo[{nm}]"]
+        cols += ["busy_gpus"]
+        for nm in eng._class_names:
+            cols += [f"{k}[{nm}]" for k in ("arrived", "prefilled", "completed", "abandoned_prefill",
+                                             "abandoned_decode", "dropped", "preempted", "prefill_tokens",
+                                             "done_prompt_tokens", "done_output_tokens")]
+        ts = pd.DataFrame(eng._samples, columns=cols)
+    markov = eng.markov
+    cp, cd, Pm, Dm = eng._cp, eng._cd, eng._mean_prompt, eng._mean_output
+
+    def bundled(cls_ctr):
+        if markov:  # the paper's model: class-mean rewards w_i per completion
+            return cls_ctr(M.C_COMPLETED) * (np.array(cp) * Pm + np.array(cd) * Dm)
+        return cls_ctr(M.C_DONE_PROMPT) * np.array(cp) + cls_ctr(M.C_DONE_OUTPUT) * np.array(cd)
+
+    def separate(cls_ctr):
+        if markov:
+            return cls_ctr(M.C_PREFILLED) * (np.array(cp) * Pm) + cls_ctr(M.C_COMPLETED) * (np.array(cd) * Dm)
+        return cls_ctr(M.C_PREFILL_TOKENS) * np.array(cp) + cls_ctr(M.C_DONE_OUTPUT) * np.array(cd)
+
+    return M.build_result(
+        eng.collector, scenario=eng.scenario, policy=getattr(eng.controller, "name", type(eng.controller).__name__),
+        service=eng._service, seed=eng.seed, t_end=t_end, wall=wall, interrupted=eng._interrupted,
+        events=eng._events, totals=totals, rewards={"bundled": bundled, "separate": separate}, timeseries=ts,
+        records_path=records_path,
+    )
+
+
+def progress_line(eng, wall: float) -> None:
+    """Rewrite the progress line on stderr: simulated time, requests so far, requests per wall second."""
+    NC = M.N_CTR
+    t = eng._now
+    arrived = sum(eng._ctr[NC * c + C_ARRIVED] for c in range(eng.I))
+    sys.stderr.write(
+        f"\r[fluidopt simulate] t = {t:.6g} / {eng.horizon:g} s ({100 * t / eng.horizon:5.1f}%), "
+        f"{arrived} requests, {arrived / wall if wall > 0 else 0:,.0f} req/s  "
+    )
+    sys.stderr.flush()
