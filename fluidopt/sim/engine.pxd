@@ -44,17 +44,18 @@ cdef class Engine:
     cdef public object _work_rng, _np_rng, _ctrl_rng, _arr_iter, collector, sample_interval, tick_interval, _records
     cdef public object _qindex
     cdef public object _cb_arrival, _cb_pdone, _cb_ddone, _cb_abandon, _cb_preempt, _cb_drop, _cb_freed
-    cdef public list _exp_block, _uni_block, theta, mu_p, mu_m, mu_s, mbar, _cp, _cd, _mean_prompt, _mean_output
+    cdef public double[::1] _exp_block, _uni_block, theta, mu_p, mu_m, mu_s, mbar  # engine._doubles, _block
+    cdef public list _cp, _cd, _mean_prompt, _mean_output
     cdef public list _free
     # per-request state (recycled slots): typed arrays in the core, replaced when they grow
-    cdef public long long[::1] r_cls, r_prompt, r_output, r_phase, r_q, r_gpu, r_next, r_prev, r_seq, r_pos
+    cdef public long long[::1] r_cls, r_prompt, r_output, r_phase, r_q, r_gpu, r_next, r_prev, r_seq, r_pos, r_dpos
     cdef public long long[::1] r_serial, r_gen, r_dstart, r_npre, r_pg, r_dg
     cdef public double[::1] r_arr, r_tw, r_wp, r_wd, r_ttft
     cdef public list _wlist, _plist, _dlist
-    cdef public list g_dcls, g_reqs, _ip, _fd, t_dheap, _heap, _dirty
+    cdef public list g_dcls, _ip, _fd, t_dheap, _heap, _dirty
     # per-GPU state and counters (engine._ints / _floats)
     cdef public long long[::1] g_pre, g_ndec, g_cnt, g_pool, g_pok, g_maxd, t_ka, t_dca, t_kv, t_adv, t_pend
-    cdef public long long[::1] t_ver, t_pkb, _isdirty, _cnt, _ctr
+    cdef public long long[::1] t_ver, t_pkb, _isdirty, _cnt, _ctr, g_dec
     cdef public double[::1] t_ta, t_itl, t_pte, _acc, _rec
     cdef public Py_ssize_t _nrec
     cdef public list _qnames, q_head, q_tail, q_cnt, q_tot, _arr_t, _arr_c, _arr_p, _arr_o, _bounds, _samples
@@ -112,7 +113,7 @@ cdef class Engine:
 
     @cython.locals(c=Py_ssize_t, cnt="long long[::1]", acc="double[::1]", pre=Py_ssize_t, k=Py_ssize_t, g_ndec="long long[::1]", nd=Py_ssize_t,
                    gc="long long[::1]", n1=Py_ssize_t, gb=Py_ssize_t, out=Py_ssize_t, prompt=Py_ssize_t, lst=list, r_pos="long long[::1]",
-                   j=Py_ssize_t, last=Py_ssize_t, ctr="long long[::1]", p=Py_ssize_t, s=GpuSet)
+                   j=Py_ssize_t, last=Py_ssize_t, ctr="long long[::1]", p=Py_ssize_t, s=GpuSet, g_dec="long long[::1]")
     cdef _decode_done(self, Py_ssize_t r, Py_ssize_t g, double t)
 
     @cython.locals(c=Py_ssize_t, q=Py_ssize_t, ph=Py_ssize_t)
@@ -132,9 +133,9 @@ cdef class Engine:
     cdef _gpu_event(self, Py_ssize_t g, Py_ssize_t kb, double t)
 
     @cython.locals(heap=list, t_house=double, markov=bint, dirty=list, isdirty="long long[::1]", check=bint, next_report=double,
-                   report_every=Py_ssize_t, exp_block=list, ei=Py_ssize_t, uni_block=list, ui=Py_ssize_t,
+                   report_every=Py_ssize_t, exp_block="double[::1]", ei=Py_ssize_t, uni_block="double[::1]", ui=Py_ssize_t,
                    ev=Py_ssize_t, ver="long long[::1]", pkb="long long[::1]", rng_block=Py_ssize_t, I=Py_ssize_t, plists=list, dlists=list,
-                   wlists=list, mu_p=list, mbar=list, mu_m=list, mu_s=list, theta=list, g_pre="long long[::1]",
+                   wlists=list, mu_p="double[::1]", mbar="double[::1]", mu_m="double[::1]", mu_s="double[::1]", theta="double[::1]", g_pre="long long[::1]",
                    arr_t=list, arr_c=list, arr_p=list, arr_o=list, ai=Py_ssize_t, na=Py_ssize_t, tr=double,
                    nd=Py_ssize_t, ta=double, tg=double, t=double, done=bint, ticked=bint, k=Py_ssize_t, u=double,
                    c=Py_ssize_t, lst=list, nl=Py_ssize_t, a=double, j=Py_ssize_t, r=Py_ssize_t, m=double, x=double,

@@ -98,6 +98,18 @@ def _floats(n: int, v: float) -> list[float] | array:
     return array("d", [v]) * n if _COMPILED else [v] * n
 
 
+def _block(a: np.ndarray) -> list[float] | np.ndarray:
+    """A block of random doubles: a list in Python (fast to index), the float64 array itself in the
+    compiled core (read as a C array)."""
+    return a if _COMPILED else a.tolist()
+
+
+def _doubles(values) -> list[float] | array:
+    """Per-class rates as doubles: see :func:`_ints`."""
+    vals = [float(x) for x in values]
+    return array("d", vals) if _COMPILED else vals
+
+
 def _grown(old, k: int, v: int | float) -> list | array:
     """A copy of ``old`` (from _ints or _floats) with k more elements equal to v."""
     if not _COMPILED:
@@ -241,25 +253,27 @@ class Engine:
         self._work_rng = np.random.default_rng(s_work)
         self._np_rng = np.random.default_rng(s_eng)
         self._ctrl_rng = random.Random(int(s_ctrl.generate_state(1, dtype=np.uint64)[0]))
-        self._exp_block: list[float] = []
+        self._exp_block = _floats(0, 0.0)
         self._exp_i = 0
-        self._uni_block: list[float] = []
+        self._uni_block = _floats(0, 0.0)
         self._uni_i = 0
 
         # -- rates ---------------------------------------------------------------------------------
         rates = scenario.rates()
-        self.theta = [float(x) for x in rates.theta]
         P = np.array([c.prompt for c in scenario.classes], dtype=float)
-        if self.chunked:
-            self.mu_p = [float(x) for x in rates.mu_p]
-            self.mu_m = [float(x) for x in rates.mu_m]
-        else:
+        mu_p = [float(x) for x in rates.mu_p]
+        mu_m = [float(x) for x in rates.mu_m]
+        if not self.chunked:
             # vLLM prefill-first without chunking: one iteration of alpha + beta * P for the whole
             # prompt, decodes stalled meanwhile (see Controller.chunked_prefill).
-            self.mu_p = [float(x) for x in 1.0 / (gpu.alpha + gpu.beta * P)]
-            self.mu_m = [0.0] * I
-        self.mu_s = [float(x) for x in rates.mu_s]
-        self.mbar = [max(a, b) for a, b in zip(self.mu_m, self.mu_s)]
+            mu_p = [float(x) for x in 1.0 / (gpu.alpha + gpu.beta * P)]
+            mu_m = [0.0] * I
+        mu_s = [float(x) for x in rates.mu_s]
+        self.theta = _doubles(rates.theta)
+        self.mu_p = _doubles(mu_p)
+        self.mu_m = _doubles(mu_m)
+        self.mu_s = _doubles(mu_s)
+        self.mbar = _doubles([max(a, b) for a, b in zip(mu_m, mu_s)])
         cp, cd = scenario.class_prices()
         self._cp = [float(x) for x in cp]
         self._cd = [float(x) for x in cd]
@@ -279,6 +293,7 @@ class Engine:
         self.r_prev = _ints(0, 0)
         self.r_seq = _ints(0, 0)
         self.r_pos = _ints(0, 0)  # index in the waiting / prefill / decode list of its class
+        self.r_dpos = _ints(0, 0)  # markov: index in g_dec of its decode
         self.r_tw = _floats(0, 0.0)  # time the current wait began
         self.r_wp = _floats(0, 0.0)  # accumulated wait for a prefill
         self.r_wd = _floats(0, 0.0)  # accumulated wait for a decode
@@ -314,7 +329,8 @@ class Engine:
         self.g_pok = _ints(n, 1)  # prefills allowed (1) or not (0)
         self.g_maxd = _ints(n, self.B)
         self.g_dcls = [[0] * I for _ in range(n)]
-        self.g_reqs: list[set[int]] = [set() for _ in range(n)]  # markov: decoding requests on g
+        # markov: the requests decoding on g in g_dec[g*B : g*B + g_ndec[g]] (r_dpos: r's index there)
+        self.g_dec = _ints(n * self.B, -1)
         self._n_pools = 1
         rand = self._ctrl_rng.random
         self._ip = [GpuSet(n, rand)]
@@ -471,7 +487,8 @@ class Engine:
     def gpu_requests(self, g: int) -> list[int]:
         out = [self.g_pre[g]] if self.g_pre[g] >= 0 else []
         if self.markov:
-            return out + sorted(self.g_reqs[g])
+            b = g * self.B
+            return out + sorted(self.g_dec[b:b + self.g_ndec[g]])
         return out + sorted(r for _, r in self.t_dheap[g])
 
     def gpu_kv_used(self, g: int) -> int:
@@ -781,7 +798,9 @@ class Engine:
                 s = self._ip[p]
                 s._discard(g)
         if markov:
-            self.g_reqs[g].add(r)
+            k = g * self.B + nd - 1  # g_ndec[g] is nd now
+            self.g_dec[k] = r
+            self.r_dpos[r] = k
             lst = self._dlist[c]
             self.r_pos[r] = len(lst)
             lst.append(r)
@@ -1031,6 +1050,7 @@ class Engine:
         self.r_prev = _grown(self.r_prev, k, -1)
         self.r_seq = _grown(self.r_seq, k, 0)
         self.r_pos = _grown(self.r_pos, k, -1)
+        self.r_dpos = _grown(self.r_dpos, k, -1)
         self.r_tw = _grown(self.r_tw, k, 0.0)
         self.r_wp = _grown(self.r_wp, k, 0.0)
         self.r_wd = _grown(self.r_wd, k, 0.0)
@@ -1194,7 +1214,11 @@ class Engine:
         out = self.r_output[r]
         prompt = self.r_prompt[r]
         if self.markov:
-            self.g_reqs[g].discard(r)
+            g_dec = self.g_dec
+            j = self.r_dpos[r]
+            last = g_dec[g * self.B + nd]  # g_ndec[g] is nd now: the last decode's place
+            g_dec[j] = last
+            self.r_dpos[last] = j
             lst = self._dlist[c]
             r_pos = self.r_pos
             j = r_pos[r]
@@ -1468,11 +1492,11 @@ class Engine:
     # Internal: the exponential race
     # =============================================================================================
     def _refill_exp(self) -> None:
-        self._exp_block = self._np_rng.standard_exponential(_RNG_BLOCK).tolist()
+        self._exp_block = _block(self._np_rng.standard_exponential(_RNG_BLOCK))
         self._exp_i = 0
 
     def _refill_uni(self) -> None:
-        self._uni_block = self._np_rng.random(_RNG_BLOCK).tolist()
+        self._uni_block = _block(self._np_rng.random(_RNG_BLOCK))
         self._uni_i = 0
 
     def _exact_lam(self) -> float:

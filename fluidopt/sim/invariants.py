@@ -49,6 +49,12 @@ def check_invariants(eng) -> None:
         assert eng.g_cnt[g] == nd + len(pre) <= eng.B, f"GPU {g}: slots {eng.g_cnt[g]}"
         assert nd <= eng.g_maxd[g], f"GPU {g}: {nd} decodes > cap {eng.g_maxd[g]}"
         assert sum(eng.g_dcls[g]) == nd
+        if eng.markov:
+            b = g * eng.B
+            slots = [eng.g_dec[b + k] for k in range(nd)]
+            mine = sorted(r for r in live if eng.r_phase[r] == DECODE and eng.r_gpu[r] == g)
+            assert sorted(slots) == mine, f"GPU {g}: decode slots {slots}, decoding {mine}"
+            assert all(eng.r_dpos[r] == b + k for k, r in enumerate(slots)), f"GPU {g}: decode slot positions"
         cnt[eng._gbase] += eng.g_cnt[g] > 0
         p = eng.g_pool[g]
         ip = eng.g_pre[g] < 0 and eng.g_cnt[g] < eng.B and eng.g_pok[g]
