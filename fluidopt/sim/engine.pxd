@@ -20,17 +20,17 @@ cdef Py_ssize_t C_AB_PREFILL, C_AB_DECODE, C_DROPPED, C_PREFILL_TOKENS, C_DONE_P
 
 @cython.final
 cdef class GpuSet:
-    cdef public list _items
-    cdef public list _pos
+    cdef public long long[::1] _items, _pos
+    cdef public Py_ssize_t _len
     cdef public object _rand
 
-    @cython.locals(items=list)
+    @cython.locals(n=Py_ssize_t)
     cpdef choice(self)
 
-    @cython.locals(pos=list, items=list)
+    @cython.locals(n=Py_ssize_t)
     cpdef _add(self, Py_ssize_t g)
 
-    @cython.locals(pos=list, items=list, p=Py_ssize_t, last=Py_ssize_t)
+    @cython.locals(pos="long long[::1]", items="long long[::1]", p=Py_ssize_t, last=Py_ssize_t, n=Py_ssize_t)
     cpdef _discard(self, Py_ssize_t g)
 
 
@@ -52,13 +52,14 @@ cdef class Engine:
     cdef public long long[::1] r_serial, r_gen, r_dstart, r_npre, r_pg, r_dg
     cdef public double[::1] r_arr, r_tw, r_wp, r_wd, r_ttft
     cdef public list _wlist, _plist, _dlist
-    cdef public list g_dcls, _ip, _fd, t_dheap, _heap, _dirty
+    cdef public list _ip, _fd, t_dheap, _heap, _dirty
+    cdef public long long[::1] g_dcls, q_head, q_tail, q_cnt, q_tot
     # per-GPU state and counters (engine._ints / _floats)
     cdef public long long[::1] g_pre, g_ndec, g_cnt, g_pool, g_pok, g_maxd, t_ka, t_dca, t_kv, t_adv, t_pend
     cdef public long long[::1] t_ver, t_pkb, _isdirty, _cnt, _ctr, g_dec
     cdef public double[::1] t_ta, t_itl, t_pte, _acc, _rec
     cdef public Py_ssize_t _nrec
-    cdef public list _qnames, q_head, q_tail, q_cnt, q_tot, _arr_t, _arr_c, _arr_p, _arr_o, _bounds, _samples
+    cdef public list _qnames, _arr_t, _arr_c, _arr_p, _arr_o, _bounds, _samples
 
     # -- actions called by controllers (Python-visible; arguments stay objects: they are validated) --
     @cython.locals(r_phase="long long[::1]", g_pre="long long[::1]", gc="long long[::1]")
@@ -67,11 +68,11 @@ cdef class Engine:
     @cython.locals(r_phase="long long[::1]", gc="long long[::1]", g_ndec="long long[::1]", g_maxd="long long[::1]")
     cpdef start_decode(self, r, g)
 
-    @cython.locals(q_tot=list, r_q="long long[::1]", old=Py_ssize_t, c=Py_ssize_t, lst=list, k=Py_ssize_t, s=Py_ssize_t,
-                   q_tail=list, tl=Py_ssize_t)
+    @cython.locals(q_tot="long long[::1]", r_q="long long[::1]", old=Py_ssize_t, c=Py_ssize_t, lst=list, k=Py_ssize_t, s=Py_ssize_t,
+                   q_tail="long long[::1]", tl=Py_ssize_t)
     cpdef enqueue(self, r, q, front=*)
 
-    @cython.locals(I=Py_ssize_t, qh=list, a=Py_ssize_t, b=Py_ssize_t, seq="long long[::1]", best=Py_ssize_t)
+    @cython.locals(I=Py_ssize_t, qh="long long[::1]", a=Py_ssize_t, b=Py_ssize_t, seq="long long[::1]", best=Py_ssize_t)
     cpdef head(self, q, cls=*)
 
     # -- internal ---------------------------------------------------------------------------------
@@ -89,13 +90,13 @@ cdef class Engine:
                    r_pos="long long[::1]", j=Py_ssize_t, last=Py_ssize_t)
     cdef _dequeue(self, Py_ssize_t r, Py_ssize_t c)
 
-    @cython.locals(c=Py_ssize_t, lst=list, k=Py_ssize_t, s=Py_ssize_t, q_tail=list, tl=Py_ssize_t)
+    @cython.locals(c=Py_ssize_t, lst=list, k=Py_ssize_t, s=Py_ssize_t, q_tail="long long[::1]", tl=Py_ssize_t)
     cdef _enqueue_new(self, Py_ssize_t r, Py_ssize_t q)
 
     @cython.locals(k=Py_ssize_t)
     cdef _leave_wait(self, Py_ssize_t r, Py_ssize_t c, double t, Py_ssize_t qk)
 
-    @cython.locals(cnt="long long[::1]", acc="double[::1]", dcl=list, c=Py_ssize_t, d=Py_ssize_t, a=Py_ssize_t, b=Py_ssize_t, dt=double)
+    @cython.locals(cnt="long long[::1]", acc="double[::1]", dcl="long long[::1]", base=Py_ssize_t, c=Py_ssize_t, d=Py_ssize_t, a=Py_ssize_t, b=Py_ssize_t, dt=double)
     cdef _switch_mode(self, Py_ssize_t g, bint mixed, double t)
 
     @cython.locals(rec="double[::1]", k=Py_ssize_t)

@@ -135,57 +135,64 @@ class GpuSet:
     """A set of GPU indices with O(1) add, discard, membership and uniform random choice.
 
     Controllers see it read-only (``len``, ``in``, iteration, :meth:`choice`, :meth:`first`); the
-    engine mutates it through the underscored methods.
+    engine mutates it through the underscored methods. Members are ``_items[:_len]``; ``_pos[g]`` is
+    g's index there, or -1.
     """
 
-    __slots__ = ("_items", "_pos", "_rand")
+    __slots__ = ("_items", "_pos", "_rand", "_len")
 
     def __init__(self, n: int, rand: Callable[[], float]):
-        self._items: list[int] = []
-        self._pos = [-1] * n
+        self._items = _ints(n, -1)
+        self._pos = _ints(n, -1)
+        self._len = 0
         self._rand = rand
 
     def __len__(self) -> int:
-        return len(self._items)
+        return self._len
 
     def __bool__(self) -> bool:
-        return bool(self._items)
+        return self._len > 0
 
     def __contains__(self, g: object) -> bool:
         try:
-            return self._pos[g] >= 0  # type: ignore[index]
-        except (IndexError, TypeError):
+            k = g.__index__()  # GPU ids: Python or numpy integers
+        except (AttributeError, TypeError):
             return False
+        return 0 <= k < len(self._pos) and self._pos[k] >= 0
 
     def __iter__(self):
-        return iter(list(self._items))  # a copy: safe while the controller acts on members
+        return iter([self._items[k] for k in range(self._len)])  # a copy: safe while the controller acts
 
     def __repr__(self) -> str:
-        return f"GpuSet({sorted(self._items)})"
+        return f"GpuSet({sorted(self)})"
 
     def choice(self) -> int:
-        items = self._items
-        if not items:
+        n = self._len
+        if n == 0:
             return -1
-        return items[int(self._rand() * len(items))]
+        return self._items[int(self._rand() * n)]
 
     def first(self) -> int:
-        return self._items[0] if self._items else -1
+        return self._items[0] if self._len else -1
 
     def _add(self, g: int) -> None:
         if self._pos[g] < 0:
-            self._pos[g] = len(self._items)
-            self._items.append(g)
+            n = self._len
+            self._pos[g] = n
+            self._items[n] = g
+            self._len = n + 1
 
     def _discard(self, g: int) -> None:
-        p = self._pos[g]
+        pos = self._pos
+        p = pos[g]
         if p >= 0:
             items = self._items
-            last = items.pop()
-            if last != g:
-                items[p] = last
-                self._pos[last] = p
-            self._pos[g] = -1
+            n = self._len - 1
+            last = items[n]
+            items[p] = last
+            pos[last] = p
+            pos[g] = -1
+            self._len = n
 
 
 class Engine:
@@ -328,7 +335,7 @@ class Engine:
         self.g_pool = _ints(n, 0)
         self.g_pok = _ints(n, 1)  # prefills allowed (1) or not (0)
         self.g_maxd = _ints(n, self.B)
-        self.g_dcls = [[0] * I for _ in range(n)]
+        self.g_dcls = _ints(n * I, 0)  # decodes on g by class: g_dcls[g * I + c]
         # markov: the requests decoding on g in g_dec[g*B : g*B + g_ndec[g]] (r_dpos: r's index there)
         self.g_dec = _ints(n * self.B, -1)
         self._n_pools = 1
@@ -359,10 +366,10 @@ class Engine:
         self._qnames: list[str] = ["prefill", "decode"] + [f"instance[{g}]" for g in range(n)]
         self._qindex = {nm: q for q, nm in enumerate(self._qnames)}
         nqueues = len(self._qnames)
-        self.q_head = [-1] * (nqueues * I)
-        self.q_tail = [-1] * (nqueues * I)
-        self.q_cnt = [0] * (nqueues * I)
-        self.q_tot = [0] * nqueues
+        self.q_head = _ints(nqueues * I, -1)
+        self.q_tail = _ints(nqueues * I, -1)
+        self.q_cnt = _ints(nqueues * I, 0)
+        self.q_tot = _ints(nqueues, 0)
 
         # -- time, arrivals, housekeeping -----------------------------------------------------------
         self._now = 0.0
@@ -482,7 +489,7 @@ class Engine:
         return bool(self.g_pok[g])
 
     def gpu_decodes_by_class(self, g: int) -> tuple[int, ...]:
-        return tuple(self.g_dcls[g])
+        return tuple(self.g_dcls[g * self.I:(g + 1) * self.I])
 
     def gpu_requests(self, g: int) -> list[int]:
         out = [self.g_pre[g]] if self.g_pre[g] >= 0 else []
@@ -652,10 +659,10 @@ class Engine:
         q = len(self._qnames)
         self._qnames.append(name)
         self._qindex[name] = q
-        self.q_head.extend([-1] * self.I)
-        self.q_tail.extend([-1] * self.I)
-        self.q_cnt.extend([0] * self.I)
-        self.q_tot.append(0)
+        self.q_head = _grown(self.q_head, self.I, -1)
+        self.q_tail = _grown(self.q_tail, self.I, -1)
+        self.q_cnt = _grown(self.q_cnt, self.I, 0)
+        self.q_tot = _grown(self.q_tot, 1, 0)
         return q
 
     # =============================================================================================
@@ -780,7 +787,7 @@ class Engine:
         gc[g] = n1
         nd = g_ndec[g] + 1
         g_ndec[g] = nd
-        self.g_dcls[g][c] += 1
+        self.g_dcls[g * self.I + c] += 1
         if n0 == 0:
             gb = self._gbase
             cnt[gb] += 1
@@ -996,9 +1003,10 @@ class Engine:
         """GPU g's decodes move between Y_s and Y_m (a prefill started or ended on g)."""
         cnt = self._cnt
         acc = self._acc
-        dcl = self.g_dcls[g]
+        dcl = self.g_dcls
+        base = g * self.I
         for c in range(self.I):
-            d = dcl[c]
+            d = dcl[base + c]
             if d:
                 a = NQ * c + (Q_YS if mixed else Q_YM)  # from (solo or mixed) ...
                 b = NQ * c + (Q_YM if mixed else Q_YS)  # ... to (mixed or solo)
@@ -1206,7 +1214,7 @@ class Engine:
         gc = self.g_cnt
         n1 = gc[g] - 1
         gc[g] = n1
-        self.g_dcls[g][c] -= 1
+        self.g_dcls[g * self.I + c] -= 1
         if n1 == 0:
             gb = self._gbase
             cnt[gb] -= 1
@@ -1457,7 +1465,7 @@ class Engine:
             cnt[k] -= 1
             acc[k] -= t
             self.g_ndec[g] -= 1
-            self.g_dcls[g][c] -= 1
+            self.g_dcls[g * self.I + c] -= 1
         n1 = self.g_cnt[g] - 1
         self.g_cnt[g] = n1
         if n1 == 0:

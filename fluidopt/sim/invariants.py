@@ -48,7 +48,7 @@ def check_invariants(eng) -> None:
         assert eng.g_ndec[g] == nd, f"GPU {g}: {eng.g_ndec[g]} decodes counted, {nd} found"
         assert eng.g_cnt[g] == nd + len(pre) <= eng.B, f"GPU {g}: slots {eng.g_cnt[g]}"
         assert nd <= eng.g_maxd[g], f"GPU {g}: {nd} decodes > cap {eng.g_maxd[g]}"
-        assert sum(eng.g_dcls[g]) == nd
+        assert sum(eng.g_dcls[g * I + c] for c in range(I)) == nd
         if eng.markov:
             b = g * eng.B
             slots = [eng.g_dec[b + k] for k in range(nd)]
