@@ -59,21 +59,44 @@ cdef class Engine:
     cdef public long long[::1] t_ver, t_pkb, _isdirty, _cnt, _ctr, g_dec
     cdef public double[::1] t_ta, t_itl, t_pte, _acc, _rec
     cdef public Py_ssize_t _nrec
-    cdef public list _qnames, _arr_t, _arr_c, _arr_p, _arr_o, _bounds, _samples
+    cdef public list _qnames, _bounds, _samples
+    cdef public double[::1] _arr_t
+    cdef public long long[::1] _arr_c, _arr_p, _arr_o
 
     # -- actions called by controllers (Python-visible; arguments stay objects: they are validated) --
-    @cython.locals(r_phase="long long[::1]", g_pre="long long[::1]", gc="long long[::1]")
     cpdef start_prefill(self, r, g)
 
-    @cython.locals(r_phase="long long[::1]", gc="long long[::1]", g_ndec="long long[::1]", g_maxd="long long[::1]")
     cpdef start_decode(self, r, g)
 
     @cython.locals(q_tot="long long[::1]", r_q="long long[::1]", old=Py_ssize_t, c=Py_ssize_t, lst=list, k=Py_ssize_t, s=Py_ssize_t,
                    q_tail="long long[::1]", tl=Py_ssize_t)
     cpdef enqueue(self, r, q, front=*)
 
-    @cython.locals(I=Py_ssize_t, qh="long long[::1]", a=Py_ssize_t, b=Py_ssize_t, seq="long long[::1]", best=Py_ssize_t)
-    cpdef head(self, q, cls=*)
+    @cython.locals(I=Py_ssize_t, qh="long long[::1]", a=Py_ssize_t, b=Py_ssize_t, seq="long long[::1]", best=Py_ssize_t,
+                   bs=Py_ssize_t, k=Py_ssize_t, r=Py_ssize_t)
+    cpdef head(self, Py_ssize_t q, Py_ssize_t cls=*)
+
+    # -- the view's O(1) reads, called by controllers on every event: typed arguments ------------
+    cpdef qlen(self, Py_ssize_t q, Py_ssize_t cls=*)
+    cpdef n_prefill(self, Py_ssize_t i)
+    cpdef n_decode_mixed(self, Py_ssize_t i)
+    cpdef n_decode_solo(self, Py_ssize_t i)
+    cpdef n_wait_prefill(self, Py_ssize_t i)
+    cpdef n_wait_decode(self, Py_ssize_t i)
+    cpdef gpu_prefill(self, Py_ssize_t g)
+    cpdef gpu_decodes(self, Py_ssize_t g)
+    cpdef gpu_free(self, Py_ssize_t g)
+    cpdef gpu_pool(self, Py_ssize_t g)
+    cpdef gpu_max_decodes(self, Py_ssize_t g)
+    cpdef idle_prefill(self, Py_ssize_t pool=*)
+    cpdef free_decode(self, Py_ssize_t pool=*)
+    cpdef req_class(self, Py_ssize_t r)
+    cpdef req_prompt(self, Py_ssize_t r)
+    cpdef req_output(self, Py_ssize_t r)
+    cpdef req_arrival(self, Py_ssize_t r)
+    cpdef req_phase(self, Py_ssize_t r)
+    cpdef req_gpu(self, Py_ssize_t r)
+    cpdef instance_requests(self, Py_ssize_t g)
 
     # -- internal ---------------------------------------------------------------------------------
     @cython.locals(g_pre="long long[::1]", gc="long long[::1]", r_phase="long long[::1]", t=double, c=Py_ssize_t, markov=bint, cnt="long long[::1]",
@@ -105,7 +128,7 @@ cdef class Engine:
     cdef _resolve(self, Py_ssize_t r, Py_ssize_t outcome, double t)
 
     @cython.locals(free=list, r=Py_ssize_t, s=Py_ssize_t, r_phase="long long[::1]", k=Py_ssize_t)
-    cdef _arrive(self, double t, Py_ssize_t c, prompt, output)
+    cdef _arrive(self, double t, Py_ssize_t c, Py_ssize_t prompt, Py_ssize_t output)
 
     @cython.locals(c=Py_ssize_t, cnt="long long[::1]", acc="double[::1]", k=Py_ssize_t, gc="long long[::1]", n1=Py_ssize_t, gb=Py_ssize_t, lst=list,
                    r_pos="long long[::1]", j=Py_ssize_t, last=Py_ssize_t, r_ttft="double[::1]", ttft=double, ctr="long long[::1]", r_phase="long long[::1]",
@@ -137,7 +160,7 @@ cdef class Engine:
                    report_every=Py_ssize_t, exp_block="double[::1]", ei=Py_ssize_t, uni_block="double[::1]", ui=Py_ssize_t,
                    ev=Py_ssize_t, ver="long long[::1]", pkb="long long[::1]", rng_block=Py_ssize_t, I=Py_ssize_t, plists=list, dlists=list,
                    wlists=list, mu_p="double[::1]", mbar="double[::1]", mu_m="double[::1]", mu_s="double[::1]", theta="double[::1]", g_pre="long long[::1]",
-                   arr_t=list, arr_c=list, arr_p=list, arr_o=list, ai=Py_ssize_t, na=Py_ssize_t, tr=double,
+                   arr_t="double[::1]", arr_c="long long[::1]", arr_p="long long[::1]", arr_o="long long[::1]", ai=Py_ssize_t, na=Py_ssize_t, tr=double,
                    nd=Py_ssize_t, ta=double, tg=double, t=double, done=bint, ticked=bint, k=Py_ssize_t, u=double,
                    c=Py_ssize_t, lst=list, nl=Py_ssize_t, a=double, j=Py_ssize_t, r=Py_ssize_t, m=double, x=double,
                    g=Py_ssize_t, tt=double, v=Py_ssize_t, kb=Py_ssize_t, lam=double, now=double, partial=bint, wall0=double)

@@ -119,7 +119,13 @@ def _grown(old, k: int, v: int | float) -> list | array:
     return a
 
 
-def _token_counts(what: str, values) -> list[int]:
+def _int_block(a: np.ndarray) -> list[int] | np.ndarray:
+    """Integers of a workload batch: a list in Python, a C long long array in the compiled core."""
+    a = np.ascontiguousarray(a, dtype=np.longlong)
+    return a if _COMPILED else a.tolist()
+
+
+def _token_counts(what: str, values) -> np.ndarray:
     """A workload batch's token counts as Python ints (whole numbers >= 0 required)."""
     a = np.asarray(values)
     if a.dtype.kind not in "iu":
@@ -128,7 +134,7 @@ def _token_counts(what: str, values) -> list[int]:
             raise ScenarioError(f"workload: {what} tokens: expected whole numbers, got {bad!r} ({a.dtype})")
     if a.size and a.min() < 0:
         raise ScenarioError(f"workload: {what} tokens: expected >= 0, got {a.min()!r}")
-    return a.astype(np.int64).tolist()
+    return a.astype(np.int64)
 
 
 class GpuSet:
@@ -375,10 +381,10 @@ class Engine:
         self._now = 0.0
         self._in_setup = False
         self._events = 0
-        self._arr_t: list[float] = []
-        self._arr_c: list[int] = []
-        self._arr_p: list[int] = []
-        self._arr_o: list[int] = []
+        self._arr_t = _floats(0, 0.0)  # the current batch of arrivals: times, classes, prompt and output tokens
+        self._arr_c = _ints(0, 0)
+        self._arr_p = _ints(0, 0)
+        self._arr_o = _ints(0, 0)
         self._ai = 0
         self._arr_iter = None
         self._arrival_chunk = int(arrival_chunk)
@@ -542,16 +548,14 @@ class Engine:
         if I == 1:
             return self.q_head[q]
         if I == 2:  # the common case, unrolled (same tie rule as the loop: the lower class wins)
-            qh = self.q_head
             k = 2 * q
-            a = qh[k]
-            b = qh[k + 1]
+            a = self.q_head[k]
+            b = self.q_head[k + 1]
             if a < 0:
                 return b
             if b < 0:
                 return a
-            seq = self.r_seq
-            return a if seq[a] <= seq[b] else b
+            return a if self.r_seq[a] <= self.r_seq[b] else b
         best = -1
         bs = 0
         qh = self.q_head
@@ -678,11 +682,10 @@ class Engine:
 
     def start_prefill(self, r: int, g: int) -> None:
         """Start request r's prefill on GPU g (validated; see the protocol)."""
-        r_phase = self.r_phase
-        g_pre = self.g_pre
-        gc = self.g_cnt
+        # (the state is read through self: no local copies of the arrays, which cost a buffer
+        # acquisition per call in the compiled core)
         try:
-            ok = (r_phase[r] == WAIT_PREFILL and g_pre[g] < 0 and gc[g] < self.B
+            ok = (self.r_phase[r] == WAIT_PREFILL and self.g_pre[g] < 0 and self.g_cnt[g] < self.B
                   and self.g_pok[g] and r >= 0 and g >= 0)
         except (IndexError, TypeError):
             ok = False
@@ -752,12 +755,8 @@ class Engine:
 
     def start_decode(self, r: int, g: int) -> None:
         """Start request r's decode on GPU g (validated; see the protocol)."""
-        r_phase = self.r_phase
-        gc = self.g_cnt
-        g_ndec = self.g_ndec
-        g_maxd = self.g_maxd
         try:
-            ok = (r_phase[r] == WAIT_DECODE and gc[g] < self.B and g_ndec[g] < g_maxd[g]
+            ok = (self.r_phase[r] == WAIT_DECODE and self.g_cnt[g] < self.B and self.g_ndec[g] < self.g_maxd[g]
                   and r >= 0 and g >= 0)
         except (IndexError, TypeError):
             ok = False
@@ -1529,14 +1528,14 @@ class Engine:
             if cls.min() < 0 or cls.max() >= self.I:
                 bad = int(cls[(cls < 0) | (cls >= self.I)][0])
                 raise ScenarioError(f"workload: class index {bad} out of range 0..{self.I - 1}")
-            self._arr_t = np.asarray(b.time, dtype=float).tolist()
-            self._arr_c = cls.tolist()
-            self._arr_p = _token_counts("prompt", b.prompt)
-            self._arr_o = _token_counts("output", b.output)
+            self._arr_t = _block(np.ascontiguousarray(b.time, dtype=np.float64))
+            self._arr_c = _int_block(cls)
+            self._arr_p = _int_block(_token_counts("prompt", b.prompt))
+            self._arr_o = _int_block(_token_counts("output", b.output))
             self._ai = 0
             return True
         self._arr_iter = None
-        self._arr_t = []
+        self._arr_t = _floats(0, 0.0)
         self._ai = 0
         return False
 
