@@ -52,11 +52,13 @@ cdef class Engine:
     cdef public long long[::1] r_serial, r_gen, r_dstart, r_npre, r_pg, r_dg
     cdef public double[::1] r_arr, r_tw, r_wp, r_wd, r_ttft
     cdef public list _wlist, _plist, _dlist
-    cdef public list _ip, _fd, t_dheap, _heap, _dirty
+    cdef public list _ip, _fd, t_dheap, _dirty
+    cdef public long long[::1] _hq, _hpos  # the GPU event heap
+    cdef public Py_ssize_t _hn
     cdef public long long[::1] g_dcls, q_head, q_tail, q_cnt, q_tot
     # per-GPU state and counters (engine._ints / _floats)
     cdef public long long[::1] g_pre, g_ndec, g_cnt, g_pool, g_pok, g_maxd, t_ka, t_dca, t_kv, t_adv, t_pend
-    cdef public long long[::1] t_ver, t_pkb, _isdirty, _cnt, _ctr, g_dec
+    cdef public long long[::1] t_pkb, _isdirty, _cnt, _ctr, g_dec
     cdef public double[::1] t_ta, t_itl, t_pte, _acc, _rec
     cdef public Py_ssize_t _nrec
     cdef public list _qnames, _bounds, _samples
@@ -153,12 +155,26 @@ cdef class Engine:
                    v=Py_ssize_t)
     cdef _schedule(self, Py_ssize_t g)
 
+    @cython.locals(old=double, i=Py_ssize_t)
+    cdef _hset(self, Py_ssize_t g, double te)
+
+    @cython.locals(i=Py_ssize_t, hq="long long[::1]", n=Py_ssize_t, last=Py_ssize_t)
+    cdef _hremove(self, Py_ssize_t g)
+
+    @cython.locals(hq="long long[::1]", pos="long long[::1]", pte="double[::1]", g=Py_ssize_t, t=double, p=Py_ssize_t,
+                   h=Py_ssize_t, th=double)
+    cdef _hup(self, Py_ssize_t i)
+
+    @cython.locals(hq="long long[::1]", pos="long long[::1]", pte="double[::1]", n=Py_ssize_t, g=Py_ssize_t, t=double,
+                   c=Py_ssize_t, h=Py_ssize_t, th=double, h2=Py_ssize_t, t2=double)
+    cdef _hdown(self, Py_ssize_t i)
+
     @cython.locals(m=Py_ssize_t, dc=Py_ssize_t, h=list, r=Py_ssize_t, guard=Py_ssize_t)
     cdef _gpu_event(self, Py_ssize_t g, Py_ssize_t kb, double t)
 
-    @cython.locals(heap=list, t_house=double, markov=bint, dirty=list, isdirty="long long[::1]", check=bint, next_report=double,
+    @cython.locals(hq="long long[::1]", pte="double[::1]", t_house=double, markov=bint, dirty=list, isdirty="long long[::1]", check=bint, next_report=double,
                    report_every=Py_ssize_t, exp_block="double[::1]", ei=Py_ssize_t, uni_block="double[::1]", ui=Py_ssize_t,
-                   ev=Py_ssize_t, ver="long long[::1]", pkb="long long[::1]", rng_block=Py_ssize_t, I=Py_ssize_t, plists=list, dlists=list,
+                   ev=Py_ssize_t, pkb="long long[::1]", rng_block=Py_ssize_t, I=Py_ssize_t, plists=list, dlists=list,
                    wlists=list, mu_p="double[::1]", mbar="double[::1]", mu_m="double[::1]", mu_s="double[::1]", theta="double[::1]", g_pre="long long[::1]",
                    arr_t="double[::1]", arr_c="long long[::1]", arr_p="long long[::1]", arr_o="long long[::1]", ai=Py_ssize_t, na=Py_ssize_t, tr=double,
                    nd=Py_ssize_t, ta=double, tg=double, t=double, done=bint, ticked=bint, k=Py_ssize_t, u=double,

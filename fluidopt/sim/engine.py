@@ -16,7 +16,7 @@ One engine, two service semantics:
   KV cache, if set); a prefill of P tokens takes ceil(P/C) mixed iterations, a decode of D tokens
   takes D iterations of its GPU; new work joins at the GPU's next iteration boundary. Between two
   events a GPU's iteration law is fixed, so its next completion is a closed-form number of
-  iterations away: each GPU has one pending event in a heap (lazy invalidation by a version counter)
+  iterations away: each GPU has one pending event in an indexed heap (moved in place when the GPU changes)
   and the engine never steps iteration by iteration. Abandonment still uses the exponential race.
 
 Arrivals come lazily from a :class:`fluidopt.sim.workload.Workload`. Controllers (see
@@ -360,11 +360,14 @@ class Engine:
         self.t_adv = _ints(n, 1)  # decode clock advance per iteration (0 while a whole prefill stalls decodes)
         self.t_pend = _ints(n, -1)  # boundary index where the running prefill ends
         self.t_dheap: list[list[tuple[int, int]]] = [[] for _ in range(n)]
-        self.t_ver = _ints(n, 0)
         self.t_pkb = _ints(n, -1)  # boundary of g's valid pending heap entry (-1: none)
         self.t_pte = _floats(n, 0.0)  # its time
         # pending GPU events (time, g, version); the event's boundary is t_pkb[g] while the version is current
-        self._heap: list[tuple[float, int, int]] = []
+        # pending GPU events: a binary min-heap of GPU ids (at most one entry per GPU) keyed by
+        # (t_pte[g], g), with each GPU's position in _hpos (-1: none); the event's boundary is t_pkb[g]
+        self._hq = _ints(n, -1)
+        self._hpos = _ints(n, -1)
+        self._hn = 0
         self._dirty: list[int] = []
         self._isdirty = _ints(n, 0)
 
@@ -1360,14 +1363,13 @@ class Engine:
                               f"tokens, {what} needs {tokens}")
 
     def _schedule(self, g: int) -> None:
-        """(Re)compute GPU g's next event and push it (older entries become stale).
+        """(Re)compute GPU g's next event and put it in the event heap (an idle GPU has none).
 
-        When the recomputed event (time and boundary, bit for bit) is the one already pending in the
-        heap, that entry stays valid and nothing is pushed: the event fires at the same time with the
-        same arguments, and the heap is spared a stale entry (about a third of the pops were stale)."""
+        When the recomputed event (time and boundary, bit for bit) is the one already pending, the
+        heap is left alone."""
         if self.g_cnt[g] == 0:
-            self.t_ver[g] += 1
             self.t_pkb[g] = -1
+            self._hremove(g)
             return
         ka = self.t_ka[g]
         kb = self.t_pend[g] if self.g_pre[g] >= 0 else _NEVER
@@ -1395,11 +1397,90 @@ class Engine:
             te = self._time_at(g, kb)
         if kb == self.t_pkb[g] and te == self.t_pte[g]:
             return  # the pending entry is this very event
-        v = self.t_ver[g] + 1
-        self.t_ver[g] = v
         self.t_pkb[g] = kb
+        self._hset(g, te)
+
+    # -- the event heap: GPU ids ordered by (t_pte[g], g), so that GPUs with events at one instant
+    # go in index order; sift operations on typed arrays (no tuples, no stale entries)
+    def _hset(self, g: int, te: float) -> None:
+        """Give g the pending event time te (insert g, or move it)."""
+        old = self.t_pte[g]
         self.t_pte[g] = te
-        heapq.heappush(self._heap, (te, g, v))
+        i = self._hpos[g]
+        if i < 0:
+            i = self._hn
+            self._hq[i] = g
+            self._hpos[g] = i
+            self._hn = i + 1
+            self._hup(i)
+        elif te < old:
+            self._hup(i)
+        elif te > old:
+            self._hdown(i)
+
+    def _hremove(self, g: int) -> None:
+        """Take g out of the heap (nothing if it is not in)."""
+        i = self._hpos[g]
+        if i < 0:
+            return
+        hq = self._hq
+        n = self._hn - 1
+        self._hn = n
+        self._hpos[g] = -1
+        if i == n:
+            return
+        last = hq[n]
+        hq[i] = last
+        self._hpos[last] = i
+        self._hup(i)
+        if self._hpos[last] == i:
+            self._hdown(i)
+
+    def _hup(self, i: int) -> None:
+        hq = self._hq
+        pos = self._hpos
+        pte = self.t_pte
+        g = hq[i]
+        t = pte[g]
+        while i > 0:
+            p = (i - 1) >> 1
+            h = hq[p]
+            th = pte[h]
+            if th < t or (th == t and h < g):
+                break
+            hq[i] = h
+            pos[h] = i
+            i = p
+        hq[i] = g
+        pos[g] = i
+
+    def _hdown(self, i: int) -> None:
+        hq = self._hq
+        pos = self._hpos
+        pte = self.t_pte
+        n = self._hn
+        g = hq[i]
+        t = pte[g]
+        while True:
+            c = 2 * i + 1
+            if c >= n:
+                break
+            h = hq[c]
+            th = pte[h]
+            if c + 1 < n:
+                h2 = hq[c + 1]
+                t2 = pte[h2]
+                if t2 < th or (t2 == th and h2 < h):
+                    c += 1
+                    h = h2
+                    th = t2
+            if t < th or (t == th and g < h):
+                break
+            hq[i] = h
+            pos[h] = i
+            i = c
+        hq[i] = g
+        pos[g] = i
 
     def _gpu_event(self, g: int, kb: int, t: float) -> None:
         """GPU g reached boundary kb at time t, its pending event: finish what ends there."""
@@ -1693,7 +1774,8 @@ class Engine:
     def _loop(self, stop: float) -> None:
         """The event loop, up to (not including) time ``stop`` or the horizon. The race selection is
         inlined here: it runs for most events. Its state lives in locals and is saved on return."""
-        heap = self._heap
+        hq = self._hq
+        pte = self.t_pte
         markov = self.markov
         dirty = self._dirty
         isdirty = self._isdirty
@@ -1707,8 +1789,6 @@ class Engine:
         uni_block = self._uni_block
         ui = self._uni_i
         ev = 0
-        heappop = heapq.heappop
-        ver = self.t_ver
         pkb = self.t_pkb
         rng_block = _RNG_BLOCK
         I = self.I
@@ -1752,7 +1832,7 @@ class Engine:
             else:
                 ta = INF
                 na = -1
-            tg = heap[0][0] if heap else INF
+            tg = pte[hq[0]] if self._hn else INF
             if partial and t_house >= stop and ta >= stop and tr >= stop and tg >= stop:
                 self._now = stop
                 break
@@ -1832,12 +1912,11 @@ class Engine:
                             u -= a
                     # else: u fell beyond the exact total (float drift of the incremental rate): null event
             else:
-                tt, g, v = heappop(heap)
-                if v != ver[g]:
-                    ev -= 1
-                    continue
+                g = hq[0]
+                tt = pte[g]
+                self._hremove(g)
                 kb = pkb[g]
-                pkb[g] = -1  # consumed: the next _schedule(g) must push
+                pkb[g] = -1  # consumed: the next _schedule(g) must reschedule
                 self._now = tt
                 self._gpu_event(g, kb, tt)
             if dirty:
