@@ -48,11 +48,11 @@ cdef class Engine:
     cdef public list _cp, _cd, _mean_prompt, _mean_output
     cdef public list _free
     # per-request state (recycled slots): typed arrays in the core, replaced when they grow
-    cdef public long long[::1] r_cls, r_prompt, r_output, r_phase, r_q, r_gpu, r_next, r_prev, r_seq, r_pos, r_dpos
+    cdef public long long[::1] r_cls, r_prompt, r_output, r_phase, r_q, r_gpu, r_next, r_prev, r_seq, r_pos, r_dpos, r_dkey
     cdef public long long[::1] r_serial, r_gen, r_dstart, r_npre, r_pg, r_dg
     cdef public double[::1] r_arr, r_tw, r_wp, r_wd, r_ttft
     cdef public list _wlist, _plist, _dlist
-    cdef public list _ip, _fd, t_dheap, _dirty
+    cdef public list _ip, _fd, _dirty
     cdef public long long[::1] _hq, _hpos  # the GPU event heap
     cdef public Py_ssize_t _hn
     cdef public long long[::1] g_dcls, q_head, q_tail, q_cnt, q_tot
@@ -151,7 +151,7 @@ cdef class Engine:
 
     cdef _join_with(self, Py_ssize_t g, double t, Py_ssize_t tokens, Py_ssize_t r, bint prefill)
 
-    @cython.locals(ka=Py_ssize_t, kb=Py_ssize_t, kd=Py_ssize_t, nd=Py_ssize_t, ko=Py_ssize_t, h=list, te=double,
+    @cython.locals(ka=Py_ssize_t, kb=Py_ssize_t, kd=Py_ssize_t, nd=Py_ssize_t, ko=Py_ssize_t, te=double,
                    v=Py_ssize_t)
     cdef _schedule(self, Py_ssize_t g)
 
@@ -169,7 +169,14 @@ cdef class Engine:
                    c=Py_ssize_t, h=Py_ssize_t, th=double, h2=Py_ssize_t, t2=double)
     cdef _hdown(self, Py_ssize_t i)
 
-    @cython.locals(m=Py_ssize_t, dc=Py_ssize_t, h=list, r=Py_ssize_t, guard=Py_ssize_t)
+    @cython.locals(dec="long long[::1]", j=Py_ssize_t, b=Py_ssize_t, last=Py_ssize_t)
+    cdef _dremove(self, Py_ssize_t g, Py_ssize_t r, Py_ssize_t nd)
+
+    @cython.locals(dec="long long[::1]", pos="long long[::1]", key="long long[::1]", r=Py_ssize_t, k=Py_ssize_t,
+                   i0=Py_ssize_t, p=Py_ssize_t, h=Py_ssize_t, kh=Py_ssize_t, c=Py_ssize_t, h2=Py_ssize_t, k2=Py_ssize_t)
+    cdef _dsift(self, Py_ssize_t b, Py_ssize_t i, Py_ssize_t n)
+
+    @cython.locals(m=Py_ssize_t, dc=Py_ssize_t, b=Py_ssize_t, r=Py_ssize_t, guard=Py_ssize_t)
     cdef _gpu_event(self, Py_ssize_t g, Py_ssize_t kb, double t)
 
     @cython.locals(hq="long long[::1]", pte="double[::1]", t_house=double, markov=bint, dirty=list, isdirty="long long[::1]", check=bint, next_report=double,

@@ -32,7 +32,6 @@ to one type, and keep no per-request array in a local across an arrival.
 from __future__ import annotations
 
 import gc
-import heapq
 import math
 import random
 import signal
@@ -306,7 +305,8 @@ class Engine:
         self.r_prev = _ints(0, 0)
         self.r_seq = _ints(0, 0)
         self.r_pos = _ints(0, 0)  # index in the waiting / prefill / decode list of its class
-        self.r_dpos = _ints(0, 0)  # markov: index in g_dec of its decode
+        self.r_dpos = _ints(0, 0)  # index in g_dec of its decode
+        self.r_dkey = _ints(0, 0)  # tokens: g's decode clock when its decode ends
         self.r_tw = _floats(0, 0.0)  # time the current wait began
         self.r_wp = _floats(0, 0.0)  # accumulated wait for a prefill
         self.r_wd = _floats(0, 0.0)  # accumulated wait for a decode
@@ -342,7 +342,9 @@ class Engine:
         self.g_pok = _ints(n, 1)  # prefills allowed (1) or not (0)
         self.g_maxd = _ints(n, self.B)
         self.g_dcls = _ints(n * I, 0)  # decodes on g by class: g_dcls[g * I + c]
-        # markov: the requests decoding on g in g_dec[g*B : g*B + g_ndec[g]] (r_dpos: r's index there)
+        # the requests decoding on g: g_dec[g*B : g*B + g_ndec[g]] (r_dpos: r's index in g_dec); in
+        # tokens mode that segment is a binary min-heap keyed by (r_dkey[r], r): r_dkey[r] is the value
+        # of g's decode clock at which r's decode ends
         self.g_dec = _ints(n * self.B, -1)
         self._n_pools = 1
         rand = self._ctrl_rng.random
@@ -359,7 +361,6 @@ class Engine:
         self.t_itl = _floats(n, self.tau_solo)  # base iteration length from the anchor on
         self.t_adv = _ints(n, 1)  # decode clock advance per iteration (0 while a whole prefill stalls decodes)
         self.t_pend = _ints(n, -1)  # boundary index where the running prefill ends
-        self.t_dheap: list[list[tuple[int, int]]] = [[] for _ in range(n)]
         self.t_pkb = _ints(n, -1)  # boundary of g's valid pending heap entry (-1: none)
         self.t_pte = _floats(n, 0.0)  # its time
         # pending GPU events (time, g, version); the event's boundary is t_pkb[g] while the version is current
@@ -502,10 +503,8 @@ class Engine:
 
     def gpu_requests(self, g: int) -> list[int]:
         out = [self.g_pre[g]] if self.g_pre[g] >= 0 else []
-        if self.markov:
-            b = g * self.B
-            return out + sorted(self.g_dec[b:b + self.g_ndec[g]])
-        return out + sorted(r for _, r in self.t_dheap[g])
+        b = g * self.B
+        return out + sorted(self.g_dec[b:b + self.g_ndec[g]])
 
     def gpu_kv_used(self, g: int) -> int:
         if self.markov or self.g_cnt[g] == 0:
@@ -806,10 +805,10 @@ class Engine:
             if full:
                 s = self._ip[p]
                 s._discard(g)
+        k = g * self.B + nd - 1  # g_ndec[g] is nd now
+        self.g_dec[k] = r
+        self.r_dpos[r] = k
         if markov:
-            k = g * self.B + nd - 1  # g_ndec[g] is nd now
-            self.g_dec[k] = r
-            self.r_dpos[r] = k
             lst = self._dlist[c]
             self.r_pos[r] = len(lst)
             lst.append(r)
@@ -818,7 +817,8 @@ class Engine:
             dca = self.t_dca[g]
             self.r_dstart[r] = dca
             gen = self.r_gen[r]
-            heapq.heappush(self.t_dheap[g], (dca + self.r_output[r] - gen, r))
+            self.r_dkey[r] = dca + self.r_output[r] - gen
+            self._dsift(g * self.B, nd - 1, nd)
             self.t_kv[g] += self.r_prompt[r] + gen
             if not self._isdirty[g]:
                 self._isdirty[g] = True
@@ -1061,6 +1061,7 @@ class Engine:
         self.r_seq = _grown(self.r_seq, k, 0)
         self.r_pos = _grown(self.r_pos, k, -1)
         self.r_dpos = _grown(self.r_dpos, k, -1)
+        self.r_dkey = _grown(self.r_dkey, k, 0)
         self.r_tw = _grown(self.r_tw, k, 0.0)
         self.r_wp = _grown(self.r_wp, k, 0.0)
         self.r_wd = _grown(self.r_wd, k, 0.0)
@@ -1223,12 +1224,8 @@ class Engine:
             acc[gb] -= t
         out = self.r_output[r]
         prompt = self.r_prompt[r]
+        self._dremove(g, r, nd)
         if self.markov:
-            g_dec = self.g_dec
-            j = self.r_dpos[r]
-            last = g_dec[g * self.B + nd]  # g_ndec[g] is nd now: the last decode's place
-            g_dec[j] = last
-            self.r_dpos[last] = j
             lst = self._dlist[c]
             r_pos = self.r_pos
             j = r_pos[r]
@@ -1373,13 +1370,12 @@ class Engine:
             return
         ka = self.t_ka[g]
         kb = self.t_pend[g] if self.g_pre[g] >= 0 else _NEVER
-        h = self.t_dheap[g]
-        if h:
+        if self.g_ndec[g]:
             # decodes end where the decode clock reaches their target; while a whole-prompt prefill
             # stalls the clock (t_adv = 0) only those already due at the anchor end: the anchor is
             # the boundary where the prefill joins, and the decodes finishing there leave (and free
             # their KV) before the prefill iteration starts.
-            kd = ka + h[0][0] - self.t_dca[g]
+            kd = ka + self.r_dkey[self.g_dec[g * self.B]] - self.t_dca[g]
             if kd < kb and (self.t_adv[g] or kd <= ka):
                 kb = kd
         if self.t_adv[g]:
@@ -1482,6 +1478,57 @@ class Engine:
         hq[i] = g
         pos[g] = i
 
+    # -- the decodes on a GPU: a slot array per GPU (g_dec), a heap by end clock in tokens mode -------
+    def _dremove(self, g: int, r: int, nd: int) -> None:
+        """Take r out of g's decodes, which number nd once it is gone (the last one takes its place)."""
+        dec = self.g_dec
+        j = self.r_dpos[r]
+        b = g * self.B
+        last = dec[b + nd]
+        dec[j] = last
+        self.r_dpos[last] = j
+        if not self.markov and j != b + nd:
+            self._dsift(b, j - b, nd)
+
+    def _dsift(self, b: int, i: int, n: int) -> None:
+        """Restore the heap order of g_dec[b : b + n] (keys (r_dkey[r], r)) at index i."""
+        dec = self.g_dec
+        pos = self.r_dpos
+        key = self.r_dkey
+        r = dec[b + i]
+        k = key[r]
+        i0 = i
+        while i > 0:
+            p = (i - 1) >> 1
+            h = dec[b + p]
+            kh = key[h]
+            if kh < k or (kh == k and h < r):
+                break
+            dec[b + i] = h
+            pos[h] = b + i
+            i = p
+        if i == i0:
+            while True:
+                c = 2 * i + 1
+                if c >= n:
+                    break
+                h = dec[b + c]
+                kh = key[h]
+                if c + 1 < n:
+                    h2 = dec[b + c + 1]
+                    k2 = key[h2]
+                    if k2 < kh or (k2 == kh and h2 < h):
+                        c += 1
+                        h = h2
+                        kh = k2
+                if k < kh or (k == kh and r < h):
+                    break
+                dec[b + i] = h
+                pos[h] = b + i
+                i = c
+        dec[b + i] = r
+        pos[r] = b + i
+
     def _gpu_event(self, g: int, kb: int, t: float) -> None:
         """GPU g reached boundary kb at time t, its pending event: finish what ends there."""
         m = kb - self.t_ka[g]
@@ -1492,9 +1539,11 @@ class Engine:
             self.t_ka[g] = kb
         self.t_ta[g] = t  # = the anchor law's time of boundary kb (how the event was scheduled)
         dc = self.t_dca[g]
-        h = self.t_dheap[g]
-        while h and h[0][0] <= dc:
-            r = heapq.heappop(h)[1]
+        b = g * self.B
+        while self.g_ndec[g]:
+            r = self.g_dec[b]  # the heap's top: the decode that ends first
+            if self.r_dkey[r] > dc:
+                break
             self._decode_done(r, g, t)
         if self.g_pre[g] >= 0 and self.t_pend[g] <= kb:
             self._prefill_done(self.g_pre[g], g, t)
@@ -1514,7 +1563,8 @@ class Engine:
 
     def _preempt_youngest(self, g: int, t: float) -> None:
         """vLLM recompute preemption: evict the most recently arrived request running on g."""
-        cands = [x for _, x in self.t_dheap[g]]
+        b = g * self.B
+        cands = [self.g_dec[b + k] for k in range(self.g_ndec[g])]
         if self.g_pre[g] >= 0:
             cands.append(self.g_pre[g])
         r = max(cands, key=lambda x: (self.r_arr[x], self.r_serial[x]))
@@ -1535,9 +1585,7 @@ class Engine:
             if self.g_ndec[g]:
                 self._switch_mode(g, False, t)
         else:
-            h = self.t_dheap[g]
-            h[:] = [e for e in h if e[1] != r]
-            heapq.heapify(h)
+            self._dremove(g, r, self.g_ndec[g] - 1)
             gen = self.t_dca[g] - self.r_dstart[r]
             self.t_kv[g] -= self.r_prompt[r] + self.r_gen[r] + gen
             self.r_gen[r] += gen

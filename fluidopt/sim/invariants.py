@@ -49,12 +49,16 @@ def check_invariants(eng) -> None:
         assert eng.g_cnt[g] == nd + len(pre) <= eng.B, f"GPU {g}: slots {eng.g_cnt[g]}"
         assert nd <= eng.g_maxd[g], f"GPU {g}: {nd} decodes > cap {eng.g_maxd[g]}"
         assert sum(eng.g_dcls[g * I + c] for c in range(I)) == nd
-        if eng.markov:
-            b = g * eng.B
-            slots = [eng.g_dec[b + k] for k in range(nd)]
-            mine = sorted(r for r in live if eng.r_phase[r] == DECODE and eng.r_gpu[r] == g)
-            assert sorted(slots) == mine, f"GPU {g}: decode slots {slots}, decoding {mine}"
-            assert all(eng.r_dpos[r] == b + k for k, r in enumerate(slots)), f"GPU {g}: decode slot positions"
+        b = g * eng.B
+        slots = [eng.g_dec[b + k] for k in range(nd)]
+        mine = sorted(r for r in live if eng.r_phase[r] == DECODE and eng.r_gpu[r] == g)
+        assert sorted(slots) == mine, f"GPU {g}: decode slots {slots}, decoding {mine}"
+        assert all(eng.r_dpos[r] == b + k for k, r in enumerate(slots)), f"GPU {g}: decode slot positions"
+        if not eng.markov:  # a min-heap by (end clock, request)
+            key = [(eng.r_dkey[r], r) for r in slots]
+            assert all(key[(k - 1) // 2] < key[k] for k in range(1, nd)), f"GPU {g}: decode heap order {key}"
+            for r in slots:
+                assert eng.r_dkey[r] == eng.r_dstart[r] + eng.r_output[r] - eng.r_gen[r], f"request {r}: end clock"
         cnt[eng._gbase] += eng.g_cnt[g] > 0
         p = eng.g_pool[g]
         ip = eng.g_pre[g] < 0 and eng.g_cnt[g] < eng.B and eng.g_pok[g]
@@ -62,7 +66,6 @@ def check_invariants(eng) -> None:
         assert (g in eng._ip[p]) == ip, f"GPU {g}: idle-prefill set membership"
         assert (g in eng._fd[p]) == fd, f"GPU {g}: free-decode set membership"
         if not eng.markov and eng.g_cnt[g]:
-            assert len(eng.t_dheap[g]) == nd
             assert eng.kvcap < 0 or eng.t_kv[g] <= eng.kvcap, f"GPU {g}: KV {eng.t_kv[g]} > {eng.kvcap}"
     assert cnt == list(eng._cnt), f"counts {list(eng._cnt)} != recount {cnt}"
     # queues
