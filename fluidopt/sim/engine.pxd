@@ -16,6 +16,7 @@ cimport cython
 # the counter layouts (engine.py binds them from fluidopt.sim.metrics): C integers in the core
 cdef Py_ssize_t NQ, Q_WP, Q_X, Q_WD, Q_YM, Q_YS, NC, C_ARRIVED, C_PREFILLED, C_COMPLETED, C_PREEMPTED
 cdef Py_ssize_t C_AB_PREFILL, C_AB_DECODE, C_DROPPED, C_PREFILL_TOKENS, C_DONE_PROMPT, C_DONE_OUTPUT, _NREC
+cdef Py_ssize_t RACE_WAIT, RACE_PREFILL, RACE_DECODE
 
 
 @cython.final
@@ -51,7 +52,8 @@ cdef class Engine:
     cdef public long long[::1] r_cls, r_prompt, r_output, r_phase, r_q, r_gpu, r_next, r_prev, r_seq, r_pos, r_dpos, r_dkey
     cdef public long long[::1] r_serial, r_gen, r_dstart, r_npre, r_pg, r_dg
     cdef public double[::1] r_arr, r_tw, r_wp, r_wd, r_ttft
-    cdef public list _wlist, _plist, _dlist
+    cdef public long long[::1] _rs, _rsn  # the exponential race's request sets
+    cdef public Py_ssize_t _rscap
     cdef public list _ip, _fd, _dirty
     cdef public long long[::1] _hq, _hpos  # the GPU event heap
     cdef public Py_ssize_t _hn
@@ -118,6 +120,12 @@ cdef class Engine:
     @cython.locals(c=Py_ssize_t, lst=list, k=Py_ssize_t, s=Py_ssize_t, q_tail="long long[::1]", tl=Py_ssize_t)
     cdef _enqueue_new(self, Py_ssize_t r, Py_ssize_t q)
 
+    @cython.locals(n=Py_ssize_t)
+    cdef _race_add(self, Py_ssize_t r, Py_ssize_t s)
+
+    @cython.locals(rs="long long[::1]", b=Py_ssize_t, n=Py_ssize_t, j=Py_ssize_t, last=Py_ssize_t)
+    cdef _race_remove(self, Py_ssize_t r, Py_ssize_t s)
+
     @cython.locals(k=Py_ssize_t)
     cdef _leave_wait(self, Py_ssize_t r, Py_ssize_t c, double t, Py_ssize_t qk)
 
@@ -181,8 +189,8 @@ cdef class Engine:
 
     @cython.locals(hq="long long[::1]", pte="double[::1]", t_house=double, markov=bint, dirty=list, isdirty="long long[::1]", check=bint, next_report=double,
                    report_every=Py_ssize_t, exp_block="double[::1]", ei=Py_ssize_t, uni_block="double[::1]", ui=Py_ssize_t,
-                   ev=Py_ssize_t, pkb="long long[::1]", rng_block=Py_ssize_t, I=Py_ssize_t, plists=list, dlists=list,
-                   wlists=list, mu_p="double[::1]", mbar="double[::1]", mu_m="double[::1]", mu_s="double[::1]", theta="double[::1]", g_pre="long long[::1]",
+                   ev=Py_ssize_t, pkb="long long[::1]", rng_block=Py_ssize_t, I=Py_ssize_t, rs="long long[::1]", rsn="long long[::1]",
+                   cap=Py_ssize_t, s=Py_ssize_t, mu_p="double[::1]", mbar="double[::1]", mu_m="double[::1]", mu_s="double[::1]", theta="double[::1]", g_pre="long long[::1]",
                    arr_t="double[::1]", arr_c="long long[::1]", arr_p="long long[::1]", arr_o="long long[::1]", ai=Py_ssize_t, na=Py_ssize_t, tr=double,
                    nd=Py_ssize_t, ta=double, tg=double, t=double, done=bint, ticked=bint, k=Py_ssize_t, u=double,
                    c=Py_ssize_t, lst=list, nl=Py_ssize_t, a=double, j=Py_ssize_t, r=Py_ssize_t, m=double, x=double,

@@ -72,6 +72,9 @@ _RNG_BLOCK = 65536
 _ALLOC_BLOCK = 1024  # fewest request slots added at a time
 _NREC = M.N_RECORD_FIELDS  # fields of a finished request's row (metrics.RECORD_FIELDS; see _record)
 
+# The exponential race's request sets, one segment per (kind, class): see Engine._rs
+RACE_WAIT, RACE_PREFILL, RACE_DECODE = 0, 1, 2
+
 # The layouts of the time-integrated counts (NQ per class) and the event counters (NC per class), by
 # name, from their one definition in fluidopt.sim.metrics (engine.pxd types these as C integers).
 NQ = M.N_CLASS_QTY
@@ -322,9 +325,11 @@ class Engine:
         self._seq_front = 0
 
         # -- per-class lists for the exponential race (swap-remove) ----------------------------------
-        self._wlist: list[list[int]] = [[] for _ in range(I)]  # queued (waiting) requests
-        self._plist: list[list[int]] = [[] for _ in range(I)]  # markov: in prefill
-        self._dlist: list[list[int]] = [[] for _ in range(I)]  # markov: decoding
+        # segment s = kind * I + class (kinds RACE_WAIT: queued, RACE_PREFILL / RACE_DECODE: markov in
+        # service) holds its requests in _rs[s * _rscap : s * _rscap + _rsn[s]] (r_pos: r's index)
+        self._rscap = 64
+        self._rs = _ints(3 * I * self._rscap, -1)
+        self._rsn = _ints(3 * I, 0)
         self._lam = 0.0  # total race rate
 
         # -- counts (time-integrated by the "sum of signed change times" trick) -------------------
@@ -734,9 +739,7 @@ class Engine:
             s = self._fd[p]
             s._discard(g)
         if markov:
-            lst = self._plist[c]
-            self.r_pos[r] = len(lst)
-            lst.append(r)
+            self._race_add(r, RACE_PREFILL * self.I + c)
             self._lam += self.mu_p[c]
         else:
             ka = self.t_ka[g]
@@ -809,9 +812,7 @@ class Engine:
         self.g_dec[k] = r
         self.r_dpos[r] = k
         if markov:
-            lst = self._dlist[c]
-            self.r_pos[r] = len(lst)
-            lst.append(r)
+            self._race_add(r, RACE_DECODE * self.I + c)
             self._lam += self.mbar[c]
         else:
             dca = self.t_dca[g]
@@ -844,13 +845,7 @@ class Engine:
         self.q_cnt[k] -= 1
         self.q_tot[q] -= 1
         r_q[r] = -1
-        lst = self._wlist[c]
-        r_pos = self.r_pos
-        j = r_pos[r]
-        last = lst.pop()
-        if last != r:
-            lst[j] = last
-            r_pos[last] = j
+        self._race_remove(r, RACE_WAIT * self.I + c)
         self._lam -= self.theta[c]
 
     def _decode_error(self, r: object, g: object) -> None:
@@ -882,9 +877,7 @@ class Engine:
             self._q_remove(r, old)
         else:
             # entering a waiting place: it can now abandon
-            lst = self._wlist[c]
-            self.r_pos[r] = len(lst)
-            lst.append(r)
+            self._race_add(r, RACE_WAIT * self.I + c)
             self._lam += self.theta[c]
         if front:
             self._q_push(r, q, True)
@@ -912,9 +905,7 @@ class Engine:
         engine's default placements and the common case of :meth:`enqueue`)."""
         c = self.r_cls[r]
         # entering a waiting place: it can now abandon
-        lst = self._wlist[c]
-        self.r_pos[r] = len(lst)
-        lst.append(r)
+        self._race_add(r, RACE_WAIT * self.I + c)
         self._lam += self.theta[c]
         k = q * self.I + c
         s = self._seq_back + 1
@@ -1000,6 +991,37 @@ class Engine:
             self.r_wp[r] += t - self.r_tw[r]
         else:
             self.r_wd[r] += t - self.r_tw[r]
+
+    def _race_add(self, r: int, s: int) -> None:
+        """Add r to the race's segment s (kind * I + class)."""
+        n = self._rsn[s]
+        if n == self._rscap:
+            self._race_grow()
+        self._rs[s * self._rscap + n] = r
+        self.r_pos[r] = n
+        self._rsn[s] = n + 1
+
+    def _race_remove(self, r: int, s: int) -> None:
+        """Take r out of segment s (the segment's last request takes its place)."""
+        rs = self._rs
+        b = s * self._rscap
+        n = self._rsn[s] - 1
+        j = self.r_pos[r]
+        last = rs[b + n]
+        rs[b + j] = last
+        self.r_pos[last] = j
+        self._rsn[s] = n
+
+    def _race_grow(self) -> None:
+        """Double every segment's capacity (a new array: nothing keeps the old one in a local)."""
+        cap = self._rscap
+        new = _ints(2 * cap * len(self._rsn), -1)
+        old = self._rs
+        for s in range(len(self._rsn)):
+            for k in range(self._rsn[s]):
+                new[2 * cap * s + k] = old[cap * s + k]
+        self._rs = new
+        self._rscap = 2 * cap
 
     def _switch_mode(self, g: int, mixed: bool, t: float) -> None:
         """GPU g's decodes move between Y_s and Y_m (a prefill started or ended on g)."""
@@ -1159,13 +1181,7 @@ class Engine:
         else:
             self._switch_mode(g, False, t)
         if self.markov:
-            lst = self._plist[c]
-            r_pos = self.r_pos
-            j = r_pos[r]
-            last = lst.pop()
-            if last != r:
-                lst[j] = last
-                r_pos[last] = j
+            self._race_remove(r, RACE_PREFILL * self.I + c)
             self._lam -= self.mu_p[c]
         else:
             self.t_pend[g] = -1
@@ -1226,13 +1242,7 @@ class Engine:
         prompt = self.r_prompt[r]
         self._dremove(g, r, nd)
         if self.markov:
-            lst = self._dlist[c]
-            r_pos = self.r_pos
-            j = r_pos[r]
-            last = lst.pop()
-            if last != r:
-                lst[j] = last
-                r_pos[last] = j
+            self._race_remove(r, RACE_DECODE * self.I + c)
             self._lam -= self.mbar[c]
         else:
             self.t_kv[g] -= prompt + out
@@ -1638,9 +1648,10 @@ class Engine:
     def _exact_lam(self) -> float:
         lam = 0.0
         for c in range(self.I):
-            lam += self.theta[c] * len(self._wlist[c])
+            rsn = self._rsn
+            lam += self.theta[c] * rsn[RACE_WAIT * self.I + c]
             if self.markov:
-                lam += self.mu_p[c] * len(self._plist[c]) + self.mbar[c] * len(self._dlist[c])
+                lam += self.mu_p[c] * rsn[RACE_PREFILL * self.I + c] + self.mbar[c] * rsn[RACE_DECODE * self.I + c]
         return lam
 
     # =============================================================================================
@@ -1840,7 +1851,6 @@ class Engine:
         pkb = self.t_pkb
         rng_block = _RNG_BLOCK
         I = self.I
-        plists, dlists, wlists = self._plist, self._dlist, self._wlist
         mu_p, mbar, mu_m, mu_s, theta = self.mu_p, self.mbar, self.mu_m, self.mu_s, self.theta
         g_pre = self.g_pre
         arr_t, arr_c, arr_p, arr_o = self._arr_t, self._arr_c, self._arr_p, self._arr_o
@@ -1911,25 +1921,28 @@ class Engine:
                 u = uni_block[ui] * self._lam
                 ui += 1
                 done = False
+                rs = self._rs  # (read here: a segment may grow in a handler)
+                rsn = self._rsn
+                cap = self._rscap
                 if markov:
                     for c in range(I):
-                        lst = plists[c]
-                        nl = len(lst)
+                        s = RACE_PREFILL * I + c
+                        nl = rsn[s]
                         if nl:
                             a = mu_p[c] * nl
                             if u < a:
                                 j = int(u / mu_p[c])
                                 if j >= nl:
                                     j = nl - 1
-                                r = lst[j]
+                                r = rs[s * cap + j]
                                 self._prefill_done(r, self.r_gpu[r], t)
                                 done = True
                                 break
                             u -= a
                     if not done:
                         for c in range(I):
-                            lst = dlists[c]
-                            nl = len(lst)
+                            s = RACE_DECODE * I + c
+                            nl = rsn[s]
                             if nl:
                                 m = mbar[c]
                                 a = m * nl
@@ -1938,7 +1951,7 @@ class Engine:
                                     j = int(x)
                                     if j >= nl:
                                         j = nl - 1
-                                    r = lst[j]
+                                    r = rs[s * cap + j]
                                     g = self.r_gpu[r]
                                     # thinning; the fractional part of x is a fresh uniform
                                     if (x - j) * m < (mu_m[c] if g_pre[g] >= 0 else mu_s[c]):
@@ -1948,14 +1961,15 @@ class Engine:
                                 u -= a
                 if not done:
                     for c in range(I):
-                        lst = wlists[c]
-                        if lst and theta[c] > 0:
-                            a = theta[c] * len(lst)
+                        s = RACE_WAIT * I + c
+                        nl = rsn[s]
+                        if nl and theta[c] > 0:
+                            a = theta[c] * nl
                             if u < a:
                                 j = int(u / theta[c])
-                                if j >= len(lst):
-                                    j = len(lst) - 1
-                                self._abandon(lst[j], t)
+                                if j >= nl:
+                                    j = nl - 1
+                                self._abandon(rs[s * cap + j], t)
                                 break
                             u -= a
                     # else: u fell beyond the exact total (float drift of the incremental rate): null event
