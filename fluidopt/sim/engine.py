@@ -1567,6 +1567,10 @@ class Engine:
                         f"GPU {g} at t={t:.9g}: KV overflow persists after {guard} preemptions; the controller "
                         "re-admits work on the GPU it was evicted from (do not start work from on_preempt)"
                     )
+            if guard and self.g_cnt[g] == 0 and self._cb_freed is not None:
+                # the evictions emptied g: there is no next iteration to keep free of new work, and no
+                # later completion on g would ever let its controller admit again
+                self._cb_freed(self, g)
         if not self._isdirty[g]:
             self._isdirty[g] = True
             self._dirty.append(g)
