@@ -1,4 +1,9 @@
-"""The fluid LP (DESIGN.md 2.1): paper check values, single-class closed forms, duals, the model API."""
+"""The fluid LP (DESIGN.md 2.1): paper check values, single-class closed forms, duals, the model API.
+
+Expected values are derived here, from the published inputs (P, D, alpha, beta, gamma, C, B, lambda,
+theta, prices), never through ``Scenario.rates()`` or ``fluidopt.fluid.lp.objective_coefficients``:
+a wrong rate or reward in the model would otherwise appear on both sides of a check.
+"""
 
 from __future__ import annotations
 
@@ -19,8 +24,36 @@ from fluidopt.fluid import (
     build_fluid_model,
     solve_fluid,
 )
-from fluidopt.fluid.lp import objective_coefficients
 from fluidopt.model import paper_gpu, paper_scenario
+
+# The paper's instance, as published: I = 2, B = 16, C = 256, alpha = 0.0174 s, beta = 6.2e-5 s per
+# token, gamma = 45.45 tokens/s; (P, D) = (300, 1000) and (3000, 400); lambda = 0.5 and theta = 0.1
+# per class and GPU; c_p = 0.1, c_d = 0.2.
+ALPHA, BETA, GAMMA, CHUNK, BATCH = 0.0174, 6.2e-5, 45.45, 256, 16
+P_PAPER, D_PAPER = np.array([300.0, 3000.0]), np.array([1000.0, 400.0])
+LAM_PAPER, THETA_PAPER = np.array([0.5, 0.5]), np.array([0.1, 0.1])
+CP, CD = 0.1, 0.2
+
+
+def hand_rates(P, D, *, alpha=ALPHA, beta=BETA, gamma=GAMMA, chunk=CHUNK) -> dict[str, np.ndarray]:
+    """mu_p = C / (P tau_mix), mu_m = 1 / (D tau_mix), mu_s = gamma / D, tau_mix = alpha + beta C."""
+    P, D = np.asarray(P, dtype=float), np.asarray(D, dtype=float)
+    tau_mix = alpha + beta * chunk
+    return {"mu_p": chunk / (P * tau_mix), "mu_m": 1.0 / (D * tau_mix), "mu_s": gamma / D}
+
+
+def hand_objective(sol, P, D, pricing, cp=CP, cd=CD, **gpu) -> float:
+    """Revenue per GPU per second of the point ``sol``, evaluated from the definitions.
+
+    Bundled: w_i = c_p P_i + c_d D_i per completed decode, completions mu_m,i y_m,i + mu_s,i y_s,i.
+    Separate: c_p P_i per completed prefill (mu_p,i x_i) plus c_d D_i per completed decode.
+    """
+    r = hand_rates(P, D, **gpu)
+    P, D = np.asarray(P, dtype=float), np.asarray(D, dtype=float)
+    decodes = r["mu_m"] * sol.y_mixed + r["mu_s"] * sol.y_solo
+    if pricing == "bundled":
+        return float(((cp * P + cd * D) * decodes).sum())
+    return float((cp * P * r["mu_p"] * sol.x).sum() + (cd * D * decodes).sum())
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +74,7 @@ def separate(paper):
 def rhs_dot_duals(sol, scenario) -> float:
     """Sum over rows of rhs * dual for the rows without SLIs (strong duality: equals the optimum)."""
     B = scenario.gpu.batch
-    lam = scenario.rates().lam
+    lam = np.array([c.rate for c in scenario.classes]) / scenario.gpus  # per GPU
     total = sol.duals["prefill_capacity"] * 1 + sol.duals["solo_decode_capacity"] * B
     total += sum(lam[i] * sol.duals[f"prefill_balance[{c}]"] for i, c in enumerate(scenario.class_names))
     return total
@@ -78,19 +111,96 @@ def test_paper_separate_optimum(separate):
     assert separate.q_decode.sum() <= unpolished.q_decode.sum() + 1e-9
 
 
-@pytest.mark.parametrize("pricing", ["bundled", "separate"])
-def test_solution_satisfies_the_fluid_equations(paper, pricing):
+def test_hand_derived_rates_of_the_paper_instance(paper):
+    """The rates and rewards, from the published inputs (and what Scenario.rates() must agree with)."""
+    tau_mix = 0.0174 + 6.2e-5 * 256
+    assert tau_mix == pytest.approx(0.033272, rel=1e-12)
+    r = hand_rates(P_PAPER, D_PAPER)
+    np.testing.assert_allclose(r["mu_p"], [256 / (300 * 0.033272), 256 / (3000 * 0.033272)], rtol=1e-12)
+    np.testing.assert_allclose(r["mu_m"], [1 / (1000 * 0.033272), 1 / (400 * 0.033272)], rtol=1e-12)
+    np.testing.assert_allclose(r["mu_s"], [45.45 / 1000, 45.45 / 400], rtol=1e-12)
+    model = paper.rates()
+    for k, v in r.items():
+        np.testing.assert_allclose(getattr(model, k), v, rtol=1e-12, err_msg=k)
+    np.testing.assert_allclose(model.lam, LAM_PAPER, rtol=1e-12)
+    np.testing.assert_allclose(model.theta, THETA_PAPER, rtol=1e-12)
+    np.testing.assert_allclose(model.w, [0.1 * 300 + 0.2 * 1000, 0.1 * 3000 + 0.2 * 400], rtol=1e-12)  # 230, 380
+
+
+@pytest.mark.parametrize("pricing,published", [("bundled", 297.70), ("separate", 298.59)])
+def test_published_optimum_by_hand(paper, pricing, published):
+    """The returned point, evaluated by hand, earns the published R* and satisfies every row."""
     sol = solve_fluid(paper, pricing)
-    r, B = paper.rates(), paper.gpu.batch
-    np.testing.assert_allclose(r.mu_p * sol.x + r.theta * sol.q_prefill, r.lam, rtol=1e-9)
-    np.testing.assert_allclose(r.mu_p * sol.x - r.theta * sol.q_decode, sol.throughput, rtol=1e-9, atol=1e-12)
-    assert sol.y_mixed.sum() <= (B - 1) * sol.x.sum() + 1e-9
-    assert sol.y_solo.sum() <= B * (1 - sol.x.sum()) + 1e-9
-    np.testing.assert_allclose(sol.throughput, r.mu_m * sol.y_mixed + r.mu_s * sol.y_solo)
-    np.testing.assert_allclose(sol.served_fraction, sol.throughput / r.lam)
-    np.testing.assert_allclose(sol.prefill_wait, sol.q_prefill / r.lam)
-    cx, cm, cs = objective_coefficients(r, pricing)
-    assert sol.objective_per_gpu == pytest.approx(cx @ sol.x + cm @ sol.y_mixed + cs @ sol.y_solo, rel=1e-12)
+    r = hand_rates(P_PAPER, D_PAPER)
+    value = hand_objective(sol, P_PAPER, D_PAPER, pricing)
+    assert value == pytest.approx(published, abs=0.005)
+    assert sol.objective_per_gpu == pytest.approx(value, rel=1e-9)
+    assert sol.revenue_per_gpu == pytest.approx(value, rel=1e-9)
+    if pricing == "bundled":
+        np.testing.assert_allclose(sol.x, [0.01826, 0.19495], atol=5e-6)
+    tol = 1e-7  # HiGHS's feasibility tolerance
+    for a in (sol.x, sol.y_mixed, sol.y_solo, sol.q_prefill, sol.q_decode):
+        assert np.all(a >= -tol)
+    X = sol.x.sum()
+    assert X <= 1 + tol
+    assert sol.y_mixed.sum() <= (BATCH - 1) * X + tol
+    assert sol.y_solo.sum() <= BATCH * (1 - X) + tol
+    # prefill_balance[i]: mu_p x + theta q_p = lambda; decode_balance[i]: mu_p x - theta q_d = decode completions
+    np.testing.assert_allclose(r["mu_p"] * sol.x + THETA_PAPER * sol.q_prefill, LAM_PAPER, rtol=1e-9, atol=tol)
+    decodes = r["mu_m"] * sol.y_mixed + r["mu_s"] * sol.y_solo
+    np.testing.assert_allclose(r["mu_p"] * sol.x - THETA_PAPER * sol.q_decode, decodes, rtol=1e-9, atol=tol)
+    np.testing.assert_allclose(sol.throughput, decodes, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(sol.served_fraction, decodes / LAM_PAPER, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(sol.prefill_wait, sol.q_prefill / LAM_PAPER, rtol=1e-9, atol=1e-12)
+
+
+def test_published_optimum_by_an_independent_lp():
+    """R* of both pricings, re-solved from scratch with scipy's HiGHS on hand-built rows."""
+    from scipy.optimize import linprog
+
+    r = hand_rates(P_PAPER, D_PAPER)
+    I, B = 2, BATCH
+    # variables: x (I), y_m (I), y_s (I), q_p (I), q_d (I)
+    nv = 5 * I
+
+    def col(block: int, i: int) -> int:
+        return block * I + i
+
+    A_ub, b_ub = [], []
+    row = np.zeros(nv)
+    row[[col(0, i) for i in range(I)]] = 1.0
+    A_ub.append(row), b_ub.append(1.0)  # sum x <= 1
+    row = np.zeros(nv)
+    row[[col(1, i) for i in range(I)]] = 1.0
+    row[[col(0, i) for i in range(I)]] = -(B - 1)
+    A_ub.append(row), b_ub.append(0.0)  # sum y_m <= (B-1) sum x
+    row = np.zeros(nv)
+    row[[col(2, i) for i in range(I)]] = 1.0
+    row[[col(0, i) for i in range(I)]] = B
+    A_ub.append(row), b_ub.append(float(B))  # sum y_s + B sum x <= B
+    A_eq, b_eq = [], []
+    for i in range(I):
+        row = np.zeros(nv)
+        row[col(0, i)], row[col(3, i)] = r["mu_p"][i], THETA_PAPER[i]
+        A_eq.append(row), b_eq.append(LAM_PAPER[i])
+        row = np.zeros(nv)
+        row[col(0, i)], row[col(4, i)] = r["mu_p"][i], -THETA_PAPER[i]
+        row[col(1, i)], row[col(2, i)] = -r["mu_m"][i], -r["mu_s"][i]
+        A_eq.append(row), b_eq.append(0.0)
+    w = CP * P_PAPER + CD * D_PAPER
+    for pricing, published in (("bundled", 297.7032), ("separate", 298.5866)):
+        c = np.zeros(nv)
+        reward_decode = w if pricing == "bundled" else CD * D_PAPER
+        for i in range(I):
+            c[col(1, i)] = reward_decode[i] * r["mu_m"][i]
+            c[col(2, i)] = reward_decode[i] * r["mu_s"][i]
+            if pricing == "separate":
+                c[col(0, i)] = CP * P_PAPER[i] * r["mu_p"][i]
+        res = linprog(-c, A_ub=np.array(A_ub), b_ub=b_ub, A_eq=np.array(A_eq), b_eq=b_eq, bounds=(0, None),
+                      method="highs")
+        assert res.status == 0
+        assert -res.fun == pytest.approx(published, abs=1e-4)
+        assert solve_fluid(fluidopt.default_scenario(), pricing).objective_per_gpu == pytest.approx(-res.fun, rel=1e-9)
 
 
 @pytest.mark.parametrize("pricing", ["bundled", "separate"])
@@ -118,9 +228,8 @@ def test_gpu_shadow_price(paper, bundled):
     Cluster revenue n r(Lambda/n) has derivative r - sum_i lambda_i dual_i (strong duality); and one
     more GPU (500 -> 501, same cluster arrival rates) must add about that much.
     """
-    lam = paper.rates().lam
     pb = np.array([bundled.duals[f"prefill_balance[{c}]"] for c in paper.class_names])
-    assert bundled.gpu_shadow_price == pytest.approx(bundled.objective_per_gpu - lam @ pb, rel=1e-9)
+    assert bundled.gpu_shadow_price == pytest.approx(bundled.objective_per_gpu - LAM_PAPER @ pb, rel=1e-9)
     bigger = solve_fluid(replace(paper, gpus=501), "bundled")
     assert bigger.objective - bundled.objective == pytest.approx(bundled.gpu_shadow_price, rel=1e-3)
 
@@ -133,10 +242,16 @@ def one_class(lam: float, theta: float, cp: float = 0.1, cd: float = 0.2, P: flo
     )
 
 
-def x_balance(s: Scenario) -> float:
+def one_class_rates(P: float = 300, D: float = 1000) -> tuple[float, float, float]:
+    """(mu_p, mu_m, mu_s) of a one-class scenario on the paper's GPU, by hand."""
+    r = hand_rates([P], [D])
+    return float(r["mu_p"][0]), float(r["mu_m"][0]), float(r["mu_s"][0])
+
+
+def x_balance(P: float = 300, D: float = 1000, B: int = BATCH) -> float:
     """Occupancy at which prefill output equals the whole decode capacity (see the test docstrings)."""
-    r, B = s.rates(), s.gpu.batch
-    return float(r.mu_s[0] * B / (r.mu_p[0] + r.mu_s[0] * B - r.mu_m[0] * (B - 1)))
+    mu_p, mu_m, mu_s = one_class_rates(P, D)
+    return mu_s * B / (mu_p + mu_s * B - mu_m * (B - 1))
 
 
 def test_single_class_demand_bound():
@@ -151,12 +266,12 @@ def test_single_class_demand_bound():
     one more arrival per second is worth w: dual(prefill_balance) = w.
     """
     s = one_class(lam=0.5, theta=0.1)
-    r = s.rates()
-    assert s.gpu.decode_buffer_free and r.lam[0] / r.mu_p[0] <= x_balance(s)
+    mu_p, _, _ = one_class_rates()
+    assert GAMMA * (ALPHA + BETA * CHUNK) >= (BATCH - 1) / BATCH and 0.5 / mu_p <= x_balance()
     sol = solve_fluid(s)
     w = 0.1 * 300 + 0.2 * 1000
     assert sol.objective_per_gpu == pytest.approx(w * 0.5, rel=1e-9)
-    assert sol.x[0] == pytest.approx(0.5 / r.mu_p[0], rel=1e-9)
+    assert sol.x[0] == pytest.approx(0.5 / mu_p, rel=1e-9)
     assert sol.served_fraction[0] == pytest.approx(1.0, rel=1e-9)
     assert sol.q_prefill[0] == pytest.approx(0.0, abs=1e-12) and sol.q_decode[0] == 0.0
     assert sol.duals["prefill_balance[only]"] == pytest.approx(w, rel=1e-9)
@@ -172,16 +287,17 @@ def test_single_class_capacity_bound():
     With theta = 0 no excess can leave: infeasible, and the conflict names the prefill balance.
     """
     s = one_class(lam=2.0, theta=0.1)
-    r, B = s.rates(), s.gpu.batch
-    xb = x_balance(s)
-    assert r.mu_p[0] * xb < 2.0
+    B = BATCH
+    mu_p, _, _ = one_class_rates()
+    xb = x_balance()
+    assert mu_p * xb < 2.0
     sol = solve_fluid(s)
     w = 0.1 * 300 + 0.2 * 1000
     assert sol.x[0] == pytest.approx(xb, rel=1e-9)
-    assert sol.objective_per_gpu == pytest.approx(w * r.mu_p[0] * xb, rel=1e-9)
+    assert sol.objective_per_gpu == pytest.approx(w * mu_p * xb, rel=1e-9)
     assert sol.y_mixed[0] == pytest.approx((B - 1) * xb, rel=1e-9)
     assert sol.y_solo[0] == pytest.approx(B * (1 - xb), rel=1e-9)
-    assert sol.q_prefill[0] == pytest.approx((2.0 - r.mu_p[0] * xb) / 0.1, rel=1e-9)
+    assert sol.q_prefill[0] == pytest.approx((2.0 - mu_p * xb) / 0.1, rel=1e-9)
     assert sol.duals["prefill_balance[only]"] == 0.0
     with pytest.raises(InfeasibleError) as e:
         solve_fluid(one_class(lam=2.0, theta=0.0))
@@ -197,10 +313,11 @@ def test_single_class_separate_with_decode_backlog():
     T = mu_m (B-1) x* + mu_s B (1-x*), and the backlog abandons: q_d = (mu_p x* - T)/theta.
     """
     s = one_class(lam=2.0, theta=0.1, cp=1.0, cd=0.01)
-    r, B = s.rates(), s.gpu.batch
-    x = 2.0 / r.mu_p[0]
-    assert x > x_balance(s)
-    T = r.mu_m[0] * (B - 1) * x + r.mu_s[0] * B * (1 - x)
+    B = BATCH
+    mu_p, mu_m, mu_s = one_class_rates()
+    x = 2.0 / mu_p
+    assert x > x_balance()
+    T = mu_m * (B - 1) * x + mu_s * B * (1 - x)
     sol = solve_fluid(s, "separate")
     assert sol.x[0] == pytest.approx(x, rel=1e-9)
     assert sol.throughput[0] == pytest.approx(T, rel=1e-9)

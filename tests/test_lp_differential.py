@@ -29,7 +29,6 @@ from fluidopt.fluid import (
     solve_fluid_cvxpy,
     solve_proportional_fair,
 )
-from fluidopt.fluid.lp import objective_coefficients
 from fluidopt.model import paper_gpu, paper_scenario
 
 EXAMPLES = 60
@@ -103,9 +102,39 @@ def pyomo_solve(scenario: Scenario, pricing: str, slis: tuple):
     return fm.solve()
 
 
+def hand_rates(scenario: Scenario) -> dict[str, np.ndarray]:
+    """The LP's coefficients from the scenario's raw fields (not Scenario.rates(), not the LP module).
+
+    tau_mix = alpha + beta C; mu_p = C / (P tau_mix), mu_m = 1 / (D tau_mix), mu_s = gamma / D with
+    gamma = 1 / tau_solo; lambda per GPU; a class's own price overrides the scenario's.
+    """
+    g = scenario.gpu
+    tau_mix = g.alpha + g.beta * g.chunk
+    P = np.array([c.prompt for c in scenario.classes], dtype=float)
+    D = np.array([c.decode for c in scenario.classes], dtype=float)
+    cp = np.array([scenario.prefill_price if c.prefill_price is None else c.prefill_price for c in scenario.classes])
+    cd = np.array([scenario.decode_price if c.decode_price is None else c.decode_price for c in scenario.classes])
+    return {
+        "lam": np.array([c.rate for c in scenario.classes]) / scenario.gpus,
+        "theta": np.array([c.patience for c in scenario.classes], dtype=float),
+        "mu_p": g.chunk / (P * tau_mix), "mu_m": 1.0 / (D * tau_mix), "mu_s": 1.0 / (g.tau_solo * D),
+        "prefill_reward": cp * P, "decode_reward": cd * D,
+    }
+
+
+def hand_revenue(sol, scenario: Scenario, pricing: str) -> float:
+    """Revenue per GPU per second of the point ``sol``: bundled w_i = c_p P_i + c_d D_i per decode
+    completion; separate c_p P_i per prefill completion and c_d D_i per decode completion."""
+    r = hand_rates(scenario)
+    decodes = r["mu_m"] * sol.y_mixed + r["mu_s"] * sol.y_solo
+    if pricing == "bundled":
+        return float(((r["prefill_reward"] + r["decode_reward"]) * decodes).sum())
+    return float((r["prefill_reward"] * r["mu_p"] * sol.x).sum() + (r["decode_reward"] * decodes).sum())
+
+
 def check_equations(sol, scenario: Scenario, pricing: str) -> None:
-    """The HiGHS point satisfies the LP as written in DESIGN.md (checked in plain numpy)."""
-    r, B = scenario.rates(), scenario.gpu.batch
+    """The HiGHS point satisfies the LP as written in DESIGN.md (checked in plain numpy, hand-derived rates)."""
+    r, B = hand_rates(scenario), scenario.gpu.batch
     tol = 1e-6
     for a in (sol.x, sol.y_mixed, sol.y_solo, sol.q_prefill, sol.q_decode):
         assert np.all(a >= -tol)
@@ -113,10 +142,11 @@ def check_equations(sol, scenario: Scenario, pricing: str) -> None:
     assert X <= 1 + tol
     assert sol.y_mixed.sum() <= (B - 1) * X + tol * B
     assert sol.y_solo.sum() <= B * (1 - X) + tol * B
-    np.testing.assert_allclose(r.mu_p * sol.x + r.theta * sol.q_prefill, r.lam, rtol=tol, atol=tol)
-    np.testing.assert_allclose(r.mu_p * sol.x - r.theta * sol.q_decode, sol.throughput, rtol=tol, atol=tol)
-    cx, cm, cs = objective_coefficients(r, pricing)
-    assert sol.revenue_per_gpu == pytest.approx(cx @ sol.x + cm @ sol.y_mixed + cs @ sol.y_solo, rel=1e-9, abs=1e-12)
+    decodes = r["mu_m"] * sol.y_mixed + r["mu_s"] * sol.y_solo
+    np.testing.assert_allclose(r["mu_p"] * sol.x + r["theta"] * sol.q_prefill, r["lam"], rtol=tol, atol=tol)
+    np.testing.assert_allclose(r["mu_p"] * sol.x - r["theta"] * sol.q_decode, decodes, rtol=tol, atol=tol)
+    np.testing.assert_allclose(sol.throughput, decodes, rtol=1e-9, atol=1e-12)
+    assert sol.revenue_per_gpu == pytest.approx(hand_revenue(sol, scenario, pricing), rel=1e-9, abs=1e-12)
 
 
 def differential(scenario: Scenario, pricing: str, slis: tuple) -> None:
@@ -131,6 +161,8 @@ def differential(scenario: Scenario, pricing: str, slis: tuple) -> None:
     b = solve_fluid_cvxpy(scenario, pricing, slis)
     assert a.objective_per_gpu == pytest.approx(b.objective_per_gpu, rel=RTOL, abs=1e-9)
     check_equations(a, scenario, pricing)
+    # the cvxpy point, evaluated by hand, earns what cvxpy reports (its own coefficients are its own)
+    assert b.revenue_per_gpu == pytest.approx(hand_revenue(b, scenario, pricing), rel=RTOL, abs=1e-9)
     if slis:
         assert np.all(a.q_decode == 0.0)
     elif pricing == "bundled" and scenario.gpu.decode_buffer_free:

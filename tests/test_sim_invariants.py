@@ -285,10 +285,16 @@ def test_sigint_stops_between_events_and_keeps_every_record(tmp_path):
                 self.sent = True
                 os.kill(os.getpid(), signal.SIGINT)  # as a user's Ctrl-C
 
-    before = signal.getsignal(signal.SIGINT)
-    path = tmp_path / "rec.csv"
-    res = simulate(_small(), Ctrl(), horizon=1000.0, warmup=10.0, seed=3, records=path)
-    assert signal.getsignal(signal.SIGINT) is before  # the caller's handler is restored
+    # A suite run in the background inherits SIGINT ignored (the engine then rightly leaves it alone):
+    # give this test the interpreter's default Ctrl-C handler, whatever the suite started with.
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        before = signal.getsignal(signal.SIGINT)
+        path = tmp_path / "rec.csv"
+        res = simulate(_small(), Ctrl(), horizon=1000.0, warmup=10.0, seed=3, records=path)
+        assert signal.getsignal(signal.SIGINT) is before  # the caller's handler is restored
+    finally:
+        signal.signal(signal.SIGINT, inherited)
     assert res.interrupted and 30.0 <= res.t_end < 60.0
     rec = pd.read_csv(path)
     t = res.totals

@@ -206,27 +206,6 @@ def test_gpu_views_and_sets():
     assert ctrl.out["ok"]
 
 
-def test_abandonment_from_any_queue_is_exact_and_reported():
-    seen = []
-
-    class Park(Controller):
-        def setup(self, ctx):
-            self.q = ctx.add_queue("park")
-
-        def on_arrival(self, ctx, r):
-            ctx.enqueue(r, self.q if ctx.req_class(r) == 0 else ctx.instance_queue(1))
-
-        def on_abandon(self, ctx, r, q):
-            seen.append(q)
-            assert ctx.req_phase(r) == WAIT_PREFILL
-
-    rows = [(0.01 * k, 5, 5, k % 2) for k in range(400)]
-    res = _run(_sc(patience=2.0), Park(), rows, horizon=50.0)
-    # nobody is ever served: every request abandons, at rate theta = 2 (mean patience 0.5 s)
-    assert res.totals["abandoned"] == 400 == len(seen)
-    assert res.per_class["wait_prefill_mean"].mean() == pytest.approx(0.5, rel=0.15)
-
-
 def test_api_argument_errors():
     sc = fluidopt.default_scenario(gpus=2)
     for kw, msg in [

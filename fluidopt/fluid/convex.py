@@ -3,7 +3,9 @@
 :func:`solve_fluid_cvxpy` writes the LP of DESIGN.md 2.1-2.2 again, from the equations, in vector form:
 fairness as ``max(x) - min(x) <= eta``, penalties as ``weight * pos(excess)`` instead of slack
 variables, and solves it with an interior-point conic solver (Clarabel, tight tolerances) by default.
-The tests use it as a differential check of the Pyomo/HiGHS model (:mod:`fluidopt.fluid.lp`).
+The tests use it as a differential check of the Pyomo/HiGHS model (:mod:`fluidopt.fluid.lp`). To keep the
+check independent it also derives its own coefficients (:func:`_coefficients`) from the GPU profile's and
+the classes' raw fields, not through :meth:`fluidopt.model.Scenario.rates`.
 
 :func:`solve_proportional_fair` maximises sum_i w_i log(throughput_i) over the same feasible set; the
 logarithm makes it a conic (exponential-cone) program that an LP solver cannot do.
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -41,6 +43,55 @@ CLARABEL_TIGHT = {"tol_gap_abs": 1e-11, "tol_gap_rel": 1e-11, "tol_feas": 1e-11,
                   "max_iter": 500}
 
 
+class _Coefficients(NamedTuple):
+    """Per-class numbers of the LP, per GPU (numpy arrays indexed by class)."""
+
+    lam: np.ndarray  # arrivals per GPU per second
+    theta: np.ndarray  # abandonment rate while waiting, 1/s
+    mu_p: np.ndarray  # prefill completions per second of one prefill slot
+    mu_m: np.ndarray  # decode completions per second of one decode slot on a mixed GPU
+    mu_s: np.ndarray  # ... on a solo GPU
+    prefill_reward: np.ndarray  # c_p P per prefilled request
+    decode_reward: np.ndarray  # c_d D per decoded request
+    tau_mix: float  # seconds per mixed iteration
+    gamma: float  # tokens per second of a solo decode stream
+
+    @property
+    def w(self) -> np.ndarray:
+        """Bundled reward per completed request: c_p P + c_d D."""
+        return self.prefill_reward + self.decode_reward
+
+
+def _coefficients(scenario: Scenario) -> _Coefficients:
+    """The LP's coefficients from the model's equations (DESIGN.md 2.1), written out here once more.
+
+    A mixed iteration takes tau_mix = alpha + beta C and advances a prefill by C tokens and every decode
+    by one token; a solo iteration takes tau_solo = 1 / gamma. So a prefill slot completes
+    C / (P tau_mix) prompts per second, a decode slot 1 / (D tau_mix) requests on a mixed GPU and
+    gamma / D on a solo one. Cluster arrival rates are divided by the number of GPUs; a class's own
+    token prices override the scenario's.
+    """
+    g = scenario.gpu
+    tau_mix = float(g.alpha) + float(g.beta) * int(g.chunk)
+    gamma = 1.0 / float(g.tau_solo)
+    cls = scenario.classes
+    P = np.array([float(c.prompt) for c in cls])
+    D = np.array([float(c.decode) for c in cls])
+    cp = np.array([float(scenario.prefill_price if c.prefill_price is None else c.prefill_price) for c in cls])
+    cd = np.array([float(scenario.decode_price if c.decode_price is None else c.decode_price) for c in cls])
+    return _Coefficients(
+        lam=np.array([float(c.rate) for c in cls]) / int(scenario.gpus),
+        theta=np.array([float(c.patience) for c in cls]),
+        mu_p=int(g.chunk) / (P * tau_mix),
+        mu_m=1.0 / (D * tau_mix),
+        mu_s=gamma / D,
+        prefill_reward=cp * P,
+        decode_reward=cd * D,
+        tau_mix=tau_mix,
+        gamma=gamma,
+    )
+
+
 def _formulate(scenario: Scenario, pricing: str, slis: Sequence[SLI]) -> dict[str, Any]:
     import cvxpy as cp
 
@@ -48,9 +99,9 @@ def _formulate(scenario: Scenario, pricing: str, slis: Sequence[SLI]) -> dict[st
         raise ScenarioError(f"scenario: expected a fluidopt Scenario, got {type(scenario).__name__}")
     check_pricing(pricing)
     slis = validate_slis(slis, scenario.class_names)
-    r = scenario.rates()
+    r = _coefficients(scenario)
     g = scenario.gpu
-    B, tau, gamma = g.batch, g.tau_mix, g.gamma
+    B, tau, gamma = int(g.batch), r.tau_mix, r.gamma
     n = scenario.n_classes
     x, ym, ys, qp, qd = (cp.Variable(n, nonneg=True, name=nm) for nm in ("x", "y_mixed", "y_solo", "q_prefill", "q_decode"))
     X = cp.sum(x)
