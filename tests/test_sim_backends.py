@@ -171,6 +171,7 @@ def test_a_stale_build_is_never_run(monkeypatch):
     """A core built from another engine.py: "auto" falls back to Python with a warning; "compiled" refuses."""
     from fluidopt.sim import _cengine  # type: ignore[attr-defined]
 
+    monkeypatch.delenv("FLUIDOPT_ENGINE", raising=False)  # "auto" must look at the build (CI's Python pass sets it)
     monkeypatch.setattr(_cengine, "SOURCE_SHA256", "0" * 64)
     core.compiled_status.cache_clear()
     core._warn_once.cache_clear()
