@@ -13,7 +13,7 @@ import pytest
 
 import fluidopt
 from fluidopt.control.protocol import Controller
-from fluidopt.errors import ScenarioError
+from fluidopt.errors import ActionError, ScenarioError
 from fluidopt.model import GPUProfile, RequestClass, Scenario
 from fluidopt.sim.api import make_engine
 
@@ -153,3 +153,7 @@ def test_finish_before_the_horizon_measures_up_to_now(backend):
     assert res.meta["engine"] == backend
     assert res.totals["requests"] > 0
     assert not res.interrupted
+    with pytest.raises(ActionError, match="already finished"):
+        e.finish()
+    with pytest.raises(ActionError, match="already finished"):
+        e.advance(50.0)

@@ -403,6 +403,7 @@ class Engine:
         self._started = False
         self._done = False  # the horizon was reached
         self._pause = False
+        self._finished = False  # finish() returned the result
         self._wall0 = 0.0
         self.engine_name = "compiled" if _COMPILED else "python"
         self.collector = M.MetricCollector(I, self.warmup, self.horizon, batches)
@@ -1780,6 +1781,8 @@ class Engine:
         :meth:`pause`, ``now`` is the time of the event whose handler paused.
         """
         self.start()
+        if self._finished:
+            raise ActionError("advance: this run is already finished; make a new engine")
         if self.done:
             return self._now
         stop = self.horizon if until is None else float(until)
@@ -1821,6 +1824,9 @@ class Engine:
         """Close the run at the time reached and return its result (a run stopped before the
         horizon is measured up to ``now``); call once."""
         self.start()
+        if self._finished:
+            raise ActionError("finish: this run is already finished (its result was returned); make a new engine")
+        self._finished = True
         if not self._done:
             t = self._now
             self._flush()
