@@ -163,6 +163,9 @@ cdef class Engine:
                    v=Py_ssize_t)
     cdef _schedule(self, Py_ssize_t g)
 
+    @cython.locals(lam=double)
+    cdef _draw_race(self)
+
     @cython.locals(old=double, i=Py_ssize_t)
     cdef _hset(self, Py_ssize_t g, double te)
 
@@ -188,7 +191,7 @@ cdef class Engine:
     cdef _gpu_event(self, Py_ssize_t g, Py_ssize_t kb, double t)
 
     @cython.locals(hq="long long[::1]", pte="double[::1]", t_house=double, markov=bint, dirty=list, isdirty="long long[::1]", check=bint, next_report=double,
-                   report_every=Py_ssize_t, exp_block="double[::1]", ei=Py_ssize_t, uni_block="double[::1]", ui=Py_ssize_t,
+                   report_every=Py_ssize_t, uni_block="double[::1]", ui=Py_ssize_t,
                    ev=Py_ssize_t, pkb="long long[::1]", rng_block=Py_ssize_t, I=Py_ssize_t, rs="long long[::1]", rsn="long long[::1]",
                    cap=Py_ssize_t, s=Py_ssize_t, mu_p="double[::1]", mbar="double[::1]", mu_m="double[::1]", mu_s="double[::1]", theta="double[::1]", g_pre="long long[::1]",
                    arr_t="double[::1]", arr_c="long long[::1]", arr_p="long long[::1]", arr_o="long long[::1]", ai=Py_ssize_t, na=Py_ssize_t, tr=double,

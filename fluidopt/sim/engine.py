@@ -128,7 +128,7 @@ def _int_block(a: np.ndarray) -> list[int] | np.ndarray:
 
 
 def _token_counts(what: str, values) -> np.ndarray:
-    """A workload batch's token counts as Python ints (whole numbers >= 0 required)."""
+    """A workload batch's token counts as int64 (whole numbers >= 0 required)."""
     a = np.asarray(values)
     if a.dtype.kind not in "iu":
         if a.dtype.kind != "f" or not np.all(np.isfinite(a)) or np.any(a != np.floor(a)):
@@ -324,7 +324,7 @@ class Engine:
         self._seq_back = 0
         self._seq_front = 0
 
-        # -- per-class lists for the exponential race (swap-remove) ----------------------------------
+        # -- the exponential race's request sets (swap-remove) ---------------------------------------
         # segment s = kind * I + class (kinds RACE_WAIT: queued, RACE_PREFILL / RACE_DECODE: markov in
         # service) holds its requests in _rs[s * _rscap : s * _rscap + _rsn[s]] (r_pos: r's index)
         self._rscap = 64
@@ -368,7 +368,6 @@ class Engine:
         self.t_pend = _ints(n, -1)  # boundary index where the running prefill ends
         self.t_pkb = _ints(n, -1)  # boundary of g's valid pending heap entry (-1: none)
         self.t_pte = _floats(n, 0.0)  # its time
-        # pending GPU events (time, g, version); the event's boundary is t_pkb[g] while the version is current
         # pending GPU events: a binary min-heap of GPU ids (at most one entry per GPU) keyed by
         # (t_pte[g], g), with each GPU's position in _hpos (-1: none); the event's boundary is t_pkb[g]
         self._hq = _ints(n, -1)
@@ -698,7 +697,7 @@ class Engine:
         except (IndexError, TypeError):
             ok = False
         if not ok:
-            self._prefill_error(r, g)
+            prefill_error(self, r, g)
         self._start_prefill(r, g)
 
     def _start_prefill(self, r: int, g: int) -> None:
@@ -756,9 +755,6 @@ class Engine:
                 self._isdirty[g] = True
                 self._dirty.append(g)
 
-    def _prefill_error(self, r: object, g: object) -> None:
-        prefill_error(self, r, g)
-
     def start_decode(self, r: int, g: int) -> None:
         """Start request r's decode on GPU g (validated; see the protocol)."""
         try:
@@ -767,7 +763,7 @@ class Engine:
         except (IndexError, TypeError):
             ok = False
         if not ok:
-            self._decode_error(r, g)
+            decode_error(self, r, g)
         self._start_decode(r, g)
 
     def _start_decode(self, r: int, g: int) -> None:
@@ -848,9 +844,6 @@ class Engine:
         r_q[r] = -1
         self._race_remove(r, RACE_WAIT * self.I + c)
         self._lam -= self.theta[c]
-
-    def _decode_error(self, r: object, g: object) -> None:
-        decode_error(self, r, g)
 
     def enqueue(self, r: int, q: int, front: bool = False) -> None:
         """Put waiting request r at the back (front=True: the front) of queue q."""
@@ -1646,14 +1639,27 @@ class Engine:
         self._exp_block = _block(self._np_rng.standard_exponential(_RNG_BLOCK))
         self._exp_i = 0
 
+    def _draw_race(self) -> None:
+        """Draw the race clock (the time of the next race event) from now at the current total rate,
+        and remember that rate: exact whenever the rate changed, by memorylessness."""
+        lam = self._lam
+        self._lam_race = lam
+        if lam > 1e-12:
+            if self._exp_i >= _RNG_BLOCK:
+                self._refill_exp()
+            self._t_race = self._now + self._exp_block[self._exp_i] / lam
+            self._exp_i += 1
+        else:
+            self._t_race = INF
+
     def _refill_uni(self) -> None:
         self._uni_block = _block(self._np_rng.random(_RNG_BLOCK))
         self._uni_i = 0
 
     def _exact_lam(self) -> float:
         lam = 0.0
+        rsn = self._rsn
         for c in range(self.I):
-            rsn = self._rsn
             lam += self.theta[c] * rsn[RACE_WAIT * self.I + c]
             if self.markov:
                 lam += self.mu_p[c] * rsn[RACE_PREFILL * self.I + c] + self.mbar[c] * rsn[RACE_DECODE * self.I + c]
@@ -1853,11 +1859,8 @@ class Engine:
         next_report = time.perf_counter() + 1.0
         partial = stop < self.horizon
         report_every = 1 << 14
-        exp_block = self._exp_block
-        ei = self._exp_i
         uni_block = self._uni_block
         ui = self._uni_i
-        ev = 0
         pkb = self.t_pkb
         rng_block = _RNG_BLOCK
         I = self.I
@@ -1875,19 +1878,9 @@ class Engine:
                 isdirty[g] = False
                 self._schedule(g)
             dirty.clear()
-        tr = self._t_race
         if self._lam != self._lam_race:
-            lam = self._lam
-            if lam > 1e-12:
-                if ei >= rng_block:
-                    self._refill_exp()
-                    exp_block = self._exp_block
-                    ei = 0
-                tr = self._now + exp_block[ei] / lam
-                ei += 1
-            else:
-                tr = INF
-            self._lam_race = lam
+            self._draw_race()
+        tr = self._t_race
         t_house = self._t_house()
         while True:
             if ai < na:
@@ -1999,16 +1992,8 @@ class Engine:
             nd += 1
             if not nd & 0xFFFF:
                 self._lam = self._exact_lam()  # drop the incremental rate's float drift
-            lam = self._lam
-            if lam > 1e-12:
-                if ei >= rng_block:
-                    self._refill_exp()
-                    exp_block = self._exp_block
-                    ei = 0
-                tr = self._now + exp_block[ei] / lam
-                ei += 1
-            else:
-                tr = INF
+            self._draw_race()
+            tr = self._t_race
             if check:
                 self.check_invariants()
             if self._pause:
@@ -2026,11 +2011,8 @@ class Engine:
                             self._report(now - wall0)
         self._events = ev
         self._nd = nd
-        self._exp_i = ei
         self._uni_i = ui
         self._ai = ai
-        self._t_race = tr
-        self._lam_race = self._lam  # the rate tr was drawn with
         self._pause = False
 
     def _report(self, wall: float) -> None:

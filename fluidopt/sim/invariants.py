@@ -89,11 +89,10 @@ def check_invariants(eng) -> None:
         inq += tot
     waiting = [r for r in live if eng.r_phase[r] in (WAIT_PREFILL, WAIT_DECODE)]
     assert inq == len(waiting), f"{len(waiting)} waiting but {inq} queued (a request was left unplaced)"
-    I3 = eng.I
-    seg = [[eng._rs[s * eng._rscap + k] for k in range(eng._rsn[s])] for s in range(3 * I3)]
-    assert sum(len(seg[c]) for c in range(I3)) == inq  # RACE_WAIT segments
+    seg = [[eng._rs[s * eng._rscap + k] for k in range(eng._rsn[s])] for s in range(3 * I)]
+    assert sum(len(seg[c]) for c in range(I)) == inq  # RACE_WAIT segments
     for s, members in enumerate(seg):
-        kind, c = divmod(s, I3)
+        kind, c = divmod(s, I)
         for j, r in enumerate(members):
             assert eng.r_pos[r] == j and eng.r_cls[r] == c, f"race segment {s}: request {r}"
             if kind == 0:
@@ -101,9 +100,9 @@ def check_invariants(eng) -> None:
             else:
                 assert eng.markov and eng.r_phase[r] == (PREFILL if kind == 1 else DECODE)
     if eng.markov:
-        for c in range(I3):
-            assert len(seg[I3 + c]) == eng._cnt[NQ * c + Q_X], f"class {c}: prefill race set"
-            assert len(seg[2 * I3 + c]) == eng._cnt[NQ * c + Q_YM] + eng._cnt[NQ * c + Q_YS], f"class {c}: decode race set"
+        for c in range(I):
+            assert len(seg[I + c]) == eng._cnt[NQ * c + Q_X], f"class {c}: prefill race set"
+            assert len(seg[2 * I + c]) == eng._cnt[NQ * c + Q_YM] + eng._cnt[NQ * c + Q_YS], f"class {c}: decode race set"
     # conservation per class and per phase
     ctr = eng._ctr
     in_sys_of = [0] * I
