@@ -4,7 +4,7 @@ The event engine (fluidopt/sim/engine.py) is plain Python. At install time Cytho
 it, with the static types of fluidopt/sim/engine.pxd, into the extension ``fluidopt.sim._cengine``
 (about 4x faster; same numbers bit for bit). The copy carries the SHA-256 of the engine.py and
 engine.pxd it was built from, so that an edited engine is never shadowed by a stale build:
-fluidopt.sim.core then falls back to engine.py with a warning.
+fluidopt.sim.backend then falls back to engine.py with a warning.
 
 No compiler, no Cython, or ``FLUIDOPT_PURE_PYTHON=1`` in the environment: the install goes on
 without the extension and the simulator runs engine.py (a notice is printed; nothing else changes),
@@ -55,7 +55,7 @@ def _extensions() -> list[Extension]:
     for init in (GEN / "fluidopt" / "__init__.py", pkg / "__init__.py"):
         init.touch()
     py = pkg / "_cengine.py"
-    digest = hashlib.sha256(src + b"\0" + TYPES.read_bytes()).hexdigest()  # as fluidopt.sim.core checks it
+    digest = hashlib.sha256(src + b"\0" + TYPES.read_bytes()).hexdigest()  # as fluidopt.sim.backend checks it
     text = src.decode("utf-8") + (
         "\n\n# Added by setup.py: the engine.py and engine.pxd this compiled core was built from.\n"
         f'SOURCE_SHA256 = "{digest}"\n'

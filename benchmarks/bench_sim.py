@@ -231,7 +231,7 @@ def _birth_death_queue(c: int, lam: float, mu: float, customers: int, warmup: fl
 def bench_erlang(customers: int, seeds: int, long_run: int, long_seeds: int) -> list[dict]:
     """M/M/100 at load 0.9 (Erlang C) and with patience 0.5 (Erlang A): ``seeds`` runs of ``customers``,
     the same for the bare birth-death chain, and ``long_seeds`` M/M/100 runs of ``long_run`` customers
-    (the default 17M: about what 3% at 95% confidence needs, see fluidopt.queueing_runlength)."""
+    (the default 17M: about what 3% at 95% confidence needs, see fluidopt.queueing.runlength)."""
     rows = []
     c, mu, lam = 100, 1.0, 90.0
     for theta in (0.0, 0.5):
@@ -262,11 +262,11 @@ def bench_erlang(customers: int, seeds: int, long_run: int, long_seeds: int) -> 
         print(f"# {model}, {customers} customers x {errs.size} seeds: mean wait relative error {errs.mean():+.4f} "
               f"(se {errs.std(ddof=1) / np.sqrt(errs.size):.4f}), sd per run {errs.std(ddof=1):.4f}, "
               f"within 3%: {np.mean(np.abs(errs) <= 0.03):.2f}, 95% CI covers exact: {cover:.2f}", flush=True)
-        # the exact per-run sd of the per-customer mean wait (fluidopt.queueing_runlength) and where the
+        # the exact per-run sd of the per-customer mean wait (fluidopt.queueing.runlength) and where the
         # observed sd falls: the ratio observed/exact has a chi-square 95% interval for errs.size runs
         from scipy.stats import chi2, norm
 
-        from fluidopt.queueing_runlength import mmc_mean_wait_relative_sd
+        from fluidopt.queueing.runlength import mmc_mean_wait_relative_sd
 
         rsd = mmc_mean_wait_relative_sd(lam, mu, c, customers, theta, estimator="customer")
         df = errs.size - 1
@@ -363,12 +363,12 @@ def run_erlang_engine(customers: int, c: int = 100, lam: float = 90.0, mu: float
 def _erlang_noise(customers: int, c: int = 100, lam: float = 90.0, mu: float = 1.0, theta: float = 0.5) -> str:
     """What the simulated mean wait and P(abandon) of one run of ``customers`` may differ from erlang_a by."""
     try:
-        from fluidopt.queueing_runlength import erlang_a_abandon_relative_sd, mmc_mean_wait_relative_sd
+        from fluidopt.queueing.runlength import erlang_a_abandon_relative_sd, mmc_mean_wait_relative_sd
 
         w = mmc_mean_wait_relative_sd(lam, mu, c, customers, theta, estimator="customer")
         pa = erlang_a_abandon_relative_sd(lam, mu, c, theta, customers, estimator="customer")
         return (f"one run of {customers:,} customers: relative sd of the mean wait {w:.3f}, of P(abandon) {pa:.3f} "
-                "(fluidopt.queueing_runlength); within 2 sd of exact is agreement")
+                "(fluidopt.queueing.runlength); within 2 sd of exact is agreement")
     except Exception as exc:  # an older tree without these functions
         return f"(relative sd not available: {exc})"
 
@@ -409,7 +409,7 @@ def _case_child(spec: dict) -> None:
     where = Path(fluidopt.__file__).resolve()
     if tree and not where.is_relative_to(Path(tree).resolve()):
         raise SystemExit(f"bench_sim: fluidopt was imported from {where}, not from the tree {tree}")
-    from fluidopt.sim.core import compiled_status
+    from fluidopt.sim.backend import compiled_status
 
     kind = spec["kind"]
     if kind == "fleet":
@@ -453,8 +453,8 @@ def _run_child(spec: dict, tree: Path, script: Path = HERE) -> dict:
 def _preflight(trees: dict[str, Path], allow_python: bool) -> dict[str, dict]:
     """Which engine each tree will run (checked in a fresh interpreter, which also compiles its .pyc
     files); stop unless both are compiled."""
-    code = ("import fluidopt, fluidopt.sim.api, json, hashlib, pathlib; from fluidopt.sim.core import compiled_status; "
-            "ok, why = compiled_status(); h = pathlib.Path(fluidopt.sim.core.__file__).parent; "
+    code = ("import fluidopt, fluidopt.sim.api, json, hashlib, pathlib; from fluidopt.sim.backend import compiled_status; "
+            "ok, why = compiled_status(); h = pathlib.Path(fluidopt.sim.backend.__file__).parent; "
             "sha = hashlib.sha256((h / 'engine.py').read_bytes() + b'\\0' + (h / 'engine.pxd').read_bytes()); "
             "sha = sha.hexdigest(); "
             "print(json.dumps({'file': fluidopt.__file__, 'compiled': ok, 'why': why, 'sha': sha}))")

@@ -53,7 +53,7 @@ import sys
 from pathlib import Path
 
 import fluidopt
-from fluidopt.sim.core import compiled_status
+from fluidopt.sim.backend import compiled_status
 
 ok, why = compiled_status()
 where = Path(fluidopt.__file__).resolve()

@@ -15,6 +15,11 @@ class ScenarioError(FluidoptError, ValueError):
     """A scenario (TOML file, dict or dataclass arguments) is malformed or out of range."""
 
 
+class UsageError(FluidoptError, ValueError):
+    """A bad argument that is not part of a scenario: an unknown option, backend, environment
+    variable, module to import, output path or worker count."""
+
+
 class CalibrationError(FluidoptError, ValueError):
     """Calibration data cannot be fitted (too few points, bad values, missing columns)."""
 

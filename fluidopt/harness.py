@@ -51,7 +51,7 @@ RUN_COLUMNS = (
     "abandoned_prefill",
     "abandoned_decode",
     "wall_seconds",
-    "engine",  # which event engine ran: "compiled" or "python" (fluidopt.sim.core)
+    "engine",  # which event engine ran: "compiled" or "python" (fluidopt.sim.backend)
     "interrupted",
 )
 
@@ -166,7 +166,7 @@ def _init_worker(imports: tuple[str, ...]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # User modules that register policies must be imported in every worker process too.
     if imports:
-        from fluidopt.commands._options import import_user_modules
+        from fluidopt.control.registry import import_user_modules
 
         import_user_modules(list(imports))
 
@@ -237,7 +237,7 @@ def compare(
     policies = list(policies)
     seeds = list(seeds)
     if imports:
-        from fluidopt.commands._options import import_user_modules
+        from fluidopt.control.registry import import_user_modules
 
         import_user_modules(list(imports))
     _check_jobs(scenarios, policies, seeds)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fluidopt.commands._options import parse_options
-from fluidopt.errors import ScenarioError
+from fluidopt.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
 CUSTOM = str(ROOT / "examples" / "custom_controller.py")
@@ -29,12 +29,12 @@ def test_parse_options_reads_json_values_else_strings():
     ("1x=3", r"--option '1x=3': expected KEY=VALUE with KEY a Python identifier"),
 ])
 def test_parse_options_errors(spec, message):
-    with pytest.raises(ScenarioError, match=message):
+    with pytest.raises(UsageError, match=message):
         parse_options([spec])
 
 
 def test_parse_options_duplicate():
-    with pytest.raises(ScenarioError, match="--option a: given twice"):
+    with pytest.raises(UsageError, match="--option a: given twice"):
         parse_options(["a=1", "a=2"])
 
 

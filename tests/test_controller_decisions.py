@@ -17,7 +17,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fluidopt.control.baselines import FIWSP, ReservedPrefillFCFS
+from fluidopt.control.fcfs import ReservedPrefillFCFS
+from fluidopt.control.paper_baselines import FIWSP
 from fluidopt.control.gate_and_route import (
     MIXED_POOL,
     SOLO_POOL,
@@ -26,7 +27,7 @@ from fluidopt.control.gate_and_route import (
     SLIGateAndRoute,
     WeightedSLIGateAndRoute,
 )
-from fluidopt.control.heuristics import ClassMeanOutput
+from fluidopt.control.load_balancers import ClassMeanOutput
 from fluidopt.control.paper_baselines import FGSP, GFWSP, GIWSP
 from fluidopt.control.protocol import DECODE_QUEUE
 from fluidopt.control.registry import make_controller

@@ -11,7 +11,7 @@ import warnings
 
 import pandas as pd
 
-from fluidopt.control.baselines import FIWSP
+from fluidopt.control.paper_baselines import FIWSP
 from fluidopt.model import GPUProfile, RequestClass, Scenario
 from fluidopt.sim.api import simulate
 from fluidopt.sim.workload import TraceWarning, TraceWorkload

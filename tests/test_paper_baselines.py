@@ -1,4 +1,4 @@
-"""The paper's baselines (GI-WSP, GF-WSP, FG-SP here; FI-WSP from fluidopt.control.baselines) on the simulator.
+"""The paper's baselines (GI-WSP, GF-WSP, FG-SP here; FI-WSP too) on the simulator.
 
 Each test checks the defining behaviour of a policy from per-request records (the GPU of each
 request's prefill and decode) or from queue statistics, on small fleets.

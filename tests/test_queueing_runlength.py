@@ -10,7 +10,7 @@ import pytest
 
 from fluidopt.errors import ScenarioError
 from fluidopt.queueing import erlang_a
-from fluidopt.queueing_runlength import (
+from fluidopt.queueing.runlength import (
     RunLengthReport,
     _analyse,
     customers_for_precision,

@@ -1,7 +1,7 @@
 """Differential test: the compiled engine core and the pure-Python engine give the same numbers, bit for bit.
 
 Both are the same source (fluidopt/sim/engine.py; the core is compiled from it with the static types of
-engine.pxd, see fluidopt/sim/core.py), so any difference is a typing or compilation error: a value that
+engine.pxd, see fluidopt/sim/backend.py), so any difference is a typing or compilation error: a value that
 changed type, an integer that overflowed, a rounding that differs. Every registered policy runs under
 both in markov mode and in tokens mode with a KV cache (preemptions, drops, the KV time term), and
 random scenarios run with every invariant checked after every event, in both. The rest of the suite
@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from fluidopt import GPUProfile, RequestClass, Scenario
 from fluidopt.control.registry import available
-from fluidopt.errors import ScenarioError
-from fluidopt.sim import core
+from fluidopt.errors import UsageError
+from fluidopt.sim import backend as core
 from fluidopt.sim.api import simulate
 
 COMPILED, WHY = core.compiled_status()
@@ -155,14 +155,14 @@ def test_action_errors_are_the_same(tmp_path):
 
 
 def test_backend_names_and_environment(monkeypatch):
-    with pytest.raises(ScenarioError, match="backend: expected one of"):
+    with pytest.raises(UsageError, match="backend: expected one of"):
         simulate(_scenario(), "fi-wsp", horizon=1.0, backend="fortran")
     res = simulate(_scenario(), "fi-wsp", horizon=2.0, backend="python")
     assert res.meta["engine"] == "python" and res.summary()["engine"] == "python"
     monkeypatch.setenv("FLUIDOPT_ENGINE", "python")
     assert simulate(_scenario(), "fi-wsp", horizon=2.0).meta["engine"] == "python"
     monkeypatch.setenv("FLUIDOPT_ENGINE", "turbo")
-    with pytest.raises(ScenarioError, match="FLUIDOPT_ENGINE"):
+    with pytest.raises(UsageError, match="FLUIDOPT_ENGINE"):
         simulate(_scenario(), "fi-wsp", horizon=2.0)
 
 
@@ -181,7 +181,7 @@ def test_a_stale_build_is_never_run(monkeypatch):
             res = simulate(_scenario(), "fi-wsp", horizon=2.0)
         assert res.meta["engine"] == "python"
         assert any("another version of fluidopt/sim/engine.py" in str(x.message) for x in w)
-        with pytest.raises(ScenarioError, match="reinstall"):
+        with pytest.raises(UsageError, match="reinstall"):
             simulate(_scenario(), "fi-wsp", horizon=2.0, backend="compiled")
     finally:
         monkeypatch.undo()

@@ -1,6 +1,6 @@
 """Exactness of the simulator: textbook queues (Erlang C, Erlang A, M/G/1) and exact token timelines.
 
-Statistical checks. Where :mod:`fluidopt.queueing_runlength` gives the exact asymptotic standard
+Statistical checks. Where :mod:`fluidopt.queueing.runlength` gives the exact asymptotic standard
 deviation of an estimate (M/M/c and M/M/c+M: mean wait, P(abandon), mean queue, utilisation; M/M/inf
 through Burke's theorem) the window is 4 of those standard deviations (two-sided p < 1e-4 for a
 correct simulator), the run length is chosen with that module so that the window is a few percent,
@@ -20,17 +20,18 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from fluidopt.control.baselines import FIWSP
+from fluidopt.control.paper_baselines import FIWSP
 from fluidopt.control.instance import RoundRobin
 from fluidopt.model import GPUProfile, RequestClass, Scenario
 from fluidopt.queueing import erlang_a, mmc_metrics
-from fluidopt.queueing_runlength import (
+from fluidopt.queueing.runlength import (
     erlang_a_abandon_relative_sd,
     mmc_mean_wait_relative_sd,
     mmc_time_average_variance,
 )
 from fluidopt.sim.api import simulate
-from fluidopt.sim.textbook import erlang_setup, mg1_geometric_wait, mg1_setup
+from fluidopt.queueing import mg1_geometric_wait
+from fluidopt.sim.textbook import erlang_setup, mg1_setup
 from fluidopt.sim.workload import TraceWarning, TraceWorkload
 
 K = 20
@@ -151,7 +152,7 @@ def test_decode_stage_is_mm_infinity():
     gpu = GPUProfile(alpha=0.02, beta=0.0, tau_solo=0.01, chunk=1, batch=64)
     cls = RequestClass("a", prompt=10, decode=100, rate=8.0, patience=0.0)
     sc = Scenario(gpu=gpu, gpus=4, classes=(cls,))
-    from fluidopt.control.baselines import ReservedPrefillFCFS
+    from fluidopt.control.fcfs import ReservedPrefillFCFS
 
     res = simulate(sc, ReservedPrefillFCFS(prefill_gpus=2, decode_on_prefill_gpus=False), horizon=60_000 / 8.0,
                    warmup=WARMUP, seed=4, batches=K)

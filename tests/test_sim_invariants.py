@@ -20,7 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fluidopt
-from fluidopt.control.baselines import FIWSP, ReservedPrefillFCFS
+from fluidopt.control.fcfs import ReservedPrefillFCFS
+from fluidopt.control.paper_baselines import FIWSP
 from fluidopt.control.instance import RoundRobin
 from fluidopt.control.protocol import (
     DECODE_QUEUE,

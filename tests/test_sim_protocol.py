@@ -12,7 +12,7 @@ import pytest
 
 import fluidopt
 from fluidopt.cli import main
-from fluidopt.control.baselines import FIWSP
+from fluidopt.control.paper_baselines import FIWSP
 from fluidopt.control.instance import RoundRobin
 from fluidopt.control.protocol import (
     DECODE,
@@ -26,7 +26,7 @@ from fluidopt.control.protocol import (
     Controller,
 )
 from fluidopt.control.registry import available, make_controller, register
-from fluidopt.errors import ActionError, ScenarioError
+from fluidopt.errors import ActionError, ScenarioError, UsageError
 from fluidopt.model import GPUProfile, RequestClass, Scenario
 from fluidopt.sim.api import simulate
 from fluidopt.sim.engine import Engine
@@ -218,7 +218,7 @@ def test_api_argument_errors():
     ]:
         with pytest.raises(ScenarioError, match=msg):
             simulate(sc, "fi-wsp", **kw)
-    with pytest.raises(ScenarioError, match="unknown policy 'nope'"):
+    with pytest.raises(UsageError, match="unknown policy 'nope'"):
         simulate(sc, "nope", horizon=10)
     with pytest.raises(ScenarioError, match="differ from the scenario"):
         simulate(sc, "fi-wsp", horizon=10, workload=_trace([(0.0, 1, 1, 0)], ("x",)))

@@ -37,8 +37,8 @@ MODULES = {  # table row -> files (as mutmut names them: fluidopt.x.y)
     "fluid/lp.py": ["fluidopt.fluid.lp"],
     "sim/engine.py": ["fluidopt.sim.engine"],
     "sim/metrics.py": ["fluidopt.sim.metrics"],
-    "control/*": ["fluidopt.control.gate_and_route", "fluidopt.control.baselines", "fluidopt.control.paper_baselines",
-                  "fluidopt.control.heuristics", "fluidopt.control.instance"],
+    "control/*": ["fluidopt.control.gate_and_route", "fluidopt.control.fcfs", "fluidopt.control.paper_baselines",
+                  "fluidopt.control.load_balancers", "fluidopt.control.instance"],
 }
 KILLED = {1, 3}
 TIMEOUT = {36, -24, 24, 152, 255}

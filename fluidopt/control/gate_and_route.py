@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from fluidopt.control.protocol import DECODE_QUEUE, PREFILL_QUEUE, Context, Controller
+from fluidopt.control.registry import register
 from fluidopt.errors import ScenarioError
 from fluidopt.fluid.solution import FluidSolution, mixed_gpus_of
 from fluidopt.model import Rates, Scenario
@@ -531,29 +532,51 @@ class WeightedSLIGateAndRoute(SLIGateAndRoute):
 
 
 # -- registry: names usable as simulate(..., controller="gate-and-route") and by the CLI -------------
-def _register() -> None:
-    from fluidopt.control.registry import register
-
-    def factory(cls: type, pricing: str, description: str):
-        def make(scenario: Scenario, *, pricing: str = pricing, slis: Sequence[Any] = (),
-                 mixed_gpus: int | None = None) -> PartitionedController:
-            return cls.from_scenario(scenario, slis, pricing=pricing, mixed_gpus=mixed_gpus)
-
-        make.__doc__ = f"{description} Options: pricing (default {pricing!r}), slis, mixed_gpus."
-        return make
-
-    specs = (
-        ("gate-and-route", GateAndRoute, "bundled", ("gg-sp",),
-         "paper's Gate-and-Route (GG-SP): static partition, deviation-index gate, solo-first greedy router"),
-        ("prioritize-and-route", PrioritizeAndRoute, "separate", (),
-         "paper's Prioritize-and-Route for separate pricing: gate by largest D/P, greedy router"),
-        ("sli-gate-and-route", SLIGateAndRoute, "bundled", (),
-         "SLI-aware Gate-and-Route: LP-planned solo probability per class, one decode buffer per pool"),
-        ("sli-weighted-gate-and-route", WeightedSLIGateAndRoute, "bundled", ("sli-general",),
-         "general SLI-aware Gate-and-Route (q_d* > 0): per-class buffers, pools pick classes by mu y*"),
-    )
-    for name, cls, pricing, aliases, desc in specs:
-        register(name, factory(cls, pricing, desc), description=desc, aliases=aliases)
+def _build(cls: type, scenario: Scenario, pricing: str, slis: Sequence[Any] | None, mixed_gpus: int | None,
+           plan: FluidSolution | None) -> PartitionedController:
+    """The controller from ``plan`` when given, else from the LP of the scenario (with its own SLIs
+    unless ``slis`` is given)."""
+    if isinstance(plan, dict):
+        plan = plan.get(pricing)
+    if plan is None:
+        return cls.from_scenario(scenario, slis, pricing=pricing, mixed_gpus=mixed_gpus)
+    if slis is not None:
+        raise ScenarioError(f"{cls.name}: give either slis or a solved plan (whose LP already holds its SLIs), not both")
+    if plan.pricing != pricing:
+        raise ScenarioError(f"{cls.name}: the plan was solved with pricing={plan.pricing!r}, the policy runs {pricing!r}")
+    if cls is GateAndRoute:
+        return cls.from_solution(plan, mixed_gpus=mixed_gpus)
+    return cls.from_solution(plan, scenario, mixed_gpus=mixed_gpus)
 
 
-_register()
+@register("gate-and-route", aliases=("gg-sp",), description=(
+    "paper's Gate-and-Route (GG-SP): static partition, deviation-index gate, solo-first greedy router"))
+def make_gate_and_route(scenario: Scenario, *, pricing: str = "bundled", slis: Sequence[Any] | None = None,
+                        mixed_gpus: int | None = None, plan: FluidSolution | None = None) -> PartitionedController:
+    """Gate-and-Route from the scenario's LP (or the given ``plan``)."""
+    return _build(GateAndRoute, scenario, pricing, slis, mixed_gpus, plan)
+
+
+@register("prioritize-and-route", description=(
+    "paper's Prioritize-and-Route for separate pricing: gate by largest D/P, greedy router"))
+def make_prioritize_and_route(scenario: Scenario, *, pricing: str = "separate", slis: Sequence[Any] | None = None,
+                              mixed_gpus: int | None = None, plan: FluidSolution | None = None) -> PartitionedController:
+    """Prioritize-and-Route from the scenario's separate-pricing LP (or the given ``plan``)."""
+    return _build(PrioritizeAndRoute, scenario, pricing, slis, mixed_gpus, plan)
+
+
+@register("sli-gate-and-route", description=(
+    "SLI-aware Gate-and-Route: LP-planned solo probability per class, one decode buffer per pool"))
+def make_sli_gate_and_route(scenario: Scenario, *, pricing: str = "bundled", slis: Sequence[Any] | None = None,
+                            mixed_gpus: int | None = None, plan: FluidSolution | None = None) -> PartitionedController:
+    """SLI-aware Gate-and-Route from the scenario's LP with its SLIs (or the given ``plan``)."""
+    return _build(SLIGateAndRoute, scenario, pricing, slis, mixed_gpus, plan)
+
+
+@register("sli-weighted-gate-and-route", aliases=("sli-general",), description=(
+    "general SLI-aware Gate-and-Route (q_d* > 0): per-class buffers, pools pick classes by mu y*"))
+def make_sli_weighted_gate_and_route(scenario: Scenario, *, pricing: str = "bundled", slis: Sequence[Any] | None = None,
+                                     mixed_gpus: int | None = None,
+                                     plan: FluidSolution | None = None) -> PartitionedController:
+    """General SLI-aware Gate-and-Route from the scenario's LP with its SLIs (or the given ``plan``)."""
+    return _build(WeightedSLIGateAndRoute, scenario, pricing, slis, mixed_gpus, plan)

@@ -115,13 +115,15 @@ class RoundRobin(InstanceScheduler):
 
 @register("round-robin", description="round-robin routing to vLLM-style instances (prefill first, no chunking)",
           aliases=("rr",))
-def _make_rr(scenario: Scenario, **kw) -> RoundRobin:
-    return RoundRobin(chunked=False, **kw)
+def make_round_robin(scenario: Scenario, *, kv_watermark: float = 0.01) -> RoundRobin:
+    """Round robin over prefill-first instances."""
+    return RoundRobin(chunked=False, kv_watermark=kv_watermark)
 
 
 @register("round-robin-chunked", description="round-robin routing to instances with chunked prefill (Sarathi)",
           aliases=("rr-chunked",))
-def _make_rr_chunked(scenario: Scenario, **kw) -> RoundRobin:
-    rr = RoundRobin(chunked=True, **kw)
+def make_round_robin_chunked(scenario: Scenario, *, kv_watermark: float = 0.01) -> RoundRobin:
+    """Round robin over chunked-prefill instances."""
+    rr = RoundRobin(chunked=True, kv_watermark=kv_watermark)
     rr.name = "round-robin-chunked"
     return rr

@@ -3,8 +3,12 @@
 Names read admission - decode placement - partition: G = the deviation-index gate, F = FCFS;
 I = in-place (coupled) decode, F = prefill-first free decode, G = greedy router; SP = static
 partition, WSP = without static partition. Gate-and-Route itself is GG-SP
-(:class:`~fluidopt.control.gate_and_route.GateAndRoute`); FI-WSP (FCFS, in place, no partition: the
-vLLM/Sarathi default) lives in :mod:`fluidopt.control.baselines`.
+(:class:`~fluidopt.control.gate_and_route.GateAndRoute`); 
+
+* :class:`FIWSP` (FCFS, in place, no partition: vLLM/Sarathi's default): every GPU takes a prefill
+  whenever its prefill slot is idle and it has a free slot, admitting the earliest-arrived waiting
+  request of any class; a finished prefill decodes on the same GPU, in the slot it already holds
+  (coupled decode), so the decode buffer stays empty.
 
 * :class:`GIWSP` (gate, in place, no partition): every GPU may run a prefill (B slots, no slot
   reserved). A GPU with no running prefill and a free slot admits the gate's class (argmin
@@ -31,10 +35,62 @@ from collections.abc import Sequence
 from typing import Any
 
 from fluidopt.control.gate_and_route import MIXED_POOL, GateAndRoute
-from fluidopt.control.protocol import DECODE_QUEUE, PREFILL_QUEUE, Context
+from fluidopt.control.protocol import DECODE_QUEUE, PREFILL_QUEUE, Context, Controller
+from fluidopt.control.registry import register
 from fluidopt.model import Scenario
 
-__all__ = ["FGSP", "GFWSP", "GIWSP"]
+__all__ = ["FGSP", "FIWSP", "GFWSP", "GIWSP"]
+
+
+class FIWSP(Controller):
+    """FCFS admission to any GPU with an idle prefill slot; decode stays on its prefill's GPU.
+
+    An arrival that finds idle prefill slots starts on one chosen uniformly at random (the
+    controller's seeded stream). With a KV capacity (tokens mode) a prefill starts only where its
+    prompt fits; otherwise it waits.
+    """
+
+    name = "fi-wsp"
+
+    def setup(self, ctx: Context) -> None:
+        self._idle = ctx.idle_prefill(0)
+        self._kv = ctx.gpu_kv_free(0) != float("inf")
+
+    def _fits(self, ctx: Context, r: int, g: int) -> bool:
+        return not self._kv or ctx.gpu_kv_free(g) >= ctx.req_prompt(r) + ctx.req_generated(r)
+
+    def on_arrival(self, ctx: Context, r: int) -> None:
+        idle = self._idle
+        if ctx.qlen(PREFILL_QUEUE) == 0:
+            g = idle.choice()
+            if g >= 0 and (not self._kv or self._fits(ctx, r, g)):
+                ctx.start_prefill(r, g)
+            return
+        # Others wait (possible only when KV space held them back): FCFS, r joins the back.
+        ctx.enqueue(r, PREFILL_QUEUE)
+        while idle:
+            h = ctx.head(PREFILL_QUEUE)
+            g = idle.choice()
+            if not self._fits(ctx, h, g):
+                break
+            ctx.start_prefill(h, g)
+            if ctx.qlen(PREFILL_QUEUE) == 0:
+                break
+
+    def on_prefill_done(self, ctx: Context, r: int, g: int) -> None:
+        ctx.start_decode(r, g)  # the slot it held for the prefill: always free
+
+    def on_slot_freed(self, ctx: Context, g: int) -> None:
+        if g in self._idle:
+            r = ctx.head(PREFILL_QUEUE)
+            if r >= 0 and (not self._kv or self._fits(ctx, r, g)):
+                ctx.start_prefill(r, g)
+
+
+@register("fi-wsp", description="paper baseline: FCFS admission, no gate, decode stays on its prefill's GPU",
+          aliases=("fcfs",))
+def _make_fiwsp(scenario: Scenario) -> FIWSP:
+    return FIWSP()
 
 
 class _NoPartition(GateAndRoute):
@@ -95,19 +151,28 @@ class FGSP(GateAndRoute):
         return -1 if r < 0 else ctx.req_class(r)
 
 
-def _register() -> None:
-    from fluidopt.control.registry import register
+def _make(cls: type, scenario: Scenario, pricing: str, slis: Sequence[Any] | None, plan: Any) -> GateAndRoute:
+    from fluidopt.control.gate_and_route import _build
 
-    def factory(cls: type):
-        def make(scenario: Scenario, *, pricing: str = "bundled", slis: Sequence[Any] = ()) -> GateAndRoute:
-            return cls.from_scenario(scenario, slis, pricing=pricing)
-
-        return make
-
-    register("gi-wsp", factory(GIWSP), description="paper baseline: gate, decode in place, no partition")
-    register("gf-wsp", factory(GFWSP),
-             description="paper baseline: gate, prefill-first on freed slots, decode anywhere, no partition")
-    register("fg-sp", factory(FGSP), description="paper baseline: static partition and greedy router, FCFS admission")
+    return _build(cls, scenario, pricing, slis, None, plan)
 
 
-_register()
+@register("gi-wsp", description="paper baseline: gate, decode in place, no partition")
+def make_gi_wsp(scenario: Scenario, *, pricing: str = "bundled", slis: Sequence[Any] | None = None,
+                plan: Any = None) -> GateAndRoute:
+    """GI-WSP with the gate's targets from the scenario's LP (or the given ``plan``)."""
+    return _make(GIWSP, scenario, pricing, slis, plan)
+
+
+@register("gf-wsp", description="paper baseline: gate, prefill-first on freed slots, decode anywhere, no partition")
+def make_gf_wsp(scenario: Scenario, *, pricing: str = "bundled", slis: Sequence[Any] | None = None,
+                plan: Any = None) -> GateAndRoute:
+    """GF-WSP with the gate's targets from the scenario's LP (or the given ``plan``)."""
+    return _make(GFWSP, scenario, pricing, slis, plan)
+
+
+@register("fg-sp", description="paper baseline: static partition and greedy router, FCFS admission")
+def make_fg_sp(scenario: Scenario, *, pricing: str = "bundled", slis: Sequence[Any] | None = None,
+               plan: Any = None) -> GateAndRoute:
+    """FG-SP with the partition from the scenario's LP (or the given ``plan``)."""
+    return _make(FGSP, scenario, pricing, slis, plan)

@@ -50,6 +50,7 @@ __all__ = [
     "build_fluid_model",
     "check_pricing",
     "objective_coefficients",
+    "scenario_slis",
     "solve_fluid",
 ]
 
@@ -555,13 +556,27 @@ def build_fluid_model(scenario: Scenario, pricing: str = "bundled", slis: Sequen
     return FluidModel(scenario, pricing, slis)
 
 
-def solve_fluid(scenario: Scenario, pricing: str = "bundled", slis: Sequence[SLI] = (), *,
+def scenario_slis(scenario: Scenario) -> tuple[SLI, ...]:
+    """The SLIs a scenario file declares (``slis = ["tpot=0.03", ...]``), parsed; () when none."""
+    from fluidopt.fluid.sli import parse_slis
+
+    meta = getattr(scenario, "meta", None)
+    specs = meta.get("slis", ()) if isinstance(meta, dict) else ()
+    return tuple(parse_slis(list(specs), where="slis")) if specs else ()
+
+
+def solve_fluid(scenario: Scenario, pricing: str = "bundled", slis: Sequence[SLI] | None = None, *,
                 lexicographic: bool = True) -> FluidSolution:
     """Build and solve the fluid LP; see :meth:`FluidModel.solve`.
+
+    ``slis``: the SLI rows to add; ``None`` (default) takes the scenario's own (its file's ``slis``
+    list, :func:`scenario_slis`), ``()`` solves without any.
 
     >>> import fluidopt
     >>> round(solve_fluid(fluidopt.default_scenario()).objective_per_gpu, 2)
     297.7
     """
+    if slis is None:
+        slis = scenario_slis(scenario)
     return FluidModel(scenario, pricing, slis).solve(lexicographic=lexicographic)
 

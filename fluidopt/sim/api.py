@@ -11,7 +11,7 @@ from fluidopt.control.protocol import Controller
 from fluidopt.control.registry import make_controller
 from fluidopt.errors import ScenarioError
 from fluidopt.model import Scenario
-from fluidopt.sim.core import engine_class
+from fluidopt.sim.backend import engine_class
 from fluidopt.sim.metrics import RecordsWriter, SimResult
 
 __all__ = ["check_run", "make_engine", "simulate"]
@@ -70,7 +70,7 @@ def simulate(
     stderr (default: when stderr is a terminal). Ctrl-C stops the run and returns the partial result
     with ``interrupted=True``. ``check``: verify every invariant after every event (slow; tests).
     ``backend``: ``"auto"`` (the compiled engine core when installed, else pure Python),
-    ``"compiled"`` or ``"python"`` (:mod:`fluidopt.sim.core`); both give the same numbers bit for bit,
+    ``"compiled"`` or ``"python"`` (:mod:`fluidopt.sim.backend`); both give the same numbers bit for bit,
     and ``result.meta["engine"]`` says which ran. Same ``seed``, same numbers, bit for bit.
     """
     engine = make_engine(

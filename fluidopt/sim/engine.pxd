@@ -1,7 +1,7 @@
 # Static types for the compiled simulator core (an "augmenting" .pxd: engine.py stays plain Python).
 #
 # setup.py compiles a copy of engine.py with these declarations into fluidopt.sim._cengine; see
-# fluidopt/sim/core.py and docs/simulator.md section 9. Keep every attribute that engine.py sets on
+# fluidopt/sim/backend.py and docs/simulator.md section 9. Keep every attribute that engine.py sets on
 # Engine or GpuSet declared here (a cdef class has no __dict__). Types are chosen so that the compiled
 # core computes exactly what the Python engine computes: the state that engine.py keeps in lists
 # (_ints, _floats) is typed arrays in the core (64-bit integers, doubles), declared here as C arrays;

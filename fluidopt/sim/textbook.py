@@ -5,7 +5,7 @@ stage of the LLM-serving model a textbook queue; the engine runs them exactly as
 (every request still has a prefill and a decode). docs/simulator.md explains the mappings.
 
 * :func:`erlang_setup` (``service="markov"``): ``c`` GPUs each keep one of their B slots for
-  prefills (:class:`~fluidopt.control.baselines.ReservedPrefillFCFS`), so a GPU's prefill slot is
+  prefills (:class:`~fluidopt.control.fcfs.ReservedPrefillFCFS`), so a GPU's prefill slot is
   free exactly when it runs no prefill, whatever the decodes do. One class, prompt P = 1 token,
   chunk C = 1, alpha = 1/mu, beta = 0: the prefill rate is mu_p = C / (P tau_mix) = mu. Arrivals are
   Poisson(lam), patience Exp(theta) while waiting. The prefill queue is then exactly M/M/c+M
@@ -15,16 +15,17 @@ stage of the LLM-serving model a textbook queue; the engine runs them exactly as
 * :func:`mg1_setup` (``service="tokens"``): GPU 0 only prefills (no decode slot), GPU 1 only decodes.
   With C = 1 and beta = 0 a prompt of P tokens takes exactly P iterations of alpha seconds, so GPU 0
   is an M/G/1 queue with service alpha * P; with the scenario's geometric ("exponential") prompt
-  lengths the Pollaczek-Khinchine formula gives its mean wait exactly (:func:`mg1_geometric_wait`).
+  lengths the Pollaczek-Khinchine formula gives its mean wait exactly
+  (:func:`fluidopt.queueing.mg1_geometric_wait`).
 """
 
 from __future__ import annotations
 
-from fluidopt.control.baselines import ReservedPrefillFCFS
+from fluidopt.control.fcfs import ReservedPrefillFCFS
 from fluidopt.errors import ScenarioError
 from fluidopt.model import GPUProfile, RequestClass, Scenario
 
-__all__ = ["erlang_setup", "mg1_geometric_wait", "mg1_setup"]
+__all__ = ["erlang_setup", "mg1_setup"]
 
 
 def erlang_setup(
@@ -53,14 +54,3 @@ def mg1_setup(lam: float, alpha: float, mean_prompt: float, *, batch: int = 4) -
     cls = RequestClass("customers", prompt=mean_prompt, decode=2.0, rate=lam, patience=0.0, lengths="exponential")
     sc = Scenario(gpu=gpu, gpus=2, classes=(cls,), prefill_price=1.0, decode_price=0.0, name="M/G/1")
     return sc, ReservedPrefillFCFS(prefill_gpus=1, decode_on_prefill_gpus=False)
-
-
-def mg1_geometric_wait(lam: float, alpha: float, mean_prompt: float) -> float:
-    """Pollaczek-Khinchine mean wait (s) of M/G/1 with service alpha * P, P geometric on {1, 2, ...}.
-
-    E[P] = m, E[P^2] = (2 - p) / p^2 with p = 1/m; W = lam E[S^2] / (2 (1 - rho)), rho = lam E[S].
-    """
-    p = 1.0 / mean_prompt
-    es2 = alpha**2 * (2.0 - p) / p**2
-    rho = lam * alpha * mean_prompt
-    return lam * es2 / (2.0 * (1.0 - rho))

@@ -34,6 +34,7 @@ __all__ = [
     "mmc_metrics",
     "mmc_staffing",
     "mmc_wait_tail",
+    "mg1_geometric_wait",
     "mmck_metrics",
 ]
 
@@ -298,3 +299,17 @@ def erlang_a(lam: float, mu: float, c: int, theta: float) -> ErlangAMetrics:
         utilisation=busy / c,
         states=c + 1 + J,
     )
+
+
+def mg1_geometric_wait(lam: float, alpha: float, mean_prompt: float) -> float:
+    """Pollaczek-Khinchine mean wait (s) of M/G/1 with service alpha * P, P geometric on {1, 2, ...}.
+
+    The M/G/1 reference of :func:`fluidopt.sim.textbook.mg1_setup` (a GPU that prefills one token per
+    iteration of alpha seconds).
+
+    E[P] = m, E[P^2] = (2 - p) / p^2 with p = 1/m; W = lam E[S^2] / (2 (1 - rho)), rho = lam E[S].
+    """
+    p = 1.0 / mean_prompt
+    es2 = alpha**2 * (2.0 - p) / p**2
+    rho = lam * alpha * mean_prompt
+    return lam * es2 / (2.0 * (1.0 - rho))

@@ -1,4 +1,4 @@
-"""Classic load balancers (fluidopt.control.heuristics): decisions, ledger, balance, invariants.
+"""Classic load balancers (fluidopt.control.load_balancers): decisions, ledger, balance, invariants.
 
 * Decisions on hand-built states: short traces replayed on the real engine, with the balancer's
   ``route`` recorded, checked against the rule worked out by hand (and against each other where two
@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fluidopt import GPUProfile, RequestClass, Scenario
-from fluidopt.control.heuristics import (
+from fluidopt.control.load_balancers import (
     ClassMeanOutput,
     JoinShortestQueue,
     MinMin,
@@ -38,7 +38,7 @@ from fluidopt.control.heuristics import (
 from fluidopt.control.instance import InstanceScheduler
 from fluidopt.control.protocol import PREFILL, WAIT_PREFILL
 from fluidopt.control.registry import available, make_controller
-from fluidopt.errors import ScenarioError
+from fluidopt.errors import ScenarioError, UsageError
 from fluidopt.sim.api import simulate
 from fluidopt.sim.workload import TraceWorkload
 
@@ -107,9 +107,9 @@ def test_options_and_their_errors():
     assert make_controller("max-capacity", sc, interval=0.25).tick_interval == 0.25
     sl = make_controller("small-large", sc, threshold=50, small_gpus=2, within="jsq")
     assert (sl.threshold, sl.small_gpus_option, sl.within) == (50.0, 2, "jsq")
-    with pytest.raises(ScenarioError, match="unknown option 'bogus'"):
+    with pytest.raises(UsageError, match="unknown option 'bogus'"):
         make_controller("least-requests", sc, bogus=1)
-    with pytest.raises(ScenarioError, match="fixed by the name"):
+    with pytest.raises(UsageError, match="unknown option 'chunked'"):
         make_controller("jsq-chunked", sc, chunked=False)
     with pytest.raises(ScenarioError, match="predictor"):
         make_controller("jsq", sc, predictor="psychic")

@@ -20,7 +20,7 @@ import os
 import warnings
 from pathlib import Path
 
-from fluidopt.errors import ScenarioError
+from fluidopt.errors import UsageError
 
 __all__ = ["BACKENDS", "compiled_status", "engine_class"]
 
@@ -57,13 +57,13 @@ def _warn_once(reason: str) -> None:
 def engine_class(backend: str = "auto") -> tuple[type, str]:
     """The Engine class for ``backend`` and the name of the one chosen (``"compiled"`` or ``"python"``)."""
     if backend not in BACKENDS:
-        raise ScenarioError(f"simulate: backend: expected one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
+        raise UsageError(f"simulate: backend: expected one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
     if backend == "auto":
         env = os.environ.get("FLUIDOPT_ENGINE", "").strip().lower()
         if env in ("compiled", "python"):
             backend = env
         elif env not in ("", "auto"):
-            raise ScenarioError(f"FLUIDOPT_ENGINE: expected 'auto', 'compiled' or 'python', got {env!r}")
+            raise UsageError(f"FLUIDOPT_ENGINE: expected 'auto', 'compiled' or 'python', got {env!r}")
     if backend == "python":
         from fluidopt.sim.engine import Engine
 
@@ -74,7 +74,7 @@ def engine_class(backend: str = "auto") -> tuple[type, str]:
 
         return Engine, "compiled"
     if backend == "compiled":
-        raise ScenarioError(f"simulate: backend='compiled': {reason}")
+        raise UsageError(f"simulate: backend='compiled': {reason}")
     # a missing build is a documented install choice (no compiler): say so only for a stale build
     if "another version" in reason:
         _warn_once(reason)

@@ -1,9 +1,8 @@
-"""Baseline policies: the paper's FI-WSP (DESIGN.md 2.3, Fig. 7) and a reference FCFS policy.
+"""The reference FCFS policy whose prefill stage is a textbook multi-server queue.
 
-FI-WSP ("FCFS, no gate, work-sharing prefill"; vLLM/Sarathi's default): no gate and no partition:
-every GPU takes a prefill whenever its prefill slot is idle and it has a free slot, admitting the
-earliest-arrived waiting request of any class; a finished prefill decodes on the same GPU, in the
-slot it already holds (coupled decode), so the decode buffer stays empty.
+:class:`ReservedPrefillFCFS` keeps one slot per prefill GPU for prefills and admits FCFS, so the
+prefill stage is exactly M/M/m+M (markov service) or M/G/m (tokens service); the simulator's
+exactness tests (:mod:`fluidopt.sim.textbook`) compare it with :mod:`fluidopt.queueing`.
 """
 
 from __future__ import annotations
@@ -13,58 +12,7 @@ from fluidopt.control.registry import register
 from fluidopt.errors import ScenarioError
 from fluidopt.model import Scenario
 
-__all__ = ["FIWSP", "ReservedPrefillFCFS"]
-
-
-class FIWSP(Controller):
-    """FCFS admission to any GPU with an idle prefill slot; decode stays on its prefill's GPU.
-
-    An arrival that finds idle prefill slots starts on one chosen uniformly at random (the
-    controller's seeded stream). With a KV capacity (tokens mode) a prefill starts only where its
-    prompt fits; otherwise it waits.
-    """
-
-    name = "fi-wsp"
-
-    def setup(self, ctx: Context) -> None:
-        self._idle = ctx.idle_prefill(0)
-        self._kv = ctx.gpu_kv_free(0) != float("inf")
-
-    def _fits(self, ctx: Context, r: int, g: int) -> bool:
-        return not self._kv or ctx.gpu_kv_free(g) >= ctx.req_prompt(r) + ctx.req_generated(r)
-
-    def on_arrival(self, ctx: Context, r: int) -> None:
-        idle = self._idle
-        if ctx.qlen(PREFILL_QUEUE) == 0:
-            g = idle.choice()
-            if g >= 0 and (not self._kv or self._fits(ctx, r, g)):
-                ctx.start_prefill(r, g)
-            return
-        # Others wait (possible only when KV space held them back): FCFS, r joins the back.
-        ctx.enqueue(r, PREFILL_QUEUE)
-        while idle:
-            h = ctx.head(PREFILL_QUEUE)
-            g = idle.choice()
-            if not self._fits(ctx, h, g):
-                break
-            ctx.start_prefill(h, g)
-            if ctx.qlen(PREFILL_QUEUE) == 0:
-                break
-
-    def on_prefill_done(self, ctx: Context, r: int, g: int) -> None:
-        ctx.start_decode(r, g)  # the slot it held for the prefill: always free
-
-    def on_slot_freed(self, ctx: Context, g: int) -> None:
-        if g in self._idle:
-            r = ctx.head(PREFILL_QUEUE)
-            if r >= 0 and (not self._kv or self._fits(ctx, r, g)):
-                ctx.start_prefill(r, g)
-
-
-@register("fi-wsp", description="paper baseline: FCFS admission, no gate, decode stays on its prefill's GPU",
-          aliases=("fcfs",))
-def _make_fiwsp(scenario: Scenario) -> FIWSP:
-    return FIWSP()
+__all__ = ["ReservedPrefillFCFS"]
 
 
 class ReservedPrefillFCFS(Controller):
@@ -133,5 +81,7 @@ class ReservedPrefillFCFS(Controller):
 
 @register("reserved-prefill-fcfs",
           description="reference: a slot reserved for prefill on every GPU, FCFS, decode anywhere (exact M/M/c+M prefill stage)")
-def _make_reserved(scenario: Scenario, **kw) -> ReservedPrefillFCFS:
-    return ReservedPrefillFCFS(**kw)
+def make_reserved_prefill_fcfs(scenario: Scenario, *, prefill_gpus: int | None = None,
+                               decode_on_prefill_gpus: bool = True) -> ReservedPrefillFCFS:
+    """The reference FCFS policy (options as :class:`ReservedPrefillFCFS`)."""
+    return ReservedPrefillFCFS(prefill_gpus=prefill_gpus, decode_on_prefill_gpus=decode_on_prefill_gpus)

@@ -51,13 +51,14 @@ ledger updates are O(1) per event. Power of two choices is O(1); random is O(1).
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Sequence
 
 from fluidopt.control.instance import InstanceScheduler
 from fluidopt.control.protocol import ClusterView, Context
 from fluidopt.control.registry import register
-from fluidopt.errors import ScenarioError
+from fluidopt.errors import ScenarioError, UsageError
 from fluidopt.model import GPUProfile, Scenario
 
 __all__ = [
@@ -615,24 +616,46 @@ class SmallLarge(TokenLedgerScheduler):
 # =================================================================================================
 # Registry
 # =================================================================================================
+_SUPPLIED = {"self", "predictor", "gpu", "means", "threshold", "small_share", "kw", "kwargs"}
+
+
+def _option_names(build: Callable[..., InstanceScheduler]) -> tuple[str, ...]:
+    """The options a balancer takes: its builder's keywords and those of its class's constructors."""
+    import typing
+
+    names = [p.name for p in list(inspect.signature(build).parameters.values())[1:]
+             if p.kind is not p.VAR_KEYWORD]
+    cls = typing.get_type_hints(build).get("return")
+    for klass in getattr(cls, "__mro__", ()):
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        for p in inspect.signature(init).parameters.values():
+            if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name not in _SUPPLIED and p.name not in names:
+                names.append(p.name)
+    return tuple(names)
+
+
 def _registered(name: str, aliases: tuple[str, ...], description: str, build: Callable[..., InstanceScheduler]) -> None:
-    def make(nm: str, scenario: Scenario, options: dict) -> InstanceScheduler:
-        try:
-            return build(scenario, **options)
-        except TypeError as e:
-            if "unexpected keyword argument" not in str(e):
-                raise
-            bad = str(e).split("argument", 1)[1].strip()
-            raise ScenarioError(f"controller {nm!r}: unknown option {bad}; see docs/routing.md") from None
+    names = _option_names(build)
+
+    def make(nm: str, scenario: Scenario, options: dict, allowed: tuple[str, ...]) -> InstanceScheduler:
+        bad = sorted(k for k in options if k not in allowed)
+        if bad:
+            raise UsageError(f"policy {nm!r}: unknown option {', '.join(map(repr, bad))}; "
+                             f"it takes: {', '.join(allowed)}")
+        return build(scenario, **options)
 
     def plain(scenario: Scenario, **options) -> InstanceScheduler:
-        return make(name, scenario, options)
+        return make(name, scenario, options, names)
 
     def chunked(scenario: Scenario, **options) -> InstanceScheduler:
-        if "chunked" in options:
-            raise ScenarioError(f"controller '{name}-chunked': the 'chunked' option is fixed by the name")
-        return make(f"{name}-chunked", scenario, {"chunked": True, **options})
+        allowed = tuple(k for k in names if k != "chunked")
+        return make(f"{name}-chunked", scenario, options, allowed) if set(options) - set(allowed) else \
+            build(scenario, chunked=True, **options)
 
+    plain.options = names
+    chunked.options = tuple(k for k in names if k != "chunked")
     register(name, plain, description=f"{description} (instances: prefill first, no chunking)", aliases=aliases)
     register(f"{name}-chunked", chunked, description=f"{description} (instances: chunked prefill)",
              aliases=tuple(f"{a}-chunked" for a in aliases))

@@ -45,7 +45,7 @@ import pandas as pd
 from scipy.special import logsumexp
 
 from fluidopt.errors import ScenarioError
-from fluidopt.queueing import _rate, _servers
+from fluidopt.queueing.closed_forms import _rate, _servers
 
 __all__ = [
     "RunLengthReport",
