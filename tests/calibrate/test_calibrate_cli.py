@@ -23,7 +23,7 @@ from fluidopt.calibrate import fit_iteration_time, synthetic_measurements, write
 from fluidopt.cli import main
 from fluidopt.scenario import default_scenario, gpu_from_dict, scenario_from_dict, scenario_to_dict
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "calibration" / "example-qwen-8b-a100.csv"
 
 

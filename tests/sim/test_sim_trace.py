@@ -13,7 +13,7 @@ from fluidopt.sim.api import simulate
 from fluidopt.sim.trace import classes_from_trace, load_azure_trace
 from fluidopt.sim.workload import TraceWarning
 
-TRACE = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "azure-llm-inference-2023" / "AzureLLMInferenceTrace_conv.csv"
+TRACE = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "azure-llm-inference-2023" / "AzureLLMInferenceTrace_conv.csv"
 
 pytestmark = pytest.mark.skipif(not TRACE.is_file(), reason=f"trace not available at {TRACE}")
 

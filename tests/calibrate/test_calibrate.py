@@ -32,7 +32,7 @@ from fluidopt.calibrate import (
 from fluidopt.errors import CalibrationError, ScenarioError
 from fluidopt.model import GPUProfile, paper_gpu
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "calibration" / "example-qwen-8b-a100.csv"
 A8, B8, G8 = 0.0174, 6.2e-5, 45.45  # published Qwen-8B / A100 law (arXiv:2602.02987)
 

@@ -19,7 +19,7 @@ from fluidopt.control.protocol import Context
 from fluidopt.control.registry import available, make_controller
 from fluidopt.sim.api import simulate
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def _load(name: str):

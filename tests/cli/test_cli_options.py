@@ -10,7 +10,7 @@ import pytest
 from fluidopt.commands._options import parse_options
 from fluidopt.errors import UsageError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CUSTOM = str(ROOT / "examples" / "custom_controller.py")
 
 

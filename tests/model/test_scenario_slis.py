@@ -8,7 +8,7 @@ from fluidopt.errors import ScenarioError
 from fluidopt.fluid import solve_fluid
 from fluidopt.scenario import loads_scenario, scenario_from_dict, scenario_to_dict
 
-EXAMPLE = (Path(__file__).resolve().parents[1] / "examples/scenarios/paper-two-class.toml").read_text()
+EXAMPLE = (Path(__file__).resolve().parents[2] / "examples/scenarios/paper-two-class.toml").read_text()
 
 
 def with_slis(line: str):

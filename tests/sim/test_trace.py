@@ -23,7 +23,7 @@ from fluidopt.sim.trace import (
 )
 from fluidopt.sim.workload import TraceWarning, TraceWorkload, collect
 
-AZURE = Path(__file__).resolve().parents[2] / "shared/data/azure-llm-inference-2023/AzureLLMInferenceTrace_conv.csv"
+AZURE = Path(__file__).resolve().parents[3] / "shared/data/azure-llm-inference-2023/AzureLLMInferenceTrace_conv.csv"
 needs_azure = pytest.mark.skipif(not AZURE.is_file(), reason=f"shared Azure trace not found at {AZURE}")
 
 HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
