@@ -11,7 +11,7 @@ example shows the mechanics, not a recommendation.
 Registering takes one decorator; the name then works wherever fluidopt names policies
 (``simulate(..., controller="class-affinity")``, the comparison harness, and the CLI's ``--policy``
 once the module defining it is imported). The workload is the RL-router paper's five tasks
-(DESIGN.md 3) with lognormal lengths on a V100-like profile.
+(docs/routing.md) with lognormal lengths on a V100-like profile.
 
     python examples/custom_controller.py                   # 8 instances, 300 s, 3 seeds
     python examples/custom_controller.py --gpus 4 --horizon 60 --seeds 1

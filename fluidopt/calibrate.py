@@ -1,7 +1,7 @@
 """Calibration: fit the iteration-time law tau = alpha + beta * C from measured iterations.
 
 A *mixed* iteration runs one prefill chunk of C tokens alongside the decodes of a GPU's batch and
-takes ``tau = alpha + beta * C`` seconds (DESIGN.md section 2); a decode-only (*solo*) iteration
+takes ``tau = alpha + beta * C`` seconds (docs/model.md); a decode-only (*solo*) iteration
 takes ``tau_solo`` seconds. :func:`fit_iteration_time` estimates alpha and beta by ordinary least
 squares (statsmodels) on the mixed rows of a raw measurement table and the mean ``tau_solo`` on its
 decode-only rows, with standard errors, 95% confidence intervals, R^2 and residual diagnostics.
@@ -37,6 +37,7 @@ import pandas as pd
 from fluidopt._files import read_text_file
 from fluidopt.errors import CalibrationError, ScenarioError
 from fluidopt.model import GPUProfile
+from fluidopt.tables import gpu_from_dict
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -666,8 +667,6 @@ def load_profile(name: str) -> GPUProfile:
 
     Unknown names raise :class:`ScenarioError` listing the known ones.
     """
-    from fluidopt.scenario import gpu_from_dict
-
     if not isinstance(name, str):
         raise ScenarioError(f"gpu: expected a profile name (string) or a table, got {name!r}")
     info = profile_info(name)

@@ -223,7 +223,7 @@ class Scenario:
         return cp, cd
 
     def rates(self) -> Rates:
-        """Derived per-GPU rates of the fluid model (DESIGN.md section 2)."""
+        """Derived per-GPU rates of the fluid model (docs/model.md)."""
         g = self.gpu
         tau = g.tau_mix
         P = np.array([c.prompt for c in self.classes], dtype=float)
@@ -246,7 +246,7 @@ def paper_gpu() -> GPUProfile:
 
 
 def paper_scenario(gpus: int = 500, lam: Sequence[float] = (0.5, 0.5), theta: Sequence[float] = (0.1, 0.1)) -> Scenario:
-    """The paper's two-class instance (DESIGN.md 2.1) on ``gpus`` GPUs; ``lam`` is per GPU."""
+    """The paper's two-class instance (docs/model.md) on ``gpus`` GPUs; ``lam`` is per GPU."""
     classes = (
         RequestClass("short-prompt", prompt=300, decode=1000, rate=lam[0] * gpus, patience=theta[0]),
         RequestClass("long-prompt", prompt=3000, decode=400, rate=lam[1] * gpus, patience=theta[1]),

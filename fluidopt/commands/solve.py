@@ -14,7 +14,7 @@ from typing import Any
 PRICINGS = ("bundled", "separate")  # = fluidopt.fluid.lp.PRICINGS, repeated to keep this import light
 
 EPILOG = """\
-SLIs (repeat --sli; DESIGN.md 2.2, docs/lp.md):
+SLIs (repeat --sli; docs/lp.md):
   tpot=SECONDS              average time per output token <= SECONDS
   prefill_fairness=ETA      max_i x_i - min_i x_i <= ETA (prefill occupancy per GPU)
   decode_fairness=ETA       max_i y_solo,i - min_i y_solo,i <= ETA (solo decode slots per GPU)

@@ -1,4 +1,4 @@
-"""Gate-and-route controllers built from a fluid-LP solution (DESIGN.md 2.3; paper Thms 4.1, 4.2, 5.1).
+"""Gate-and-route controllers built from a fluid-LP solution (paper Thms 4.1, 4.2, 5.1; docs/controllers.md).
 
 All of them share one static plan: with ``n`` GPUs and per-GPU LP targets x_i*, the first
 M = ceil(n sum_i x_i*) GPUs form the *mixed* pool (pool 0: prefills allowed, at most B-1 decodes, so

@@ -1,4 +1,4 @@
-"""Request-to-instance routing over instance-local continuous batching (DESIGN.md 3).
+"""Request-to-instance routing over instance-local continuous batching (docs/routing.md).
 
 Each GPU is an independent serving instance (vLLM-like) with its own FCFS waiting queue
 (``ctx.instance_queue(g)``); a router sends every arrival to one instance, or holds it in the

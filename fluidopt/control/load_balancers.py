@@ -1,4 +1,4 @@
-"""Classic load balancers over instance-local continuous batching (DESIGN.md 3; docs/routing.md).
+"""Classic load balancers over instance-local continuous batching (docs/routing.md).
 
 Every balancer here is an :class:`~fluidopt.control.instance.InstanceScheduler`: each GPU is a
 vLLM-like instance with its own FCFS queue and prefill-first continuous batching, and the balancer

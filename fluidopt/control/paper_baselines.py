@@ -1,4 +1,4 @@
-"""The paper's baselines (Fig. 7; DESIGN.md 2.3), defined precisely where the paper is brief.
+"""The paper's baselines (Fig. 7; docs/controllers.md), defined precisely where the paper is brief.
 
 Names read admission - decode placement - partition: G = the deviation-index gate, F = FCFS;
 I = in-place (coupled) decode, F = prefill-first free decode, G = greedy router; SP = static

@@ -8,7 +8,7 @@ waiting request exist: admit"), and every action is validated: an impossible one
 :class:`fluidopt.errors.ActionError` naming the request, the GPU and the reason, before any state
 changes.
 
-Vocabulary (DESIGN.md 2):
+Vocabulary (docs/model.md):
 
 * GPU ``g`` in ``0..n_gpus-1`` has ``batch`` (B) slots; at most one of them runs a prefill, the others
   decode. A GPU is *mixed* while a prefill runs on it, *solo* otherwise.

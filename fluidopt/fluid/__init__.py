@@ -1,4 +1,4 @@
-"""The steady-state fluid LP (DESIGN.md 2.1-2.2): Pyomo/HiGHS models, SLIs, a cvxpy cross-check, sweeps.
+"""The steady-state fluid LP (docs/model.md, docs/lp.md): Pyomo/HiGHS models, SLIs, a cvxpy cross-check, sweeps.
 
 Imports are lazy so that ``import fluidopt.fluid.sli`` (used by the CLI parser) does not load Pyomo.
 """

@@ -1,6 +1,6 @@
 """An independent cvxpy formulation of the fluid LPs, and a proportional-fairness variant.
 
-:func:`solve_fluid_cvxpy` writes the LP of DESIGN.md 2.1-2.2 again, from the equations, in vector form:
+:func:`solve_fluid_cvxpy` writes the LP of docs/lp.md again, from the equations, in vector form:
 fairness as ``max(x) - min(x) <= eta``, penalties as ``weight * pos(excess)`` instead of slack
 variables, and solves it with an interior-point conic solver (Clarabel, tight tolerances) by default.
 The tests use it as a differential check of the Pyomo/HiGHS model (:mod:`fluidopt.fluid.lp`). To keep the
@@ -63,7 +63,7 @@ class _Coefficients(NamedTuple):
 
 
 def _coefficients(scenario: Scenario) -> _Coefficients:
-    """The LP's coefficients from the model's equations (DESIGN.md 2.1), written out here once more.
+    """The LP's coefficients from the model's equations (docs/model.md), written out here once more.
 
     A mixed iteration takes tau_mix = alpha + beta C and advances a prefill by C tokens and every decode
     by one token; a solo iteration takes tau_solo = 1 / gamma. So a prefill slot completes

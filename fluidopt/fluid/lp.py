@@ -1,4 +1,4 @@
-"""The steady-state fluid LPs (DESIGN.md 2.1, paper Eqs. 40 and 42) as Pyomo models solved by HiGHS.
+"""The steady-state fluid LPs (paper Eqs. 40 and 42; docs/lp.md) as Pyomo models solved by HiGHS.
 
 Everything is per GPU: x_i is the fraction of GPUs prefilling class i, y_mixed,i / y_solo,i the decode
 slots per GPU that class i holds on mixed / solo GPUs, q_prefill,i / q_decode,i the fluid queues per
@@ -147,7 +147,7 @@ class FluidModel:
         m.y_solo = pyo.Var(m.I, within=nn)
         # theta_i = 0: no abandonment, the fluid queue is not determined; pin it to 0 (bound = 0).
         m.q_prefill = pyo.Var(m.I, within=nn, bounds=lambda m, i: (0, m.q_prefill_ub[i]))
-        # With SLIs, or theta_i = 0, the decode buffer is forced empty (DESIGN 2.2).
+        # With SLIs, or theta_i = 0, the decode buffer is forced empty (docs/lp.md, SLIs).
         m.q_decode = pyo.Var(m.I, within=nn, bounds=lambda m, i: (0, m.q_decode_ub[i]))
 
         X = sum(m.x[i] for i in m.I)

@@ -1,4 +1,4 @@
-"""Service-level indicators (SLIs) for the fluid LP (DESIGN.md 2.2).
+"""Service-level indicators (SLIs) for the fluid LP (docs/lp.md).
 
 Each SLI is a frozen dataclass. ``penalty=None`` makes it a hard constraint; a number ``w >= 0``
 makes it soft: the LP may violate the bound by ``v >= 0`` and pays ``w * v`` per GPU per second

@@ -16,7 +16,7 @@ _CLASS_ARRAYS = ("x", "y_mixed", "y_solo", "q_prefill", "q_decode")
 
 
 def tpot_of_occupancy(X: float, tau: float, gamma: float, batch: int) -> float:
-    """Average time per output token (s) when a fraction X of GPUs is mixed (DESIGN.md 2.2).
+    """Average time per output token (s) when a fraction X of GPUs is mixed (docs/lp.md).
 
     [tau (B-1) X + (B/gamma) (1-X)] / [(B-1) X + B (1-X)]: mixed GPUs run B-1 decode slots at one
     token per tau seconds, solo GPUs B slots at one token per 1/gamma seconds.

@@ -335,7 +335,7 @@ TASKS = [("translation", 29, 62), ("eli5", 30, 334), ("imdb", 212, 143), ("squad
 
 
 def rl_scenario(n: int = 8, rate: float = 40.0) -> Scenario:
-    """The RL-router paper's setting (DESIGN.md 3): V100-like law, KV cache 30k tokens, five tasks."""
+    """The RL-router paper's setting (docs/routing.md): V100-like law, KV cache 30k tokens, five tasks."""
     gpu = GPUProfile(alpha=0.017, beta=3.2e-4, tau_solo=0.017, chunk=128, batch=128, kv_capacity=30000.0,
                      kv_time_per_token=7e-7)
     cls = tuple(RequestClass(nm, p, d, rate / 5, lengths="lognormal", prompt_sigma=1.0, decode_sigma=1.0)

@@ -1,4 +1,4 @@
-"""The fluid LP (DESIGN.md 2.1): paper check values, single-class closed forms, duals, the model API.
+"""The fluid LP (docs/model.md): paper check values, single-class closed forms, duals, the model API.
 
 Expected values are derived here, from the published inputs (P, D, alpha, beta, gamma, C, B, lambda,
 theta, prices), never through ``Scenario.rates()`` or ``fluidopt.fluid.lp.objective_coefficients``:

@@ -133,7 +133,7 @@ def hand_revenue(sol, scenario: Scenario, pricing: str) -> float:
 
 
 def check_equations(sol, scenario: Scenario, pricing: str) -> None:
-    """The HiGHS point satisfies the LP as written in DESIGN.md (checked in plain numpy, hand-derived rates)."""
+    """The HiGHS point satisfies the LP as written in docs/lp.md (checked in plain numpy, hand-derived rates)."""
     r, B = hand_rates(scenario), scenario.gpu.batch
     tol = 1e-6
     for a in (sol.x, sol.y_mixed, sol.y_solo, sol.q_prefill, sol.q_decode):

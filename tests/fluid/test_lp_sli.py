@@ -1,4 +1,4 @@
-"""SLIs on the fluid LP (DESIGN.md 2.2): binding thresholds, shadow prices, penalties, bad input."""
+"""SLIs on the fluid LP (docs/lp.md): binding thresholds, shadow prices, penalties, bad input."""
 
 from __future__ import annotations
 

@@ -47,7 +47,7 @@ def test_rates_of_the_paper_instance():
 
 
 def test_rate_identities_behind_the_lps():
-    """Identities DESIGN.md 2.1 relies on: the solo/mixed decode ratio is gamma*tau for every class,
+    """Identities the fluid model (docs/model.md) relies on: the solo/mixed decode ratio is gamma*tau for every class,
     and under uniform prices the separate objective's coefficients do not depend on the class."""
     s = Scenario(
         gpu=paper_gpu(), gpus=50,

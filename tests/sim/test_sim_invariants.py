@@ -224,7 +224,7 @@ def test_littles_law_long_run(service):
 
 
 def test_occupancy_bounds_and_pools():
-    """Time averages respect the capacity constraints of the fluid model (DESIGN.md 2)."""
+    """Time averages respect the capacity constraints of the fluid model (docs/model.md)."""
     sc = fluidopt.default_scenario(gpus=20)
     res = simulate(sc, "fi-wsp", horizon=600.0, warmup=100.0, seed=8)
     pc = res.per_class
