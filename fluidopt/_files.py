@@ -11,10 +11,13 @@ from pathlib import Path
 def read_text_file(path: str | os.PathLike, what: str, error: type[Exception]) -> str:
     """The UTF-8 text of ``path``; a missing or unreadable file raises ``error`` naming ``what`` and the path."""
     p = Path(path)
+    if p.is_dir():
+        raise error(f"{what} file {str(p)!r}: is a folder, expected a file")
     if not p.is_file():
         raise error(f"{what} file {str(p)!r}: no such file")
     try:
-        return p.read_text(encoding="utf-8")
+        # utf-8-sig: a byte-order mark (as some Windows editors write) is not part of the text
+        return p.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as e:
         raise error(f"{what} file {str(p)!r}: cannot read it: {e}") from None
 

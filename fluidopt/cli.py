@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -39,6 +40,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _error(args: argparse.Namespace, message: str, status: int) -> int:
+    """One line on stderr; under ``--json`` one JSON object on stdout as well, so pipelines can parse it."""
+    line = " ".join(str(message).split())  # one line, whatever the message held
+    print(f"fluidopt {args.command}: error: {line}", file=sys.stderr)
+    if getattr(args, "json", False):
+        print(json.dumps({"error": line, "command": args.command, "status": status}))
+    return status
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -48,8 +58,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args._run(args) or 0)
     except FluidoptError as e:
-        print(f"fluidopt {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        return _error(args, str(e), 2)
+    except MemoryError:
+        return _error(args, "out of memory: the problem is too large for this machine (a smaller fleet, "
+                            "horizon or grid will fit)", 2)
     except KeyboardInterrupt:
         print(f"fluidopt {args.command}: interrupted", file=sys.stderr)
         return 130
@@ -57,6 +69,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Output piped into `head` and the like: stop quietly, as Unix tools do.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except Exception as e:
+        # A bug, not bad input: say so in one line; FLUIDOPT_DEBUG=1 shows the traceback.
+        if os.environ.get("FLUIDOPT_DEBUG"):
+            raise
+        return _error(args, f"internal error ({type(e).__name__}: {e}); please report it with the command "
+                            f"line (FLUIDOPT_DEBUG=1 shows the traceback)", 1)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -19,12 +19,23 @@ from fluidopt.errors import ScenarioError
 LENGTH_DISTRIBUTIONS = ("exponential", "fixed", "lognormal")
 
 
+# Inputs beyond these are unit mistakes, and they break the solver's numerics (HiGHS treats 1e20 as
+# infinite) or the simulator's integer state long before they mean anything.
+MAX_MAGNITUDE = 1e12
+MAX_INT = 2**31 - 1
+
+
 def _check_positive(where: str, name: str, value: float, *, allow_zero: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise ScenarioError(f"{where}.{name}: expected a number, got {value!r} ({type(value).__name__})")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:
+        raise ScenarioError(f"{where}.{name}: expected a number at most {MAX_MAGNITUDE:g}, got {value!r}") from None
     if not math.isfinite(value):
         raise ScenarioError(f"{where}.{name}: expected a finite number, got {value!r}")
+    if value > MAX_MAGNITUDE:
+        raise ScenarioError(f"{where}.{name}: expected a number at most {MAX_MAGNITUDE:g}, got {value!r}")
     if allow_zero:
         if value < 0:
             raise ScenarioError(f"{where}.{name}: expected a number >= 0, got {value!r}")
@@ -33,11 +44,13 @@ def _check_positive(where: str, name: str, value: float, *, allow_zero: bool = F
     return value
 
 
-def _check_int(where: str, name: str, value: int, *, minimum: int) -> int:
+def _check_int(where: str, name: str, value: int, *, minimum: int, maximum: int = MAX_INT) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise ScenarioError(f"{where}.{name}: expected an integer, got {value!r} ({type(value).__name__})")
     if value < minimum:
         raise ScenarioError(f"{where}.{name}: expected an integer >= {minimum}, got {value!r}")
+    if value > maximum:
+        raise ScenarioError(f"{where}.{name}: expected an integer at most {maximum:,}, got {value!r}")
     return int(value)
 
 

@@ -9,7 +9,7 @@ from typing import Any
 from fluidopt.control.registry import import_user_modules
 from fluidopt.errors import UsageError
 
-__all__ = ["add_controller_arguments", "import_user_modules", "parse_options"]
+__all__ = ["add_controller_arguments", "format_policies", "import_user_modules", "parse_options"]
 
 
 def add_controller_arguments(p: argparse.ArgumentParser) -> None:
@@ -36,3 +36,15 @@ def parse_options(specs: list[str]) -> dict[str, Any]:
         except json.JSONDecodeError:
             out[key] = text
     return out
+
+
+def format_policies() -> str:
+    """The registered policies, one per line: name, description, and the options it accepts."""
+    from fluidopt.control.registry import available, policy_options
+
+    lines = []
+    for name, desc in available().items():
+        opts = policy_options(name)
+        lines.append(f"{name:30s} {desc}")
+        lines.append(f"{'':30s}   options: {', '.join(opts) if opts else '(none)'}")
+    return "\n".join(lines)

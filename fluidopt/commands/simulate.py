@@ -7,7 +7,8 @@ import json
 import math
 from typing import Any
 
-from fluidopt.commands._options import add_controller_arguments, import_user_modules, parse_options
+from fluidopt.commands._checks import check_output_file, check_positive_int
+from fluidopt.commands._options import add_controller_arguments, format_policies, import_user_modules, parse_options
 
 EPILOG = """\
 examples:
@@ -17,6 +18,7 @@ examples:
   fluidopt simulate --list-policies
   fluidopt simulate --policy jsq --option predictor=oracle --gpus 8 --service tokens --horizon 300
   fluidopt simulate --import examples/custom_controller.py --policy class-affinity --horizon 300
+  fluidopt simulate scenario.toml --trace requests.csv --service tokens --policy jsq --horizon 600
 
 Metrics exclude the warm-up; rates, occupancies and queues are per GPU (docs/simulator.md). Ctrl-C
 stops the run and prints the partial result, flagged as interrupted (exit status 130).
@@ -46,6 +48,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, metavar="S", help="random seed (default 0)")
     p.add_argument("--service", choices=("markov", "tokens"), default="markov",
                    help="markov: the paper's exponential model; tokens: integer token lengths (default markov)")
+    p.add_argument("--trace", default=None, metavar="FILE",
+                   help="replay a trace instead of the scenario's Poisson arrivals: a CSV with columns "
+                        "time,prompt_tokens,output_tokens[,class] or an Azure LLM inference trace "
+                        "(TIMESTAMP,ContextTokens,GeneratedTokens); needs --service tokens")
+    p.add_argument("--speedup", type=float, default=1.0, metavar="K",
+                   help="with --trace: compress time by K (K times the arrival rate; default 1)")
     p.add_argument("--records", default=None, metavar="FILE", help="write one CSV row per request to FILE")
     p.add_argument("--sample-interval", type=float, default=None, metavar="S",
                    help="sample the state every S seconds (shown only with --json as 'timeseries_rows')")
@@ -110,29 +118,45 @@ def format_result(res: Any) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fluidopt.control.registry import available
-    from fluidopt.errors import ScenarioError
+    from fluidopt.errors import UsageError
     from fluidopt.scenario import load_scenario
-    from fluidopt.sim.api import simulate
+
+    options = parse_options(args.option)
+    if not args.list_policies and not args.policy:
+        raise UsageError("--policy: a policy name is required (see fluidopt simulate --list-policies)")
+    check_positive_int(args.gpus, "--gpus")
+    check_positive_int(args.batches, "--batches", minimum=2, maximum=10_000)
+    check_output_file(args.records, "--records")
+    # Input first, the simulator and controller stack (seconds to import) only once it is valid.
+    scenario = load_scenario(args.scenario) if not args.list_policies else None
+    from fluidopt.control.registry import make_controller
+    from fluidopt.sim.api import check_run, simulate
+    from fluidopt.sim.limits import check_size
 
     import_user_modules(args.imports)
-    options = parse_options(args.option)
     if args.list_policies:
-        for name, desc in available().items():
-            print(f"{name:24s} {desc}")
+        print(format_policies())
         return 0
-    if not args.policy:
-        raise ScenarioError("--policy: a policy name is required (see fluidopt simulate --list-policies)")
-    scenario = load_scenario(args.scenario)
     if args.gpus is not None:
-        if args.gpus < 1:
-            raise ScenarioError(f"--gpus: expected an integer >= 1, got {args.gpus}")
         scenario = scenario.with_gpus(args.gpus)
     warmup = 0.1 * args.horizon if args.warmup is None else args.warmup
+    check_run(args.horizon, warmup, args.service, caller="simulate")
+    workload = None
+    if args.trace is not None:
+        from fluidopt.sim.trace import replay
+
+        if args.service != "tokens":
+            raise UsageError("--trace: a trace gives token counts, so it runs with --service tokens")
+        if not args.speedup > 0:
+            raise UsageError(f"--speedup: expected a number > 0, got {args.speedup}")
+        scenario, workload = replay(args.trace, scenario, speedup=args.speedup)
+    else:
+        check_size(scenario, args.horizon)
+    controller = make_controller(args.policy, scenario, **options)
     res = simulate(
-        scenario, args.policy, horizon=args.horizon, warmup=warmup, seed=args.seed, service=args.service,
+        scenario, controller, horizon=args.horizon, warmup=warmup, seed=args.seed, service=args.service,
         records=args.records, sample_interval=args.sample_interval, progress=args.progress, batches=args.batches,
-        controller_options=options, backend=args.backend,
+        backend=args.backend, workload=workload,
     )
     if args.json:
         out = res.summary()

@@ -101,13 +101,15 @@ def format_solution(sol: Any) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fluidopt.fluid.lp import solve_fluid
     from fluidopt.fluid.sli import parse_slis
     from fluidopt.scenario import load_scenario
 
+    # Input first, the solver stack (pyomo, pandas: seconds to import) only once it is valid.
     scenario = load_scenario(args.scenario)
     specs = list(scenario.meta.get("slis", ())) + list(args.sli)
     slis = parse_slis(specs, where="--sli")
+    from fluidopt.fluid.lp import solve_fluid
+
     sol = solve_fluid(scenario, args.pricing, slis, lexicographic=not args.no_lexicographic)
     if args.json:
         print(json.dumps(sol.to_dict(), indent=2))

@@ -3,7 +3,7 @@
 Names read admission - decode placement - partition: G = the deviation-index gate, F = FCFS;
 I = in-place (coupled) decode, F = prefill-first free decode, G = greedy router; SP = static
 partition, WSP = without static partition. Gate-and-Route itself is GG-SP
-(:class:`~fluidopt.control.gate_and_route.GateAndRoute`); 
+(:class:`~fluidopt.control.gate_and_route.GateAndRoute`).
 
 * :class:`FIWSP` (FCFS, in place, no partition: vLLM/Sarathi's default): every GPU takes a prefill
   whenever its prefill slot is idle and it has a free slot, admitting the earliest-arrived waiting

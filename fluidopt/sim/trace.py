@@ -34,10 +34,11 @@ import numpy as np
 import pandas as pd
 
 from fluidopt.errors import TraceError
-from fluidopt.model import RequestClass
+from fluidopt.model import RequestClass, Scenario
 from fluidopt.sim.workload import TraceWarning, TraceWorkload
 
 __all__ = [
+    "replay",
     "AZURE_COLUMNS",
     "CSV_COLUMNS",
     "assign_classes",
@@ -430,6 +431,54 @@ def load_trace_csv(
         classes = "column" if "class" in df.columns else "single"
     return _workload(df, classes, speedup=speedup, max_requests=max_requests, name=_label(path),
                      prompt_threshold=prompt_threshold, output_threshold=output_threshold, k=k, seed=seed)
+
+
+def _is_azure(path: PathLike) -> bool:
+    try:
+        with open(path, encoding="utf-8-sig", newline="") as f:
+            header = next(csv.reader(f), [])
+    except (OSError, UnicodeDecodeError) as e:
+        raise TraceError(f"trace file {str(path)!r}: cannot read it: {e}") from None
+    return {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} <= {h.strip() for h in header}
+
+
+def replay(path: PathLike, scenario: Scenario, *, speedup: float = 1.0) -> tuple[Scenario, TraceWorkload]:
+    """A trace file as a replay workload for ``scenario`` (what ``--trace FILE`` does on the CLI).
+
+    The format is read from the header: an Azure LLM inference trace (``TIMESTAMP,ContextTokens,
+    GeneratedTokens``) or the generic CSV (``time,prompt_tokens,output_tokens[,class]``). Classes:
+    the scenario's own when the file's ``class`` column names only scenario classes, or when the
+    scenario has a single class (every request joins it); otherwise the trace is split by its median
+    prompt and output lengths (:func:`assign_classes`), and the returned scenario's classes are
+    replaced by the trace's (:func:`classes_from_trace`: mean lengths and observed rates, with the
+    scenario's mean patience), keeping its GPU, fleet and prices. Returns (scenario, workload).
+    """
+    from dataclasses import replace as _replace
+
+    p = Path(path)
+    if p.is_dir():
+        raise TraceError(f"trace file {str(p)!r}: is a folder, expected a file")
+    if not p.is_file():
+        raise TraceError(f"trace file {str(p)!r}: no such file")
+    names = tuple(c.name for c in scenario.classes)
+    if _is_azure(p):
+        df = read_azure_trace(p)
+    else:
+        df = read_trace_csv(p)
+    if "class" in df.columns and set(df["class"].astype(str)) <= set(names):
+        codes = np.array([names.index(str(c)) for c in df["class"]], dtype=np.int64)
+        frame = pd.DataFrame({"time": df["time"].to_numpy(), "prompt": df["prompt"].to_numpy(),
+                              "output": df["output"].to_numpy(), "cls": codes})
+        return scenario, TraceWorkload(frame, names, speedup=speedup, name=_label(p), notes=df.attrs.get("notes", ()))
+    if len(names) == 1:
+        frame = pd.DataFrame({"time": df["time"].to_numpy(), "prompt": df["prompt"].to_numpy(),
+                              "output": df["output"].to_numpy(), "cls": np.zeros(len(df), dtype=np.int64)})
+        return scenario, TraceWorkload(frame, names, speedup=speedup, name=_label(p), notes=df.attrs.get("notes", ()))
+    work = _workload(df, "thresholds", speedup=speedup, max_requests=None, name=_label(p))
+    patience = float(np.mean([c.patience for c in scenario.classes]))
+    classes = tuple(classes_from_trace(work, patience=patience))
+    # per-class prices do not carry over to new classes: the scenario's prefill/decode prices apply
+    return _replace(scenario, classes=classes), work
 
 
 # --------------------------------------------------------------------------------------------

@@ -103,7 +103,9 @@ def test_bad_csv_exits_2_with_one_line_and_no_traceback(tmp_path):
     bad.write_text("chunk_tokens,iteration_seconds\n64,0.02\n128,fast\n256,0.03\n")
     r = _cli("calibrate", str(bad), "--json")
     assert r.returncode == 2
-    assert r.stdout == ""
+    # under --json the error is also one JSON object on stdout
+    assert json.loads(r.stdout) == {"error": f"{bad}: line 3: iteration_seconds = 'fast': expected a number",
+                                    "command": "calibrate", "status": 2}
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in r.stderr
     assert lines[0] == f"fluidopt calibrate: error: {bad}: line 3: iteration_seconds = 'fast': expected a number"

@@ -18,7 +18,6 @@ import pandas as pd
 import pytest
 
 from fluidopt.control.fcfs import ReservedPrefillFCFS
-from fluidopt.control.paper_baselines import FIWSP
 from fluidopt.control.gate_and_route import (
     MIXED_POOL,
     SOLO_POOL,
@@ -28,7 +27,7 @@ from fluidopt.control.gate_and_route import (
     WeightedSLIGateAndRoute,
 )
 from fluidopt.control.load_balancers import ClassMeanOutput
-from fluidopt.control.paper_baselines import FGSP, GFWSP, GIWSP
+from fluidopt.control.paper_baselines import FGSP, FIWSP, GFWSP, GIWSP
 from fluidopt.control.protocol import DECODE_QUEUE
 from fluidopt.control.registry import make_controller
 from fluidopt.errors import ScenarioError

@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fluidopt import GPUProfile, RequestClass, Scenario
+from fluidopt.control.instance import InstanceScheduler
 from fluidopt.control.load_balancers import (
     ClassMeanOutput,
     JoinShortestQueue,
@@ -35,7 +36,6 @@ from fluidopt.control.load_balancers import (
     oracle_output,
     resolve_predictor,
 )
-from fluidopt.control.instance import InstanceScheduler
 from fluidopt.control.protocol import PREFILL, WAIT_PREFILL
 from fluidopt.control.registry import available, make_controller
 from fluidopt.errors import ScenarioError, UsageError

@@ -279,7 +279,7 @@ def test_invalid_toml_and_missing_file(tmp_path):
         loads_scenario("name = \n")
     with pytest.raises(ScenarioError, match=r"scenario file '.*nothere\.toml': no such file"):
         load_scenario(tmp_path / "nothere.toml")
-    with pytest.raises(ScenarioError, match=r"scenario file .*: no such file"):
+    with pytest.raises(ScenarioError, match=r"scenario file .*: is a folder, expected a file"):
         load_scenario(tmp_path)  # a directory is not a scenario file
     p = tmp_path / "latin1.toml"
     p.write_bytes(b"name = '\xe9'\n")

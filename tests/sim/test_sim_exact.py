@@ -20,17 +20,16 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from fluidopt.control.paper_baselines import FIWSP
 from fluidopt.control.instance import RoundRobin
+from fluidopt.control.paper_baselines import FIWSP
 from fluidopt.model import GPUProfile, RequestClass, Scenario
-from fluidopt.queueing import erlang_a, mmc_metrics
+from fluidopt.queueing import erlang_a, mg1_geometric_wait, mmc_metrics
 from fluidopt.queueing.runlength import (
     erlang_a_abandon_relative_sd,
     mmc_mean_wait_relative_sd,
     mmc_time_average_variance,
 )
 from fluidopt.sim.api import simulate
-from fluidopt.queueing import mg1_geometric_wait
 from fluidopt.sim.textbook import erlang_setup, mg1_setup
 from fluidopt.sim.workload import TraceWarning, TraceWorkload
 

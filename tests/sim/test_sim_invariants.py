@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 import fluidopt
 from fluidopt.control.fcfs import ReservedPrefillFCFS
-from fluidopt.control.paper_baselines import FIWSP
 from fluidopt.control.instance import RoundRobin
+from fluidopt.control.paper_baselines import FIWSP
 from fluidopt.control.protocol import (
     DECODE_QUEUE,
     PREFILL_QUEUE,

@@ -12,8 +12,8 @@ import pytest
 
 import fluidopt
 from fluidopt.cli import main
-from fluidopt.control.paper_baselines import FIWSP
 from fluidopt.control.instance import RoundRobin
+from fluidopt.control.paper_baselines import FIWSP
 from fluidopt.control.protocol import (
     DECODE,
     DECODE_QUEUE,
