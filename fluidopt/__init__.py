@@ -12,6 +12,7 @@ from fluidopt.errors import (
     ScenarioError,
     SolverError,
     TraceError,
+    UsageError,
 )
 from fluidopt.model import GPUProfile, Rates, RequestClass, Scenario, paper_scenario
 from fluidopt.scenario import default_scenario, load_scenario, loads_scenario, scenario_from_dict
@@ -25,6 +26,10 @@ _LAZY = {
     "FluidSolution": "fluidopt.fluid.solution",
     "sweep": "fluidopt.fluid.sweeps",
     "simulate": "fluidopt.sim.api",
+    "make_engine": "fluidopt.sim.api",
+    "check_controller": "fluidopt.sim.check",
+    "make_controller": "fluidopt.control.registry",
+    "register": "fluidopt.control.registry",
     "fit_iteration_time": "fluidopt.calibrate",
     "load_profile": "fluidopt.calibrate",
 }
@@ -52,6 +57,7 @@ __all__ = [
     "ScenarioError",
     "SolverError",
     "TraceError",
+    "UsageError",
     "default_scenario",
     "load_scenario",
     "loads_scenario",
@@ -62,6 +68,10 @@ __all__ = [
     "FluidSolution",
     "sweep",
     "simulate",
+    "make_engine",
+    "check_controller",
+    "make_controller",
+    "register",
     "fit_iteration_time",
     "load_profile",
 ]
