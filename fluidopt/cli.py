@@ -19,10 +19,23 @@ from fluidopt.errors import FluidoptError
 COMMANDS = ("run", "solve", "simulate", "calibrate")
 
 
+class _ArgumentError(Exception):
+    def __init__(self, prog: str, message: str):
+        super().__init__(message)
+        self.prog = prog
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors come back to :func:`main`, which prints them like every other error."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise _ArgumentError(self.prog, " ".join(message.split()))
+
+
 def build_parser() -> argparse.ArgumentParser:
     from fluidopt import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="fluidopt",
         description="Operations research for LLM-inference GPU fleets.",
     )
@@ -51,7 +64,15 @@ def _error(args: argparse.Namespace, message: str, status: int) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = parser.parse_args(argv)
+    except _ArgumentError as e:
+        line = f"{e} (see {e.prog} --help)"
+        print(f"{e.prog}: error: {line}", file=sys.stderr)
+        if "--json" in argv:
+            print(json.dumps({"error": line, "command": e.prog.removeprefix("fluidopt").strip() or None, "status": 2}))
+        return 2
     if not hasattr(args, "_run"):
         parser.print_help()
         return 2

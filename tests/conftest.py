@@ -1,6 +1,6 @@
 """Suite-wide settings.
 
-``FLUIDOPT_REQUIRE`` (comma-separated: ``compiled``, ``trace``) turns the skips that a missing
+``FLUIDOPT_REQUIRE`` (comma-separated: ``compiled``, ``trace``, ``docs``) turns the skips that a missing
 compiled simulator core or a missing shared workload trace would cause into failures, so that a
 run which must exercise them (CI: .ci/run sets it) cannot be green by skipping. Without it those
 tests skip, as a contributor without a C compiler or without ../shared expects.
@@ -13,12 +13,13 @@ import os
 import pytest
 
 _REQUIRE = {x.strip() for x in os.environ.get("FLUIDOPT_REQUIRE", "").split(",") if x.strip()}
-_UNKNOWN = _REQUIRE - {"compiled", "trace"}
+_UNKNOWN = _REQUIRE - {"compiled", "trace", "docs"}
 if _UNKNOWN:
-    raise pytest.UsageError(f"FLUIDOPT_REQUIRE: unknown {sorted(_UNKNOWN)}; expected 'compiled' and/or 'trace'")
+    raise pytest.UsageError(f"FLUIDOPT_REQUIRE: unknown {sorted(_UNKNOWN)}; expected any of 'compiled', 'trace', 'docs'")
 
 # what a skip's reason says when the compiled core or the shared trace is missing
-_MARKERS = {"compiled": ("compiled core", "backend='compiled'"), "trace": ("trace not", "Azure trace not found")}
+_MARKERS = {"compiled": ("compiled core", "backend='compiled'"), "trace": ("trace not", "Azure trace not found"),
+            "docs": ("docs extra is not installed",)}
 
 
 @pytest.hookimpl(hookwrapper=True)

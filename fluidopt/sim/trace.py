@@ -34,6 +34,9 @@ import numpy as np
 import pandas as pd
 
 from fluidopt.errors import TraceError
+
+# No model's context is longer: a count beyond this is a corrupt row, not a request.
+MAX_TOKENS = 100_000_000
 from fluidopt.model import RequestClass, Scenario
 from fluidopt.sim.workload import TraceWarning, TraceWorkload
 
@@ -170,13 +173,13 @@ def _tokens(df: pd.DataFrame, col: str, label: str) -> np.ndarray:
     """A token column: non-negative integers (``12`` or ``12.0``), else an error naming the row."""
     raw = df[col]
     num = pd.to_numeric(raw.str.strip(), errors="coerce").to_numpy(dtype=float)
-    ok = np.isfinite(num) & (num >= 0) & (num == np.floor(num))
+    ok = np.isfinite(num) & (num >= 0) & (num == np.floor(num)) & (num <= MAX_TOKENS)
     bad = np.flatnonzero(~ok)
     if bad.size:
         i = int(bad[0])
         raise TraceError(
-            f"{_where(label, int(df.index[i]))}: {col} = {raw.iloc[i]!r}: expected a non-negative integer"
-            + _more(df.index.to_numpy()[bad])
+            f"{_where(label, int(df.index[i]))}: {col} = {raw.iloc[i]!r}: expected a non-negative integer "
+            f"at most {MAX_TOKENS:,}" + _more(df.index.to_numpy()[bad])
         )
     return num.astype(np.int64)
 
