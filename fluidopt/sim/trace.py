@@ -34,14 +34,13 @@ import numpy as np
 import pandas as pd
 
 from fluidopt.errors import TraceError
-
-# No model's context is longer: a count beyond this is a corrupt row, not a request.
-MAX_TOKENS = 100_000_000
 from fluidopt.model import RequestClass, Scenario
 from fluidopt.sim.workload import TraceWarning, TraceWorkload
 
+# No model's context is longer: a count beyond this is a corrupt row, not a request.
+MAX_TOKENS = 100_000_000
+
 __all__ = [
-    "replay",
     "AZURE_COLUMNS",
     "CSV_COLUMNS",
     "assign_classes",
@@ -50,6 +49,7 @@ __all__ = [
     "load_trace_csv",
     "read_azure_trace",
     "read_trace_csv",
+    "replay",
     "summarize_trace",
 ]
 
