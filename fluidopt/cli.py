@@ -11,6 +11,7 @@ import importlib
 import json
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 
 from fluidopt.errors import FluidoptError
@@ -76,6 +77,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not hasattr(args, "_run"):
         parser.print_help()
         return 2
+
+    def one_line_warning(message, category, filename, lineno, file=None, line=None):
+        print(f"fluidopt {args.command}: warning: {' '.join(str(message).split())}", file=sys.stderr)
+
+    previous, warnings.showwarning = warnings.showwarning, one_line_warning  # one line, not a source listing
+    try:
+        return _dispatch(args)
+    finally:
+        warnings.showwarning = previous
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     try:
         return int(args._run(args) or 0)
     except FluidoptError as e:

@@ -33,3 +33,40 @@ def pytest_runtest_makereport(item, call):
         if any(m in reason for m in _MARKERS[need]):
             rep.outcome = "failed"
             rep.longrepr = f"FLUIDOPT_REQUIRE={need} but the test was skipped: {reason}"
+
+
+# =================================================================================================
+# Shared builders as factory fixtures (the functions live in tests/builders.py)
+# =================================================================================================
+from builders import hand_scenario, replay_trace, run_cli  # noqa: E402
+
+
+@pytest.fixture
+def make_scenario():
+    return hand_scenario
+
+
+@pytest.fixture
+def replay():
+    return replay_trace
+
+
+@pytest.fixture
+def cli():
+    return run_cli
+
+
+@pytest.fixture(scope="session")
+def paper():
+    """The built-in paper two-class instance on 500 GPUs."""
+    import fluidopt
+
+    return fluidopt.default_scenario()
+
+
+@pytest.fixture(scope="session")
+def bundled(paper):
+    """The paper instance's bundled LP solution (R* = 297.70 per GPU per s)."""
+    from fluidopt.fluid.lp import solve_fluid
+
+    return solve_fluid(paper, "bundled")

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +16,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 import pytest
+from builders import run_cli
 
 from fluidopt.calibrate import fit_iteration_time, synthetic_measurements, write_measurements
 from fluidopt.cli import main
@@ -27,12 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "calibration" / "example-qwen-8b-a100.csv"
 
 
-def _cli(*argv: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, MPLBACKEND="Agg")
-    return subprocess.run(
-        [sys.executable, "-m", "fluidopt", *argv],
-        check=False, capture_output=True, text=True, cwd=ROOT, env=env, timeout=120,
-    )
+_cli = run_cli
 
 
 def test_json_has_the_documented_keys_and_library_values(capsys):

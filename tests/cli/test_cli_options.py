@@ -1,11 +1,10 @@
 """CLI plumbing shared by ``simulate`` and ``run``: --option, --import, exit codes."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from builders import run_cli
 
 from fluidopt.commands._options import parse_options
 from fluidopt.errors import UsageError
@@ -14,9 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CUSTOM = str(ROOT / "examples" / "custom_controller.py")
 
 
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "fluidopt", *args], capture_output=True, text=True, timeout=300,
-                          cwd=ROOT)
+_cli = run_cli
 
 
 def test_parse_options_reads_json_values_else_strings():

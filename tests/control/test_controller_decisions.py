@@ -11,11 +11,9 @@ Two kinds of checks, both fast and deterministic:
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
-import pandas as pd
 import pytest
+from builders import hand_scenario, replay_trace
 
 from fluidopt.control.fcfs import ReservedPrefillFCFS
 from fluidopt.control.gate_and_route import (
@@ -32,9 +30,6 @@ from fluidopt.control.protocol import DECODE_QUEUE
 from fluidopt.control.registry import make_controller
 from fluidopt.errors import ScenarioError
 from fluidopt.fluid import solve_fluid
-from fluidopt.model import GPUProfile, RequestClass, Scenario
-from fluidopt.sim.api import simulate
-from fluidopt.sim.workload import TraceWarning, TraceWorkload
 
 
 # -- a hand-written cluster view ---------------------------------------------------------------------
@@ -179,20 +174,13 @@ def test_registered_names_build_the_documented_policy(name, cls):
 
 # -- short deterministic runs ------------------------------------------------------------------------
 def _scenario(n=1, batch=4, kv=None, classes=("a", "b"), decode=(4, 4)):
-    gpu = GPUProfile(alpha=0.01, beta=0.001, tau_solo=0.01, chunk=16, batch=batch, kv_capacity=kv)
-    cl = tuple(RequestClass(nm, prompt=16, decode=d, rate=1.0, patience=0.0, lengths="fixed")
-               for nm, d in zip(classes, decode))
-    return Scenario(gpu=gpu, gpus=n, classes=cl, prefill_price=1.0, decode_price=1.0)
+    return hand_scenario(n, batch, tau_solo=0.01, chunk=16, kv=kv, classes=classes, prompt=16, decode=decode,
+                         lengths="fixed")
 
 
 def _run(sc, ctrl, rows, horizon=20.0, tmp_path=None, **kw):
-    wl = TraceWorkload(pd.DataFrame(rows, columns=["time", "prompt", "output", "cls"]), sc.class_names)
-    path = None if tmp_path is None else tmp_path / "rec.csv"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", TraceWarning)
-        res = simulate(sc, ctrl, horizon=horizon, service="tokens", workload=wl, batches=2, check=True,
-                       records=path, **kw)
-    return res, (None if path is None else pd.read_csv(path).sort_values("id").reset_index(drop=True))
+    return replay_trace(sc, ctrl, rows, horizon=horizon, records=None if tmp_path is None else tmp_path / "rec.csv",
+                        **kw)
 
 
 # Four requests on one GPU whose 40-token KV cache holds at most two contexts: the third and fourth

@@ -287,16 +287,6 @@ def test_constructors_validate_inputs():
 # =================================================================================================
 # From LP solutions
 # =================================================================================================
-@pytest.fixture(scope="module")
-def paper():
-    return fluidopt.default_scenario()
-
-
-@pytest.fixture(scope="module")
-def bundled(paper):
-    return solve_fluid(paper)
-
-
 def test_from_solution_on_the_paper_instance(paper, bundled):
     ctrl = GateAndRoute.from_solution(bundled)
     np.testing.assert_allclose(ctrl.x, [0.01826, 0.19495], atol=1e-5)

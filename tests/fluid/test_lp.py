@@ -57,16 +57,6 @@ def hand_objective(sol, P, D, pricing, cp=CP, cd=CD, **gpu) -> float:
 
 
 @pytest.fixture(scope="module")
-def paper():
-    return fluidopt.default_scenario()
-
-
-@pytest.fixture(scope="module")
-def bundled(paper):
-    return solve_fluid(paper, "bundled")
-
-
-@pytest.fixture(scope="module")
 def separate(paper):
     return solve_fluid(paper, "separate")
 

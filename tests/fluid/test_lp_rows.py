@@ -4,14 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-import fluidopt
 from fluidopt import InfeasibleError, ScenarioError
 from fluidopt.fluid import TPOT, FluidModel, MinServedFraction, solve_fluid
-
-
-@pytest.fixture(scope="module")
-def paper():
-    return fluidopt.default_scenario()
 
 
 def test_solution_names_its_solver_and_rows(paper):

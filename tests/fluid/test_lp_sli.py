@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import fluidopt
 from fluidopt import InfeasibleError, ScenarioError
 from fluidopt.fluid import (
     TPOT,
@@ -21,11 +20,6 @@ from fluidopt.fluid import (
 from fluidopt.fluid.sli import validate_slis
 
 UNCONSTRAINED = 297.7031698642446  # bundled optimum of the paper instance (test_lp.py)
-
-
-@pytest.fixture(scope="module")
-def paper():
-    return fluidopt.default_scenario()
 
 
 def central_difference(paper, make, bound: float, h: float) -> float:

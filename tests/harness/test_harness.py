@@ -1,11 +1,10 @@
 """The comparison harness and the ``fluidopt run`` main job."""
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from builders import run_cli
 
 import fluidopt
 from fluidopt import harness
@@ -94,8 +93,7 @@ def test_duplicate_scenario_names_rejected():
         compare([SMALL, SMALL.with_gpus(4)], ["fi-wsp"], workers=1, **KW)
 
 
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "fluidopt", *args], capture_output=True, text=True, timeout=300)
+_cli = run_cli
 
 
 def test_run_main_job_json_and_files(tmp_path):

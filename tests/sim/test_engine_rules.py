@@ -10,6 +10,7 @@ from __future__ import annotations
 import warnings
 
 import pandas as pd
+from builders import hand_scenario
 
 from fluidopt.control.paper_baselines import FIWSP
 from fluidopt.model import GPUProfile, RequestClass, Scenario
@@ -19,9 +20,7 @@ from fluidopt.sim.workload import TraceWarning, TraceWorkload
 
 def _scenario(n=1, batch=4):
     # tau_mix = 0.01 + 0.001 * 16 = 0.026 s per chunk, tau_solo = 0.01 s
-    gpu = GPUProfile(alpha=0.01, beta=0.001, tau_solo=0.01, chunk=16, batch=batch)
-    cl = tuple(RequestClass(nm, prompt=16, decode=4, rate=1.0, patience=0.0, lengths="fixed") for nm in ("a", "b"))
-    return Scenario(gpu=gpu, gpus=n, classes=cl, prefill_price=1.0, decode_price=1.0)
+    return hand_scenario(n, batch, tau_solo=0.01, chunk=16, classes=("a", "b"), prompt=16, decode=4, lengths="fixed")
 
 
 class _Counts(FIWSP):

@@ -13,11 +13,11 @@ Every test states its window; runs are seeded, hence deterministic.
 from __future__ import annotations
 
 import math
-import warnings
 
 import numpy as np
 import pandas as pd
 import pytest
+from builders import hand_scenario, replay_trace
 from scipy import stats
 
 from fluidopt.control.instance import RoundRobin
@@ -31,7 +31,6 @@ from fluidopt.queueing.runlength import (
 )
 from fluidopt.sim.api import simulate
 from fluidopt.sim.textbook import erlang_setup, mg1_setup
-from fluidopt.sim.workload import TraceWarning, TraceWorkload
 
 K = 20
 T975 = stats.t.ppf(0.975, K - 1)
@@ -173,26 +172,14 @@ def test_decode_stage_is_mm_infinity():
 # ------------------------------------------------------------------------------------------------
 
 
-def _trace(rows, names=("a",)) -> TraceWorkload:
-    df = pd.DataFrame(rows, columns=["time", "prompt", "output", "cls"])
-    return TraceWorkload(df, names)
-
-
 def _scenario(n=1, batch=4, kv_capacity=None, kap=0.0, classes=("a",)) -> Scenario:
-    gpu = GPUProfile(alpha=0.01, beta=0.001, tau_solo=0.005, chunk=10, batch=batch, kv_capacity=kv_capacity,
-                     kv_time_per_token=kap)
-    cl = tuple(RequestClass(nm, prompt=20, decode=5, rate=1.0) for nm in classes)
-    return Scenario(gpu=gpu, gpus=n, classes=cl, prefill_price=1.0, decode_price=1.0)
+    return hand_scenario(n, batch, kv=kv_capacity, kap=kap, classes=classes)
 
 
-def _run_records(tmp_path, sc, ctrl, rows, horizon=5.0, names=("a",)) -> pd.DataFrame:
-    path = tmp_path / "rec.csv"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", TraceWarning)
-        res = simulate(sc, ctrl, horizon=horizon, service="tokens", workload=_trace(rows, names), records=path,
-                       batches=2, check=True)
+def _run_records(tmp_path, sc, ctrl, rows, horizon=5.0) -> pd.DataFrame:
+    res, rec = replay_trace(sc, ctrl, rows, horizon=horizon, records=tmp_path / "rec.csv")
     assert res.totals["in_system"] == 0
-    return pd.read_csv(path).sort_values("id").reset_index(drop=True)
+    return rec
 
 
 def test_tokens_timeline_chunked(tmp_path):

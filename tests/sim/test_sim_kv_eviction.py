@@ -12,15 +12,12 @@ last, the lower id on a tie) changes the completion times.
 
 from __future__ import annotations
 
-import warnings
-
 import pandas as pd
 import pytest
+from builders import hand_scenario, replay_trace
 
 from fluidopt.control.protocol import Context, Controller
-from fluidopt.model import GPUProfile, RequestClass, Scenario
-from fluidopt.sim.api import simulate
-from fluidopt.sim.workload import TraceWarning, TraceWorkload
+from fluidopt.model import Scenario
 
 ABS = 1e-12
 
@@ -71,22 +68,14 @@ class OneInstance(Controller):
 
 
 def _scenario(kv: float) -> Scenario:
-    gpu = GPUProfile(alpha=0.01, beta=0.001, tau_solo=0.005, chunk=10, batch=4, kv_capacity=kv)
-    return Scenario(gpu=gpu, gpus=1, classes=(RequestClass("a", prompt=10, decode=10, rate=1.0),),
-                    prefill_price=1.0, decode_price=1.0)
+    return hand_scenario(kv=kv, prompt=10, decode=10)
 
 
 def _run(tmp_path, kv, rows, ctrl) -> pd.DataFrame:
     """rows: (arrival, prompt, output); returns the records by id (1, 2, ... in arrival order)."""
-    wl = TraceWorkload(pd.DataFrame([(t, p, d, 0) for t, p, d in rows], columns=["time", "prompt", "output", "cls"]),
-                       ("a",))
-    path = tmp_path / "rec.csv"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", TraceWarning)
-        res = simulate(_scenario(kv), ctrl, horizon=5.0, service="tokens", workload=wl, records=path, batches=2,
-                       check=True)
+    res, rec = replay_trace(_scenario(kv), ctrl, [(t, p, d, 0) for t, p, d in rows], records=tmp_path / "rec.csv")
     assert res.totals["in_system"] == 0 and res.totals["dropped"] == 0
-    return pd.read_csv(path).sort_values("id").set_index("id")
+    return rec.set_index("id")
 
 
 def test_youngest_by_arrival_not_by_start(tmp_path):

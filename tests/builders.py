@@ -1,0 +1,65 @@
+"""Builders the tests share: hand-sized scenarios, hand-written trace replays, the CLI in a subprocess.
+
+Import them in a test module (``from builders import hand_scenario``; pytest puts tests/ on the path)
+or use the factory fixtures of the same job in tests/conftest.py (``make_scenario``, ``replay``,
+``cli``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+__all__ = ["ROOT", "hand_scenario", "replay_trace", "run_cli"]
+
+
+
+def hand_scenario(n: int = 1, batch: int = 4, *, alpha: float = 0.01, beta: float = 0.001, tau_solo: float = 0.005,
+                  chunk: int = 10, kv: float | None = None, kap: float = 0.0, classes: Sequence[str] = ("a",),
+                  prompt: float = 20.0, decode: float | Sequence[float] = 5.0, lengths: str | None = None,
+                  patience: float = 0.0, rate: float = 1.0):
+    """A small scenario with round numbers for hand-computed timelines (times in seconds, tokens).
+
+    Defaults: tau_mix = alpha + beta * chunk = 0.02 s, tau_solo = 0.005 s, C = 10, one class "a"
+    with P = 20, D = 5. ``decode`` may give one mean per class; ``lengths=None`` keeps the model's
+    default distribution (traces replace it anyway).
+    """
+    from fluidopt.model import GPUProfile, RequestClass, Scenario
+
+    gpu = GPUProfile(alpha=alpha, beta=beta, tau_solo=tau_solo, chunk=chunk, batch=batch, kv_capacity=kv,
+                     kv_time_per_token=kap)
+    decodes = list(decode) if isinstance(decode, (list, tuple)) else [decode] * len(classes)
+    extra = {} if lengths is None else {"lengths": lengths}
+    cl = tuple(RequestClass(nm, prompt=prompt, decode=d, rate=rate, patience=patience, **extra)
+               for nm, d in zip(classes, decodes))
+    return Scenario(gpu=gpu, gpus=n, classes=cl, prefill_price=1.0, decode_price=1.0)
+
+
+def replay_trace(scenario, controller, rows, *, horizon: float = 5.0, records: Path | None = None, **kw):
+    """Replay ``rows`` = [(arrival s, prompt tokens, output tokens, class index), ...] in tokens service
+    with every invariant checked; returns (result, records by id or None)."""
+    import pandas as pd
+
+    from fluidopt.sim.api import simulate
+    from fluidopt.sim.workload import TraceWarning, TraceWorkload
+
+    wl = TraceWorkload(pd.DataFrame(rows, columns=["time", "prompt", "output", "cls"]), scenario.class_names)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TraceWarning)  # "the trace ends before the horizon": intended
+        res = simulate(scenario, controller, horizon=horizon, service="tokens", workload=wl, batches=2, check=True,
+                       records=records, **kw)
+    rec = None if records is None else pd.read_csv(records).sort_values("id").reset_index(drop=True)
+    return res, rec
+
+
+def run_cli(*argv: str, cwd: Path = ROOT, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``python -m fluidopt ARGV`` in a subprocess (Agg backend); the completed process."""
+    env = dict(os.environ, MPLBACKEND="Agg")
+    return subprocess.run([sys.executable, "-m", "fluidopt", *argv], capture_output=True, text=True, cwd=cwd,
+                          env=env, timeout=timeout, check=False)
