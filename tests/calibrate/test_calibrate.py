@@ -52,6 +52,7 @@ def _write(tmp_path: Path, text: str, name: str = "m.csv") -> Path:
 # ------------------------------------------------------------------------------------------------
 # The estimator against independent computations
 # ------------------------------------------------------------------------------------------------
+@pytest.mark.integration
 def test_ols_matches_lstsq_and_textbook_formulas():
     df = _homoscedastic(0.02, 5e-5, 4e-4, seed=3)
     fit = fit_iteration_time(df)
@@ -120,6 +121,7 @@ def test_hc3_matches_hand_formula_and_differs_from_classical_on_heteroscedastic_
     assert not any("Breusch-Pagan" in w for w in hc3.warnings())
 
 
+@pytest.mark.integration
 def test_ci_coverage_classical_on_homoscedastic_and_hc3_beats_classical_on_heteroscedastic():
     seeds = range(200)
     cov_homo = sum(
@@ -242,6 +244,7 @@ def test_to_dict_is_strict_json_and_to_frame():
     assert d["diagnostics"]["max_abs_studentized"] is None and "tau_solo" not in d
 
 
+@pytest.mark.integration
 def test_plot_has_data_fit_and_two_bands(tmp_path):
     from matplotlib.collections import PolyCollection
     from matplotlib.figure import Figure
@@ -396,6 +399,7 @@ def test_synthetic_measurements_are_deterministic():
     assert not a.equals(synthetic_measurements(A8, B8, 0.022, seed=6))
 
 
+@pytest.mark.integration
 def test_library_imports_neither_the_profiler_nor_statsmodels_for_named_profiles():
     code = (
         "import sys; from fluidopt.scenario import loads_scenario; import fluidopt.calibrate as c;"

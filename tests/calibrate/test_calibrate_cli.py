@@ -46,6 +46,7 @@ def test_json_without_decode_only_rows_has_no_tau_solo(tmp_path, capsys):
     assert "tau_solo" not in d and "gamma" not in d and d["cov_type"] == "HC3"
 
 
+@pytest.mark.integration
 def test_plot_writes_a_png_and_human_table(tmp_path, capsys):
     png = tmp_path / "fit.png"
     assert main(["calibrate", str(EXAMPLE), "--plot", str(png), "--chunk", "256"]) == 0
@@ -92,6 +93,7 @@ def test_usage_errors_exit_2(argv, pattern, capsys):
     assert err.startswith("fluidopt calibrate: error: ") and pattern in err
 
 
+@pytest.mark.integration
 def test_bad_csv_exits_2_with_one_line_and_no_traceback(tmp_path):
     bad = tmp_path / "bad.csv"
     bad.write_text("chunk_tokens,iteration_seconds\n64,0.02\n128,fast\n256,0.03\n")
@@ -115,6 +117,7 @@ def test_bad_csv_exits_2_with_one_line_and_no_traceback(tmp_path):
          "unknown GPU profile 'h100-dream'; known profiles: qwen-8b-a100"),
     ],
 )
+@pytest.mark.integration
 def test_solve_bad_scenario_exits_2_with_one_line(tmp_path, text, pattern):
     path = tmp_path / "bad.toml"
     if text is not None:

@@ -35,6 +35,7 @@ def test_parse_options_duplicate():
         parse_options(["a=1", "a=2"])
 
 
+@pytest.mark.integration
 def test_simulate_passes_options_to_the_controller():
     base = ["simulate", "--gpus", "4", "--horizon", "40", "--warmup", "5", "--service", "tokens", "--json"]
     mean = json.loads(_cli(*base, "--policy", "jsq").stdout)
@@ -47,6 +48,7 @@ def test_simulate_passes_options_to_the_controller():
     assert bad.returncode == 2 and "unknown option 'bogus'" in bad.stderr and "Traceback" not in bad.stderr
 
 
+@pytest.mark.integration
 def test_import_registers_a_user_policy_for_simulate_and_run():
     p = _cli("simulate", "--import", CUSTOM, "--policy", "class-affinity", "--gpus", "4", "--horizon", "30", "--json")
     assert p.returncode == 0, p.stderr
@@ -58,6 +60,7 @@ def test_import_registers_a_user_policy_for_simulate_and_run():
     assert [r["policy"] for r in json.loads(p.stdout)["policies"]] == ["class-affinity", "fi-wsp"]
 
 
+@pytest.mark.integration
 def test_import_errors_are_one_line():
     p = _cli("simulate", "--import", "no_such_module_xyz", "--policy", "fi-wsp")
     assert p.returncode == 2 and "--import 'no_such_module_xyz': cannot import it" in p.stderr

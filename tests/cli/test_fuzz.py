@@ -99,6 +99,7 @@ def mutate(text: str, key: str, value: str | None, extra: str) -> str:
        extra=st.sampled_from(["", "unknown = 1\n", "[extra]\n", "slis = [\"tpot=0.0001\"]\n", "slis = 3\n",
                               'slis = ["nonsense"]\n', "[[classes]]\n", "=\n"]),
        bom=st.booleans(), policy=st.sampled_from(["gate-and-route", "fi-wsp", "round-robin"]))
+@pytest.mark.integration
 def test_scenario_files(tmp_path, capsys, key, value, extra, bom, policy):
     text = mutate(EXAMPLE, key, value, extra)
     f = tmp_path / "s.toml"
@@ -119,6 +120,7 @@ CELL = st.sampled_from(["64", "128", "0", "-1", "32.5", "fast", "", "nan", "inf"
                                "iteration_seconds,chunk_tokens", "a,b", "chunk_tokens", ""]),
        rows=st.lists(st.lists(CELL, min_size=0, max_size=4), min_size=0, max_size=12),
        flags=st.sampled_from([[], ["--json"], ["--robust"], ["--toml"], ["--toml", "--chunk", "256", "--batch", "16"]]))
+@pytest.mark.integration
 def test_calibration_csvs(tmp_path, capsys, header, rows, flags):
     f = tmp_path / "c.csv"
     f.write_text(header + "\n" + "\n".join(",".join(r) for r in rows) + "\n")
@@ -137,6 +139,7 @@ TCELL = st.sampled_from(["0", "0.5", "1", "2.25", "-1", "", "x", "1e300", "nan",
                                "TIMESTAMP,ContextTokens,GeneratedTokens", "time,prompt", ""]),
        rows=st.lists(st.lists(TCELL, min_size=0, max_size=4), min_size=0, max_size=10),
        speedup=st.sampled_from(["1", "0", "-2", "1e6", "x"]))
+@pytest.mark.integration
 def test_trace_files(tmp_path, capsys, header, rows, speedup):
     f = tmp_path / "t.csv"
     f.write_text(header + "\n" + "\n".join(",".join(r) for r in rows) + "\n")

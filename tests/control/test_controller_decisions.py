@@ -193,6 +193,7 @@ KV_ROWS = [(0.0, 16, 8, 0), (0.001, 16, 8, 1), (0.03, 16, 8, 0), (0.06, 16, 8, 1
 # pool never decodes a class of weight 0 -- the documented rule, checked on a hand view above.)
 @pytest.mark.parametrize("policy", ["fi-wsp", "gate-and-route", "gi-wsp", "gf-wsp", "fg-sp", "sli-gate-and-route",
                                     "reserved-prefill-fcfs"])
+@pytest.mark.integration
 def test_kv_limited_single_gpu_serves_everyone_fcfs(policy, tmp_path):
     sc = _scenario(kv=40)
     res, rec = _run(sc, policy, KV_ROWS, tmp_path=tmp_path)

@@ -62,6 +62,7 @@ def cases(draw):
 
 @settings(max_examples=60, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@pytest.mark.integration
 @given(cases())
 def test_controllers_keep_engine_invariants(case):
     s, policy, opts, service, horizon, seed = case
@@ -76,6 +77,7 @@ def test_controllers_keep_engine_invariants(case):
         assert np.all(prefilled[x == 0] == 0.0), (policy, x, prefilled)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("policy", POLICIES)
 def test_every_policy_on_a_fleet_of_one(policy):
     """n = 1: M = 1 (the only GPU is mixed, no solo pool) or M = 0 is impossible with arrivals; still valid."""

@@ -344,6 +344,7 @@ REF_RATIO_N200 = (0.97795, 0.00385, 20)
 REF_X_N200 = ((0.019240, 0.000124, 20), (0.191322, 0.000569, 20))
 
 
+@pytest.mark.integration
 def test_asymptotic_optimality_small(bundled):
     """Revenue / R* rises from n = 5 to n = 200 and X_i/n tracks x_i* (paper instance, markov).
 
@@ -372,6 +373,7 @@ REF_SEPARATE_N200 = (0.99078, 0.00291, 20)
 REF_SEPARATE_QD = (0.3587, 0.0494, 20)
 
 
+@pytest.mark.integration
 def test_separate_pricing_builds_the_decode_backlog(paper):
     """Prioritize-and-Route under separate pricing: near the separate optimum, with the LP's decode backlog.
 
@@ -393,6 +395,7 @@ def test_separate_pricing_builds_the_decode_backlog(paper):
     assert res.per_class["abandoned_prefill_fraction"].iloc[0] < 0.01
 
 
+@pytest.mark.integration
 def test_sli_routing_tracks_the_sli_lp_where_greedy_does_not(paper):
     """Decode fairness: SLI-aware routing puts the class-wise mixed occupancy on y_m* (greedy does not).
 
@@ -416,6 +419,7 @@ def test_sli_routing_tracks_the_sli_lp_where_greedy_does_not(paper):
     assert err["sli"] < err["greedy"] - 1.0
 
 
+@pytest.mark.integration
 def test_weighted_policy_follows_a_plan_with_a_decode_buffer():
     """gamma * tau < (B-1)/B: a mixed iteration is faster than a solo one, and the bundled LP prefills class a
     (x_a* > 0) only to keep GPUs mixed, planning no decode for it (y_a* = 0, q_d,a* > 0). The general

@@ -287,6 +287,7 @@ def test_power_of_two_choice_distribution():
     assert np.allclose(counts, 0.2, atol=0.007)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("policy", BALANCERS)
 def test_same_seed_same_numbers(policy):
     sc = scenario([("a", 200, 100, 6.0, 0.2), ("b", 1500, 40, 2.0, 0.2)], n=3, B=6, kv_capacity=4000.0)
@@ -299,6 +300,7 @@ def test_same_seed_same_numbers(policy):
 # =================================================================================================
 # the token ledger against a recount from the engine's view
 # =================================================================================================
+@pytest.mark.integration
 @pytest.mark.parametrize("chunked", [False, True])
 def test_ledger_matches_a_recount_under_preemption(chunked):
     # overloaded, small KV caches: preemptions and abandonment; fixed lengths with prompt + output
@@ -369,6 +371,7 @@ def decode_tokens_on(ctx, ctrl, g):
     return sum(ctx.req_output(r) - ctx.req_generated(r) for r in rs)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_queue_aware_balancers_spread_requests_better_than_random(seed):
     # Under random routing each instance sees an independent thinned Poisson stream: its number of
@@ -382,6 +385,7 @@ def test_queue_aware_balancers_spread_requests_better_than_random(seed):
         assert spread(policy, seed, requests_on) < bound * rnd, policy
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("seed", [0, 1])
 def test_decode_balancer_spreads_decode_tokens_better_than_round_robin(seed):
     # Round robin balances counts, not lengths: lognormal(sigma 1) outputs leave instances thousands of
@@ -427,6 +431,7 @@ def cases(draw):
 @pytest.mark.parametrize("policy", BALANCERS)
 @settings(max_examples=40, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@pytest.mark.integration
 @given(case=cases())
 def test_balancers_keep_engine_invariants(policy, case):
     sc, opts, service, horizon, seed = case

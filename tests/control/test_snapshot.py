@@ -171,6 +171,7 @@ _OPS = st.lists(st.tuples(st.integers(0, 8), st.integers(0, 12), st.integers(0, 
                 max_size=80)
 
 
+@pytest.mark.integration
 @settings(max_examples=100, deadline=None)
 @given(_OPS)
 def test_random_sequences_match_a_brute_force_recount(ops):
@@ -273,6 +274,7 @@ class _Mirror(Controller):
         self.snap_ctrl.on_slot_freed(self.snap, g)
 
 
+@pytest.mark.integration
 def test_gate_and_route_decides_the_same_on_the_engine_and_on_a_snapshot():
     sc = fluidopt.paper_scenario(gpus=2, lam=(2.0, 2.0), theta=(0.5, 0.5))  # overloaded: queues, abandons
     mirror = _Mirror((0.1, 0.2))  # n sum x* = 0.6 -> one mixed GPU, one solo

@@ -169,18 +169,21 @@ def differential(scenario: Scenario, pricing: str, slis: tuple) -> None:
         assert np.all(a.q_decode <= 1e-9), "Prop. 3.2: the bundled optimum returned has no decode buffer"
 
 
+@pytest.mark.integration
 @SETTINGS
 @given(scenarios())
 def test_bundled_agrees_with_cvxpy(scenario):
     differential(scenario, "bundled", ())
 
 
+@pytest.mark.integration
 @SETTINGS
 @given(scenarios())
 def test_separate_agrees_with_cvxpy(scenario):
     differential(scenario, "separate", ())
 
 
+@pytest.mark.integration
 @SETTINGS
 @given(st.data())
 def test_bundled_with_slis_agrees_with_cvxpy(data):
@@ -188,6 +191,7 @@ def test_bundled_with_slis_agrees_with_cvxpy(data):
     differential(scenario, "bundled", data.draw(sli_sets(scenario)))
 
 
+@pytest.mark.integration
 @SETTINGS
 @given(st.data())
 def test_separate_with_slis_agrees_with_cvxpy(data):

@@ -41,6 +41,7 @@ def router():
 
 
 # -- custom_controller.py -----------------------------------------------------------------------------
+@pytest.mark.integration
 def test_custom_controller_is_registered_and_simulates(custom, tmp_path):
     assert "class-affinity" in available()
     sc = custom.five_task_scenario(gpus=8, rate_per_gpu=2.0)
@@ -58,6 +59,7 @@ def test_custom_controller_is_registered_and_simulates(custom, tmp_path):
     assert decoded.sum() > 100 and (started["decode_gpu"][decoded] == home[decoded]).all()
 
 
+@pytest.mark.integration
 def test_custom_controller_main(custom, capsys):
     assert custom.main(["--gpus", "3", "--horizon", "15", "--seeds", "1"]) == 0
     out = capsys.readouterr().out
@@ -90,6 +92,7 @@ def test_real_router_snapshot_speaks_the_protocol(router):
     assert len(st.idle_prefill(0)) == 3 and st.gpu_kv_free(0) == math.inf
 
 
+@pytest.mark.integration
 def test_examples_run_as_scripts():
     for args in (["custom_controller.py", "--gpus", "2", "--horizon", "10", "--seeds", "1"],
                  ["real_router.py", "--gpus", "2", "--requests", "6", "--time-scale", "0.001", "--quiet"]):

@@ -15,6 +15,7 @@ SMALL = fluidopt.default_scenario(gpus=8)
 KW = dict(horizon=60.0, warmup=10.0)
 
 
+@pytest.mark.integration
 def test_rows_bounds_and_ratio():
     c = compare(SMALL, ["gate-and-route", "fi-wsp"], seeds=[0, 1], workers=1, **KW)
     assert len(c.runs) == 4 and not c.interrupted
@@ -32,6 +33,7 @@ def test_rows_bounds_and_ratio():
     assert s.loc[s["policy"] == "fi-wsp", "revenue_ci"].item() == pytest.approx(expect)
 
 
+@pytest.mark.integration
 def test_runs_reproduce_simulate_and_do_not_depend_on_workers():
     """A harness run is exactly simulate() with the same seed, in any process layout."""
     serial = compare(SMALL, ["gate-and-route"], seeds=[3, 4], workers=1, **KW)
@@ -96,6 +98,7 @@ def test_duplicate_scenario_names_rejected():
 _cli = run_cli
 
 
+@pytest.mark.integration
 def test_run_main_job_json_and_files(tmp_path):
     out = tmp_path / "out"
     p = _cli("run", "--gpus", "6", "--horizon", "40", "--warmup", "10", "--seeds", "1", "--workers", "1",
@@ -109,6 +112,7 @@ def test_run_main_job_json_and_files(tmp_path):
         assert (out / name).stat().st_size > 0
 
 
+@pytest.mark.integration
 def test_run_bad_input_exits_2_without_traceback(tmp_path):
     p = _cli("run", "--gpus", "0", "--out", "")
     assert p.returncode == 2 and "Traceback" not in p.stderr

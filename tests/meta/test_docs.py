@@ -32,6 +32,7 @@ def run_program(code: str, cwd: Path, name: str) -> subprocess.CompletedProcess:
                           timeout=240)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("page", TUTORIALS, ids=lambda p: p.stem)
 def test_tutorial_code_runs(page, tmp_path):
     code = python_blocks(page)
@@ -44,6 +45,7 @@ def test_there_are_three_tutorials_one_per_user():
     assert [p.stem for p in TUTORIALS] == ["capacity-planner", "pricing-analyst", "router-engineer"]
 
 
+@pytest.mark.integration
 def test_contributing_recipes_run(tmp_path):
     code = python_blocks(ROOT / "CONTRIBUTING.md")
     # the controller recipe names a class the reader writes; give it one
@@ -107,6 +109,7 @@ def test_no_reference_outside_the_repository():
     assert not offenders, offenders
 
 
+@pytest.mark.integration
 def test_site_builds_strictly(tmp_path):
     pytest.importorskip("mkdocs", reason="the docs extra is not installed (pip install -e '.[dev]')")
     pytest.importorskip("mkdocstrings")

@@ -71,6 +71,7 @@ def test_every_module_has_a_layer():
     assert not missing, f"place these parts of the package in LAYERS: {missing}"
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("path, module", list(_modules()), ids=lambda v: v if isinstance(v, str) else "")
 def test_imports_go_down_the_layers(path, module):
     own = _part(module)

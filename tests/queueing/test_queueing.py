@@ -167,6 +167,7 @@ def test_erlang_a_small_theta_is_erlang_c():
 @pytest.mark.parametrize(
     "lam,mu,c,theta", [(7.0, 1.0, 5, 0.3), (20.0, 2.0, 8, 1.5), (3.0, 1.0, 4, 0.05), (50.0, 1.0, 30, 2.0)]
 )
+@pytest.mark.integration
 def test_erlang_a_matches_ctmc_solve(lam, mu, c, theta):
     e = erlang_a(lam, mu, c, theta)
     N = c + 400  # generous truncation for the dense solve

@@ -104,6 +104,7 @@ def dense_constants(lam: float, mu: float, c: int, theta: float, f: str, K: int)
     return float(sigma2), float(cross_a), cross_ab
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("theta", [0.0, 0.7])
 @pytest.mark.parametrize("f", ["queue", "busy", "in_system"])
 def test_dense_poisson_equation(theta: float, f: str) -> None:
@@ -199,6 +200,7 @@ def _close(est: float, se: float, exact: float, resolution: float = 0.04) -> Non
     assert abs(est - exact) <= 3.5 * se + 0.02 * abs(exact), (est, se, exact)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("lam", "c", "theta", "seed"), [(8.0, 10, 0.0, 1), (10.0, 10, 0.5, 2)])
 def test_simulated_chain_matches(lam: float, c: int, theta: float, seed: int) -> None:
     mu, T, reps = 1.0, 1_000.0, 4_000

@@ -57,6 +57,7 @@ class ClockSeeded(Greedy):
             ctx.start_prefill(r, gpus[time.perf_counter_ns() // 1000 % len(gpus)])
 
 
+@pytest.mark.integration
 def test_a_correct_controller_passes_every_check():
     rep = check_controller(Greedy)
     assert rep.checks == ("protocol", "invariants (markov)", "conservation (markov)", "liveness (markov)",
@@ -66,11 +67,13 @@ def test_a_correct_controller_passes_every_check():
     assert "checks passed" in str(rep)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", ["gate-and-route", "fi-wsp", "jsq", "round-robin"])
 def test_built_in_policies_pass(name):
     check_controller(name)
 
 
+@pytest.mark.integration
 def test_a_controller_object_is_copied_not_reused():
     ctrl = Greedy()
     check_controller(ctrl)
@@ -84,6 +87,7 @@ def test_a_controller_object_is_copied_not_reused():
     (object, "protocol"),
     (42, "protocol"),
 ])
+@pytest.mark.integration
 def test_broken_controllers_fail_the_check_that_names_them(policy, check):
     with pytest.raises(ControllerCheckError, match=r"^" + check.replace("(", r"\(").replace(")", r"\)")):
         check_controller(policy)

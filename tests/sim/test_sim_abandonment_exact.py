@@ -46,6 +46,7 @@ class Park(Controller):
         self.seen.append(q)
 
 
+@pytest.mark.integration
 def test_abandonment_from_any_queue_is_exactly_exponential(tmp_path):
     gpu = GPUProfile(alpha=0.01, beta=0.001, tau_solo=0.005, chunk=10, batch=3)
     sc = Scenario(gpu=gpu, gpus=2, classes=tuple(RequestClass(nm, prompt=20, decode=5, rate=1.0, patience=THETA)

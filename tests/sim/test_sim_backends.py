@@ -63,6 +63,7 @@ def _same(a, b, what: str) -> None:
     assert fa == fb, f"{what}: per-request records differ"
 
 
+@pytest.mark.integration
 @needs_core
 @pytest.mark.parametrize("policy", sorted(available()))
 def test_every_policy_same_numbers_markov(policy):
@@ -70,6 +71,7 @@ def test_every_policy_same_numbers_markov(policy):
     _same(_run("compiled", sc, policy, "markov"), _run("python", sc, policy, "markov"), f"{policy} markov")
 
 
+@pytest.mark.integration
 @needs_core
 @pytest.mark.parametrize("policy", sorted(available()))
 def test_every_policy_same_numbers_tokens_with_kv_cache(policy, tmp_path):
@@ -79,6 +81,7 @@ def test_every_policy_same_numbers_tokens_with_kv_cache(policy, tmp_path):
     _same(a, b, f"{policy} tokens+kv")
 
 
+@pytest.mark.integration
 @needs_core
 @pytest.mark.parametrize("policy", ["fi-wsp", "gate-and-route", "round-robin", "jsq"])
 def test_paper_instance_same_numbers_tokens(policy):
@@ -110,6 +113,7 @@ def _cases(draw):
 @needs_core
 @settings(max_examples=25, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@pytest.mark.integration
 @given(_cases())
 def test_random_scenarios_same_numbers_with_invariants_checked(case):
     sc, policy, service, horizon, seed = case

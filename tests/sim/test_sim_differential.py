@@ -11,6 +11,7 @@ at the next iteration boundary; a few ms against service times of seconds here).
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from scipy import stats
 
 from fluidopt.model import GPUProfile, RequestClass, Scenario
@@ -19,6 +20,7 @@ from fluidopt.sim.api import simulate
 T = stats.t.ppf(0.975, 19)
 
 
+@pytest.mark.integration
 def test_markov_and_tokens_agree_within_sampling_error():
     n = 300
     gpu = GPUProfile(alpha=0.01, beta=0.0005, tau_solo=0.008, chunk=1, batch=3)

@@ -93,6 +93,7 @@ def test_erlang_c_mmc():
     assert res.totals["abandoned"] == 0
 
 
+@pytest.mark.integration
 def test_erlang_a_overloaded():
     """M/M/20+M at offered load 1.1, theta = 1 (300k customers): P(abandon) within 4.7% (4 exact sd),
     mean wait within 5.0%, mean queue within 5.4%, utilisation within 0.43% of Erlang A."""
@@ -331,6 +332,7 @@ def test_tokens_engine_matches_iteration_stepper(tmp_path, chunked, kap):
         assert rec.end[j] == pytest.approx(et, rel=1e-9, abs=1e-9), f"request {j}: completion"
 
 
+@pytest.mark.integration
 def test_markov_erlang_needs_no_decode_buffer():
     """Sanity of the mapping itself: no prefill slot is ever blocked by decodes (idle <=> no prefill)."""
     sc, ctrl = erlang_setup(5, 4.0, 1.0)

@@ -170,6 +170,7 @@ CONTROLLERS = {
 }
 
 
+@pytest.mark.integration
 @settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios(), st.sampled_from(sorted(CONTROLLERS)), st.integers(0, 2**31 - 1))
 def test_conservation_every_event(sc_service, ctrl_name, seed):
@@ -208,6 +209,7 @@ def test_same_seed_same_numbers_bit_for_bit(tmp_path):
     assert other.summary()["revenue_per_gpu"] != json.loads(runs[0][0])["revenue_per_gpu"]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("service", ["markov", "tokens"])
 def test_littles_law_long_run(service):
     """L = lambda W per class, for the whole system and for the prefill queue (within 2%)."""

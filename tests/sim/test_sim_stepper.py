@@ -535,6 +535,7 @@ def _cases(draw):
                         kap=U / 256, chunked=True, w=0.01),
           [(("gap", 0.0), 7, 9, 0), (("gap", 0.0), 8, 2, 1), (("bnd", 1, U), 5, 6, 1), (("bnd", 1, U), 4, 6, 0),
            (("bnd", 2, U), 16, 1, 0), (("bnd", 3, U), 6, 4, 1), (("gap", U / 4), 3, 3, 0)]))
+@pytest.mark.integration
 def test_engine_matches_stepper(case):
     exact, p, specs = case
     event("exact binary timing" if exact else "generic floats")

@@ -46,6 +46,7 @@ CASES = [
 ]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("policy,service,make", CASES, ids=[c[0] + "-" + c[1] for c in CASES])
 def test_advance_in_pieces_is_the_same_run(tmp_path, backend, policy, service, make):

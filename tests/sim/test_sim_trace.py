@@ -18,6 +18,7 @@ TRACE = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "azure-
 pytestmark = pytest.mark.skipif(not TRACE.is_file(), reason=f"trace not available at {TRACE}")
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("service,policy", [("tokens", "round-robin"), ("markov", "fi-wsp")])
 def test_azure_trace_end_to_end(tmp_path, service, policy):
     trace = load_azure_trace(TRACE, classes="thresholds", max_requests=3000)

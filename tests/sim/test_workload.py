@@ -64,6 +64,7 @@ def test_gamma_renewal_recovers_rate_and_cv(cv):
     assert gaps.std() / gaps.mean() == pytest.approx(cv, rel=0.06)
 
 
+@pytest.mark.integration
 def test_gamma_renewal_stationary_start():
     # Stationary start: the first arrival is the equilibrium residual, mean E[L^2]/(2E[L]) = (1+cv^2)/(2 rate).
     # The ordinary renewal start (time 0 is an arrival) has first-arrival mean 1/rate instead.
