@@ -114,12 +114,13 @@ def read_measurements(source: str | Path | pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame(index=raw.index)
     out["chunk_tokens"] = _numeric_column(raw, "chunk_tokens", where)
     out["iteration_seconds"] = _numeric_column(raw, "iteration_seconds", where)
-    bad = out.index[out["chunk_tokens"] < 0]
+    c = out["chunk_tokens"]
+    bad = out.index[(c < 0) | (c != c.round()) | (c > 2**31 - 1)]
     if len(bad):
         r = bad[0]
         raise CalibrationError(
-            f"{where} {r}: chunk_tokens = {float(out.at[r, 'chunk_tokens'])!r}: expected a number of tokens >= 0 "
-            "(0 for a decode-only iteration)"
+            f"{where} {r}: chunk_tokens = {float(out.at[r, 'chunk_tokens'])!r}: expected a whole number of tokens "
+            ">= 0 (0 for a decode-only iteration)"
         )
     bad = out.index[out["iteration_seconds"] <= 0]
     if len(bad):

@@ -278,7 +278,8 @@ GOOD_HEADER = "chunk_tokens,iteration_seconds\n"
         (GOOD_HEADER + "64,0.02\n128,NaN\n256,0.03\n", r"line 3: iteration_seconds is missing \(got 'NaN'\)"),
         (GOOD_HEADER + "64,0.02\n128,abc\n256,0.03\n", r"line 3: iteration_seconds = 'abc': expected a number"),
         (GOOD_HEADER + "64,0.02\n128,inf\n256,0.03\n", r"line 3: iteration_seconds = 'inf': expected a finite number"),
-        (GOOD_HEADER + "-64,0.02\n128,0.025\n256,0.03\n", r"line 2: chunk_tokens = -64\.0: expected a number of tokens >= 0"),
+        (GOOD_HEADER + "-64,0.02\n128,0.025\n256,0.03\n", r"line 2: chunk_tokens = -64\.0: expected a whole number of tokens >= 0"),
+        (GOOD_HEADER + "32.5,0.02\n128,0.025\n256,0.03\n", r"line 2: chunk_tokens = 32\.5: expected a whole number of tokens >= 0"),
         ("chunk_tokens,seconds\n64,0.02\n", (r"missing column 'iteration_seconds'; expected columns chunk_tokens, "
                                            r"iteration_seconds .*found 'chunk_tokens', 'seconds'")),
         ("iteration_seconds\n0.02\n", r"missing column 'chunk_tokens'"),
