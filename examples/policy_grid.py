@@ -87,7 +87,7 @@ ABLATION = {  # name -> options of backpressure-gate-and-route
 # -- cases ----------------------------------------------------------------------------------------
 def paper_cases(ns, horizons, warmup=300.0):
     return [{"family": "paper", "case": f"paper n={n}", "scenario": default_scenario().with_gpus(n),
-             "horizon": h, "warmup": min(warmup, h / 4), "service": "markov"} for n, h in zip(ns, horizons)]
+             "horizon": h, "warmup": min(warmup, h / 3), "service": "markov"} for n, h in zip(ns, horizons)]
 
 
 def grid_cases(n, scale, which=None):
@@ -117,7 +117,7 @@ def dolly_scenario(j: int, n: int) -> Scenario:
 
 def dolly_cases(n, horizon, k=8, warmup=300.0):
     return [{"family": "dolly", "case": f"dolly {j} n={n}", "scenario": dolly_scenario(j, n), "horizon": horizon,
-             "warmup": min(warmup, horizon / 4), "service": "markov"} for j in range(k)]
+             "warmup": min(warmup, horizon / 3), "service": "markov"} for j in range(k)]
 
 
 def trace_cases(sizes=((8, 1.0), (32, 4.0), (200, 25.0)), max_requests=None):
@@ -186,18 +186,29 @@ def run_one(task: dict) -> dict:
 
 
 # -- summary ----------------------------------------------------------------------------------------
+def case_order(case: str) -> tuple:
+    """Families in the order paper, grid, dolly, trace; numbers ascending within each."""
+    fam = case.split()[0]
+    rank = {"paper": 0, "grid": 1, "dolly": 2, "azure-conv": 3}.get(fam, 4)
+    num = [float(t.split("=")[-1]) for t in case.replace("x", " ").split() if t.split("=")[-1].replace(".", "").isdigit()]
+    return (rank, *num)
+
+
 def summarise(df: pd.DataFrame) -> pd.DataFrame:
-    """Per case and policy: mean ratio, 95% half-width (t over seeds, else the batch-means one)."""
+    """Per case and policy: mean ratio and a 95% half-width: the t-interval over seeds with 5 or more
+    seeds; with fewer, the runs' own batch-means half-widths combined (sqrt(sum h_i^2) / k), since a
+    t-interval on 2 seeds (t = 12.7) says little."""
     from scipy import stats
 
     rows = []
-    for (fam, case, pol), g in df.groupby(["family", "case", "policy"], sort=False):
+    df = df.assign(_order=df["case"].map(case_order))
+    for (fam, case, pol), g in df.sort_values(["_order", "seed"]).groupby(["family", "case", "policy"], sort=False):
         k = len(g)
         m = float(g["ratio"].mean())
-        if k >= 2:
+        if k >= 5:
             hw = float(stats.t.ppf(0.975, k - 1) * g["ratio"].std(ddof=1) / math.sqrt(k))
         else:
-            hw = float(g["ratio_ci"].iloc[0])
+            hw = float(np.sqrt(np.sum(np.square(g["ratio_ci"].to_numpy()))) / k)
         rows.append({"family": fam, "case": case, "policy": pol, "seeds": k, "ratio": m, "half_width": hw,
                      "x_err": float(g["x_err"].mean()), "abandoned": float(g["abandoned_fraction"].mean()),
                      "wall": float(g["wall_seconds"].mean())})
@@ -296,8 +307,8 @@ def build_tasks(a) -> list[dict]:
                  + grid_cases(500, 1.0) + dolly_cases(100, 3000.0) + trace_cases())
         seeds = {f: list(range(5)) for f in ("paper", "grid", "dolly", "trace")}
     else:  # the documented reduced grid (docs/robust-control.md)
-        cases = (paper_cases([20, 50, 100, 200, 500, 2000], [3000, 2000, 1500, 1000, 600, 300])
-                 + grid_cases(100, 0.5) + dolly_cases(50, 1000.0) + trace_cases())
+        cases = (paper_cases([20, 50, 100, 200, 500, 2000], [3000, 2000, 1000, 600, 400, 200])
+                 + grid_cases(100, 0.3) + dolly_cases(50, 600.0) + trace_cases())
         seeds = {"paper": list(range(a.seeds)), "trace": list(range(a.seeds)),
                  "grid": list(range(a.grid_seeds)), "dolly": list(range(a.grid_seeds))}
     if a.families:
@@ -314,7 +325,8 @@ def build_tasks(a) -> list[dict]:
             for s in seeds[c["family"]]:
                 tasks.append({"case": c, "policy": "gi-wsp", "seed": s, "variant": "GI-WSP (reference)"})
     else:
-        tasks = [{"case": c, "policy": p, "seed": s} for c in cases for p in POLICIES for s in seeds[c["family"]]]
+        pols = a.policies or POLICIES
+        tasks = [{"case": c, "policy": p, "seed": s} for c in cases for p in pols for s in seeds[c["family"]]]
     return tasks
 
 
@@ -333,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=2, help="seeds of the reduced grid's paper and trace cases")
     ap.add_argument("--grid-seeds", type=int, default=1,
                     help="seeds of the reduced grid's random and Dolly instances (one: batch-means intervals)")
+    ap.add_argument("--policies", nargs="*", choices=POLICIES, help="run only these policies")
+    ap.add_argument("--merge", type=Path, help="a runs.csv whose other policies' rows are kept (rerun one policy)")
     ap.add_argument("--cases", nargs="*", help="keep only cases whose name contains one of these strings")
     ap.add_argument("--families", nargs="*", choices=("paper", "grid", "dolly", "trace"))
     ap.add_argument("--ablation", action="store_true", help="run the mechanism ablation instead of the policies")
@@ -350,14 +364,23 @@ def main(argv: list[str] | None = None) -> int:
     else:
         tasks = sorted(build_tasks(a), key=lambda t: -_cost(t))
         recs = []
-        with Pool(max(1, a.workers)) as pool:
-            for rec in pool.imap_unordered(run_one, tasks):
+        pool = Pool(a.workers) if a.workers > 1 else None
+        results = pool.imap_unordered(run_one, tasks) if pool is not None else map(run_one, tasks)
+        try:
+            for rec in results:
                 recs.append(rec)
                 print(f"  [{len(recs)}/{len(tasks)}] {rec['case']:28s} {rec['variant'] or LABEL[rec['policy']]:24s} "
                       f"seed {rec['seed']} ratio={rec['ratio']:.4f} wall={rec['wall_seconds']:.0f}s", flush=True)
                 out.mkdir(parents=True, exist_ok=True)
                 pd.DataFrame(recs).to_csv(out / "runs.csv", index=False)  # partial results survive a kill
+        finally:
+            if pool is not None:
+                pool.close()
         df = pd.DataFrame(recs)
+        if a.merge is not None:
+            old = pd.read_csv(a.merge)
+            df = pd.concat([old[~old["policy"].isin(set(df["policy"]))], df], ignore_index=True)
+            df.to_csv(out / "runs.csv", index=False)
     if a.ablation:
         print_ablation(df)
     else:

@@ -259,9 +259,7 @@ class _Mechanisms:
         self._max_overflow = ((n - M) if mo is None else int(mo)) if self.overflow else 0
 
     def _bind_mechanisms(self, ctx: Context) -> None:
-        self._lam_now = self._lam_plan.copy()
-        self._plan_now = self.solution
-        self._targets()
+        self._apply(self.solution, self._lam_plan.copy())  # a reused controller starts from its plan
         self._counts = [0] * self.n_classes
         self._window_start = float(ctx.now)
 
@@ -353,11 +351,21 @@ class _Mechanisms:
         self._window_start = now
         if span <= 0:
             return
-        expected = self._lam_now * self.n_gpus * span  # the plan's arrivals on this fleet in the window
-        dev = np.abs(counts - expected) / np.sqrt(np.maximum(expected, 1.0))
-        if not np.any(dev > RESOLVE_SIGMAS):
+        if self._consistent(counts, self._lam_plan, span):
+            # the traffic is back at the original plan's rates: return to it (so a false alarm, a
+            # 3-sigma event under the plan's Poisson arrivals, is undone at the next window)
+            if self._plan_now is not self.solution:
+                self._apply(self.solution, self._lam_plan)
             return
+        if self._plan_now is not self.solution and self._consistent(counts, self._lam_now, span):
+            return  # still at the rates of the last re-solve
         self._resolve_at(counts / span)
+
+    def _consistent(self, counts: np.ndarray, lam_per_gpu: np.ndarray, span: float) -> bool:
+        """Every class's window count within RESOLVE_SIGMAS Poisson sd of lam * n * span."""
+        expected = lam_per_gpu * self.n_gpus * span
+        dev = np.abs(counts - expected) / np.sqrt(np.maximum(expected, 1.0))
+        return not bool(np.any(dev > RESOLVE_SIGMAS))
 
     def _resolve_at(self, cluster_rates: np.ndarray) -> None:
         from fluidopt.fluid.lp import solve_fluid
@@ -368,6 +376,10 @@ class _Mechanisms:
         if sol.status != "optimal":
             return
         self.resolves += 1
+        self._apply(sol, np.asarray(sc.rates().lam, float))
+
+    def _apply(self, sol: FluidSolution, lam_per_gpu: np.ndarray) -> None:
+        """Make ``sol`` (solved at per-GPU arrival rates ``lam_per_gpu``) the gate's plan."""
         x = np.where(np.asarray(sol.x) < 1e-12, 0.0, np.asarray(sol.x, float))
         qp = np.where(np.asarray(sol.q_prefill) < 1e-12, 0.0, np.asarray(sol.q_prefill, float))
         self.x, self.q_prefill = x, qp
@@ -376,7 +388,7 @@ class _Mechanisms:
         self._inv_x = [1.0 / float(v) if v > 0 else 0.0 for v in x]
         self._nqp = [n * float(v) for v in qp]
         self._admissible = [i for i in range(self.n_classes) if x[i] > 0]
-        self._lam_now = np.asarray(sc.rates().lam, float)
+        self._lam_now = lam_per_gpu
         self._plan_now = sol
         self._targets()
 
@@ -471,9 +483,9 @@ class BackpressureGateAndRoute(_Mechanisms, GateAndRoute):
             self._admit_all(ctx)  # the buffer shrank: backpressure may lift
 
     def on_tick(self, ctx: Context) -> None:
-        before = self.resolves
+        before = self._plan_now
         _Mechanisms.on_tick(self, ctx)
-        if self.resolves != before and self._has_mixed and ctx.qlen(PREFILL_QUEUE):
+        if self._plan_now is not before and self._has_mixed and ctx.qlen(PREFILL_QUEUE):
             self._admit_all(ctx)  # new targets: the gate may admit now
 
 
