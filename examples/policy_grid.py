@@ -34,7 +34,6 @@ import math
 import sys
 import time
 import warnings
-from dataclasses import replace
 from multiprocessing import Pool
 from pathlib import Path
 
@@ -44,8 +43,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
 
-from fluidopt import RequestClass, Scenario  # noqa: E402
-from fluidopt import default_scenario  # noqa: E402
+from fluidopt import RequestClass, Scenario, default_scenario  # noqa: E402
 from fluidopt.model import paper_gpu  # noqa: E402
 
 TRACE = ROOT.parent / "shared" / "data" / "azure-llm-inference-2023" / "AzureLLMInferenceTrace_conv.csv"
@@ -237,7 +235,7 @@ def print_tables(df: pd.DataFrame) -> None:
     pols = [p for p in POLICIES if p in set(summ["policy"])]
     print("\n| case | " + " | ".join(LABEL[p] for p in pols) + " |")
     print("|---" * (len(pols) + 1) + "|")
-    for (fam, case), g in summ.groupby(["family", "case"], sort=False):
+    for (_fam, case), g in summ.groupby(["family", "case"], sort=False):
         g = g.set_index("policy")
         best = max((g.loc[p, "ratio"] for p in pols if p in g.index and p != NEW), default=math.nan)
         cells = []
