@@ -58,27 +58,23 @@ LP_GUIDED = {"gate-and-route", "gi-wsp", "gf-wsp", "fg-sp", NEW}
 DOLLY = (("brainstorming", 61, 331, 1764), ("classification", 123, 142, 2136), ("closed-qa", 992, 182, 1738),
          ("creative-writing", 89, 915, 699), ("general-qa", 69, 572, 2187), ("info-extraction", 1139, 273, 1462),
          ("open-qa", 45, 293, 3739), ("summarization", 1177, 436, 1150))
-ABLATION = {  # name -> options of backpressure-gate-and-route
-    "none (= GG-SP)": dict(backpressure=False, caps=False, staffing=False, decode_order="fcfs", overflow=False,
-                           resolve=False),
-    "backpressure": dict(backpressure=True, caps=False, staffing=False, decode_order="fcfs", overflow=False,
-                         resolve=False),
-    "caps": dict(backpressure=False, caps=True, staffing=False, decode_order="fcfs", overflow=False, resolve=False),
-    "staffing": dict(backpressure=False, caps=False, staffing=True, decode_order="fcfs", overflow=False,
-                     resolve=False),
-    "value order": dict(backpressure=False, caps=False, staffing=False, decode_order="value", overflow=False,
-                        resolve=False),
-    "overflow": dict(backpressure=False, caps=False, staffing=False, decode_order="fcfs", overflow=True,
-                     resolve=False),
-    "resolve": dict(backpressure=False, caps=False, staffing=False, decode_order="fcfs", overflow=False,
-                    resolve=True),
-    "all (default)": {},
-    "default - backpressure": dict(backpressure=False),
-    "default - staffing": dict(staffing=False),
-    "default - value order": dict(decode_order="fcfs"),
-    "default - overflow": dict(overflow=False),
-    "default - resolve": dict(resolve=False),
-    "default + caps": dict(caps=True),
+_ALL = dict(backpressure=True, caps=False, staffing=True, decode_order="value", overflow=True, resolve=True)
+_NONE = dict(backpressure=False, caps=False, staffing=False, decode_order="fcfs", overflow=False, resolve=False)
+ABLATION = {  # name -> options of backpressure-gate-and-route (explicit, independent of the defaults)
+    "none (= GG-SP)": _NONE,
+    "backpressure": {**_NONE, "backpressure": True},
+    "caps": {**_NONE, "caps": True},
+    "staffing": {**_NONE, "staffing": True},
+    "value order": {**_NONE, "decode_order": "value"},
+    "overflow": {**_NONE, "overflow": True},
+    "resolve": {**_NONE, "resolve": True},
+    "all five": _ALL,
+    "all five - backpressure": {**_ALL, "backpressure": False},
+    "all five - staffing (= default)": {**_ALL, "staffing": False},
+    "all five - value order": {**_ALL, "decode_order": "fcfs"},
+    "all five - overflow": {**_ALL, "overflow": False},
+    "all five - resolve": {**_ALL, "resolve": False},
+    "all five + caps": {**_ALL, "caps": True},
 }
 
 

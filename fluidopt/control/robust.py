@@ -10,42 +10,41 @@ controller keeps the LP plan (x*, q_p* and the partition from the same fluid sol
 mechanisms, each an option of the factory so that every one can be switched off (the ablation of
 docs/robust-control.md):
 
-* ``backpressure``: a prefill is admitted only while the decode buffer is empty. A non-empty buffer
-  means no decode slot is free, so a new prefill could only add a request that waits (and may
-  abandon) after its prefill has been paid for; the reserved slot stays idle until the buffer
-  drains. It is the partitioned analogue of the coupled decode of GI-WSP, which commits decode
-  capacity at admission.
-* ``caps``: a class the LP rations (served fraction < 1, q_p,i* > 0) is admitted only while
-  X_i < ceil(n x_i*); classes served in full have no cap. This removes the gate's over-admission
-  of the rationed class into slots a critically loaded class leaves idle.
-* ``staffing``: square-root safety staffing of the critically loaded stage. The classes served in full
-  form an Erlang A queue (M/M/c+M) on the reserved slots the rationed classes cannot take; extra
-  mixed GPUs are added one at a time while one more reserved slot saves more revenue
+* ``backpressure`` (on): a class-i prefill is admitted only if a decode slot is free now, or if fewer
+  decodes will want a slot within one mean class-i prefill (those waiting ahead of class i in the
+  buffer, plus the prefills in flight expected to finish by then) than the plan frees in that time
+  (n sum_k thr_k* / mu_p,i). A prefill then starts when its decode is expected to find a slot: the
+  partitioned analogue of GI-WSP's coupled decode, which commits decode capacity at admission.
+* ``caps`` (off): a class the LP rations (served fraction < 1, q_p,i* > 0) is admitted only while
+  X_i < ceil(n x_i*); classes served in full have no cap. Backpressure removes the same
+  over-admission without the rounding loss at small n.
+* ``staffing`` (off): square-root safety staffing of the critically loaded stage. The classes served
+  in full form an Erlang A queue (M/M/c+M) on the reserved slots the rationed classes cannot take;
+  extra mixed GPUs are added one at a time while one more reserved slot saves more revenue
   (w * arrival rate * drop in abandonment probability, Erlang A) than the decode slot it costs (the
-  LP's shadow price of a solo decode slot). For the paper instance this adds about 0.5 sqrt(n x_2*)
-  GPUs, the Halfin-Whitt regime.
-* ``decode_order="value"``: the decode buffer serves the waiting class with the largest
+  LP's shadow price of a solo decode slot): the Halfin-Whitt regime. Off by default: overflow gives
+  the critical class spare capacity only when it needs it, without giving up decode slots.
+* ``decode_order="value"`` (default): the decode buffer serves the waiting class with the largest
   w_i mu_s,i / theta_i first (the c mu / theta rule for many-server queues with abandonment), FCFS
   within a class; ``"fcfs"`` is Gate-and-Route's buffer.
-* ``overflow``: a partition that moves capacity to the queue that builds. When every reserved slot is
-  busy and the gate still has a class to admit, a prefill may start on a solo GPU with a free slot
-  (that GPU runs mixed for the length of one prefill, then is solo again), at most ``max_overflow``
-  at once (default: as many as the mixed pool, so prefill capacity at most doubles: the bound on
-  churn). A free solo slot means the decode buffer is empty, so this never takes decode capacity
-  that a waiting decode could use.
-* ``resolve``: re-solving the LP on a rolling estimate of the arrival rates. Arrivals are counted
+* ``overflow`` (on): a partition that moves capacity to the queue that builds. When every reserved
+  slot is busy and the gate still has a class to admit, a prefill may start in a free slot of a solo
+  GPU (which runs mixed for the length of that one prefill), at most ``max_overflow`` at once
+  (default: the solo pool), for classes the LP serves in full, and for every class where a mixed
+  iteration does not slow decodes (gamma tau <= 1). A free solo slot means the decode buffer is
+  empty, so this never takes decode capacity a waiting decode could use.
+* ``resolve`` (on): re-solving the LP on a rolling estimate of the arrival rates. Arrivals are counted
   per class over windows of W = max(2,000 / Lambda, 1 / theta_min) seconds (Lambda: the plan's
   cluster arrival rate; 2,000 arrivals make a 2% rate estimate, and queues react on the patience
-  time scale). At the end of a window, if some class's count differs from the plan's expectation by
-  more than 3 Poisson standard deviations, the LP is re-solved at the window's rates and the gate's
-  targets (x*, q_p*, caps, which classes are rationed) follow it; the partition stays (the overflow
-  absorbs a larger prefill share). Under stationary Poisson arrivals at the planned rates a
-  re-solve is rare (a 3-sigma event per class and window), so the fluid limit is the plan's.
+  time scale). At the end of a window, if some class's count differs from the current plan's
+  expectation by more than 3 Poisson standard deviations, the LP is re-solved at the window's rates
+  and the gate's targets follow it; a window consistent with the original plan returns to it. The
+  partition stays (overflow absorbs a larger prefill share).
 
 Assumptions: bundled pricing (revenue per completed request), the fluid plan of
-:func:`fluidopt.fluid.lp.solve_fluid`, exponential patience (used only by the staffing rule and the
-c mu / theta order), and a gamma tau >= (B-1)/B instance (Prop. 3.2: the LP keeps no decode buffer;
-where it keeps one, use ``sli-weighted-gate-and-route``). Nothing is tuned per instance: every
+:func:`fluidopt.fluid.lp.solve_fluid`, exponential patience and service (used only by the staffing rule, the backpressure horizon and the
+c mu / theta order). Where the LP keeps a decode buffer (q_d* > 0) its planned buffer is allowed and
+classes it never decodes are left in the buffer, as in the plan. Nothing is tuned per instance: every
 threshold above comes from the scenario, the LP and the observed state.
 
 :class:`BackpressureSLIGateAndRoute` applies ``caps`` and ``staffing`` to the SLI-aware router (per-pool
@@ -400,7 +399,7 @@ class BackpressureGateAndRoute(_Mechanisms, GateAndRoute):
     name = "backpressure-gate-and-route"
 
     def __init__(self, scenario: Scenario, solution: FluidSolution, *, backpressure: bool = True, caps: bool = False,
-                 staffing: bool = True, decode_order: str = "value", overflow: bool = True,
+                 staffing: bool = False, decode_order: str = "value", overflow: bool = True,
                  max_overflow: int | None = None, resolve: bool = True, mixed_gpus: int | None = None) -> None:
         _check_solution(solution, type(self).__name__)
         GateAndRoute.__init__(self, solution.x, solution.q_prefill, mixed_gpus=mixed_gpus,
@@ -534,7 +533,7 @@ def _plan(scenario: Scenario, plan: Any, slis: Any, who: str) -> FluidSolution:
     "Gate-and-Route for finite fleets and bursty traffic: decode-buffer backpressure, caps on rationed "
     "classes, Erlang-A safety staffing, c-mu/theta decode buffer, overflow prefills, rolling LP re-solve"))
 def make_backpressure_gate_and_route(
-    scenario: Scenario, *, backpressure: bool = True, caps: bool = False, staffing: bool = True,
+    scenario: Scenario, *, backpressure: bool = True, caps: bool = False, staffing: bool = False,
     decode_order: str = "value", overflow: bool = True, max_overflow: int | None = None, resolve: bool = True,
     mixed_gpus: int | None = None, plan: FluidSolution | None = None,
 ) -> BackpressureGateAndRoute:
