@@ -668,7 +668,7 @@ def main(argv=None) -> int:
     p.add_argument("what", choices=("speed", "scaling", "memory", "erlang", "erlang-speed", "compare", "all",
                                     "_memory_child", "_case"))
     p.add_argument("--horizon", type=float, default=600.0, help="speed: simulated seconds (n = 500: 500 req/s)")
-    p.add_argument("--policies", nargs="+", default=["fi-wsp", "gate-and-route"])
+    p.add_argument("--policies", nargs="+", default=["fi-wsp", "gate-and-route", "backpressure-gate-and-route"])
     p.add_argument("--services", nargs="+", default=["markov", "tokens"])
     p.add_argument("--requests", type=float, default=None,
                    help="memory: requests in the run (default 5e6); scaling, compare: requests after the fill "

@@ -57,6 +57,7 @@ BUILTIN_MODULES = (
     "fluidopt.control.gate_and_route",
     "fluidopt.control.paper_baselines",
     "fluidopt.control.load_balancers",
+    "fluidopt.control.robust",
 )
 ENTRY_POINT_GROUP = "fluidopt.policies"
 

@@ -1,0 +1,410 @@
+"""The policy grid: Backpressure Gate-and-Route against the paper's five policies and round robin
+(docs/robust-control.md, docs/results.md section 5).
+
+Cases (families):
+
+* ``paper``: the paper instance at n = 20, 50, 100, 200, 500, 2,000 (``markov`` service);
+* ``grid``: the 12 random two-class instances of examples/baseline_grid.py (same draw, seed 2026);
+* ``dolly``: 8 instances with the 8 Dolly-15k task classes (mean prompt / output tokens from the
+  paper's statistics), the paper GPU, per-GPU arrival rates split in proportion to the samples of
+  each task and scaled so the total load is drawn from U(1.5, 3.5) requests per GPU per second
+  (seeded), patience 0.1 /s;
+* ``trace``: the Azure LLM conversation trace (../shared/data; skipped when absent) on the paper GPU
+  at 8, 32 and 200 GPUs, sped up 1x, 4x and 25x (the same load per GPU), ``tokens`` service,
+  classes from ``classes_from_trace`` (patience 0.05), prices 0.1 / 0.2. Revenue is divided by the
+  LP optimum at the arrivals actually in the measured window (``fluidopt.fluid.realised``):
+  a benchmark, not a bound (see docs/robust-control.md).
+
+Policies: the paper's five (gate-and-route = GG-SP, fi-wsp = FCFS/FIFO, gi-wsp, gf-wsp, fg-sp), round
+robin (vLLM-style instances) and backpressure-gate-and-route (BP-GR). Same seed, same arrivals for
+every policy. Ratios: revenue / R*, mean and 95% t-interval over seeds (one seed: the run's
+batch-means interval).
+
+    python examples/policy_grid.py                        # the documented reduced grid (see docs)
+    python examples/policy_grid.py --full                 # 5 seeds, n up to 2,000, grid at n = 500
+    python examples/policy_grid.py --quick                # a smoke run (tests use it)
+    python examples/policy_grid.py --replot               # tables and figure from <out>/runs.csv
+    python examples/policy_grid.py --ablation             # the mechanism ablation of docs/robust-control.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+import warnings
+from multiprocessing import Pool
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+
+from fluidopt import RequestClass, Scenario, default_scenario  # noqa: E402
+from fluidopt.model import paper_gpu  # noqa: E402
+
+TRACE = ROOT.parent / "shared" / "data" / "azure-llm-inference-2023" / "AzureLLMInferenceTrace_conv.csv"
+NEW = "backpressure-gate-and-route"
+PAPER5 = ("gate-and-route", "fi-wsp", "gi-wsp", "gf-wsp", "fg-sp")
+BASELINES = PAPER5 + ("round-robin",)
+POLICIES = BASELINES + (NEW,)
+LABEL = {"gate-and-route": "GG-SP", "fi-wsp": "FI-WSP (FCFS)", "gi-wsp": "GI-WSP", "gf-wsp": "GF-WSP",
+         "fg-sp": "FG-SP", "round-robin": "round robin", NEW: "BP-GR"}
+LP_GUIDED = {"gate-and-route", "gi-wsp", "gf-wsp", "fg-sp", NEW}
+# (task, mean prompt tokens, mean output tokens, samples): the paper's Dolly-15k statistics
+DOLLY = (("brainstorming", 61, 331, 1764), ("classification", 123, 142, 2136), ("closed-qa", 992, 182, 1738),
+         ("creative-writing", 89, 915, 699), ("general-qa", 69, 572, 2187), ("info-extraction", 1139, 273, 1462),
+         ("open-qa", 45, 293, 3739), ("summarization", 1177, 436, 1150))
+_ALL = dict(backpressure=True, caps=False, staffing=True, decode_order="value", overflow=True, resolve=True)
+_NONE = dict(backpressure=False, caps=False, staffing=False, decode_order="fcfs", overflow=False, resolve=False)
+ABLATION = {  # name -> options of backpressure-gate-and-route (explicit, independent of the defaults)
+    "none (= GG-SP)": _NONE,
+    "backpressure": {**_NONE, "backpressure": True},
+    "caps": {**_NONE, "caps": True},
+    "staffing": {**_NONE, "staffing": True},
+    "value order": {**_NONE, "decode_order": "value"},
+    "overflow": {**_NONE, "overflow": True},
+    "resolve": {**_NONE, "resolve": True},
+    "all five": _ALL,
+    "all five - backpressure": {**_ALL, "backpressure": False},
+    "all five - staffing (= default)": {**_ALL, "staffing": False},
+    "all five - value order": {**_ALL, "decode_order": "fcfs"},
+    "all five - overflow": {**_ALL, "overflow": False},
+    "all five - resolve": {**_ALL, "resolve": False},
+    "all five + caps": {**_ALL, "caps": True},
+}
+
+
+# -- cases ----------------------------------------------------------------------------------------
+def paper_cases(ns, horizons, warmup=300.0):
+    return [{"family": "paper", "case": f"paper n={n}", "scenario": default_scenario().with_gpus(n),
+             "horizon": h, "warmup": min(warmup, h / 3), "service": "markov"} for n, h in zip(ns, horizons)]
+
+
+def grid_cases(n, scale, which=None):
+    from baseline_grid import draw_instances, window
+
+    out = []
+    for j, s in enumerate(draw_instances(12, 2026, n)):
+        if which is not None and j not in which:
+            continue
+        h, w = window(s, scale)
+        out.append({"family": "grid", "case": f"grid {j:02d} n={n}", "scenario": s, "horizon": h, "warmup": w,
+                    "service": "markov"})
+    return out
+
+
+def dolly_scenario(j: int, n: int) -> Scenario:
+    rng = np.random.default_rng(1000 + j)
+    load = float(rng.uniform(1.5, 3.5))  # requests per GPU per second, all tasks
+    share = np.array([d[3] for d in DOLLY], float)
+    share = share * rng.uniform(0.5, 1.5, len(DOLLY))  # a different task mix per instance
+    share /= share.sum()
+    classes = tuple(RequestClass(name, prompt=float(p), decode=float(d), rate=float(load * f * n), patience=0.1)
+                    for (name, p, d, _), f in zip(DOLLY, share))
+    return Scenario(gpu=paper_gpu(), gpus=n, classes=classes, prefill_price=0.1, decode_price=0.2,
+                    name=f"dolly{j}")
+
+
+def dolly_cases(n, horizon, k=8, warmup=300.0):
+    return [{"family": "dolly", "case": f"dolly {j} n={n}", "scenario": dolly_scenario(j, n), "horizon": horizon,
+             "warmup": min(warmup, horizon / 3), "service": "markov"} for j in range(k)]
+
+
+def trace_cases(sizes=((8, 1.0), (32, 4.0), (200, 25.0)), max_requests=None):
+    if not TRACE.is_file():
+        print(f"trace not found at {TRACE}: trace cases skipped", file=sys.stderr)
+        return []
+    out = []
+    for n, speed in sizes:
+        out.append({"family": "trace", "case": f"azure-conv {n} GPUs x{speed:g}", "trace": (n, speed, max_requests),
+                    "service": "tokens"})
+    return out
+
+
+def _trace_scenario(n, speed, max_requests):
+    from fluidopt.sim.trace import classes_from_trace, load_azure_trace
+
+    w = load_azure_trace(TRACE, speedup=speed, max_requests=max_requests)
+    sc = Scenario(gpu=paper_gpu(), gpus=n, classes=tuple(classes_from_trace(w, patience=0.05)),
+                  prefill_price=0.1, decode_price=0.2, name=f"azure-conv-{n}")
+    return sc, w
+
+
+# -- one run ----------------------------------------------------------------------------------------
+def run_one(task: dict) -> dict:
+    from fluidopt.control.registry import make_controller
+    from fluidopt.fluid import solve_fluid
+    from fluidopt.fluid.realised import realised_bound
+    from fluidopt.sim.api import simulate
+    from fluidopt.sim.workload import TraceWarning
+
+    case, policy, seed, opts = task["case"], task["policy"], task["seed"], task.get("options") or {}
+    workload = None
+    if "trace" in case:
+        sc, workload = _trace_scenario(*case["trace"])
+        horizon = workload.duration
+        warmup = 0.1 * horizon
+    else:
+        sc, horizon, warmup = case["scenario"], case["horizon"], case["warmup"]
+    sol = solve_fluid(sc)
+    # GI-WSP, GF-WSP, FG-SP are built from the scenario (their factories solve the same LP).
+    kw = {"plan": sol} if policy in (NEW, "gate-and-route") else {}
+    ctrl = make_controller(policy, sc, **kw, **opts)
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TraceWarning)
+        res = simulate(sc, ctrl, horizon=horizon, warmup=warmup, seed=seed, service=case["service"], workload=workload)
+    wall = time.perf_counter() - t0
+    bound = sol.objective_per_gpu
+    bound_label = "R*"
+    if workload is not None:
+        bound = realised_bound(sc, workload, warmup, horizon).objective_per_gpu
+        bound_label = "R*(window)"
+    cl = res.cluster
+    rec = {"family": case["family"], "case": case["case"], "policy": policy, "variant": task.get("variant", ""),
+           "seed": seed, "gpus": sc.gpus, "horizon": horizon, "warmup": warmup, "R_star_plan": sol.objective_per_gpu,
+           "bound": bound, "bound_label": bound_label, "revenue_per_gpu": cl["revenue_per_gpu"],
+           "revenue_ci": cl["revenue_per_gpu_ci"], "ratio": cl["revenue_per_gpu"] / bound,
+           "ratio_ci": cl["revenue_per_gpu_ci"] / bound, "abandoned_fraction": cl["abandoned_fraction"],
+           "requests": res.totals["requests"], "wall_seconds": wall,
+           "mixed_gpus": getattr(ctrl, "mixed_gpus", math.nan), "resolves": getattr(ctrl, "resolves", math.nan)}
+    x = res.per_class["x_mean"].to_numpy()
+    rec["x_over_n"] = ";".join(f"{v:.5f}" for v in x)
+    rec["x_star"] = ";".join(f"{v:.5f}" for v in sol.x)
+    rec["x_err"] = float(np.max(np.abs(x - np.asarray(sol.x)))) if workload is None else math.nan
+    return rec
+
+
+# -- summary ----------------------------------------------------------------------------------------
+def case_order(case: str) -> tuple:
+    """Families in the order paper, grid, dolly, trace; numbers ascending within each."""
+    fam = case.split()[0]
+    rank = {"paper": 0, "grid": 1, "dolly": 2, "azure-conv": 3}.get(fam, 4)
+    num = [float(t.split("=")[-1]) for t in case.replace("x", " ").split() if t.split("=")[-1].replace(".", "").isdigit()]
+    return (rank, *num)
+
+
+def summarise(df: pd.DataFrame) -> pd.DataFrame:
+    """Per case and policy: mean ratio and a 95% half-width: the t-interval over seeds with 5 or more
+    seeds; with fewer, the runs' own batch-means half-widths combined (sqrt(sum h_i^2) / k), since a
+    t-interval on 2 seeds (t = 12.7) says little."""
+    from scipy import stats
+
+    rows = []
+    df = df.assign(_order=df["case"].map(case_order))
+    for (fam, case, pol), g in df.sort_values(["_order", "seed"]).groupby(["family", "case", "policy"], sort=False):
+        k = len(g)
+        m = float(g["ratio"].mean())
+        if k >= 5:
+            hw = float(stats.t.ppf(0.975, k - 1) * g["ratio"].std(ddof=1) / math.sqrt(k))
+        else:
+            hw = float(np.sqrt(np.sum(np.square(g["ratio_ci"].to_numpy()))) / k)
+        rows.append({"family": fam, "case": case, "policy": pol, "seeds": k, "ratio": m, "half_width": hw,
+                     "x_err": float(g["x_err"].mean()), "abandoned": float(g["abandoned_fraction"].mean()),
+                     "wall": float(g["wall_seconds"].mean())})
+    return pd.DataFrame(rows)
+
+
+def verdict(summ: pd.DataFrame) -> pd.DataFrame:
+    """Per case: the new policy against the best baseline (paper's five and round robin)."""
+    out = []
+    for (fam, case), g in summ.groupby(["family", "case"], sort=False):
+        g = g.set_index("policy")
+        if NEW not in g.index:
+            continue
+        base = g.loc[[p for p in BASELINES if p in g.index]]
+        best = base["ratio"].idxmax()
+        new = g.loc[NEW]
+        out.append({"family": fam, "case": case, "new": new["ratio"], "new_hw": new["half_width"],
+                    "best": LABEL[best], "best_ratio": base.loc[best, "ratio"], "best_hw": base.loc[best, "half_width"],
+                    "margin": new["ratio"] - base.loc[best, "ratio"],
+                    "ok": new["ratio"] >= base.loc[best, "ratio"] - max(new["half_width"], base.loc[best, "half_width"])})
+    return pd.DataFrame(out)
+
+
+def print_tables(df: pd.DataFrame) -> None:
+    summ = summarise(df)
+    pols = [p for p in POLICIES if p in set(summ["policy"])]
+    print("\n| case | " + " | ".join(LABEL[p] for p in pols) + " |")
+    print("|---" * (len(pols) + 1) + "|")
+    for (_fam, case), g in summ.groupby(["family", "case"], sort=False):
+        g = g.set_index("policy")
+        best = max((g.loc[p, "ratio"] for p in pols if p in g.index and p != NEW), default=math.nan)
+        cells = []
+        for p in pols:
+            if p not in g.index:
+                cells.append("")
+                continue
+            v, hw = g.loc[p, "ratio"], g.loc[p, "half_width"]
+            s = f"{v:.4f} +/- {hw:.4f}"
+            cells.append(f"**{s}**" if (p == NEW and v > best) or (p != NEW and v == best) else s)
+        print(f"| {case} | " + " | ".join(cells) + " |")
+    v = verdict(summ)
+    if len(v):
+        print("\nBP-GR against the best baseline (paper's five and round robin), per case:\n")
+        print("| family | cases | BP-GR mean | best-baseline mean | mean margin | min margin (case) | cases within one half-width or better |")
+        print("|---|---|---|---|---|---|---|")
+        for fam, g in list(v.groupby("family", sort=False)) + [("all", v)]:
+            worst = g.loc[g["margin"].idxmin()]
+            print(f"| {fam} | {len(g)} | {g['new'].mean():.4f} | {g['best_ratio'].mean():.4f} | "
+                  f"{g['margin'].mean():+.4f} | {worst['margin']:+.4f} ({worst['case']}) | {int(g['ok'].sum())}/{len(g)} |")
+    paper = summ[(summ["family"] == "paper") & (summ["policy"] == NEW)]
+    if len(paper):
+        print("\nBP-GR on the paper instance: X/n against x* (max abs error over classes):")
+        for _, r in paper.iterrows():
+            print(f"  {r['case']}: ratio {r['ratio']:.4f} +/- {r['half_width']:.4f}, max |X/n - x*| = {r['x_err']:.4f}")
+
+
+def figure(df: pd.DataFrame, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summ = summarise(df)
+    fams = [f for f in ("paper", "grid", "dolly", "trace") if f in set(summ["family"])]
+    fig, axes = plt.subplots(1, len(fams), figsize=(4.2 * len(fams), 4.0), squeeze=False)
+    for ax, fam in zip(axes[0], fams):
+        s = summ[summ["family"] == fam]
+        cases = list(dict.fromkeys(s["case"]))
+        for k, p in enumerate(POLICIES):
+            g = s[s["policy"] == p].set_index("case").reindex(cases)
+            style = dict(color="k", lw=2.0, marker="o", zorder=5) if p == NEW else dict(lw=0.8, marker=".", color=f"C{k}")
+            ax.errorbar(range(len(cases)), g["ratio"], yerr=g["half_width"], label=LABEL[p], capsize=2, **style)
+        ax.set_xticks(range(len(cases)), [c.replace("paper ", "").replace(" n=", "\nn=") for c in cases],
+                      rotation=90 if len(cases) > 6 else 0, fontsize=7)
+        lo = float(np.nanpercentile(s["ratio"], 10))
+        ax.set_ylim(max(0.0, min(lo, float(s[s["policy"] == NEW]["ratio"].min())) - 0.02), 1.04)
+        ax.axhline(1.0, color="grey", lw=0.5)
+        ax.set_title(fam)
+        ax.set_ylabel("revenue / R*" if fam != "trace" else "revenue / R*(window)")
+    axes[0][0].legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    print(f"figure: {path}")
+
+
+# -- main -------------------------------------------------------------------------------------------
+def build_tasks(a) -> list[dict]:
+    if a.quick:
+        cases = (paper_cases([20], [300.0]) + grid_cases(20, 0.05, which={0, 3}) + dolly_cases(10, 300.0, k=1)
+                 + trace_cases(((8, 1.0),), max_requests=1500))
+        seeds = {"paper": [0], "grid": [0], "dolly": [0], "trace": [0]}
+    elif a.full:
+        cases = (paper_cases([20, 50, 100, 200, 500, 2000], [10000, 6000, 4000, 3000, 2000, 1500])
+                 + grid_cases(500, 1.0) + dolly_cases(100, 3000.0) + trace_cases())
+        seeds = {f: list(range(5)) for f in ("paper", "grid", "dolly", "trace")}
+    else:  # the documented reduced grid (docs/robust-control.md)
+        cases = (paper_cases([20, 50, 100, 200, 500, 2000], [3000, 2000, 1000, 600, 400, 200])
+                 + grid_cases(100, 0.3) + dolly_cases(50, 600.0) + trace_cases())
+        seeds = {"paper": list(range(a.seeds)), "trace": list(range(a.seeds)),
+                 "grid": list(range(a.grid_seeds)), "dolly": list(range(a.grid_seeds))}
+    if a.families:
+        cases = [c for c in cases if c["family"] in a.families]
+    if a.cases:
+        cases = [c for c in cases if any(k in c["case"] for k in a.cases)]
+    tasks = []
+    if a.ablation:
+        for c in cases:
+            for name, opts in ABLATION.items():
+                for s in seeds[c["family"]]:
+                    tasks.append({"case": c, "policy": NEW, "seed": s, "options": opts, "variant": name})
+        for c in cases:
+            for s in seeds[c["family"]]:
+                tasks.append({"case": c, "policy": "gi-wsp", "seed": s, "variant": "GI-WSP (reference)"})
+    else:
+        pols = a.policies or POLICIES
+        tasks = [{"case": c, "policy": p, "seed": s} for c in cases for p in pols for s in seeds[c["family"]]]
+    return tasks
+
+
+def _cost(t: dict) -> float:
+    c = t["case"]
+    if "trace" in c:
+        return 2e4
+    s = c["scenario"]
+    return sum(k.rate for k in s.classes) * c["horizon"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="a smoke run (a minute)")
+    ap.add_argument("--full", action="store_true", help="the issue's full grid: 5 seeds, grid at n = 500")
+    ap.add_argument("--seeds", type=int, default=2, help="seeds of the reduced grid's paper and trace cases")
+    ap.add_argument("--grid-seeds", type=int, default=1,
+                    help="seeds of the reduced grid's random and Dolly instances (one: batch-means intervals)")
+    ap.add_argument("--policies", nargs="*", choices=POLICIES, help="run only these policies")
+    ap.add_argument("--merge", type=Path, help="a runs.csv whose other policies' rows are kept (rerun one policy)")
+    ap.add_argument("--cases", nargs="*", help="keep only cases whose name contains one of these strings")
+    ap.add_argument("--families", nargs="*", choices=("paper", "grid", "dolly", "trace"))
+    ap.add_argument("--ablation", action="store_true", help="run the mechanism ablation instead of the policies")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--replot", action="store_true", help="tables and figure from <out>/runs.csv")
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--fig", type=Path, default=None)
+    a = ap.parse_args(argv)
+    tag = "ablation" if a.ablation else "policy_grid"
+    out = a.out or ROOT / "out" / "examples" / (tag + ("_quick" if a.quick else ""))
+    fig = a.fig or (None if a.quick or a.ablation else ROOT / "docs" / "figures" / "robust_policy_grid.png")
+    t0 = time.perf_counter()
+    if a.replot:
+        df = pd.read_csv(out / "runs.csv")
+    else:
+        tasks = sorted(build_tasks(a), key=lambda t: -_cost(t))
+        recs = []
+        pool = Pool(a.workers) if a.workers > 1 else None
+        results = pool.imap_unordered(run_one, tasks) if pool is not None else map(run_one, tasks)
+        try:
+            for rec in results:
+                recs.append(rec)
+                print(f"  [{len(recs)}/{len(tasks)}] {rec['case']:28s} {rec['variant'] or LABEL[rec['policy']]:24s} "
+                      f"seed {rec['seed']} ratio={rec['ratio']:.4f} wall={rec['wall_seconds']:.0f}s", flush=True)
+                out.mkdir(parents=True, exist_ok=True)
+                pd.DataFrame(recs).to_csv(out / "runs.csv", index=False)  # partial results survive a kill
+        finally:
+            if pool is not None:
+                pool.close()
+        df = pd.DataFrame(recs)
+        if a.merge is not None:
+            old = pd.read_csv(a.merge)
+            df = pd.concat([old[~old["policy"].isin(set(df["policy"]))], df], ignore_index=True)
+            df.to_csv(out / "runs.csv", index=False)
+    if a.ablation:
+        print_ablation(df)
+    else:
+        print_tables(df)
+        if fig is not None:
+            figure(df, fig)
+    print(f"\n{len(df)} runs, {time.perf_counter() - t0:.0f} s wall ({a.workers} workers)")
+    return 0
+
+
+def print_ablation(df: pd.DataFrame) -> None:
+    df = df.copy()
+    df["policy"] = df["variant"]
+    summ = summarise(df)
+    fams = list(dict.fromkeys(summ["family"]))
+    names = list(dict.fromkeys(summ["policy"]))
+    print("\nMean revenue / R* per family (seeds and cases averaged):\n")
+    print("| mechanisms | " + " | ".join(fams) + " |")
+    print("|---" * (len(fams) + 1) + "|")
+    for nm in names:
+        cells = [f"{summ[(summ['family'] == f) & (summ['policy'] == nm)]['ratio'].mean():.4f}" for f in fams]
+        print(f"| {nm} | " + " | ".join(cells) + " |")
+    print("\nPer case:\n")
+    cases = list(dict.fromkeys(summ["case"]))
+    print("| mechanisms | " + " | ".join(cases) + " |")
+    print("|---" * (len(cases) + 1) + "|")
+    for nm in names:
+        s = summ[summ["policy"] == nm].set_index("case")
+        print(f"| {nm} | " + " | ".join(f"{s.loc[c, 'ratio']:.4f}" if c in s.index else "" for c in cases) + " |")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

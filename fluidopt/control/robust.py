@@ -1,0 +1,555 @@
+"""Backpressure Gate-and-Route: an LP-guided gate-and-route controller built for finite fleets and bursty traffic.
+
+Gate-and-Route (:mod:`fluidopt.control.gate_and_route`) is asymptotically optimal, but at 50 to 2,000
+GPUs it leaks revenue through a chain that docs/results.md decomposes: a class the LP serves in full
+is planned exactly at its offered prefill load (a critically loaded many-server queue), the
+work-conserving gate hands the slots it leaves to a class the LP rations, that class's extra decodes
+overflow a decode pool the LP fills exactly, and prefilled requests abandon in the decode buffer. On
+real traces a static partition sized for the mean rates also starves bursts of long prompts. This
+controller keeps the LP plan (x*, q_p* and the partition from the same fluid solution) and adds six
+mechanisms, each an option of the factory so that every one can be switched off (the ablation of
+docs/robust-control.md):
+
+* ``backpressure`` (on): a class-i prefill is admitted only if a decode slot is free now, or if fewer
+  decodes will want a slot within one mean class-i prefill (those waiting ahead of class i in the
+  buffer, plus the prefills in flight expected to finish by then) than the plan frees in that time
+  (n sum_k thr_k* / mu_p,i). A prefill then starts when its decode is expected to find a slot: the
+  partitioned analogue of GI-WSP's coupled decode, which commits decode capacity at admission.
+* ``caps`` (off): a class the LP rations (served fraction < 1, q_p,i* > 0) is admitted only while
+  X_i < ceil(n x_i*); classes served in full have no cap. Backpressure removes the same
+  over-admission without the rounding loss at small n.
+* ``staffing`` (off): square-root safety staffing of the critically loaded stage. The classes served
+  in full form an Erlang A queue (M/M/c+M) on the reserved slots the rationed classes cannot take;
+  extra mixed GPUs are added one at a time while one more reserved slot saves more revenue
+  (w * arrival rate * drop in abandonment probability, Erlang A) than the decode slot it costs (the
+  LP's shadow price of a solo decode slot): the Halfin-Whitt regime. Off by default: overflow gives
+  the critical class spare capacity only when it needs it, without giving up decode slots.
+* ``decode_order="value"`` (default): the decode buffer serves the waiting class with the largest
+  w_i mu_s,i / theta_i first (the c mu / theta rule for many-server queues with abandonment), FCFS
+  within a class; ``"fcfs"`` is Gate-and-Route's buffer.
+* ``overflow`` (on): a partition that moves capacity to the queue that builds. When every reserved
+  slot is busy and the gate still has a class to admit, a prefill may start in a free slot of a solo
+  GPU (which runs mixed for the length of that one prefill), at most ``max_overflow`` at once
+  (default: the solo pool), for classes the LP serves in full, and for every class where a mixed
+  iteration does not slow decodes (gamma tau <= 1). A free solo slot means the decode buffer is
+  empty, so this never takes decode capacity a waiting decode could use.
+* ``resolve`` (on): re-solving the LP on a rolling estimate of the arrival rates. Arrivals are counted
+  per class over windows of W = max(2,000 / Lambda, 1 / theta_min) seconds (Lambda: the plan's
+  cluster arrival rate; 2,000 arrivals make a 2% rate estimate, and queues react on the patience
+  time scale). At the end of a window, if some class's count differs from the current plan's
+  expectation by more than 3 Poisson standard deviations, the LP is re-solved at the window's rates
+  and the gate's targets follow it; a window consistent with the original plan returns to it. The
+  partition stays (overflow absorbs a larger prefill share).
+
+Assumptions: bundled pricing (revenue per completed request), the fluid plan of
+:func:`fluidopt.fluid.lp.solve_fluid`, exponential patience and service (used only by the staffing rule, the backpressure horizon and the
+c mu / theta order). Where the LP keeps a decode buffer (q_d* > 0) its planned buffer is allowed and
+classes it never decodes are left in the buffer, as in the plan. Nothing is tuned per instance: every
+threshold above comes from the scenario, the LP and the observed state.
+
+:class:`BackpressureSLIGateAndRoute` applies ``caps`` and ``staffing`` to the SLI-aware router (per-pool
+buffers, solo probabilities p_s,i), where the same over-admission breaks the decode-fairness SLI.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from fluidopt.control.gate_and_route import (
+    MIXED_POOL,
+    SOLO_POOL,
+    GateAndRoute,
+    PartitionedController,
+    SLIGateAndRoute,
+    _check_solution,
+)
+from fluidopt.control.protocol import DECODE_QUEUE, PREFILL_QUEUE, Context
+from fluidopt.control.registry import register
+from fluidopt.errors import ScenarioError
+from fluidopt.fluid.solution import FluidSolution, mixed_gpus_of
+from fluidopt.model import Scenario
+
+__all__ = [
+    "BackpressureGateAndRoute",
+    "BackpressureSLIGateAndRoute",
+    "RESOLVE_ARRIVALS",
+    "RESOLVE_SIGMAS",
+    "safety_mixed_gpus",
+]
+
+RESOLVE_ARRIVALS = 2000  # arrivals per rate-estimation window: a 1/sqrt(2000) = 2% estimate
+RESOLVE_SIGMAS = 3.0  # re-solve when a class's window count is this many Poisson sd off the plan
+_RATIONED_TOL = 1e-6  # served fraction below 1 - this: the LP rations the class
+DECODE_ORDERS = ("value", "fcfs")
+
+
+def _rationed(solution_x: np.ndarray, lam: np.ndarray, mu_p: np.ndarray) -> list[bool]:
+    """Per class: the LP admits less than its arrivals (x_i* > 0 and mu_p x_i* < lam_i (1 - tol))."""
+    return [bool(x > 0 and m * x < l * (1.0 - _RATIONED_TOL)) for x, l, m in zip(solution_x, lam, mu_p)]
+
+
+def safety_mixed_gpus(n_gpus: int, x: Sequence[float], lam: Sequence[float], mu_p: Sequence[float],
+                      theta: Sequence[float], w: Sequence[float], slot_value: float) -> int:
+    """Extra mixed GPUs for the critically loaded classes (square-root safety staffing, Erlang A).
+
+    The classes served in full (mu_p,i x_i* = lambda_i) share the reserved slots the rationed
+    classes leave: c0 = ceil(n X*) - sum_rationed ceil(n x_r*) of them (at least 1). They are pooled
+    into one M/M/c+M queue (arrivals n sum lambda_i per second, mean service the pooled mean, patience
+    the arrival-weighted theta), and one server is added at a time while w * arrivals * (P_ab(c) -
+    P_ab(c+1)) > ``slot_value`` (revenue per second of the decode slot an extra mixed GPU gives up;
+    the LP's shadow price of solo decode capacity). Returns the number added (0 if no class is
+    served in full), never more than the solo GPUs.
+    """
+    from fluidopt.queueing.closed_forms import erlang_a
+
+    x, lam, mu_p, theta, w = (np.asarray(v, float) for v in (x, lam, mu_p, theta, w))
+    rat = _rationed(x, lam, mu_p)
+    crit = [i for i in range(x.size) if x[i] > 0 and not rat[i]]
+    if not crit or n_gpus <= 0:
+        return 0
+    M = mixed_gpus_of(n_gpus, float(x.sum()))
+    room = n_gpus - M
+    if room <= 0:
+        return 0
+    L = float(n_gpus * lam[crit].sum())  # cluster arrivals per second
+    a = float(n_gpus * x[crit].sum())  # offered load (busy slots)
+    if L <= 0 or a <= 0:
+        return 0
+    mu = L / a
+    th = float(lam[crit] @ theta[crit] / lam[crit].sum())
+    val = float(lam[crit] @ w[crit] / lam[crit].sum())
+    c0 = max(1, M - sum(math.ceil(n_gpus * x[i] - 1e-9) for i in range(x.size) if rat[i]))
+    limit = min(room, int(math.ceil(3.0 * math.sqrt(a))) + 3)
+    extra = 0
+    prev = erlang_a(L, mu, c0, th).p_abandon
+    while extra < limit:
+        nxt = erlang_a(L, mu, c0 + extra + 1, th).p_abandon
+        if val * L * (prev - nxt) <= slot_value:
+            break
+        extra += 1
+        prev = nxt
+    return extra
+
+
+class _Mechanisms:
+    """The mechanisms shared by the bundled and the SLI-aware variant (mixed into a PartitionedController)."""
+
+    def _init_mechanisms(self, scenario: Scenario, solution: FluidSolution, *, backpressure: bool, caps: bool,
+                         staffing: bool, decode_order: str, overflow: bool, max_overflow: int | None,
+                         resolve: bool) -> None:
+        for name, v in (("backpressure", backpressure), ("caps", caps), ("staffing", staffing),
+                        ("overflow", overflow), ("resolve", resolve)):
+            if not isinstance(v, (bool, np.bool_)):
+                raise ScenarioError(f"{self.name}: {name}: expected true or false, got {v!r}")
+        if decode_order not in DECODE_ORDERS:
+            raise ScenarioError(f"{self.name}: decode_order: expected one of {', '.join(DECODE_ORDERS)}, "
+                                f"got {decode_order!r}")
+        if max_overflow is not None and (isinstance(max_overflow, bool) or not isinstance(max_overflow, (int, np.integer))
+                                         or max_overflow < 0):
+            raise ScenarioError(f"{self.name}: max_overflow: expected an integer >= 0 (GPUs), got {max_overflow!r}")
+        self.scenario = scenario
+        self.solution = solution
+        self.backpressure = bool(backpressure)
+        self.caps = bool(caps)
+        self.staffing = bool(staffing)
+        self.decode_order = decode_order
+        self.overflow = bool(overflow)
+        self.max_overflow_option = max_overflow
+        self.resolve = bool(resolve)
+        r = scenario.rates()
+        self._rates = r
+        self._w = np.asarray(r.w, float)
+        # c mu / theta priority of the decode buffer (value per decode slot-second over patience rate)
+        idx = self._w * r.mu_s / np.maximum(r.theta, 1e-12)
+        self._decode_order = sorted(range(len(idx)), key=lambda i: (-idx[i], i))
+        self._slot_value = max(float(solution.duals.get("solo_decode_capacity", 0.0) or 0.0), 0.0)
+        self._lam_plan = np.asarray(r.lam, float)  # per GPU
+        self._gamma_tau = float(scenario.gpu.gamma * scenario.gpu.tau_mix)
+        self.resolves = 0  # LP re-solves performed (diagnostics)
+        self.extra_mixed = 0
+        self._overflowing = 0
+        self._max_overflow = 0
+        self._cap: list[float] = []
+        self._decodable: list[bool] = []
+        self._all_decodable = True
+        self._buffer_allowed = 0.0
+        self._plan_now = solution
+        if resolve:
+            lam_cluster = float(self._lam_plan.sum() * scenario.gpus)
+            th_min = float(np.min(r.theta[r.theta > 0])) if np.any(r.theta > 0) else 0.0
+            win = RESOLVE_ARRIVALS / lam_cluster if lam_cluster > 0 else math.inf
+            if th_min > 0:
+                win = max(win, 1.0 / th_min)
+            self.tick_interval = float(win)
+        self._counts = [0] * len(idx)
+        self._I = len(idx)
+
+    # -- planning -------------------------------------------------------------------------------
+    def _targets(self) -> None:
+        """Caps and rationed flags from the current x*, q_p* (per GPU) for the fleet size n."""
+        n = self.n_gpus
+        r = self._rates
+        lam = self._lam_now
+        rat = _rationed(self.x, lam, r.mu_p)
+        self._rationed_flags = rat
+        self._cap = [float(math.ceil(n * float(self.x[i]) - 1e-9)) if (self.caps and rat[i]) else math.inf
+                     for i in range(self.n_classes)]
+        sol = self._plan_now
+        flow = np.asarray(sol.y_mixed, float) + np.asarray(sol.y_solo, float)
+        # A class the plan prefills but never decodes (possible only when q_d* > 0, gamma tau < (B-1)/B)
+        # is left to wait in the buffer, as in the plan; backpressure allows the plan's own buffer.
+        self._decodable = [bool(f > 1e-12) or float(self.x[i]) <= 0 for i, f in enumerate(flow)]
+        self._all_decodable = all(self._decodable)
+        self._buffer_allowed = n * float(np.sum(np.clip(np.asarray(sol.q_decode, float), 0.0, None)))
+        # Backpressure room of class i: the decode slots the plan frees (n * planned completions per
+        # second) during one mean class-i prefill (1 / mu_p,i seconds), plus the plan's own buffer. A
+        # class-i prefill admitted with fewer decodes ahead of it in the buffer should find a slot free
+        # when it completes; with more, it would only wait (and may abandon) after its prefill was paid.
+        done = n * float(np.sum(np.asarray(sol.throughput, float)))
+        self._room = [done / float(mu) + self._buffer_allowed for mu in np.asarray(r.mu_p, float)]
+        self._zeros = [0.0] * self.n_classes
+        mu_p = np.asarray(r.mu_p, float)
+        # P[i][j]: probability that a class-j prefill in flight finishes within one mean class-i
+        # prefill (exponential residual: 1 - exp(-mu_p,j / mu_p,i))
+        self._finish_within = [[1.0 - math.exp(-mu_p[j] / mu_p[i]) for j in range(self.n_classes)]
+                               for i in range(self.n_classes)]
+        rank = [0] * self.n_classes
+        for k, i in enumerate(self._decode_order):
+            rank[i] = k
+        self._fcfs_buffer = self.decode_order == "fcfs"
+        P = self._finish_within
+        self._ahead_terms = [[(j, P[i][j]) for j in range(self.n_classes) if self._fcfs_buffer or rank[j] <= rank[i]]
+                             for i in range(self.n_classes)]
+        # Overflow is for a class whose queue builds against the plan (served in full by the LP, so a
+        # waiting request is a deviation) or for any class where a mixed iteration does not slow the
+        # GPU's decodes (gamma tau <= 1): elsewhere turning a solo GPU mixed costs its decodes more than
+        # the prefill is likely to earn, and the LP has already priced that trade-off into x*.
+        cheap = self._gamma_tau <= 1.0
+        self._may_overflow = [cheap or not rat[i] for i in range(self.n_classes)]
+        self._overflow_caps = [math.inf if ok else -math.inf for ok in self._may_overflow]
+
+    def plan_mixed_gpus(self, n_gpus: int) -> int:
+        base = PartitionedController.plan_mixed_gpus(self, n_gpus)
+        if not self.staffing or self.mixed_override is not None:
+            return base
+        r = self._rates
+        extra = safety_mixed_gpus(n_gpus, self.x, self._lam_plan, r.mu_p, r.theta, self._w, self._slot_value)
+        return min(int(n_gpus), base + extra)
+
+    def _declare_pools(self, ctx: Context) -> None:
+        n, B = self.n_gpus, self.batch
+        M = self.plan_mixed_gpus(n)
+        self.mixed_gpus = M
+        self.extra_mixed = M - PartitionedController.plan_mixed_gpus(self, n)
+        self._has_mixed = M > 0
+        self._has_solo = M < n
+        if M > 0:
+            ctx.set_pool(range(M), MIXED_POOL, prefill=True, max_decodes=B - 1)
+        if M < n:
+            # overflow: solo GPUs may host one prefill in a free slot (never a reserved one)
+            ctx.set_pool(range(M, n), SOLO_POOL, prefill=self.overflow, max_decodes=B)
+        self._overflowing = 0
+        mo = self.max_overflow_option
+        self._max_overflow = ((n - M) if mo is None else int(mo)) if self.overflow else 0
+
+    def _bind_mechanisms(self, ctx: Context) -> None:
+        self._apply(self.solution, self._lam_plan.copy())  # a reused controller starts from its plan
+        self._counts = [0] * self.n_classes
+        self._window_start = float(ctx.now)
+
+    # -- gate -----------------------------------------------------------------------------------
+    def gate_class(self, ctx: Context, capped: bool = True) -> int:
+        """Deviation-index gate over waiting classes with room in the decode buffer (backpressure) and
+        below their cap (``capped``; else: the classes allowed to overflow onto solo GPUs); -1 if none."""
+        best, best_dev, best_tie = -1, 0.0, 0.0
+        nx, inv, nqp = self._nx, self._inv_x, self._nqp
+        cap = self._cap if capped else self._overflow_caps
+        qlen, n_prefill = ctx.qlen, ctx.n_prefill
+        bp = self.backpressure
+        free = None  # whether a decode slot is free now: asked once, only if needed
+        for i in self._admissible:
+            q = qlen(PREFILL_QUEUE, i)
+            if q == 0:
+                continue
+            X = n_prefill(i)
+            if X >= cap[i]:
+                continue
+            if bp:
+                if free is None:
+                    free = self._decode_slot_free_now(ctx)
+                if not free and self._ahead(ctx, i) >= self._room[i]:
+                    continue
+            dev = (X - nx[i]) * inv[i]
+            tie = q - nqp[i]
+            if best < 0 or dev < best_dev or (dev == best_dev and tie > best_tie):
+                best, best_dev, best_tie = i, dev, tie
+        return best
+
+    def _decodes_ahead(self, ctx: Context) -> list[float]:
+        """Per class i: the decodes that will want a slot within one mean class-i prefill before a
+        class-i decode: those waiting ahead of it in the buffer (its own class and, in value order,
+        higher ones; FCFS: all), plus the prefills in flight of those classes expected to finish within
+        1 / mu_p,i (exponential: probability 1 - exp(-mu_p,j / mu_p,i)). 0 while a decode slot is free."""
+        if self._decode_slot_free_now(ctx):
+            return [0.0] * self._I
+        return [self._ahead(ctx, i) for i in range(self._I)]
+
+    def _decode_slot_free_now(self, ctx: Context) -> bool:
+        return not ctx.qlen(DECODE_QUEUE) and bool(len(ctx.free_decode(SOLO_POOL)) or len(ctx.free_decode(MIXED_POOL)))
+
+    def _ahead(self, ctx: Context, i: int) -> float:
+        qlen, n_prefill = ctx.qlen, ctx.n_prefill
+        if self._fcfs_buffer:
+            tot = float(qlen(DECODE_QUEUE))
+            for j, p in self._ahead_terms[i]:
+                tot += n_prefill(j) * p
+        else:
+            tot = 0.0
+            for j, p in self._ahead_terms[i]:
+                tot += qlen(DECODE_QUEUE, j) + n_prefill(j) * p
+        return tot
+
+    def _try_overflow(self, ctx: Context, g: int = -1) -> None:
+        """Start gate-admitted prefills on solo GPUs with a free slot, up to the churn bound."""
+        if self._overflowing >= self._max_overflow:
+            return
+        idle = ctx.idle_prefill(SOLO_POOL)
+        while self._overflowing < self._max_overflow:
+            h = g if g >= 0 else idle.choice()
+            if h < 0 or h not in idle:
+                return
+            # A free solo slot means the decode pool has room now: the caps (which keep the rationed
+            # classes from over-filling a full decode pool) do not apply; backpressure does.
+            i = self.gate_class(ctx, capped=False)
+            if i < 0:
+                return
+            r = ctx.head(PREFILL_QUEUE, i)
+            if not self._fits(ctx, r, h):
+                return
+            ctx.start_prefill(r, h)
+            self._overflowing += 1
+            if g >= 0:
+                return
+
+    # -- rolling re-solve -----------------------------------------------------------------------
+    def _count_arrival(self, ctx: Context, r: int) -> None:
+        self._counts[ctx.req_class(r)] += 1
+
+    def on_tick(self, ctx: Context) -> None:
+        if not self.resolve:
+            return
+        now = float(ctx.now)
+        span = now - self._window_start
+        counts = np.asarray(self._counts, float)
+        self._counts = [0] * self.n_classes
+        self._window_start = now
+        if span <= 0:
+            return
+        if self._consistent(counts, self._lam_plan, span):
+            # the traffic is back at the original plan's rates: return to it (so a false alarm, a
+            # 3-sigma event under the plan's Poisson arrivals, is undone at the next window)
+            if self._plan_now is not self.solution:
+                self._apply(self.solution, self._lam_plan)
+            return
+        if self._plan_now is not self.solution and self._consistent(counts, self._lam_now, span):
+            return  # still at the rates of the last re-solve
+        self._resolve_at(counts / span)
+
+    def _consistent(self, counts: np.ndarray, lam_per_gpu: np.ndarray, span: float) -> bool:
+        """Every class's window count within RESOLVE_SIGMAS Poisson sd of lam * n * span."""
+        expected = lam_per_gpu * self.n_gpus * span
+        dev = np.abs(counts - expected) / np.sqrt(np.maximum(expected, 1.0))
+        return not bool(np.any(dev > RESOLVE_SIGMAS))
+
+    def _resolve_at(self, cluster_rates: np.ndarray) -> None:
+        from fluidopt.fluid.lp import solve_fluid
+
+        classes = tuple(replace(c, rate=max(float(v), 1e-9)) for c, v in zip(self.scenario.classes, cluster_rates))
+        sc = replace(self.scenario, gpus=self.n_gpus, classes=classes)
+        sol = solve_fluid(sc, self.solution.pricing, self.solution.slis)
+        if sol.status != "optimal":
+            return
+        self.resolves += 1
+        self._apply(sol, np.asarray(sc.rates().lam, float))
+
+    def _apply(self, sol: FluidSolution, lam_per_gpu: np.ndarray) -> None:
+        """Make ``sol`` (solved at per-GPU arrival rates ``lam_per_gpu``) the gate's plan."""
+        x = np.where(np.asarray(sol.x) < 1e-12, 0.0, np.asarray(sol.x, float))
+        qp = np.where(np.asarray(sol.q_prefill) < 1e-12, 0.0, np.asarray(sol.q_prefill, float))
+        self.x, self.q_prefill = x, qp
+        n = self.n_gpus
+        self._nx = [n * float(v) for v in x]
+        self._inv_x = [1.0 / float(v) if v > 0 else 0.0 for v in x]
+        self._nqp = [n * float(v) for v in qp]
+        self._admissible = [i for i in range(self.n_classes) if x[i] > 0]
+        self._lam_now = lam_per_gpu
+        self._plan_now = sol
+        self._targets()
+
+
+class BackpressureGateAndRoute(_Mechanisms, GateAndRoute):
+    """Gate-and-Route with decode-buffer backpressure, caps, safety staffing, a value-ordered buffer,
+    overflow prefills on free solo slots and rolling LP re-solves (see the module docstring)."""
+
+    name = "backpressure-gate-and-route"
+
+    def __init__(self, scenario: Scenario, solution: FluidSolution, *, backpressure: bool = True, caps: bool = False,
+                 staffing: bool = False, decode_order: str = "value", overflow: bool = True,
+                 max_overflow: int | None = None, resolve: bool = True, mixed_gpus: int | None = None) -> None:
+        _check_solution(solution, type(self).__name__)
+        GateAndRoute.__init__(self, solution.x, solution.q_prefill, mixed_gpus=mixed_gpus,
+                              class_names=solution.class_names)
+        self._init_mechanisms(scenario, solution, backpressure=backpressure, caps=caps, staffing=staffing,
+                              decode_order=decode_order, overflow=overflow, max_overflow=max_overflow,
+                              resolve=resolve)
+
+    def setup(self, ctx: Context) -> None:
+        self._bind(ctx)
+        self._declare_pools(ctx)
+        self._bind_mechanisms(ctx)
+
+    # -- decode buffer --------------------------------------------------------------------------
+    def _pull_decodes(self, ctx: Context, g: int, queue: int) -> None:
+        if self.decode_order == "fcfs" and self._all_decodable:
+            return GateAndRoute._pull_decodes(self, ctx, g, queue)
+        pool = ctx.gpu_pool(g)
+        free = ctx.free_decode(pool)
+        order = self._decode_order if self._all_decodable else [i for i in self._decode_order if self._decodable[i]]
+        while g in free:
+            r = -1
+            for i in order:
+                r = ctx.head(queue, i)
+                if r >= 0:
+                    break
+            if r < 0 or not self._fits(ctx, r, g):
+                return
+            ctx.start_decode(r, g)
+
+    # -- events ---------------------------------------------------------------------------------
+    def on_arrival(self, ctx: Context, r: int) -> None:
+        i = ctx.req_class(r)
+        if self.resolve:
+            self._counts[i] += 1
+        ctx.enqueue(r, PREFILL_QUEUE)
+        if ctx.qlen(PREFILL_QUEUE, i) > 1:
+            # Class i already waited, so the gate has judged this state: every other change that can
+            # open a slot (a completion, a drained buffer, a re-solve) re-runs it. This keeps the
+            # controller's cost per arrival at Gate-and-Route's when slots are held back.
+            return
+        if self._has_mixed:
+            self._admit_all(ctx)
+        if self._max_overflow and self._may_overflow[i] and ctx.qlen(PREFILL_QUEUE, i):
+            self._try_overflow(ctx)
+
+    def on_prefill_done(self, ctx: Context, r: int, g: int) -> None:
+        if g >= self.mixed_gpus:
+            self._overflowing -= 1  # the overflow GPU is solo again
+        if self._all_decodable or self._decodable[ctx.req_class(r)]:
+            self._greedy_place(ctx, r)
+
+    def on_slot_freed(self, ctx: Context, g: int) -> None:
+        pool = ctx.gpu_pool(g)
+        if ctx.qlen(DECODE_QUEUE):
+            self._pull_decodes(ctx, g, DECODE_QUEUE)
+        judged = False
+        if pool == MIXED_POOL and g in ctx.idle_prefill(MIXED_POOL):
+            judged = not self._admit_on(ctx, g)  # the gate refused this very state: no need to ask again
+        if not judged and self._holding(ctx):
+            # a freed or drained decode slot may lift the backpressure on reserved slots held idle
+            self._admit_all(ctx)
+        if self._max_overflow and pool == SOLO_POOL and ctx.qlen(PREFILL_QUEUE) and g in ctx.idle_prefill(SOLO_POOL):
+            self._try_overflow(ctx, g)
+
+    def _holding(self, ctx: Context) -> bool:
+        """Backpressure may be holding idle reserved slots while prefills wait."""
+        return self.backpressure and self._has_mixed and bool(ctx.qlen(PREFILL_QUEUE)) and bool(
+            len(ctx.idle_prefill(MIXED_POOL)))
+
+    def on_preempt(self, ctx: Context, r: int, g: int) -> None:
+        # KV preemption (tokens mode) may evict an overflow prefill: recount the solo GPUs running one
+        # (O(n), rare) so that the churn bound stays exact.
+        self._overflowing = sum(1 for h in range(self.mixed_gpus, self.n_gpus) if ctx.gpu_prefill(h) >= 0)
+
+    on_drop = on_preempt
+
+    def on_abandon(self, ctx: Context, r: int, q: int) -> None:
+        if q == DECODE_QUEUE and self._holding(ctx):
+            self._admit_all(ctx)  # the buffer shrank: backpressure may lift
+
+    def on_tick(self, ctx: Context) -> None:
+        before = self._plan_now
+        _Mechanisms.on_tick(self, ctx)
+        if self._plan_now is not before and self._has_mixed and ctx.qlen(PREFILL_QUEUE):
+            self._admit_all(ctx)  # new targets: the gate may admit now
+
+
+class BackpressureSLIGateAndRoute(_Mechanisms, SLIGateAndRoute):
+    """SLI-aware Gate-and-Route (per-pool buffers, p_s,i) with ``caps`` and ``staffing`` (see the module
+    docstring); backpressure, the value order, overflow and re-solves are off: the SLI fixes which
+    pool serves which class, and re-solving would move the SLI's plan."""
+
+    name = "backpressure-sli-gate-and-route"
+
+    def __init__(self, scenario: Scenario, solution: FluidSolution, *, caps: bool = True, staffing: bool = True,
+                 mixed_gpus: int | None = None) -> None:
+        _check_solution(solution, type(self).__name__)
+        from fluidopt.control.gate_and_route import solo_probabilities
+
+        SLIGateAndRoute.__init__(self, solution.x, solo_probabilities(solution, scenario.rates()), solution.q_prefill,
+                                 mixed_gpus=mixed_gpus, class_names=solution.class_names)
+        self._init_mechanisms(scenario, solution, backpressure=False, caps=caps, staffing=staffing,
+                              decode_order="fcfs", overflow=False, max_overflow=None, resolve=False)
+
+    def setup(self, ctx: Context) -> None:
+        self._bind(ctx)
+        self._declare_pools(ctx)
+        self._setup_queues(ctx)
+        self._bind_mechanisms(ctx)
+
+
+# -- registry ---------------------------------------------------------------------------------------
+def _plan(scenario: Scenario, plan: Any, slis: Any, who: str) -> FluidSolution:
+    if isinstance(plan, dict):
+        plan = plan.get("bundled")
+    if plan is None:
+        from fluidopt.fluid.lp import solve_fluid
+
+        return solve_fluid(scenario, "bundled", slis)
+    if slis is not None:
+        raise ScenarioError(f"{who}: give either slis or a solved plan (whose LP already holds its SLIs), not both")
+    if not isinstance(plan, FluidSolution):
+        raise ScenarioError(f"{who}: plan: expected a FluidSolution, got {type(plan).__name__}")
+    if plan.pricing != "bundled":
+        raise ScenarioError(f"{who}: plan: expected a bundled-pricing LP solution, got pricing={plan.pricing!r}")
+    return plan
+
+
+@register("backpressure-gate-and-route", aliases=("bp-gate-and-route",), description=(
+    "Gate-and-Route for finite fleets and bursty traffic: decode-buffer backpressure, caps on rationed "
+    "classes, Erlang-A safety staffing, c-mu/theta decode buffer, overflow prefills, rolling LP re-solve"))
+def make_backpressure_gate_and_route(
+    scenario: Scenario, *, backpressure: bool = True, caps: bool = False, staffing: bool = False,
+    decode_order: str = "value", overflow: bool = True, max_overflow: int | None = None, resolve: bool = True,
+    mixed_gpus: int | None = None, plan: FluidSolution | None = None,
+) -> BackpressureGateAndRoute:
+    """Backpressure Gate-and-Route from the scenario's bundled LP (or the given ``plan``)."""
+    sol = _plan(scenario, plan, None, "backpressure-gate-and-route")
+    return BackpressureGateAndRoute(scenario, sol, backpressure=backpressure, caps=caps, staffing=staffing,
+                                    decode_order=decode_order, overflow=overflow, max_overflow=max_overflow,
+                                    resolve=resolve, mixed_gpus=mixed_gpus)
+
+
+@register("backpressure-sli-gate-and-route", description=(
+    "SLI-aware Gate-and-Route with caps on rationed classes and Erlang-A safety staffing"))
+def make_backpressure_sli_gate_and_route(
+    scenario: Scenario, *, slis: Sequence[Any] | None = None, caps: bool = True, staffing: bool = True,
+    mixed_gpus: int | None = None, plan: FluidSolution | None = None,
+) -> BackpressureSLIGateAndRoute:
+    """SLI-aware variant from the scenario's LP with its SLIs (or the given ``plan``)."""
+    sol = _plan(scenario, plan, slis, "backpressure-sli-gate-and-route")
+    return BackpressureSLIGateAndRoute(scenario, sol, caps=caps, staffing=staffing, mixed_gpus=mixed_gpus)

@@ -1,0 +1,378 @@
+"""Backpressure Gate-and-Route (fluidopt.control.robust): one hand-built-state test per mechanism,
+the safety-staffing rule against Erlang A, the realised-window bound, and the engine invariants under
+hypothesis (as for every controller)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import fluidopt
+from fluidopt import GPUProfile, RequestClass, Scenario
+from fluidopt.control.protocol import DECODE_QUEUE, PREFILL_QUEUE
+from fluidopt.control.registry import available, make_controller
+from fluidopt.control.robust import (
+    RESOLVE_ARRIVALS,
+    BackpressureGateAndRoute,
+    BackpressureSLIGateAndRoute,
+    safety_mixed_gpus,
+)
+from fluidopt.control.snapshot import ClusterSnapshot
+from fluidopt.errors import ScenarioError, UsageError
+from fluidopt.fluid import solve_fluid
+from fluidopt.fluid.realised import realised_bound, realised_classes, window_counts
+from fluidopt.queueing.closed_forms import erlang_a
+from fluidopt.sim.api import simulate
+
+SHORT, LONG = 0, 1  # paper instance: class 0 (300, 1000) is rationed, class 1 (3000, 400) served in full
+
+
+def _paper(n: int = 20) -> tuple[Scenario, object]:
+    s = fluidopt.default_scenario().with_gpus(n)
+    return s, solve_fluid(s)
+
+
+def _ctrl(n: int = 20, **kw) -> tuple[BackpressureGateAndRoute, ClusterSnapshot]:
+    s, sol = _paper(n)
+    opts = {"staffing": False, "resolve": False, "overflow": False, "backpressure": False, "caps": False,
+            "decode_order": "fcfs", **kw}
+    c = make_controller("backpressure-gate-and-route", s, plan=sol, **opts)
+    snap = ClusterSnapshot(n, s.gpu.batch, s.class_names, seed=1)
+    snap.setup(c)
+    return c, snap
+
+
+def _fill_decodes(snap: ClusterSnapshot, gpus, cls: int = SHORT) -> None:
+    """Occupy every decode slot of ``gpus`` with running decodes."""
+    for g in gpus:
+        while g in snap.free_decode(snap.gpu_pool(g)):
+            r = snap.add_request(cls, 300, 10, prefilled=True)
+            snap.start_decode(r, g)
+
+
+def _started(snap: ClusterSnapshot, kind: str) -> list[tuple]:
+    return [a for a in snap.outbox if a[0] == kind]
+
+
+def test_registered():
+    assert "backpressure-gate-and-route" in available()
+    assert "backpressure-sli-gate-and-route" in available()
+
+
+# -- backpressure ---------------------------------------------------------------------------------
+def test_backpressure_room_and_decodes_ahead_by_hand():
+    c, snap = _ctrl(backpressure=True, decode_order="value")
+    s, sol = _paper(20)
+    r = s.rates()
+    done = 20 * float(np.sum(sol.throughput))  # decode completions per second in the plan
+    assert c._room == pytest.approx([done / r.mu_p[SHORT], done / r.mu_p[LONG]])
+    _fill_decodes(snap, range(snap.n_gpus))
+    for _ in range(2):
+        snap.enqueue(snap.add_request(SHORT, 300, 10, prefilled=True), DECODE_QUEUE)
+    snap.enqueue(snap.add_request(LONG, 3000, 10, prefilled=True), DECODE_QUEUE)
+    g = snap.idle_prefill(0).first()
+    snap.start_prefill(snap.add_request(LONG, 3000, 10), g)  # one long-prompt prefill in flight
+    p_ll = 1 - math.exp(-1.0)  # it finishes within one long-prompt prefill time
+    p_sl = 1 - math.exp(-r.mu_p[LONG] / r.mu_p[SHORT])  # ... within one short-prompt prefill time
+    # value order: long-prompt decodes first, so a long-prompt request waits behind 1 decode, a
+    # short-prompt one behind all 3 (and the in-flight long prefill that finishes first)
+    assert c._decodes_ahead(snap) == pytest.approx([3 + p_sl, 1 + p_ll])
+
+
+@pytest.mark.parametrize("backpressure", [True, False])
+def test_backpressure_no_prefill_while_decodes_wait(backpressure):
+    # A decode buffer longer than the slots the plan frees during a prefill, and no free decode slot:
+    # with backpressure no prefill starts although reserved prefill slots are idle and classes with
+    # x* > 0 wait; without it, they start.
+    c, snap = _ctrl(backpressure=backpressure)
+    _fill_decodes(snap, range(snap.n_gpus))
+    for _ in range(10):  # room of the long-prompt class: 6.8 decodes at n = 20
+        snap.enqueue(snap.add_request(LONG, 3000, 10, prefilled=True), DECODE_QUEUE)
+    snap.outbox.clear()
+    assert len(snap.idle_prefill(0)) > 0
+    for cls, prompt in ((LONG, 3000), (SHORT, 300)):
+        c.on_arrival(snap, snap.add_request(cls, prompt, 10))
+    assert len(_started(snap, "prefill")) == (0 if backpressure else 2)
+
+
+def test_backpressure_admits_when_a_decode_slot_is_free():
+    c, snap = _ctrl(backpressure=True)
+    _fill_decodes(snap, range(snap.n_gpus - 1))  # the last (solo) GPU keeps free slots
+    r = snap.add_request(SHORT, 300, 10)
+    c.on_arrival(snap, r)
+    assert snap.req_gpu(r) >= 0
+
+
+def test_backpressure_lifts_when_the_buffer_drains():
+    c, snap = _ctrl(backpressure=True)
+    _fill_decodes(snap, range(snap.n_gpus))
+    waiting = [snap.add_request(LONG, 3000, 10, prefilled=True) for _ in range(10)]
+    for w in waiting:
+        snap.enqueue(w, DECODE_QUEUE)
+    r = snap.add_request(LONG, 3000, 10)
+    c.on_arrival(snap, r)
+    assert snap.req_queue(r) == PREFILL_QUEUE
+    for w in waiting:  # the waiting decodes give up: the buffer empties
+        snap.abandon(w)
+        c.on_abandon(snap, w, DECODE_QUEUE)
+    assert snap.req_gpu(r) >= 0  # the held-back prefill started
+
+
+# -- caps -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("caps", [True, False])
+def test_cap_holds_the_rationed_class_at_ceil_n_x(caps):
+    c, snap = _ctrl(n=20, caps=caps)
+    cap = math.ceil(20 * float(c.x[SHORT]))  # n x_1* = 0.37: cap 1
+    assert cap == 1
+    for _ in range(cap + 1):
+        c.on_arrival(snap, snap.add_request(SHORT, 300, 10))
+    running = snap.n_prefill(SHORT)
+    assert running == (cap if caps else cap + 1)
+    # the class served in full has no cap: it takes the remaining reserved slots
+    for _ in range(3):
+        c.on_arrival(snap, snap.add_request(LONG, 3000, 10))
+    assert snap.n_prefill(LONG) == 3
+
+
+# -- safety staffing ------------------------------------------------------------------------------
+def test_safety_staffing_is_the_erlang_a_marginal_rule():
+    s, sol = _paper(500)
+    r = s.rates()
+    v = float(sol.duals["solo_decode_capacity"])
+    extra = safety_mixed_gpus(500, sol.x, r.lam, r.mu_p, r.theta, r.w, v)
+    # recompute the rule by hand: the long-prompt class (served in full) queues on the slots left by
+    # the short-prompt class's cap, one M/M/c+M queue
+    M = math.ceil(500 * float(np.sum(sol.x)) - 1e-9)
+    c0 = M - math.ceil(500 * float(sol.x[SHORT]) - 1e-9)
+    L, a = 500 * r.lam[LONG], 500 * float(sol.x[LONG])
+    gain = [float(r.w[LONG]) * L * (erlang_a(L, L / a, c0 + k, r.theta[LONG]).p_abandon
+                                    - erlang_a(L, L / a, c0 + k + 1, r.theta[LONG]).p_abandon) for k in range(40)]
+    expected = next(k for k, g in enumerate(gain) if g <= v)
+    assert extra == expected
+    assert 0 < extra <= 3 * math.sqrt(a) + 3  # square-root order
+    # a free decode slot costs nothing: staff to the limit; a priceless one: staff none
+    assert safety_mixed_gpus(500, sol.x, r.lam, r.mu_p, r.theta, r.w, 1e12) == 0
+    assert safety_mixed_gpus(500, sol.x, r.lam, r.mu_p, r.theta, r.w, 0.0) == math.ceil(3 * math.sqrt(a)) + 3
+    c = BackpressureGateAndRoute(s, sol, staffing=True)
+    assert c.plan_mixed_gpus(500) == M + extra
+    assert BackpressureGateAndRoute(s, sol, staffing=False).plan_mixed_gpus(500) == M
+
+
+def test_no_staffing_without_a_class_served_in_full():
+    x = [0.1, 0.1]
+    lam = [10.0, 10.0]  # mu_p x = 0.1 * 1 << lam: both rationed
+    assert safety_mixed_gpus(100, x, lam, [1.0, 1.0], [0.1, 0.1], [1.0, 1.0], 0.0) == 0
+
+
+# -- decode buffer order --------------------------------------------------------------------------
+@pytest.mark.parametrize("order,first", [("value", LONG), ("fcfs", SHORT)])
+def test_decode_buffer_serves_the_highest_c_mu_over_theta_class_first(order, first):
+    c, snap = _ctrl(decode_order=order)
+    # w mu_s / theta: short 230 * 45.45/1000, long 380 * 45.45/400: long first
+    _fill_decodes(snap, range(snap.n_gpus))
+    a = snap.add_request(SHORT, 300, 10, prefilled=True)
+    b = snap.add_request(LONG, 3000, 10, prefilled=True)
+    snap.enqueue(a, DECODE_QUEUE)
+    snap.enqueue(b, DECODE_QUEUE)
+    g = snap.n_gpus - 1  # a solo GPU
+    done = snap.gpu_requests(g)[0]
+    snap.decode_finished(done)
+    snap.outbox.clear()
+    c.on_slot_freed(snap, g)
+    started = [r for (_, r, _) in _started(snap, "decode")]
+    assert started == [b if first == LONG else a]
+
+
+# -- overflow (moving capacity between mixed and solo) --------------------------------------------
+@pytest.mark.parametrize("max_overflow,expected", [(None, 1), (0, 0)])
+def test_overflow_prefill_on_a_free_solo_slot_when_reserved_slots_are_busy(max_overflow, expected):
+    c, snap = _ctrl(overflow=True, max_overflow=max_overflow)
+    M = c.mixed_gpus
+    for g in range(M):  # every reserved slot runs a long-prompt prefill
+        r = snap.add_request(LONG, 3000, 10)
+        snap.start_prefill(r, g)
+    _fill_decodes(snap, range(M, snap.n_gpus - 1))  # one solo GPU keeps free slots
+    snap.outbox.clear()
+    r = snap.add_request(LONG, 3000, 10)
+    c.on_arrival(snap, r)
+    pre = _started(snap, "prefill")
+    assert len(pre) == expected
+    if expected:
+        assert pre[0][2] == snap.n_gpus - 1
+        assert c._overflowing == 1
+        snap.prefill_finished(r)
+        c.on_prefill_done(snap, r, snap.n_gpus - 1)
+        assert c._overflowing == 0
+
+
+def test_a_rationed_class_does_not_overflow_where_mixing_slows_decodes():
+    # paper GPU: gamma tau = 1.5 > 1, and the short-prompt class is rationed: it never overflows
+    c, snap = _ctrl(overflow=True)
+    assert c._may_overflow == [False, True]
+    for g in range(c.mixed_gpus):
+        snap.start_prefill(snap.add_request(LONG, 3000, 10), g)
+    snap.outbox.clear()
+    c.on_arrival(snap, snap.add_request(SHORT, 300, 10))
+    assert _started(snap, "prefill") == []
+
+
+# -- rolling re-solve -----------------------------------------------------------------------------
+def test_resolve_only_when_rates_leave_the_plan():
+    c, snap = _ctrl(resolve=True)
+    s, _ = _paper(20)
+    T = c.tick_interval
+    lam = s.rates().lam * 20  # cluster rates
+    assert T == pytest.approx(max(RESOLVE_ARRIVALS / lam.sum(), 1 / 0.1))
+    x0 = np.array(c.x)
+    # arrivals exactly at the plan's rates: no re-solve
+    c._counts = [int(round(v * T)) for v in lam]
+    snap.now = T
+    c.on_tick(snap)
+    assert c.resolves == 0 and np.array_equal(c.x, x0)
+    # the long-prompt class at twice its rate: re-solve; its target doubles while prefill capacity lasts
+    c._counts = [int(round(lam[0] * T)), int(round(2 * lam[1] * T))]
+    snap.now = 2 * T
+    c.on_tick(snap)
+    assert c.resolves == 1
+    again = solve_fluid(replace(s, classes=(s.classes[0], replace(s.classes[1], rate=2 * s.classes[1].rate))))
+    assert np.allclose(c.x, np.where(again.x < 1e-12, 0, again.x), atol=1e-9)
+    assert c.x[LONG] == pytest.approx(2 * x0[LONG], rel=1e-6)
+    # still at the new rates: no further re-solve
+    snap.now = 3 * T
+    c._counts = [int(round(lam[0] * T)), int(round(2 * lam[1] * T))]
+    c.on_tick(snap)
+    assert c.resolves == 1
+    # back at the plan's rates: the original plan returns (a false alarm is undone)
+    c._counts = [int(round(v * T)) for v in lam]
+    snap.now = 4 * T
+    c.on_tick(snap)
+    assert c._plan_now is c.solution and np.array_equal(c.x, x0) and c.resolves == 1
+
+
+# -- SLI variant ----------------------------------------------------------------------------------
+def test_sli_variant_caps_the_rationed_class():
+    s, _ = _paper(20)
+    c = make_controller("backpressure-sli-gate-and-route", s, slis=["decode_fairness=0.5"], staffing=False)
+    assert isinstance(c, BackpressureSLIGateAndRoute)
+    snap = ClusterSnapshot(20, s.gpu.batch, s.class_names, seed=1)
+    snap.setup(c)
+    cap = math.ceil(20 * float(c.x[SHORT]) - 1e-9)
+    for _ in range(cap + 2):
+        c.on_arrival(snap, snap.add_request(SHORT, 300, 10))
+    assert snap.n_prefill(SHORT) == cap
+
+
+# -- options ----------------------------------------------------------------------------------------
+def test_bad_options_name_the_field():
+    s, sol = _paper(5)
+    with pytest.raises(ScenarioError, match="decode_order"):
+        make_controller("backpressure-gate-and-route", s, plan=sol, decode_order="lifo")
+    with pytest.raises(ScenarioError, match="max_overflow"):
+        make_controller("backpressure-gate-and-route", s, plan=sol, max_overflow=-1)
+    with pytest.raises(ScenarioError, match="caps"):
+        make_controller("backpressure-gate-and-route", s, plan=sol, caps="yes")
+    with pytest.raises(ScenarioError, match="pricing"):
+        make_controller("backpressure-gate-and-route", s, plan=solve_fluid(s, "separate"))
+
+
+# -- realised-window bound --------------------------------------------------------------------------
+def test_realised_classes_and_bound_from_a_window():
+    import pandas as pd
+
+    s, sol = _paper(10)
+    arr = pd.DataFrame({"time": [0.5, 1.0, 2.0, 2.5, 3.0, 9.0], "cls": [0, 1, 0, 0, 1, 1],
+                        "prompt": [100, 2000, 300, 500, 4000, 1], "output": [10, 20, 30, 50, 40, 1]})
+    assert window_counts(arr, 2, 1.0, 3.5).tolist() == [2, 2]
+    cl = realised_classes(s, arr, 1.0, 3.0)  # [1, 3): rows at 1.0, 2.0, 2.5
+    assert cl[0].rate == pytest.approx(2 / 2.0) and cl[1].rate == pytest.approx(1 / 2.0)
+    assert cl[0].prompt == pytest.approx(400.0) and cl[0].decode == pytest.approx(40.0)
+    assert cl[1].prompt == pytest.approx(2000.0)
+    assert cl[0].patience == s.classes[0].patience
+    kept = realised_classes(s, arr, 1.0, 3.0, lengths="plan")
+    assert kept[0].prompt == s.classes[0].prompt
+    b = realised_bound(s, arr, 1.0, 3.0)
+    direct = solve_fluid(replace(s, classes=cl))
+    assert b.objective_per_gpu == pytest.approx(direct.objective_per_gpu, rel=1e-9)
+    # arrivals exactly at the plan's rates and lengths give the plan's R*
+    lam = [c.rate for c in s.classes]
+    t = np.concatenate([np.arange(int(lam[i] * 100)) / lam[i] for i in range(2)])
+    c_ = np.concatenate([np.full(int(lam[i] * 100), i) for i in range(2)])
+    same = pd.DataFrame({"time": t, "cls": c_, "prompt": 1, "output": 1})
+    assert realised_bound(s, same, 0.0, 100.0, lengths="plan").objective_per_gpu == pytest.approx(
+        sol.objective_per_gpu, rel=1e-6)
+    with pytest.raises(UsageError, match="window"):
+        realised_classes(s, arr, 3.0, 1.0)
+
+
+# -- engine invariants under hypothesis -------------------------------------------------------------
+@st.composite
+def cases(draw):
+    n = draw(st.integers(1, 6))
+    B = draw(st.integers(2, 8))
+    service = draw(st.sampled_from(("markov", "tokens")))
+    kv = None
+    if service == "tokens" and draw(st.booleans()):
+        kv = float(draw(st.integers(800, 6000)))
+    gpu = GPUProfile.from_gamma(
+        alpha=draw(st.floats(0.005, 0.03)), beta=draw(st.floats(1e-6, 2e-4)), gamma=draw(st.floats(10.0, 60.0)),
+        chunk=draw(st.sampled_from((32, 128, 256))), batch=B, kv_capacity=kv,
+    )
+    k = draw(st.integers(1, 3))
+    classes = tuple(RequestClass(
+        f"c{i}", prompt=draw(st.floats(20.0, 2000.0)), decode=draw(st.floats(5.0, 800.0)),
+        rate=n * draw(st.floats(0.05, 1.5)), patience=draw(st.floats(0.05, 1.0)),
+        decode_price=draw(st.sampled_from((None, 1e-4))),
+    ) for i in range(k))
+    s = Scenario(gpu=gpu, gpus=n, classes=classes, prefill_price=draw(st.floats(0.0, 0.3)),
+                 decode_price=draw(st.floats(0.01, 0.3)), name="random")
+    policy = draw(st.sampled_from(("backpressure-gate-and-route", "backpressure-sli-gate-and-route")))
+    opts: dict = {}
+    if policy == "backpressure-gate-and-route":
+        opts = {"backpressure": draw(st.booleans()), "caps": draw(st.booleans()), "staffing": draw(st.booleans()),
+                "decode_order": draw(st.sampled_from(("value", "fcfs"))), "overflow": draw(st.booleans()),
+                "resolve": draw(st.booleans())}
+    elif draw(st.booleans()):
+        opts["slis"] = ["decode_fairness=0.5"]
+    horizon = float(min(300.0, 150.0 / sum(c.rate for c in classes)))
+    return s, policy, opts, service, horizon, draw(st.integers(0, 2**16))
+
+
+@settings(max_examples=30, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(cases())
+def test_robust_controllers_keep_engine_invariants(case):
+    s, policy, opts, service, horizon, seed = case
+    ctrl = make_controller(policy, s, **opts)
+    if getattr(ctrl, "tick_interval", None):
+        ctrl.tick_interval = horizon / 5  # exercise the re-solve path inside the short run
+    res = simulate(s, ctrl, horizon=horizon, warmup=0.0, seed=seed, service=service, check=True, batches=2)
+    t = res.totals
+    assert t["requests"] == t["completed"] + t["abandoned"] + t["dropped"] + t["in_system"]
+    x = np.asarray(ctrl.solution.x)
+    if not getattr(ctrl, "resolves", 0):
+        assert np.all(res.per_class["x_mean"].to_numpy()[x <= 1e-12] == 0.0)
+    if getattr(ctrl, "_max_overflow", 0) or ctrl.overflow:
+        assert 0 <= ctrl._overflowing <= ctrl._max_overflow
+
+
+def test_policy_grid_example_quick(tmp_path):
+    # the example's --quick size, the paper family only, in this process: every policy runs and the
+    # table's inputs are written
+    import importlib.util
+    from pathlib import Path
+
+    import pandas as pd
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "policy_grid.py"
+    spec = importlib.util.spec_from_file_location("policy_grid", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--quick", "--workers", "1", "--families", "paper", "--out", str(tmp_path)]) == 0
+    df = pd.read_csv(tmp_path / "runs.csv")
+    assert set(df["policy"]) == set(mod.POLICIES)
+    assert (df["ratio"] > 0.5).all() and (df["ratio"] < 1.1).all()
