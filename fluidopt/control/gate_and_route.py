@@ -27,6 +27,7 @@ picked from the view's ``idle_prefill`` / ``free_decode`` sets, never by scannin
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -544,9 +545,11 @@ def _build(cls: type, scenario: Scenario, pricing: str, slis: Sequence[Any] | No
         raise ScenarioError(f"{cls.name}: give either slis or a solved plan (whose LP already holds its SLIs), not both")
     if plan.pricing != pricing:
         raise ScenarioError(f"{cls.name}: the plan was solved with pricing={plan.pricing!r}, the policy runs {pricing!r}")
-    if cls is GateAndRoute:
-        return cls.from_solution(plan, mixed_gpus=mixed_gpus)
-    return cls.from_solution(plan, scenario, mixed_gpus=mixed_gpus)
+    # Gate-and-Route and its subclasses plan from x* alone; the SLI-aware and separate-pricing
+    # controllers also need the scenario's rates.
+    if "scenario" in inspect.signature(cls.from_solution).parameters:
+        return cls.from_solution(plan, scenario, mixed_gpus=mixed_gpus)
+    return cls.from_solution(plan, mixed_gpus=mixed_gpus)
 
 
 @register("gate-and-route", aliases=("gg-sp",), description=(

@@ -448,3 +448,20 @@ def test_weighted_policy_follows_a_plan_with_a_decode_buffer():
     _within(rw, (0.99756, 0.00757, 20), "weighted SLI-aware revenue / R*")
     _within(rg, (0.85760, 0.00814, 20), "Gate-and-Route revenue / R*")
     assert w.per_class["completed"].iloc[0] == 0  # class a is never decoded, as planned
+
+
+@pytest.mark.parametrize("name", ["gate-and-route", "prioritize-and-route", "sli-gate-and-route",
+                                  "sli-weighted-gate-and-route", "gi-wsp", "gf-wsp", "fg-sp"])
+def test_a_plan_handed_down_builds_the_same_controller(name, paper):
+    """make_controller(..., plan=...) builds from the caller's solved LP exactly what the policy builds itself."""
+    from fluidopt.control.registry import make_controller, uses_plan
+
+    assert uses_plan(name)
+    plans = {p: solve_fluid(paper, p) for p in ("bundled", "separate")}
+    own = make_controller(name, paper)
+    handed = make_controller(name, paper, plan=plans)
+    assert type(own) is type(handed)
+    for attr in ("x", "p_solo", "priority", "weights_mixed", "weights_solo"):
+        if hasattr(own, attr):
+            a, b = getattr(own, attr), getattr(handed, attr)
+            assert np.array_equal(np.asarray(a, dtype=float), np.asarray(b, dtype=float)), attr
