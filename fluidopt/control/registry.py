@@ -57,6 +57,7 @@ BUILTIN_MODULES = (
     "fluidopt.control.gate_and_route",
     "fluidopt.control.paper_baselines",
     "fluidopt.control.load_balancers",
+    "fluidopt.rl.policies",
 )
 ENTRY_POINT_GROUP = "fluidopt.policies"
 
