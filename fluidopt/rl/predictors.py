@@ -70,6 +70,7 @@ def _uniform(seed: int, t: float, c: int, p: int, o: int) -> float:
     """A uniform in [0, 1) determined by the seed and the request's attributes."""
     h = _mix(seed & _MASK)
     h = _mix(h ^ struct.unpack("<Q", struct.pack("<d", float(t)))[0])
+    c, p, o = int(c), int(p), int(o)  # numpy integers would overflow the 64-bit arithmetic
     h = _mix(h ^ ((c & 0xFFFF) << 48) ^ (p & 0xFFFFFF) << 24 ^ (o & 0xFFFFFF))
     return (h >> 11) * (1.0 / (1 << 53))
 

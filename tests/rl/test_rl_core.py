@@ -112,3 +112,49 @@ def test_in_system_counts(tiny):
     eng.advance(0.2)
     assert in_system(eng) == 5
     eng.finish()
+
+
+def _brute_penalty(core, eng):
+    """P by definition: a loop over every decoding request with the engine's own token counts."""
+    done = core.banked
+    for g in range(core.n):
+        for r, e in core.dec[g].items():
+            o = eng.req_generated(r)
+            done += e[1] if o >= e[4] else e[2] * o
+    return core.sum_invT - done
+
+
+def test_o1_progress_and_state_match_brute_force_under_preemption():
+    # a small KV cache and long outputs: instances preempt (recompute) and requests outrun predictions
+    from fluidopt.scenario import scenario_from_dict
+
+    sc = scenario_from_dict({
+        "gpu": {"alpha": 0.017, "beta": 3.2e-4, "tau_solo": 0.017, "chunk": 256, "batch": 16,
+                "kv_capacity": 3000, "kv_time_per_token": 7e-7},
+        "cluster": {"gpus": 3},
+        "classes": [{"name": "a", "prompt": 100, "decode": 150, "rate": 12.0},
+                    {"name": "b", "prompt": 300, "decode": 400, "rate": 3.0}],
+    })
+    wl = episode_workload(sc, 300, 11)
+    core = RouterCore(sc.gpu, predictor=NoisyOracle(0.6, seed=2))
+    core.pause_on_decision = True
+    core.pause_at_resolved = 300
+    eng = _engine(sc, wl, core, horizon=3000.0)
+    rng = np.random.default_rng(0)
+    checked = 0
+    while core.resolved < 300 and not eng.done:
+        eng.advance(2999.0)
+        if eng.qlen(core.router_queue):
+            obs, P = core.observe_with_penalty(eng)
+            assert P == pytest.approx(_brute_penalty(core, eng), rel=1e-9, abs=1e-9)
+            for g in range(core.n):  # earliest completion: min over decoding requests of predicted - generated
+                rem = [e[4] - eng.req_generated(r) for r, e in core.dec[g].items()]
+                rem = [x for x in rem if x > 0]
+                if rem:
+                    tau = sc.gpu.tau_solo + sc.gpu.kv_time_per_token * eng.gpu_kv_used(g)
+                    assert obs[6 * g + 5] == pytest.approx(min(1.0, min(rem) * tau / 10.0), rel=1e-5)
+            checked += 1
+            r = eng.head(core.router_queue)
+            core.dispatch(eng, r, int(rng.integers(core.n)))
+    res = eng.finish()
+    assert checked >= 300 and res.cluster["preemptions"] > 0 and core.resolved == 300
