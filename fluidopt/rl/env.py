@@ -20,7 +20,6 @@ it, waiting would look cheap: it would postpone, in steps, penalties that accrue
 
 from __future__ import annotations
 
-import math
 import warnings
 
 import gymnasium as gym

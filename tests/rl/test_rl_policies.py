@@ -83,3 +83,35 @@ def test_cli_errors_exit_2_with_one_line(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "x.npz: no such file" in r.stderr
+
+
+# an import hook that makes torch and gymnasium look uninstalled
+_BLOCK = ("import sys\n"
+          "class _Block:\n"
+          "    def find_spec(self, name, path=None, target=None):\n"
+          "        if name.split('.')[0] in ('torch', 'gymnasium'):\n"
+          "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+          "sys.meta_path.insert(0, _Block())\n")
+
+
+def test_routers_run_without_torch_or_gymnasium():
+    code = _BLOCK + (
+        "from fluidopt.sim.api import simulate; "
+        f"r = simulate({str(RL_SCENARIO)!r}, 'wg-rl', horizon=10.0, service='tokens', seed=1); "
+        "assert 'torch' not in sys.modules; "
+        "print(r.totals['completed'])"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert int(r.stdout.strip()) > 100
+
+
+def test_train_without_the_extra_is_one_line_exit_2(tmp_path):
+    code = _BLOCK + (
+        "from fluidopt.cli import main; "
+        f"sys.exit(main(['rl', 'train', {str(RL_SCENARIO)!r}, '--out', {str(tmp_path / 'w.npz')!r}]))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip() == ("fluidopt rl: error: RL training needs the rl extra (torch, gymnasium), "
+                                "missing 'gymnasium': pip install -e \".[rl]\"")
