@@ -140,8 +140,8 @@ class RouterCore(InstanceScheduler):
     # -- setup and bookkeeping -------------------------------------------------------------------
     def setup(self, ctx: Context) -> None:
         super().setup(ctx)
-        if ctx.service != "tokens":
-            raise ScenarioError(f"{self.name}: needs service='tokens' (token-level instances with KV caches), got {ctx.service!r}")
+        # service="markov" runs too (every registered controller does), but its state degenerates:
+        # no KV cache and no output generated before completion. The RL setting is service="tokens".
         m = self.n
         self.B = ctx.batch
         cap = ctx.gpu_kv_free(0)

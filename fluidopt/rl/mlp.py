@@ -30,7 +30,7 @@ def shipped_weights_path(variant: str, m: int) -> Path:
 
 
 def train_command(variant: str, m: int) -> str:
-    scen = "examples/scenarios/rl-router-v100.toml" if m == 4 else "examples/scenarios/rl-router-v100-8.toml"
+    scen = {4: "examples/scenarios/rl-router-v100.toml", 8: "examples/scenarios/rl-router-v100-8.toml"}.get(m, "SCENARIO")
     return f"fluidopt rl train {scen} --variant {variant} --out fluidopt/rl/weights/{variant}-rl-{m}.npz"
 
 

@@ -14,12 +14,14 @@ ROOT = Path(__file__).resolve().parents[2]
 RL_SCENARIO = ROOT / "examples" / "scenarios" / "rl-router-v100.toml"
 
 
-def tiny_scenario(gpus: int = 2, batch: int = 8, kv: float = 100000.0):
+def tiny_scenario(gpus: int = 2, batch: int = 8, kv: float | None = 100000.0):
     """Llama-2-7B/V100-like instances with a small batch; two classes: short and long outputs."""
+    gpu = {"alpha": 0.017, "beta": 3.2e-4, "tau_solo": 0.017, "chunk": 256, "batch": batch}
+    if kv is not None:
+        gpu.update(kv_capacity=kv, kv_time_per_token=7e-7)
     return scenario_from_dict({
         "name": "tiny-rl",
-        "gpu": {"alpha": 0.017, "beta": 3.2e-4, "tau_solo": 0.017, "chunk": 256, "batch": batch,
-                "kv_capacity": kv, "kv_time_per_token": 7e-7},
+        "gpu": gpu,
         "cluster": {"gpus": gpus},
         "classes": [{"name": "short", "prompt": 50, "decode": 20, "rate": 5.0},
                     {"name": "long", "prompt": 50, "decode": 3000, "rate": 0.1}],

@@ -100,10 +100,19 @@ def test_episode_workload_and_layout_of_the_paper_setting():
     assert not episode_workload(sc, 2000, 6).frame.equals(wl.frame)
 
 
-def test_router_core_needs_token_service(tiny):
-    core = RouterCore(tiny.gpu)
-    with pytest.raises(ScenarioError, match="service='tokens'"):
-        make_engine(tiny, core, horizon=10.0, service="markov", seed=0).start()
+def test_markov_service_runs_with_a_degenerate_state():
+    # every registered controller runs in both services; without tokens nothing is generated early
+    sc = tiny_scenario(kv=None)
+    core = RouterCore(sc.gpu, pin={i: i % 2 for i in range(20)})
+    eng = make_engine(sc, core, horizon=10.0, service="markov", seed=0, workload=blocked_workload(batch=4, n_short=16))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TraceWarning)
+        eng.start()
+    eng.advance(1.0)
+    obs, P = core.observe_with_penalty(eng)
+    assert P == pytest.approx(core.sum_invT)  # no request has generated a token yet
+    assert (obs >= 0).all() and (obs <= 1).all()
+    eng.finish()
 
 
 def test_in_system_counts(tiny):
