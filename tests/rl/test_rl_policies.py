@@ -113,3 +113,30 @@ def test_train_without_the_extra_is_one_line_exit_2(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip() == ("fluidopt rl: error: RL training needs the rl extra (torch, gymnasium), "
                                 "missing 'gymnasium': pip install -e \".[rl]\"")
+
+
+def test_a_real_router_drives_wg_rl_through_a_cluster_snapshot():
+    """The real-router path: a ClusterSnapshot, arrivals, and on_tick every 0.02 s from the router's timer."""
+    from fluidopt.control.registry import make_controller
+    from fluidopt.control.snapshot import ClusterSnapshot
+
+    sc = load_scenario(RL_SCENARIO)
+    ctrl = make_controller("wg-rl", sc)
+    snap = ClusterSnapshot(sc.gpus, sc.gpu.batch, sc.class_names, seed=0, service="tokens")
+    snap.setup(ctrl)
+    sent = []
+    for k in range(12):
+        snap.now = 0.02 * k
+        r = snap.add_request(k % 5, 50 + 10 * k, 100)
+        ctrl.on_arrival(snap, r)
+        assert snap.req_queue(r) == ctrl.router_queue  # held for the agent
+        for _ in range(3):  # the router's timer: a few ticks, one decision each while requests wait
+            snap.now += 0.005
+            ctrl.on_tick(snap)
+        sent += [(kind, g) for kind, _, g in snap.outbox]
+        snap.outbox.clear()
+    dispatched = ctrl.decisions - ctrl.waits
+    assert ctrl.decisions >= 12 and dispatched > 0
+    assert snap.qlen(ctrl.router_queue) == 12 - dispatched
+    assert sum(snap.instance_requests(g) for g in range(4)) == dispatched
+    assert any(kind == "prefill" for kind, _ in sent)
