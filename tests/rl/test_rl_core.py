@@ -133,6 +133,7 @@ def _brute_penalty(core, eng):
     return core.sum_invT - done
 
 
+@pytest.mark.integration
 def test_o1_progress_and_state_match_brute_force_under_preemption():
     # a small KV cache and long outputs: instances preempt (recompute) and requests outrun predictions
     from fluidopt.scenario import scenario_from_dict

@@ -26,6 +26,7 @@ def _blocked_env():
                      max_time=30.0)
 
 
+@pytest.mark.integration
 def test_tiny_training_learns_to_send_work_to_the_free_instance():
     res = train(None, DQNConfig(seed=5, **TINY), env=_blocked_env())
     steps = int(res.curves.steps.sum())
@@ -43,6 +44,7 @@ def test_tiny_training_learns_to_send_work_to_the_free_instance():
     assert (acts == 1).mean() >= 0.9, np.bincount(acts, minlength=3)
 
 
+@pytest.mark.integration
 def test_training_is_deterministic_bit_for_bit():
     cfg = DQNConfig(seed=3, **{**TINY, "episodes": 2, "eps_episodes": 1})
     a = train(None, cfg, env=_blocked_env())

@@ -12,6 +12,7 @@ from fluidopt.rl.env import RouterEnv  # noqa: E402
 from .conftest import RL_SCENARIO, blocked_workload, tiny_scenario  # noqa: E402
 
 
+@pytest.mark.integration
 def test_check_env_passes():
     from gymnasium.utils.env_checker import check_env
 
@@ -32,6 +33,7 @@ def _rollout(env, seed, n=400):
     return out
 
 
+@pytest.mark.integration
 def test_same_seed_same_trajectory_bit_for_bit():
     a = _rollout(RouterEnv(RL_SCENARIO, n_requests=150), 4)
     b = _rollout(RouterEnv(RL_SCENARIO, n_requests=150), 4)
@@ -70,6 +72,7 @@ def test_pinned_background_load_never_asks_the_agent():
     assert steps == 10 and term
 
 
+@pytest.mark.integration
 def test_stable_baselines3_dqn_trains_unchanged():
     sb3 = pytest.importorskip("stable_baselines3")
     import torch

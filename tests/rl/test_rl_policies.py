@@ -75,6 +75,7 @@ def test_registered_policy_runs_in_simulate_and_rejects_bad_setups(tmp_path):
     assert res2.policy == "baseline-rl"
 
 
+@pytest.mark.integration
 def test_cli_errors_exit_2_with_one_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "fluidopt", "simulate", str(RL_SCENARIO), "--policy", "wa-rl",
                         "--service", "tokens", "--horizon", "5", "--option", f"weights={tmp_path / 'x.npz'}"],
@@ -92,6 +93,7 @@ _BLOCK = ("import sys\n"
           "sys.meta_path.insert(0, _Block())\n")
 
 
+@pytest.mark.integration
 def test_routers_run_without_torch_or_gymnasium():
     code = _BLOCK + (
         "from fluidopt.sim.api import simulate; "
@@ -104,6 +106,7 @@ def test_routers_run_without_torch_or_gymnasium():
     assert int(r.stdout.strip()) > 100
 
 
+@pytest.mark.integration
 def test_train_without_the_extra_is_one_line_exit_2(tmp_path):
     code = _BLOCK + (
         "from fluidopt.cli import main; "
@@ -115,6 +118,7 @@ def test_train_without_the_extra_is_one_line_exit_2(tmp_path):
                                 "missing 'gymnasium': pip install -e \".[rl]\"")
 
 
+@pytest.mark.integration
 def test_a_real_router_drives_wg_rl_through_a_cluster_snapshot():
     """The real-router path: a ClusterSnapshot, arrivals, and on_tick every 0.02 s from the router's timer."""
     from fluidopt.control.registry import make_controller
