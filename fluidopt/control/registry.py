@@ -58,6 +58,7 @@ BUILTIN_MODULES = (
     "fluidopt.control.paper_baselines",
     "fluidopt.control.load_balancers",
     "fluidopt.control.robust",
+    "fluidopt.rl.policies",
 )
 ENTRY_POINT_GROUP = "fluidopt.policies"
 

@@ -1,0 +1,129 @@
+"""``fluidopt rl``: train the RL router (Double DQN) and evaluate routers head to head on RL episodes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from fluidopt.errors import UsageError
+
+EPILOG = """\
+examples:
+  fluidopt rl train examples/scenarios/rl-router-v100.toml --variant wg --out wg-rl-4.npz
+  fluidopt rl evaluate examples/scenarios/rl-router-v100.toml --policies round-robin,jsq,wg-rl --episodes 5
+  fluidopt rl evaluate examples/scenarios/rl-router-v100.toml --policies wg-rl --option wg-rl:weights=wg-rl-4.npz
+
+Training needs the rl extra: pip install -e ".[rl]". Evaluation (and the registered policies
+baseline-rl, wa-rl, wg-rl) runs without it. See docs/rl.md.
+"""
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("rl", help="train and evaluate the workload-guided RL router",
+                              description="Train the RL router (Double DQN) or evaluate routers on RL episodes.",
+                              epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="rl_command", metavar="ACTION")
+    t = sub.add_parser("train", help="train a Double DQN router and write its weight file (.npz)")
+    t.add_argument("scenario", metavar="SCENARIO", help="scenario TOML (instances = its GPUs)")
+    t.add_argument("--variant", choices=("baseline", "wa", "wg"), default="wg", help="reward variant (default wg)")
+    t.add_argument("--episodes", type=int, default=30, help="training episodes (default 30)")
+    t.add_argument("--requests", type=int, default=2000, help="requests per episode (default 2000)")
+    t.add_argument("--seed", type=int, default=0, help="seed: same seed, same weights bit for bit (default 0)")
+    t.add_argument("--eps-episodes", type=int, default=20, help="episodes of epsilon-greedy exploration (default 20)")
+    t.add_argument("--train-every", type=int, default=1, help="environment steps per gradient update (default 1)")
+    t.add_argument("--out", required=True, metavar="FILE", help="weight file to write (.npz)")
+    t.add_argument("--curves", default=None, metavar="CSV", help="write the per-episode training curves")
+    t.add_argument("--checkpoint", default=None, metavar="FILE", help="torch checkpoint after every episode")
+    t.add_argument("--progress", action="store_true", help="a progress line with the episode reward on stderr")
+    e = sub.add_parser("evaluate", help="run routers on the same RL episodes and print the comparison table")
+    e.add_argument("scenario", metavar="SCENARIO")
+    e.add_argument("--policies", default=None,
+                   help="comma-separated policy names (default: the RL paper's table: round-robin ... wg-rl)")
+    e.add_argument("--episodes", type=int, default=20, help="episodes (default 20)")
+    e.add_argument("--requests", type=int, default=2000, help="requests per episode (default 2000)")
+    e.add_argument("--seed", type=int, default=1000, help="evaluation seed (default 1000, apart from training's)")
+    e.add_argument("--accuracy", type=float, default=0.79, help="noisy-oracle bucket accuracy (default 0.79)")
+    e.add_argument("--option", action="append", default=[], metavar="POLICY:KEY=VALUE",
+                   help="an option for one policy (repeatable), e.g. wg-rl:weights=my.npz")
+    e.add_argument("--csv", default=None, metavar="FILE", help="write the per-episode rows")
+    e.add_argument("--json", action="store_true", help="print the summary as JSON")
+    return p
+
+
+def _train(args) -> int:
+    from fluidopt.rl import require_extra
+
+    require_extra("training")
+    from fluidopt.rl.dqn import DQNConfig, train
+    from fluidopt.rl.mlp import save_weights
+    from fluidopt.scenario import load_scenario
+
+    for name in ("episodes", "requests", "train_every"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')}: expected an integer >= 1, got {getattr(args, name)}")
+    if args.seed < 0:
+        raise UsageError(f"--seed: expected an integer >= 0, got {args.seed}")
+    scenario = load_scenario(args.scenario)
+    cfg = DQNConfig(variant=args.variant, episodes=args.episodes, n_requests=args.requests, seed=args.seed,
+                    eps_episodes=args.eps_episodes, train_every=args.train_every)
+    res = train(scenario, cfg, checkpoint=args.checkpoint, progress=args.progress)
+    cmd = (f"fluidopt rl train {args.scenario} --variant {args.variant} --episodes {args.episodes} "
+           f"--requests {args.requests} --seed {args.seed} --eps-episodes {args.eps_episodes} "
+           f"--train-every {args.train_every} --out {args.out}")
+    path = save_weights(args.out, res.net, command=cmd)
+    if args.curves:
+        res.curves.to_csv(args.curves, index=False)
+    last = res.curves.iloc[-1]
+    print(f"wrote {path} ({path.stat().st_size:,} bytes): {args.variant}-rl, {len(res.curves)} episodes, "
+          f"{res.state['steps']:,} steps, {res.wall_seconds:.0f} s; last episode reward {last['reward']:,.1f}, "
+          f"mean e2e {last['e2e_mean']:.3f} s")
+    return 0
+
+
+def _evaluate(args) -> int:
+    from fluidopt.commands._options import parse_options
+    from fluidopt.control.registry import make_controller  # noqa: F401  (built-ins registered on first use)
+    from fluidopt.rl.evaluate import PAPER_POLICIES, evaluate, summarize
+    from fluidopt.scenario import load_scenario
+
+    pols = PAPER_POLICIES if not args.policies else tuple(s.strip() for s in args.policies.split(",") if s.strip())
+    opts: dict[str, dict] = {}
+    for spec in args.option:
+        pol, sep, rest = spec.partition(":")
+        if not sep:
+            raise UsageError(f"--option {spec!r}: expected POLICY:KEY=VALUE")
+        opts.setdefault(pol.strip(), {}).update(parse_options([rest]))
+    if args.episodes < 1 or args.requests < 1:
+        raise UsageError("--episodes and --requests: expected integers >= 1")
+    scenario = load_scenario(args.scenario)
+
+    def prog(row):
+        print(f"  episode {row['episode']} {row['policy']}: e2e {row['e2e_mean']:.3f} s", file=sys.stderr)
+
+    df = evaluate(scenario, pols, episodes=args.episodes, n_requests=args.requests, seed=args.seed,
+                  accuracy=args.accuracy, options=opts, progress=prog if sys.stderr.isatty() else None)
+    if args.csv:
+        df.to_csv(args.csv, index=False)
+    s = summarize(df)
+    if args.json:
+        print(json.dumps(s.to_dict(orient="records"), indent=2, default=float))
+    else:
+        print(f"{scenario.name}: {args.episodes} episodes x {args.requests} requests, seed {args.seed}")
+        print(f"{'policy':18s} {'e2e mean (s)':>18s} {'vs RR %':>14s} {'paper %':>8s} {'TTFT (s)':>9s} "
+              f"{'TPOT (s)':>9s} {'preempt':>8s}")
+        for _, r in s.iterrows():
+            imp = f"{r.get('improvement_pct', float('nan')):6.2f}+-{r.get('improvement_ci', float('nan')):.2f}"
+            pap = "" if r["paper_improvement_pct"] != r["paper_improvement_pct"] else f"{r['paper_improvement_pct']:.2f}"
+            print(f"{r['policy']:18s} {r['e2e_mean']:9.3f}+-{r['e2e_mean_ci']:<7.3f} {imp:>14s} {pap:>8s} "
+                  f"{r['ttft_mean']:9.3f} {r['tpot_mean']:9.4f} {r['preemptions']:8.1f}")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.rl_command == "train":
+        return _train(args)
+    if args.rl_command == "evaluate":
+        return _evaluate(args)
+    raise UsageError("rl: expected an action: train or evaluate (fluidopt rl --help)")

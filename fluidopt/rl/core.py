@@ -1,0 +1,426 @@
+"""The RL router's MDP pieces, without torch or gymnasium: state, reward, mixing estimate, episodes.
+
+:class:`RouterCore` is an :class:`~fluidopt.control.instance.InstanceScheduler` (vLLM-like instances:
+prefill first, no chunking, KV capacity, recompute preemption) whose ``route`` holds every arrival
+in the central router queue; a driver (the Gymnasium environment, or the shipped policies'
+``on_tick``) sends the head-of-line request to an instance every decision epoch (0.02 s), or waits.
+It keeps, from the events it sees, everything the state and the reward need in O(1) per event:
+
+* per instance g: requests in prompt phase (routed to g, prefill not finished), unfinished requests
+  routed to g by predicted decode bucket, their prompt + predicted output tokens (the mixing
+  estimate's load), prompt tokens queued at g (free capacity net of the queue), and the requests
+  decoding on g with their predictions;
+* globally: the sum of 1 / T_j over unfinished requests (T_j: ideal completion time, prefill plus
+  predicted output at solo decode speed), the progress already banked by preempted requests, and
+  the number of completions.
+
+State (``obs``, 6 m + 3 floats in [0, 1]; 27 for m = 4), per instance g:
+``[prompt-phase count / B, bucket-0 count / B, bucket-1 count / B, bucket-2 count / B,
+free capacity, earliest estimated completion / 10 s]`` (counts clipped at 1), then
+``[min(router queue, 512) / 512, log2(1 + head prompt) / 12, head bucket / 2]``.
+Free capacity = min(free slots / B, (free KV - prompts queued at g) / KV capacity), clipped to
+[0, 1]. Earliest estimated completion = min over g's decoding requests of max(0, predicted - generated
+output) x (tau_solo + kv_time_per_token x KV in use) seconds; 0 when nothing decodes.
+
+Reward (per decision, docs/rl.md section 2): ``-P(t) x epochs elapsed + r_w x completions +
+w_k x h``, with ``P = sum_j (1 / T_j)(1 - min(1, o_j / d_j))`` over unfinished requests (o_j output
+generated, d_j predicted), ``r_w = 60``, and the guidance ``h = r_mix(chosen) - max_l r_mix(l) <= 0``
+(0 for "wait").
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from fluidopt.control.instance import InstanceScheduler
+from fluidopt.control.protocol import Context
+from fluidopt.errors import ScenarioError
+from fluidopt.model import GPUProfile, Scenario
+from fluidopt.rl.predictors import BUCKET_TOKENS, NoisyOracle
+
+__all__ = [
+    "EPOCH",
+    "QUEUE_CAP",
+    "STATE_LAYOUT",
+    "RewardConfig",
+    "RouterCore",
+    "episode_seed",
+    "episode_workload",
+    "in_system",
+    "obs_dim",
+]
+
+EPOCH = 0.02
+"""Seconds between decision epochs (the paper's minimum decode iteration)."""
+QUEUE_CAP = 512
+STATE_LAYOUT = "fluidopt-rl-state-v1"
+"""Name of the state layout above; shipped weights record it and loading checks it."""
+EST_SCALE = 10.0  # s: earliest-completion normaliser
+VARIANTS = ("baseline", "wa", "wg")
+
+
+def obs_dim(m: int) -> int:
+    """Length of the state vector for m instances (6 m + 3)."""
+    return 6 * m + 3
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """The reward and its three variants (docs/rl.md section 2).
+
+    ``variant``: ``"baseline"`` (progress + completions), ``"wa"`` (+ mixing guidance, weight 1),
+    ``"wg"`` (+ guidance with weight gamma e^(-beta_d k) and discount gamma (1 - e^(-beta_d k)) in
+    training episode k). ``grad1`` s per token (prefill cost), ``grad2`` per token (1 / KV capacity),
+    ``eps`` s (prompt-latency threshold), ``alpha`` (prompt vs decode weight of the mixing estimate).
+    """
+
+    variant: str = "wg"
+    completion_reward: float = 60.0
+    alpha: float = 0.5
+    grad1: float = 3.2e-4
+    grad2: float = 1.0 / 30000.0
+    eps: float = 1.0
+    gamma: float = 0.99
+    beta_d: float = 0.5
+
+    def __post_init__(self):
+        if self.variant not in VARIANTS:
+            raise ScenarioError(f"reward: variant: expected one of {', '.join(VARIANTS)}, got {self.variant!r}")
+
+    def guidance_weight(self, k: int) -> float:
+        """Weight of the guidance term h in training episode k (0-based)."""
+        if self.variant == "baseline":
+            return 0.0
+        if self.variant == "wa":
+            return 1.0
+        return self.gamma * math.exp(-self.beta_d * k)
+
+    def discount(self, k: int) -> float:
+        """Training discount in episode k: gamma, or gamma (1 - e^(-beta_d k)) for WG-RL."""
+        if self.variant == "wg":
+            return self.gamma * (1.0 - math.exp(-self.beta_d * k))
+        return self.gamma
+
+    def r_mix(self, load: float, p: float, d: float) -> float:
+        """Mixing estimate for sending a request (p prompt, d predicted output tokens) to an instance
+        carrying ``load`` = sum of prompt + predicted output tokens of its unfinished requests."""
+        tp = self.grad1 * (p + load)
+        rp = 1.0 if tp <= self.eps else 1.0 - tp / self.eps
+        rd = -self.grad2 * (load + p + d)
+        return self.alpha * rp + (1.0 - self.alpha) * rd
+
+
+class RouterCore(InstanceScheduler):
+    """Instances plus the RL router's bookkeeping; holds every arrival for a driver to route.
+
+    ``predictor``: a bucket predictor (``.bucket(ctx, r)``), default :class:`NoisyOracle` (0.79).
+    ``pin``: {arrival index: instance} routed automatically, not by the driver (tests, scripted
+    background load). Decision epochs are ticks every :data:`EPOCH` seconds; ``pause_on_decision``:
+    at a tick with a request in the router queue, ask the engine to return from ``advance`` (the
+    environment's decision points); ``pause_at_resolved``: return once that many requests are resolved.
+    """
+
+    name = "rl-router"
+    tick_interval = EPOCH
+
+    def __init__(self, gpu: GPUProfile, *, predictor=None, reward: RewardConfig | None = None,
+                 pin: dict[int, int] | None = None, kv_watermark: float = 0.01):
+        super().__init__(chunked=False, kv_watermark=kv_watermark)
+        self.gpu = gpu
+        self.predictor = predictor if predictor is not None else NoisyOracle()
+        self.reward = reward if reward is not None else RewardConfig()
+        self.pin = dict(pin or {})
+        self.pause_on_decision = False
+        self.pause_at_resolved = -1
+
+    # -- setup and bookkeeping -------------------------------------------------------------------
+    def setup(self, ctx: Context) -> None:
+        super().setup(ctx)
+        # service="markov" runs too (every registered controller does), but its state degenerates:
+        # no KV cache and no output generated before completion. The RL setting is service="tokens".
+        m = self.n
+        self.B = ctx.batch
+        cap = ctx.gpu_kv_free(0)
+        self.K = None if cap == math.inf else float(cap)
+        self.n_prompt = [0] * m
+        self.cnt = [[0, 0, 0] for _ in range(m)]
+        self.load = [0.0] * m
+        self.qtok = [0] * m
+        # Decoding requests per instance, in O(1) per query: every decode on g advances one token per
+        # iteration of g, so o_j = V_g - c_j with V_g = gen(ref_g) + c_ref (one engine call) and c_j
+        # fixed when j starts decoding. Progress sum_j (1/T_j) min(1, o_j / d_j) = sat_g + V_g A_g - C_g
+        # (A_g = sum of 1/(T_j d_j), C_g = sum of c_j/(T_j d_j) over the unsaturated ones); a heap of
+        # thresholds c_j + d_j moves a request to sat_g once it has produced its predicted output.
+        self.dec: list[dict[int, list]] = [{} for _ in range(m)]  # r -> [serial, invT, w, c, d, saturated]
+        self.heap: list[list] = [[] for _ in range(m)]  # (c + d, serial, r)
+        self.ref = [-1] * m
+        self.A = [0.0] * m
+        self.C = [0.0] * m
+        self.sat = [0.0] * m
+        self._serial = 0
+        self.rec: dict[int, list] = {}  # r -> [g, bucket, d, invT, p, pending prompt tokens, banked progress]
+        self.held: dict[int, tuple] = {}  # r -> (bucket, d, invT) for requests in the router queue
+        self.sum_invT = 0.0
+        self.banked = 0.0
+        self.completed = 0
+        self.resolved = 0
+        self.arrivals = 0
+        self.router_wait = 0.0  # seconds requests spent in the router queue (summed at dispatch)
+        self._ctx = ctx
+
+    def _ideal_time(self, p: int, d: float) -> float:
+        gpu = self.gpu
+        return gpu.alpha + gpu.beta * p + d * gpu.tau_solo
+
+    def route(self, ctx: Context, r: int) -> int | None:
+        idx = self.arrivals
+        self.arrivals = idx + 1
+        b = self.predictor.bucket(ctx, r)
+        d = BUCKET_TOKENS[b]
+        invT = 1.0 / self._ideal_time(ctx.req_prompt(r), d)
+        self.held[r] = (b, d, invT)
+        self.sum_invT += invT
+        return self.pin.get(idx)
+
+    def on_tick(self, ctx: Context) -> None:
+        if self.pause_on_decision and ctx.qlen(self.router_queue):
+            ctx.pause()
+
+    def dispatch(self, ctx: Context, r: int, g: int) -> None:
+        b, d, invT = self.held.pop(r)
+        p = ctx.req_prompt(r)
+        self.router_wait += ctx.now - ctx.req_arrival(r)
+        self.rec[r] = [g, b, d, invT, p, p, 0.0]
+        self.n_prompt[g] += 1
+        self.cnt[g][b] += 1
+        self.load[g] += p + d
+        self.qtok[g] += p
+        super().dispatch(ctx, r, g)
+
+    def on_prefill_done(self, ctx: Context, r: int, g: int) -> None:
+        rec = self.rec[r]
+        h = rec[0]
+        self.n_prompt[h] -= 1
+        self.qtok[h] -= rec[5]
+        rec[5] = 0
+        if rec[6]:
+            self.banked -= rec[6]
+            rec[6] = 0.0
+        super().on_prefill_done(ctx, r, g)
+        self._dec_add(ctx, h, r, rec[3], rec[2])
+
+    def _V(self, ctx: Context, g: int) -> float:
+        ref = self.ref[g]
+        return ctx.req_generated(ref) + self.dec[g][ref][3]
+
+    def _dec_add(self, ctx: Context, g: int, r: int, invT: float, d: float) -> None:
+        dec = self.dec[g]
+        o = ctx.req_generated(r)
+        if dec:
+            c = self._V(ctx, g) - o
+        else:
+            c = -float(o)
+            self.ref[g] = r
+        self._serial += 1
+        w = invT / d
+        dec[r] = [self._serial, invT, w, c, d, False]
+        if o >= d:
+            dec[r][5] = True
+            self.sat[g] += invT
+        else:
+            self.A[g] += w
+            self.C[g] += w * c
+            heapq.heappush(self.heap[g], (c + d, self._serial, r))
+
+    def _dec_remove(self, g: int, r: int) -> None:
+        dec = self.dec[g]
+        e = dec.pop(r, None)
+        if e is None:
+            return
+        if not dec:
+            self.A[g] = self.C[g] = self.sat[g] = 0.0
+            self.heap[g].clear()
+            self.ref[g] = -1
+            return
+        if e[5]:
+            self.sat[g] -= e[1]
+        else:
+            self.A[g] -= e[2]
+            self.C[g] -= e[2] * e[3]
+        if self.ref[g] == r:
+            self.ref[g] = next(iter(dec))
+
+    def _settle(self, ctx: Context, g: int) -> float:
+        """V_g now, after moving requests that reached their predicted output to the saturated sum."""
+        V = self._V(ctx, g)
+        h = self.heap[g]
+        dec = self.dec[g]
+        while h and h[0][0] <= V:
+            _, serial, r = heapq.heappop(h)
+            e = dec.get(r)
+            if e is not None and e[0] == serial and not e[5]:
+                e[5] = True
+                self.sat[g] += e[1]
+                self.A[g] -= e[2]
+                self.C[g] -= e[2] * e[3]
+        return V
+
+    def _gone(self, r: int) -> None:
+        rec = self.rec.pop(r)
+        g = rec[0]
+        if rec[5]:
+            self.n_prompt[g] -= 1
+            self.qtok[g] -= rec[5]
+        self.cnt[g][rec[1]] -= 1
+        self.load[g] -= rec[4] + rec[2]
+        self._dec_remove(g, r)
+        self.sum_invT -= rec[3]
+        if rec[6]:
+            self.banked -= rec[6]
+        self.resolved += 1
+
+    def on_decode_done(self, ctx: Context, r: int, g: int) -> None:
+        self._gone(r)
+        self.completed += 1
+        if self.resolved == self.pause_at_resolved:
+            ctx.pause()
+
+    def on_drop(self, ctx: Context, r: int, g: int) -> None:
+        self._gone(r)
+        if self.resolved == self.pause_at_resolved:
+            ctx.pause()
+
+    def on_preempt(self, ctx: Context, r: int, g: int) -> None:
+        rec = self.rec[r]
+        h = rec[0]
+        gen = ctx.req_generated(r)
+        pend = rec[4] + gen
+        if rec[5]:
+            self.qtok[h] += pend - rec[5]
+        else:
+            self.n_prompt[h] += 1
+            self.qtok[h] += pend
+        rec[5] = pend
+        self._dec_remove(h, r)
+        prog = rec[3] * min(1.0, gen / rec[2])
+        self.banked += prog - rec[6]
+        rec[6] = prog
+        super().on_preempt(ctx, r, g)
+
+    # -- state, reward, guidance -----------------------------------------------------------------
+    def progress_penalty(self, ctx: Context) -> float:
+        """P = sum over unfinished requests of (1 / T_j)(1 - min(1, o_j / d_j)) (per epoch)."""
+        done = self.banked
+        for g in range(self.n):
+            if self.dec[g]:
+                V = self._settle(ctx, g)
+                done += self.sat[g] + V * self.A[g] - self.C[g]
+        return self.sum_invT - done
+
+    def mixing(self, ctx: Context, r: int) -> list[float]:
+        """r_mix(l) for sending waiting request r to each instance l."""
+        b, d, _ = self.held[r]
+        p = ctx.req_prompt(r)
+        rm = self.reward.r_mix
+        return [rm(self.load[g], p, d) for g in range(self.n)]
+
+    def guidance(self, ctx: Context, r: int, a: int) -> float:
+        """h = r_mix(a) - max_l r_mix(l) (<= 0) for action a; 0 for 'wait' (a == m)."""
+        if a >= self.n:
+            return 0.0
+        mx = self.mixing(ctx, r)
+        return mx[a] - max(mx)
+
+    def observe(self, ctx: Context) -> np.ndarray:
+        """The normalised state vector (float32, length 6 m + 3)."""
+        return self.observe_with_penalty(ctx)[0]
+
+    def observe_with_penalty(self, ctx: Context) -> tuple[np.ndarray, float]:
+        """(state vector, progress penalty P) in one pass over the instances (the environment's step)."""
+        B = float(self.B)
+        K = self.K
+        gpu = self.gpu
+        tau0 = gpu.tau_solo
+        kvt = gpu.kv_time_per_token or 0.0
+        inst = ctx.instance_requests
+        kvused = ctx.gpu_kv_used
+        done = self.banked
+        vals = []
+        add = vals.extend
+        for g in range(self.n):
+            c = self.cnt[g]
+            free = (B - inst(g)) / B
+            kvu = kvused(g)
+            if K is not None:
+                k = (K - kvu - self.qtok[g]) / K
+                if k < free:
+                    free = k
+            est = 0.0
+            dec = self.dec[g]
+            if dec:
+                V = self._settle(ctx, g)
+                done += self.sat[g] + V * self.A[g] - self.C[g]
+                h = self.heap[g]
+                while h:  # drop stale entries (requests gone) from the top
+                    e = dec.get(h[0][2])
+                    if e is not None and e[0] == h[0][1]:
+                        break
+                    heapq.heappop(h)
+                if h:
+                    est = (h[0][0] - V) * (tau0 + kvt * kvu) / EST_SCALE
+            npf = self.n_prompt[g] / B
+            c0 = c[0] / B
+            c1 = c[1] / B
+            c2 = c[2] / B
+            add((npf if npf < 1.0 else 1.0, c0 if c0 < 1.0 else 1.0, c1 if c1 < 1.0 else 1.0, c2 if c2 < 1.0 else 1.0,
+                 0.0 if free < 0.0 else (1.0 if free > 1.0 else free), est if est < 1.0 else 1.0))
+        q = self.router_queue
+        ql = ctx.qlen(q)
+        if ql:
+            hd = ctx.head(q)
+            lp = math.log2(1.0 + ctx.req_prompt(hd)) / 12.0
+            add((ql / QUEUE_CAP if ql < QUEUE_CAP else 1.0, lp if lp < 1.0 else 1.0, self.held[hd][0] / 2.0))
+        else:
+            add((0.0, 0.0, 0.0))
+        return np.array(vals, dtype=np.float32), self.sum_invT - done
+
+
+def episode_seed(base: int, k: int) -> int:
+    """The workload and predictor seed of episode k of a run seeded with ``base`` (training resets and
+    evaluations use the same map, so evaluation episode k of seed s is one fixed request sequence)."""
+    return int(np.random.SeedSequence([int(base), int(k)]).generate_state(1)[0])
+
+
+def in_system(ctx) -> int:
+    """Requests in the system (waiting anywhere or in service), from the cluster view."""
+    s = 0
+    for i in range(ctx.n_classes):
+        s += ctx.n_prefill(i) + ctx.n_decode_mixed(i) + ctx.n_decode_solo(i) + ctx.n_wait_prefill(i) + ctx.n_wait_decode(i)
+    return s
+
+
+def episode_workload(scenario: Scenario, n_requests: int, seed: int):
+    """The first ``n_requests`` arrivals of the scenario's own workload drawn with ``seed``, as a
+    replayable :class:`~fluidopt.sim.workload.TraceWorkload` (one episode; the same seed gives the
+    same requests to every router)."""
+    import pandas as pd
+
+    from fluidopt.sim.workload import TraceWorkload, collect, workload_from_scenario
+
+    if isinstance(n_requests, bool) or not isinstance(n_requests, int) or n_requests < 1:
+        raise ScenarioError(f"episode: n_requests: expected an integer >= 1, got {n_requests!r}")
+    wl = workload_from_scenario(scenario)
+    rate = sum(c.rate for c in scenario.classes)
+    horizon = 1.2 * n_requests / rate + 10.0
+    while True:
+        b = collect(wl, np.random.default_rng(seed), horizon)
+        if len(b) >= n_requests:
+            break
+        horizon *= 2.0
+    k = n_requests
+    frame = pd.DataFrame({"time": b.time[:k], "prompt": b.prompt[:k], "output": b.output[:k], "cls": b.cls[:k]})
+    return TraceWorkload(frame, scenario.class_names, name=f"{scenario.name}-episode-{seed}")

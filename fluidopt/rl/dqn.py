@@ -1,0 +1,211 @@
+"""Double DQN in torch for the RL router (needs the ``rl`` extra; CPU only, one thread).
+
+The paper's agent (Jain et al., Sec. 4.3 and App. C.10) with the values it leaves open filled in
+(docs/rl.md section 4): an MLP ``(6 m + 3) -> H -> H -> m + 1`` with ReLU, H = 64 for 4 instances
+(scaled by m / 4), Adam (lr 1e-3), Huber loss, batch 512, replay buffer 100,000 transitions, a
+target network synced every 1,000 updates, one update per step once 1,000 transitions are stored,
+epsilon-greedy for the first ``eps_episodes`` (20) episodes with epsilon falling linearly from 1
+to 0.05 over them, greedy afterwards. Double DQN target:
+``y = r + gamma_k^e (1 - terminal) Q_target(s', argmax_a Q_online(s', a))`` with gamma_k the variant's
+discount per decision epoch in episode k (0.99; WG-RL: 0.99 (1 - e^(-0.5 k))) and e the epochs
+(0.02 s) the step spanned (the environment skips epochs with an empty router queue).
+
+Deterministic bit for bit from ``seed`` on one CPU thread: the network's initialisation comes from
+``torch.manual_seed(seed)``, exploration and replay sampling from a numpy Generator seeded with
+``seed``, episodes from :func:`fluidopt.rl.env.episode_seed`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import nn
+
+from fluidopt.rl.core import RewardConfig
+from fluidopt.rl.env import RouterEnv
+from fluidopt.rl.mlp import QNetwork
+
+__all__ = ["DQNConfig", "TrainResult", "build_qnet", "to_numpy_net", "train"]
+
+
+@dataclass(frozen=True)
+class DQNConfig:
+    """Training settings (see the module doc); ``episodes`` x ``n_requests`` requests in all."""
+
+    variant: str = "wg"
+    episodes: int = 30
+    n_requests: int = 2000
+    seed: int = 0
+    hidden: int | None = None
+    batch_size: int = 512
+    lr: float = 1e-3
+    buffer_size: int = 100_000
+    target_sync: int = 1000
+    learn_starts: int = 1000
+    train_every: int = 1  # environment steps per gradient update
+    eps_episodes: int = 20
+    eps_start: float = 1.0
+    eps_end: float = 0.05
+    reward_scale: float = 0.01
+    accuracy: float = 0.79
+    gamma: float = 0.99
+    max_steps: int | None = None  # stop after this many environment steps in all (tests)
+
+
+@dataclass
+class TrainResult:
+    net: QNetwork
+    curves: pd.DataFrame
+    config: DQNConfig
+    wall_seconds: float
+    state: dict = field(default_factory=dict)
+
+
+def build_qnet(n_in: int, hidden: int, n_out: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(n_in, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, n_out))
+
+
+def to_numpy_net(q: nn.Sequential, m: int, variant: str, config: str = "{}") -> QNetwork:
+    layers = []
+    for mod in q:
+        if isinstance(mod, nn.Linear):
+            layers.append((mod.weight.detach().numpy().T.copy(), mod.bias.detach().numpy().copy()))
+    return QNetwork(tuple(layers), m, variant, config)
+
+
+def _progress(msg: str, enabled: bool) -> None:
+    if enabled:
+        sys.stderr.write("\r" + msg[:118].ljust(118))
+        sys.stderr.flush()
+
+
+def train(scenario, config: DQNConfig = DQNConfig(), *, env: RouterEnv | None = None, checkpoint: str | Path | None = None,
+          progress: bool = False) -> TrainResult:
+    """Train a Double DQN router on ``scenario``; returns the numpy network and per-episode curves.
+
+    ``env``: an environment to train in instead of ``RouterEnv(scenario, ...)`` built from the
+    config. ``checkpoint``: a path where the torch state (networks, optimiser, counters) is saved
+    after every episode (``torch.save``; load with ``torch.load``). ``progress``: a progress line on
+    stderr with the episode reward.
+    """
+    cfg = config
+    torch.set_num_threads(1)
+    torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    reward = RewardConfig(variant=cfg.variant, gamma=cfg.gamma)
+    if env is None:
+        env = RouterEnv(scenario, variant=cfg.variant, n_requests=cfg.n_requests, accuracy=cfg.accuracy,
+                        reward=reward, reward_scale=cfg.reward_scale)
+    else:
+        env.reward_cfg = reward
+        env.reward_scale = cfg.reward_scale
+    m = env.m
+    n_in = env.observation_space.shape[0]
+    hidden = cfg.hidden or max(8, int(round(64 * m / 4)))
+    online = build_qnet(n_in, hidden, m + 1)
+    target = build_qnet(n_in, hidden, m + 1)
+    target.load_state_dict(online.state_dict())
+    opt = torch.optim.Adam(online.parameters(), lr=cfg.lr)
+    loss_fn = nn.SmoothL1Loss()
+
+    N = cfg.buffer_size
+    S = np.zeros((N, n_in), dtype=np.float32)
+    S2 = np.zeros((N, n_in), dtype=np.float32)
+    A = np.zeros(N, dtype=np.int64)
+    R = np.zeros(N, dtype=np.float32)
+    D = np.zeros(N, dtype=np.float32)
+    G = np.zeros(N, dtype=np.float32)  # epochs the transition spans: its discount is gamma_k ** G
+    size = ptr = 0
+    updates = steps = 0
+    rows = []
+    t0 = time.perf_counter()
+    obs, _ = env.reset(seed=cfg.seed)
+    stop = False
+    for k in range(cfg.episodes):
+        if k > 0:
+            obs, _ = env.reset()
+        eps = 0.0
+        if k < cfg.eps_episodes:
+            frac = k / max(1, cfg.eps_episodes - 1)
+            eps = cfg.eps_start + (cfg.eps_end - cfg.eps_start) * frac
+        gamma_k = reward.discount(k)
+        w_k = reward.guidance_weight(k)
+        ep_r = ep_h = 0.0
+        n_steps = waits = 0
+        losses = []
+        done = False
+        while not done:
+            if eps > 0.0 and rng.random() < eps:
+                a = int(rng.integers(m + 1))
+            else:
+                with torch.no_grad():
+                    a = int(online(torch.from_numpy(obs)).argmax())
+            obs2, r, term, trunc, _ = env.step(a)
+            S[ptr] = obs
+            A[ptr] = a
+            R[ptr] = r
+            S2[ptr] = obs2
+            D[ptr] = 1.0 if term else 0.0
+            G[ptr] = env.last_epochs
+            ptr = ptr + 1 if ptr + 1 < N else 0
+            size = min(size + 1, N)
+            ep_r += r / cfg.reward_scale
+            ep_h += env.last_guidance * w_k
+            n_steps += 1
+            waits += a == m
+            steps += 1
+            obs = obs2
+            done = term or trunc
+            if size >= min(cfg.learn_starts, N) and steps % cfg.train_every == 0:
+                idx = rng.integers(0, size, size=cfg.batch_size)
+                s = torch.from_numpy(S[idx])
+                s2 = torch.from_numpy(S2[idx])
+                with torch.no_grad():
+                    a2 = online(s2).argmax(1, keepdim=True)
+                    q2 = target(s2).gather(1, a2).squeeze(1)
+                    disc = torch.from_numpy(np.power(gamma_k, G[idx], dtype=np.float32))
+                    y = torch.from_numpy(R[idx]) + disc * (1.0 - torch.from_numpy(D[idx])) * q2
+                q = online(s).gather(1, torch.from_numpy(A[idx]).unsqueeze(1)).squeeze(1)
+                loss = loss_fn(q, y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                updates += 1
+                if updates % 50 == 0:
+                    losses.append(float(loss.detach()))
+                if updates % cfg.target_sync == 0:
+                    target.load_state_dict(online.state_dict())
+            if cfg.max_steps is not None and steps >= cfg.max_steps:
+                stop = True
+                break
+            if progress and steps % 500 == 0:
+                _progress(f"{cfg.variant}-rl episode {k + 1}/{cfg.episodes} step {n_steps} reward {ep_r:,.0f}", True)
+        res = env.result() if done else None
+        rows.append({
+            "episode": k, "steps": n_steps, "reward": ep_r, "reward_without_guidance": ep_r - ep_h,
+            "guidance": ep_h, "epsilon": eps, "discount": gamma_k, "guidance_weight": w_k,
+            "wait_fraction": waits / max(1, n_steps),
+            "e2e_mean": float(res.cluster["e2e_mean"]) if res is not None else math.nan,
+            "loss": float(np.mean(losses)) if losses else math.nan, "wall_seconds": time.perf_counter() - t0,
+        })
+        _progress(f"{cfg.variant}-rl episode {k + 1}/{cfg.episodes}: reward {ep_r:,.0f}, "
+                  f"e2e {rows[-1]['e2e_mean']:.3f} s, {time.perf_counter() - t0:.0f} s", progress)
+        if checkpoint is not None:
+            torch.save({"online": online.state_dict(), "target": target.state_dict(), "optimizer": opt.state_dict(),
+                        "episode": k, "steps": steps, "updates": updates, "config": asdict(cfg)}, checkpoint)
+        if stop:
+            break
+    if progress:
+        sys.stderr.write("\n")
+    env.close()
+    net = to_numpy_net(online, m, cfg.variant, json.dumps(asdict(cfg), sort_keys=True))
+    return TrainResult(net, pd.DataFrame(rows), cfg, time.perf_counter() - t0,
+                       {"online": online, "steps": steps, "updates": updates})

@@ -1,0 +1,160 @@
+"""A Gymnasium environment over the simulator: the RL router's MDP (needs the ``rl`` extra).
+
+One step is one routing decision for the head-of-line request of the central router queue, at a
+decision epoch (multiples of 0.02 s of simulated time): action ``g < m`` sends it to instance g,
+action ``m`` waits one epoch. Between decisions the engine advances in place through its stepping
+API (``advance``/``pause``): when the router queue is empty the environment jumps straight to the
+next arrival (the controller pauses the engine there) and then to the next epoch boundary, so idle
+epochs cost nothing. An episode is ``n_requests`` arrivals of the scenario's workload; it
+terminates when all of them are resolved and is truncated at ``max_time`` seconds.
+
+Reward of a step (docs/rl.md section 2): ``-(P_before + P_after) / 2 x epochs elapsed
++ r_w x completions + w_k x h``, where P is the progress penalty (:meth:`RouterCore.progress_penalty`),
+r_w = 60, h the mixing guidance of the action and w_k the variant's guidance weight in the current
+episode k (0-based count of resets since the last seeded reset). ``reward_scale`` multiplies it all.
+A step spans ``last_epochs`` decision epochs (1 after a wait; more when the environment skipped
+epochs with an empty router queue): an agent discounts the next state by ``gamma ** last_epochs``,
+which makes the skip equivalent to the paper's one decision per epoch (gamma per epoch). Without
+it, waiting would look cheap: it would postpone, in steps, penalties that accrue per second.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import gymnasium as gym
+import numpy as np
+
+from fluidopt.errors import ScenarioError
+from fluidopt.model import Scenario
+from fluidopt.rl.core import EPOCH, RewardConfig, RouterCore, episode_seed, episode_workload, obs_dim
+from fluidopt.rl.predictors import NoisyOracle
+from fluidopt.sim.workload import TraceWarning
+
+__all__ = ["RouterEnv", "episode_seed"]
+
+
+class RouterEnv(gym.Env):
+    """The workload-guided RL router's environment (``Discrete(m + 1)`` actions, ``Box`` state).
+
+    ``scenario``: a Scenario or TOML path (instances = its GPUs). ``variant``: reward variant
+    (``baseline``, ``wa``, ``wg``). ``accuracy``: the noisy oracle's bucket accuracy. ``pin``:
+    {arrival index: instance} routed without asking the agent (scripted background load).
+    ``workload``: a fixed workload for every episode instead of fresh draws (e.g. a trace).
+    """
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, scenario: Scenario | str, *, variant: str = "wg", n_requests: int = 2000,
+                 accuracy: float = 0.79, reward: RewardConfig | None = None, pin: dict | None = None,
+                 workload=None, max_time: float | None = None, reward_scale: float = 1.0,
+                 backend: str = "auto", seed: int | None = None):
+        if not isinstance(scenario, Scenario):
+            from fluidopt.scenario import load_scenario
+
+            scenario = load_scenario(scenario)
+        self.scenario = scenario
+        self.m = scenario.gpus
+        self.n_requests = int(n_requests)
+        self.accuracy = accuracy
+        self.reward_cfg = reward if reward is not None else RewardConfig(variant=variant)
+        self.pin = dict(pin or {})
+        self.fixed_workload = workload
+        self.max_time = max_time
+        self.reward_scale = float(reward_scale)
+        self.backend = backend
+        self.action_space = gym.spaces.Discrete(self.m + 1)
+        self.observation_space = gym.spaces.Box(0.0, 1.0, shape=(obs_dim(self.m),), dtype=np.float32)
+        self._base = 0 if seed is None else int(seed)
+        self._ep = -1
+        self.eng = None
+        self.last_guidance = 0.0
+        self.last_epochs = 1.0  # decision epochs (0.02 s) the last step spanned: discount gamma ** this
+
+    # ---------------------------------------------------------------------------------------------
+    @property
+    def episode(self) -> int:
+        """Index k of the current episode (resets since the last seeded reset, 0-based)."""
+        return self._ep
+
+    @property
+    def guidance_weight(self) -> float:
+        return self.reward_cfg.guidance_weight(max(self._ep, 0))
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        if seed is not None:
+            self._base = int(seed)
+            self._ep = -1
+        self._ep += 1
+        es = episode_seed(self._base, self._ep)
+        from fluidopt.sim.api import make_engine
+
+        wl = self.fixed_workload if self.fixed_workload is not None else episode_workload(self.scenario, self.n_requests, es)
+        self.n_total = int(wl.n_requests)
+        last = float(wl.duration)
+        self.t_max = float(self.max_time) if self.max_time is not None else last + 3600.0
+        self.core = RouterCore(self.scenario.gpu, predictor=NoisyOracle(self.accuracy, seed=es),
+                               reward=self.reward_cfg, pin=self.pin)
+        if self.eng is not None and not self.eng._finished:
+            self.eng.finish()
+        self.eng = make_engine(self.scenario, self.core, horizon=self.t_max + 1.0, service="tokens", seed=es,
+                               workload=wl, backend=self.backend, progress=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", TraceWarning)  # an episode ends before the horizon by design
+            self.eng.start()
+        self._w = self.guidance_weight
+        self._term = self._trunc = False
+        self.core.pause_on_decision = True
+        self.core.pause_at_resolved = self.n_total
+        self._to_decision()
+        obs, self._p = self.core.observe_with_penalty(self.eng)
+        self._t = self.eng.now
+        return obs, {}
+
+    def _to_decision(self) -> None:
+        """Advance the engine in place to the next decision epoch (a tick with a request in the router
+        queue: the controller pauses the engine there) or to the end of the episode."""
+        eng = self.eng
+        eng.advance(self.t_max)
+        if self.core.resolved >= self.n_total:
+            self._term = True
+        elif eng.now >= self.t_max or eng.done:
+            self._trunc = True
+
+    def step(self, action):
+        a = int(action)
+        if self._term or self._trunc:
+            raise ScenarioError("RouterEnv.step: the episode is over; call reset()")
+        if not 0 <= a <= self.m:
+            raise ScenarioError(f"RouterEnv.step: action: expected an integer in 0..{self.m}, got {action!r}")
+        eng, core = self.eng, self.core
+        h = 0.0
+        if a < self.m:
+            r = eng.head(core.router_queue)
+            if self._w:
+                h = core.guidance(eng, r, a)
+            core.dispatch(eng, r, a)
+        self.last_guidance = h
+        c0 = core.completed
+        self._to_decision()
+        obs, p = core.observe_with_penalty(eng)
+        t = eng.now
+        rew = (-0.5 * (self._p + p) * ((t - self._t) / EPOCH) + self.reward_cfg.completion_reward * (core.completed - c0)
+               + self._w * h)
+        self.last_epochs = (t - self._t) / EPOCH
+        self._p = p
+        self._t = t
+        info = {}
+        if self._term or self._trunc:
+            info = {"completed": core.completed, "resolved": core.resolved, "time": t}
+        return obs, rew * self.reward_scale, self._term, self._trunc, info
+
+    def result(self):
+        """The finished episode's :class:`~fluidopt.sim.metrics.SimResult` (closes the engine)."""
+        return self.eng.finish()
+
+    def close(self):
+        if self.eng is not None and not self.eng._finished:
+            self.eng.finish()
+        self.eng = None

@@ -1,0 +1,78 @@
+"""The shipped RL routers as registered controllers: ``baseline-rl``, ``wa-rl``, ``wg-rl``.
+
+Each is a :class:`~fluidopt.rl.core.RouterCore` that decides every 0.02 s (``on_tick``): when the
+router queue holds a request, the greedy action of the trained Q-network (numpy inference, no
+torch) sends its head to an instance or waits. Weights ship in ``fluidopt/rl/weights/`` as
+``<variant>-rl-<m>.npz`` (m = instances); ``weights=PATH`` loads another file. Options:
+``weights`` (path), ``accuracy`` (the noisy oracle's bucket accuracy, default 0.79) and
+``predictor_seed`` (the oracle's seed; the same seed gives every router the same predictions).
+"""
+
+from __future__ import annotations
+
+from fluidopt.control.protocol import Context
+from fluidopt.control.registry import register
+from fluidopt.errors import ScenarioError
+from fluidopt.model import Scenario
+from fluidopt.rl.core import RouterCore
+from fluidopt.rl.mlp import QNetwork, load_weights, shipped_weights_path, train_command
+from fluidopt.rl.predictors import NoisyOracle
+
+__all__ = ["RLRouter", "make_rl_router"]
+
+
+class RLRouter(RouterCore):
+    """A trained Q-network routing the head of the router queue every ``EPOCH`` seconds."""
+
+
+    def __init__(self, scenario: Scenario, net: QNetwork, *, predictor=None, name: str = "rl"):
+        super().__init__(scenario.gpu, predictor=predictor)
+        self.net = net
+        self.name = name
+        self.decisions = 0
+        self.waits = 0
+
+    def setup(self, ctx: Context) -> None:
+        super().setup(ctx)
+        if ctx.n_gpus != self.net.n_instances:
+            raise ScenarioError(f"{self.name}: weights for {self.net.n_instances} instances, the scenario has {ctx.n_gpus}")
+
+    def on_tick(self, ctx: Context) -> None:
+        q = self.router_queue
+        if ctx.qlen(q) == 0:
+            return
+        a = self.net.act(self.observe(ctx))
+        self.decisions += 1
+        if a < self.n:
+            self.dispatch(ctx, ctx.head(q), a)
+        else:
+            self.waits += 1
+
+
+def make_rl_router(variant: str, scenario: Scenario, *, weights: str | None = None, accuracy: float = 0.79,
+                   predictor_seed: int = 0) -> RLRouter:
+    """Build the ``<variant>-rl`` router for ``scenario`` from its weights."""
+    if not isinstance(scenario, Scenario):
+        raise ScenarioError(f"{variant}-rl: expected a Scenario, got {type(scenario).__name__}")
+    m = scenario.gpus
+    path = weights if weights is not None else shipped_weights_path(variant, m)
+    net = load_weights(path, n_instances=m, hint=train_command(variant, m))
+    return RLRouter(scenario, net, predictor=NoisyOracle(accuracy, seed=predictor_seed), name=f"{variant}-rl")
+
+
+@register("baseline-rl", description="RL router (Double DQN), reward: progress + completions (Jain et al.)")
+def make_baseline_rl(scenario: Scenario, *, weights: str | None = None, accuracy: float = 0.79,
+                     predictor_seed: int = 0) -> RLRouter:
+    return make_rl_router("baseline", scenario, weights=weights, accuracy=accuracy, predictor_seed=predictor_seed)
+
+
+@register("wa-rl", description="workload-aware RL router: + fixed mixing penalty (Jain et al.)")
+def make_wa_rl(scenario: Scenario, *, weights: str | None = None, accuracy: float = 0.79,
+               predictor_seed: int = 0) -> RLRouter:
+    return make_rl_router("wa", scenario, weights=weights, accuracy=accuracy, predictor_seed=predictor_seed)
+
+
+@register("wg-rl", description="workload-guided RL router: annealed mixing guidance (Jain et al.)")
+def make_wg_rl(scenario: Scenario, *, weights: str | None = None, accuracy: float = 0.79,
+               predictor_seed: int = 0) -> RLRouter:
+    return make_rl_router("wg", scenario, weights=weights, accuracy=accuracy, predictor_seed=predictor_seed)
