@@ -103,8 +103,9 @@ def test_unknown_registered_name_is_a_usage_error():
 @pytest.mark.integration
 def test_tick_driven_routers_are_driven_by_their_timer_in_the_snapshot():
     """The learned routers decide on a 0.02 s timer; the real-router drive must call on_tick."""
-    import fluidopt
     from builders import ROOT
+
+    import fluidopt
 
     sc = fluidopt.load_scenario(ROOT / "examples/scenarios/rl-router-v100.toml")
     rep = check_controller("wg-rl", sc)
