@@ -49,12 +49,13 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-_TOP_KEYS = {"name", "gpu", "cluster", "pricing", "classes", "description", "slis"}
+_TOP_KEYS = {"name", "gpu", "cluster", "pricing", "classes", "description", "slis", "fleet"}
 _CLUSTER_KEYS = {"gpus"}
 _PRICING_KEYS = {"prefill", "decode"}
 _CLASS_REQUIRED = ("name", "prompt", "decode", "rate")
 _CLASS_OPTIONAL = {
     "patience", "prefill_price", "decode_price", "lengths", "prompt_sigma", "decode_sigma",
+    "ttft_slo", "itl_slo", "deadline", "deadline_at",
 }
 
 DEFAULT_SCENARIO_NAME = "paper-two-class"
@@ -69,7 +70,8 @@ def class_from_dict(table: Mapping[str, Any], index: int) -> RequestClass:
     if not isinstance(name, str) or not name:
         raise ScenarioError(f"{where}.name: expected a non-empty string, got {name!r}")
     kw: dict[str, Any] = {"name": name}
-    for k in ("prompt", "decode", "rate", "patience", "prefill_price", "decode_price", "prompt_sigma", "decode_sigma"):
+    for k in ("prompt", "decode", "rate", "patience", "prefill_price", "decode_price", "prompt_sigma", "decode_sigma",
+              "ttft_slo", "itl_slo", "deadline", "deadline_at"):
         if k in table:
             kw[k] = _number(f"{where}.{k}", table[k])
     if "lengths" in table:
@@ -119,7 +121,21 @@ def scenario_from_dict(data: Mapping[str, Any], *, source: str = "<dict>") -> Sc
     meta: dict[str, Any] = {}
     if "slis" in data:
         meta["slis"] = _slis(data["slis"], tuple(c.name for c in parsed))
-    return Scenario(gpu=gpu, gpus=gpus, classes=parsed, prefill_price=cp, decode_price=cd, name=name, meta=meta)
+    fleet = None
+    if "fleet" in data:
+        from fluidopt.model import Fleet
+
+        ft = _expect_table("fleet", data["fleet"])
+        _reject_unknown("fleet", ft, {"initial", "startup_delay", "kv_swap_time_per_token"})
+        fkw: dict[str, Any] = {}
+        if "initial" in ft:
+            fkw["initial"] = _integer("fleet.initial", ft["initial"])
+        for k in ("startup_delay", "kv_swap_time_per_token"):
+            if k in ft:
+                fkw[k] = _number(f"fleet.{k}", ft[k])
+        fleet = Fleet(**fkw)
+    return Scenario(gpu=gpu, gpus=gpus, classes=parsed, prefill_price=cp, decode_price=cd, name=name, meta=meta,
+                    fleet=fleet)
 
 
 def _slis(value: Any, class_names: tuple[str, ...]) -> tuple[str, ...]:
