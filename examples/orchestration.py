@@ -36,6 +36,34 @@ POLICIES = ("chiron", "qlm", "utilisation-autoscaler", "fluid-plan")
 BACKLOG_AT = 300.0  # s: minute 5
 
 
+class Renamed:
+    """A one-class workload under another class name."""
+
+    def __init__(self, base, name: str):
+        self.base = base
+        self.class_names = (name,)
+
+    def batches(self, rng, horizon, size=65536):
+        return self.base.batches(rng, horizon, size)
+
+
+def scenario_for(azure: str | None):
+    """The workflow scenario; with the Azure trace, its interactive class takes the trace's mean
+    prompt, output and rate (the controllers size their pools from them)."""
+    sc = load_scenario(SCENARIO)
+    if not azure:
+        return sc
+    from dataclasses import replace
+
+    from fluidopt.sim.trace import read_azure_trace
+
+    df = read_azure_trace(azure)
+    dur = float(df["time"].max() - df["time"].min())
+    inter = replace(sc.classes[0], prompt=float(df["prompt"].mean()), decode=float(df["output"].mean()),
+                    rate=len(df) / dur)
+    return replace(sc, classes=(inter, sc.classes[1]), name="chiron-workflow-azure")
+
+
 def workload(scenario, backlog: int, *, cv: float = 4.0, azure: str | None = None):
     """Interactive arrivals (Gamma with the class's rate and CV ``cv``, or the Azure conversation trace)
     plus the batch backlog at minute 5."""
@@ -43,7 +71,7 @@ def workload(scenario, backlog: int, *, cv: float = 4.0, azure: str | None = Non
     if azure:
         from fluidopt.sim.trace import load_azure_trace
 
-        base = load_azure_trace(azure, class_name=inter.name)
+        base = Renamed(load_azure_trace(azure, classes="single"), inter.name)
     else:
         base = SyntheticWorkload([ClassSpec(GammaRenewal(inter.rate, cv), Exponential(inter.prompt),
                                             Exponential(inter.decode), name=inter.name)])
@@ -53,7 +81,7 @@ def workload(scenario, backlog: int, *, cv: float = 4.0, azure: str | None = Non
 
 def run_one(args: tuple) -> dict:
     policy, seed, backlog, horizon, azure = args
-    sc = load_scenario(SCENARIO)
+    sc = scenario_for(azure)
     t0 = time.perf_counter()
     res = simulate(sc, policy, horizon=horizon, seed=seed, service="tokens", workload=workload(sc, backlog, azure=azure),
                    sample_interval=30.0)
@@ -84,8 +112,8 @@ def ci(v) -> tuple[float, float]:
     return float(v.mean()), float(stats.t.ppf(0.975, v.size - 1) * v.std(ddof=1) / math.sqrt(v.size))
 
 
-def lower_bound(backlog: int, horizon: float, rate=None) -> float:
-    sc = load_scenario(SCENARIO)
+def lower_bound(backlog: int, horizon: float, rate=None, azure=None) -> float:
+    sc = scenario_for(azure)
     dl = sc.classes[1].deadline_at
     plan = plan_fleet(sc, [BacklogJob("batch", backlog, BACKLOG_AT, dl)], end=horizon, slot=60.0,
                       utilisation=1.0, interactive_rate=rate)
@@ -158,11 +186,17 @@ def main(argv=None) -> int:
                   f"{r['slo_interactive']:.4f}, batch {r['slo_batch']:.4f} ({r['wall']:.0f} s)", flush=True)
     rate = None
     if a.azure:
-        df = pd.DataFrame({"t": np.concatenate([b.time for b in workload(load_scenario(SCENARIO), 0, azure=a.azure)
-                                                .batches(np.random.default_rng(0), a.horizon)])})
-        counts = np.histogram(df["t"], bins=np.arange(0, a.horizon + 60, 60.0))[0]
+        t = np.concatenate([b.time for b in workload(scenario_for(a.azure), 0, azure=a.azure)
+                            .batches(np.random.default_rng(0), a.horizon)])
+        counts = np.histogram(t, bins=np.arange(0, a.horizon + 60, 60.0))[0]
         rate = (counts / 60.0).tolist()
-    lb = lower_bound(a.backlog, a.horizon, rate)
+    from fluidopt.errors import InfeasibleError
+
+    try:
+        lb = lower_bound(a.backlog, a.horizon, rate, a.azure)
+    except InfeasibleError as e:  # e.g. the seed's 1,000,000 requests on at most 50 instances
+        print(f"multi-period LP: {e}")
+        lb = math.nan
     table = []
     for p in a.policies.split(","):
         rs = [r for r in rows if r["policy"] == p]

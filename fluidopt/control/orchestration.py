@@ -85,6 +85,15 @@ def split_classes(scenario: Scenario, batch_classes: tuple[str, ...] | list[str]
     return inter, bat
 
 
+def _mean_lengths(scenario: Scenario, classes: list[int]) -> tuple[float, float]:
+    """Rate-weighted mean prompt and output tokens of the given classes."""
+    cl = scenario.classes
+    lam = sum(cl[i].rate for i in classes)
+    if not lam:
+        return 1.0, 1.0
+    return (sum(cl[i].prompt * cl[i].rate for i in classes) / lam, sum(cl[i].decode * cl[i].rate for i in classes) / lam)
+
+
 def _positive(who: str, name: str, v, *, zero: bool = False) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or (v == 0 and not zero):
         raise ScenarioError(f"{who}: {name}: expected a number {'>= 0' if zero else '> 0'}, got {v!r}")
@@ -189,9 +198,14 @@ class Chiron(_Orchestrator):
     name = "chiron"
 
     def __init__(self, scenario: Scenario, *, interactive_gpus: int | None = None, batch_classes=None,
-                 batch_itl: float | None = None, tick: float = 10.0, safety: float = 1.1, host_eviction: bool = True):
+                 batch_itl: float | None = None, tick: float = 10.0, safety: float = 1.1, margin: float | None = None,
+                 host_eviction: bool = True):
         super().__init__(scenario, batch_classes=batch_classes, batch_itl=batch_itl, tick=tick)
         self.safety = _positive(self.name, "safety", safety)
+        startup = 0.0 if scenario.fleet is None else scenario.fleet.startup_delay
+        # finish the batch work this long before its deadline: the last requests' own service time
+        # and the start-up of instances added late are not in the fluid rate estimate
+        self.margin = startup + 120.0 if margin is None else _positive(self.name, "margin", margin, zero=True)
         self.host = bool(host_eviction)
         cl = scenario.classes
         if interactive_gpus is None:
@@ -232,7 +246,10 @@ class Chiron(_Orchestrator):
         self.fd = [ctx.free_decode(p) for p in range(3)]
         self.batch_gpus = rest  # the GPUs the global autoscaler adds and drains
         self.mixed_done = 0  # batch completions on mixed instances (the measured part of the estimate)
+        self.batch_done = 0  # batch completions on batch instances
+        self.batch_gpu_s = 0.0  # online batch-instance seconds, for their measured rate
         self.window: list[tuple[float, int]] = [(0.0, 0)]
+        self.win4: list[tuple[float, int, int, float]] = [(0.0, 0, 0, 0.0)]
         self.startup = getattr(ctx, "_startup", 0.0)
 
     # -- placement -------------------------------------------------------------------------------
@@ -324,8 +341,11 @@ class Chiron(_Orchestrator):
         self._place_decode(ctx, r, g)
 
     def on_decode_done(self, ctx: Context, r: int, g: int) -> None:
-        if self.pool_of[g] == MIXED and self.is_batch[ctx.req_class(r)]:
-            self.mixed_done += 1
+        if self.is_batch[ctx.req_class(r)]:
+            if self.pool_of[g] == MIXED:
+                self.mixed_done += 1
+            elif self.pool_of[g] == BATCH:
+                self.batch_done += 1
 
     def on_slot_freed(self, ctx: Context, g: int) -> None:
         if not ctx.gpu_online(g):
@@ -379,10 +399,12 @@ class Chiron(_Orchestrator):
             for g in active:
                 ctx.drain_gpu(g)
             return
-        left = self.batch_deadline(ctx) - ctx.now - self.tick_interval
+        left = self.batch_deadline(ctx) - ctx.now - self.margin
         if not math.isfinite(left):
             return
-        need = self.safety * nb / max(left, self.tick_interval)  # requests/s to finish in time
+        # requests/s to start in time: those already running are served where they are
+        waiting = sum(ctx.n_wait_prefill(i) + ctx.n_wait_decode(i) for i in self.bat)
+        need = self.safety * waiting / max(left, self.tick_interval)
         # the waiting-time estimate: batch instances at their planned rate (from the GPU law at the
         # batch limit), mixed instances at the rate they were measured to lend over the last minute
         now = ctx.now
@@ -393,9 +415,9 @@ class Chiron(_Orchestrator):
         lent = (self.mixed_done - d0) / (now - t0) if now > t0 else 0.0
         cap = len(active) * self.mu_bat + lent
         if need > cap:
-            # an instance added now serves only after its start-up delay
-            eff = self.mu_bat * max(0.2, 1.0 - self.startup / max(left, 1e-9))
-            k = math.ceil((need - cap) / eff)
+            # an instance added now serves only after its start-up delay (none: too late to help)
+            share = 1.0 - self.startup / (left + self.margin) if left + self.margin > 0 else 0.0
+            k = math.ceil((need - cap) / (self.mu_bat * share)) if share > 0.05 else 0
             for g in self.batch_gpus:
                 if k <= 0:
                     break
@@ -410,13 +432,14 @@ class Chiron(_Orchestrator):
 @register("chiron", description="Chiron: interactive/mixed/batch pools, batch eviction to host memory, local (ITL) and "
                                 "global (batch deadline) autoscalers")
 def make_chiron(scenario: Scenario, *, interactive_gpus: int | None = None, batch_classes: list[str] | None = None,
-                batch_itl: float | None = None, tick: float = 10.0, safety: float = 1.1,
+                batch_itl: float | None = None, tick: float = 10.0, safety: float = 1.1, margin: float | None = None,
                 host_eviction: bool = True) -> Chiron:
     """Chiron (options as :class:`Chiron`): ``interactive_gpus`` (default: sized from the interactive
     load), ``batch_itl`` (the batch instances' ITL target, s; default the batch class's ``itl_slo``),
-    ``safety`` (the global autoscaler's margin on the needed batch rate), ``tick`` (s)."""
+    ``safety`` (the global autoscaler's factor on the needed batch rate), ``margin`` (s: plan to finish
+    this long before the deadline; default the start-up delay + 120 s), ``tick`` (s)."""
     return Chiron(scenario, interactive_gpus=interactive_gpus, batch_classes=batch_classes, batch_itl=batch_itl,
-                  tick=tick, safety=safety, host_eviction=host_eviction)
+                  tick=tick, safety=safety, margin=margin, host_eviction=host_eviction)
 
 
 # --------------------------------------------------------------------------------------------
@@ -695,11 +718,12 @@ class FluidPlan(Chiron):
     fluid LP (:func:`fluidopt.fluid.multiperiod.plan_fleet`) instead of the waiting-time rule.
 
     Every ``tick`` seconds while batch work is in the system the plan is re-solved from now to the
-    batch deadline (slots of ``slot`` seconds) for the batch requests still in the system, with the
-    base fleet (interactive and mixed instances) kept and the batch instances already up usable at
-    once; the batch instances are then set to ceil(the plan's batch GPUs) in the slot that a GPU added
-    now would start in (so the start-up delay is planned for). Re-solving is model-predictive control:
-    it corrects for the plan's fluid estimates with what really happened.
+    batch deadline minus ``margin`` (slots of ``slot`` seconds) for the batch requests still in the
+    system, with the base fleet (interactive and mixed instances) kept and only the batch instances
+    already up usable before a start-up delay has passed; the batch instances are then set to
+    ceil(the plan's mean batch GPUs over the slots left): the LP is indifferent to when the batch work
+    runs, and an even rate wastes least on start-ups and end-game rushes. Re-solving every tick is
+    model-predictive control: it corrects the plan's fluid estimates with what really happened.
     """
 
     name = "fluid-plan"
@@ -710,6 +734,7 @@ class FluidPlan(Chiron):
         self.rho = _positive(self.name, "utilisation", utilisation)
         self.scenario = scenario
         self.plans: list[tuple[float, float]] = []  # (time, planned GPU-hours from then on)
+        self.mu_int = batch_throughput(scenario.gpu, self.b_int, *_mean_lengths(scenario, self.inter))
 
     def _global_autoscaler(self, ctx: Context) -> None:
         nb = self.batch_in_system(ctx)
@@ -719,22 +744,40 @@ class FluidPlan(Chiron):
                 ctx.drain_gpu(g)
             return
         now = ctx.now
-        dl = self.batch_deadline(ctx)
+        # measured rates over the last five minutes (the interactive bursts make a minute noisy): what
+        # the base fleet lends, what a batch instance does
+        online_b = sum(1 for g in self.batch_gpus if ctx.gpu_online(g))
+        w = self.win4
+        w.append((now, self.mixed_done, self.batch_done, self.batch_gpu_s))
+        while len(w) > 2 and w[1][0] <= now - 300.0:
+            w.pop(0)
+        self.batch_gpu_s += online_b * self.tick_interval
+        t0, m0, b0, s0 = w[0]
+        base = sum(1 for p in self.pool_of if p != BATCH)
+        mu_mix = mu_bat = None
+        if now - t0 >= 60.0:
+            lam = sum(self.scenario.classes[i].rate for i in self.inter)
+            spare = max(1e-9, base - lam / (self.rho * self.mu_int))
+            mu_mix = (self.mixed_done - m0) / (now - t0) / spare
+            if self.batch_gpu_s - s0 > 30.0 * max(1, online_b) and self.batch_done > b0:
+                mu_bat = (self.batch_done - b0) / (self.batch_gpu_s - s0)
+        dl = self.batch_deadline(ctx) - self.margin
         if not math.isfinite(dl) or dl <= now + self.slot:
-            target = len(self.batch_gpus)  # too late to plan: everything
+            super()._global_autoscaler(ctx)  # too late to plan: Chiron's rule
+            return
         else:
-            base = sum(1 for p in self.pool_of if p != BATCH)
             job = BacklogJob(self.scenario.class_names[self.bat[0]], float(nb), now, dl)
             try:
                 plan = plan_fleet(self.scenario, [job], start=now, slot=self.slot, utilisation=self.rho, min_gpus=base,
                                   batch_now=len(active), startup_delay=self.startup,
-                                  interactive=self.inter)
+                                  interactive=self.inter, mu_mix=mu_mix, mu_bat=mu_bat)
             except Exception:  # infeasible: as many batch instances as there are
                 target = len(self.batch_gpus)
             else:
                 self.plans.append((now, plan.gpu_hours))
-                k = plan.at(now + self.startup)
-                target = math.ceil(max(plan.batch[0], plan.batch[k]) - 1e-6)
+                # the plan's batch instances, spread evenly over the time left (the LP's optimum is
+                # degenerate in when the batch work runs: any schedule with the same GPU-seconds)
+                target = math.ceil(float(plan.batch.mean()) - 1e-6)
         if target > len(active):
             for g in self.batch_gpus:
                 if len(active) >= target:
@@ -742,7 +785,7 @@ class FluidPlan(Chiron):
                 if ctx.gpu_state(g) == "offline":
                     ctx.add_gpu(g)
                     active.append(g)
-        elif target < len(active):
+        elif target < len(active) - 1:  # (hysteresis: one instance of slack before draining)
             for g in sorted(active, key=lambda h: (ctx.gpu_state(h) == "online", ctx.gpu_decodes(h)))[: len(active) - target]:
                 ctx.drain_gpu(g)
 
@@ -751,7 +794,9 @@ class FluidPlan(Chiron):
                                     "routing and local autoscaler inside")
 def make_fluid_plan(scenario: Scenario, *, slot: float = 60.0, utilisation: float = 0.8,
                     interactive_gpus: int | None = None, batch_classes: list[str] | None = None,
-                    batch_itl: float | None = None, tick: float = 10.0, host_eviction: bool = True) -> FluidPlan:
+                    batch_itl: float | None = None, tick: float = 10.0, margin: float | None = None,
+                    host_eviction: bool = True) -> FluidPlan:
     """The fluid-plan follower (options as :class:`FluidPlan` and :class:`Chiron`)."""
     return FluidPlan(scenario, slot=slot, utilisation=utilisation, interactive_gpus=interactive_gpus,
-                     batch_classes=batch_classes, batch_itl=batch_itl, tick=tick, host_eviction=host_eviction)
+                     batch_classes=batch_classes, batch_itl=batch_itl, tick=tick, margin=margin,
+                     host_eviction=host_eviction)

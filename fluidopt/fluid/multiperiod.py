@@ -155,6 +155,8 @@ def plan_fleet(
     startup_delay: float = 0.0,
     batch_itl: float | None = None,
     interactive: Sequence[int] | None = None,
+    mu_mix: float | None = None,
+    mu_bat: float | None = None,
 ) -> FleetPlan:
     """Solve the multi-period fleet LP (module docstring) over ``[start, end)`` (default: to the last
     deadline) in slots of ``slot`` seconds. ``interactive_rate``: requests/s of the interactive
@@ -162,7 +164,9 @@ def plan_fleet(
     scenario's interactive rates); ``utilisation``: rho; ``min_gpus``: the base fleet kept in every
     slot; ``max_gpus``: the fleet's maximum (default ``scenario.gpus``); ``batch_now`` /
     ``startup_delay``: batch instances already up, the only ones usable before ``start +
-    startup_delay``. Interactive classes default to those without a deadline."""
+    startup_delay``. Interactive classes default to those without a deadline. ``mu_mix`` / ``mu_bat``
+    replace the GPU law's batch rates (requests/s per leftover base GPU / per batch instance), e.g.
+    by measured ones when a controller re-plans."""
     from scipy.optimize import linprog
 
     if slot <= 0 or not math.isfinite(slot):
@@ -177,7 +181,11 @@ def plan_fleet(
     if interactive is None:
         interactive = [i for i, c in enumerate(cl) if c.deadline is None and c.deadline_at is None]
     batch = sorted({names.index(j.cls) for j in backlogs}) or [i for i in range(len(cl)) if i not in interactive]
-    mu_int, mu_mix, mu_bat = _rates(scenario, interactive, batch, batch_itl)
+    mu_int, mu_mix0, mu_bat0 = _rates(scenario, interactive, batch, batch_itl)
+    mu_mix = mu_mix0 if mu_mix is None else float(mu_mix)
+    mu_bat = mu_bat0 if mu_bat is None else float(mu_bat)
+    if mu_mix < 0 or mu_bat <= 0:
+        raise ScenarioError(f"plan_fleet: mu_mix, mu_bat: expected rates >= 0 and > 0, got {mu_mix!r}, {mu_bat!r}")
     if end is None:
         end = max([j.deadline for j in backlogs], default=start + slot)
     K = max(1, math.ceil((end - start) / slot - 1e-9))

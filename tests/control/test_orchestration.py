@@ -5,6 +5,7 @@ SLO accounting with a changing fleet, both engines agreeing bit for bit."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -77,7 +78,7 @@ def test_class_split_and_options():
 def runs():
     sc, wl = workflow()
     out = {}
-    for pol in ("chiron", "qlm", "utilisation-autoscaler"):
+    for pol in ("chiron", "qlm", "utilisation-autoscaler", "fluid-plan"):
         out[pol] = simulate(sc, pol, horizon=450.0, seed=3, service="tokens", workload=wl, check=False)
     return out
 
@@ -114,10 +115,10 @@ def test_utilisation_autoscaler_grows_to_the_maximum(runs):
 @pytest.mark.skipif(not core.compiled_status()[0], reason="compiled core not built")
 @pytest.mark.parametrize("pol", ["chiron", "qlm", "utilisation-autoscaler"])
 def test_both_engines_agree_with_a_changing_fleet(pol, tmp_path):
-    sc, wl = workflow(backlog=300, deadline=200.0)
+    sc, wl = workflow(backlog=200, deadline=90.0)
     res = {}
     for backend in ("compiled", "python"):
-        r = simulate(sc, pol, horizon=120.0, seed=5, service="tokens", workload=wl, backend=backend, check=True,
+        r = simulate(sc, pol, horizon=70.0, seed=5, service="tokens", workload=wl, backend=backend, check=True,
                      records=tmp_path / f"{backend}.csv")
         s = r.summary()
         for k in ("wall_seconds", "requests_per_wall_second", "engine", "records"):
@@ -125,3 +126,52 @@ def test_both_engines_agree_with_a_changing_fleet(pol, tmp_path):
         res[backend] = s
     assert res["compiled"] == res["python"]
     assert (tmp_path / "compiled.csv").read_bytes() == (tmp_path / "python.csv").read_bytes()
+
+
+def test_fluid_plan_follows_the_lp_and_meets_the_deadline(runs):
+    res = runs["fluid-plan"]
+    assert res.per_class.loc["batch", "slo_attainment"] == 1.0
+    assert res.meta["fleet_log"]["gpus"].max() > 4
+
+
+def test_multiperiod_lp_closed_form_and_bounds():
+    from fluidopt.errors import InfeasibleError
+    from fluidopt.fluid.multiperiod import BacklogJob, plan_fleet
+
+    sc, _ = workflow()
+    # no base fleet to fill: the optimum is the interactive GPUs of every slot plus the backlog's
+    # GPU-seconds on batch instances, N / mu_bat (batch instances serve it fastest)
+    p = plan_fleet(sc, [BacklogJob("batch", 1500, 60.0, 420.0)], slot=60.0, end=480.0, utilisation=1.0)
+    lam = 6.0
+    assert p.gpu_hours == pytest.approx((8 * 60.0 * lam / p.mu_int + 1500 / p.mu_bat) / 3600.0, rel=1e-6)
+    assert p.served_mixed.sum() + p.served_batch.sum() == pytest.approx(1500)
+    assert p.served_batch[0] == 0 and p.served_batch[-1] == 0  # before arrival, after the deadline
+    # a base fleet kept anyway lends its leftover capacity first
+    q = plan_fleet(sc, [BacklogJob("batch", 1500, 60.0, 420.0)], slot=60.0, end=480.0, utilisation=1.0, min_gpus=4)
+    spare = (4 - lam / q.mu_int) * q.mu_mix * 360.0
+    extra = max(0.0, 1500 - spare) / q.mu_bat
+    assert q.gpu_hours == pytest.approx((4 * 480.0 + extra) / 3600.0, rel=1e-6)
+    with pytest.raises(InfeasibleError, match="no fleet of at most 10 GPUs"):
+        plan_fleet(sc, [BacklogJob("batch", 10**6, 60.0, 420.0)], slot=60.0)
+    with pytest.raises(ScenarioError, match="expected 0 <= at < deadline"):
+        BacklogJob("batch", 10, 500.0, 420.0)
+
+
+def test_cli_bad_fleet_input_exits_2(tmp_path, capsys):
+    from fluidopt.cli import main
+
+    text = (Path(__file__).resolve().parents[2] / "examples" / "scenarios" / "chiron-workflow.toml").read_text()
+    for bad, msg in (("initial = 15", "initial = 60"), ("ttft_slo = 2.0", "ttft_slo = 0"),
+                     ("startup_delay = 60.0", "startup_delay = -1")):
+        f = tmp_path / "bad.toml"
+        f.write_text(text.replace(bad, msg))
+        assert main(["simulate", str(f), "--policy", "chiron", "--horizon", "5", "--service", "tokens"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "Traceback" not in err[0]
+    ok = tmp_path / "ok.toml"
+    ok.write_text(text)
+    assert main(["simulate", str(ok), "--policy", "chiron", "--horizon", "20", "--service", "tokens", "--json"]) == 0
+    import json
+
+    out = json.loads(capsys.readouterr().out)
+    assert out["gpu_hours"] == pytest.approx(15 * 20 / 3600)
