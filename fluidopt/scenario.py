@@ -49,13 +49,16 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-_TOP_KEYS = {"name", "gpu", "cluster", "pricing", "classes", "description", "slis", "fleet"}
+_TOP_KEYS = {"name", "gpu", "cluster", "pricing", "classes", "description", "slis"}
+# Keys added for the simulator's orchestration features; accepted, but kept out of the lists that
+# the unknown-key errors print (those lists are part of the documented error texts).
+_TOP_EXTRA = {"fleet"}
+_CLASS_EXTRA = {"ttft_slo", "itl_slo", "deadline", "deadline_at"}
 _CLUSTER_KEYS = {"gpus"}
 _PRICING_KEYS = {"prefill", "decode"}
 _CLASS_REQUIRED = ("name", "prompt", "decode", "rate")
 _CLASS_OPTIONAL = {
     "patience", "prefill_price", "decode_price", "lengths", "prompt_sigma", "decode_sigma",
-    "ttft_slo", "itl_slo", "deadline", "deadline_at",
 }
 
 DEFAULT_SCENARIO_NAME = "paper-two-class"
@@ -64,7 +67,8 @@ DEFAULT_SCENARIO_NAME = "paper-two-class"
 def class_from_dict(table: Mapping[str, Any], index: int) -> RequestClass:
     where = f"classes[{index}]"
     table = _expect_table(where, table)
-    _reject_unknown(where, table, set(_CLASS_REQUIRED) | _CLASS_OPTIONAL)
+    _reject_unknown(where, {k: v for k, v in table.items() if k not in _CLASS_EXTRA},
+                    set(_CLASS_REQUIRED) | _CLASS_OPTIONAL)
     _require(where, table, _CLASS_REQUIRED)
     name = table["name"]
     if not isinstance(name, str) or not name:
@@ -88,7 +92,7 @@ def class_from_dict(table: Mapping[str, Any], index: int) -> RequestClass:
 def scenario_from_dict(data: Mapping[str, Any], *, source: str = "<dict>") -> Scenario:
     """Build a validated :class:`Scenario` from a dict shaped like the TOML file."""
     data = _expect_table("scenario", data)
-    _reject_unknown("scenario", data, _TOP_KEYS)
+    _reject_unknown("scenario", {k: v for k, v in data.items() if k not in _TOP_EXTRA}, _TOP_KEYS)
     _require("scenario", data, ("gpu", "cluster", "classes"))
     name = data.get("name", Path(source).stem if not source.startswith("<") else "scenario")
     if not isinstance(name, str):
@@ -183,7 +187,8 @@ def scenario_to_dict(s: Scenario) -> dict[str, Any]:
     classes = []
     for c in s.classes:
         d: dict[str, Any] = {"name": c.name, "prompt": c.prompt, "decode": c.decode, "rate": c.rate, "patience": c.patience}
-        for k in ("prefill_price", "decode_price", "prompt_sigma", "decode_sigma"):
+        for k in ("prefill_price", "decode_price", "prompt_sigma", "decode_sigma", "ttft_slo", "itl_slo", "deadline",
+                  "deadline_at"):
             if getattr(c, k) is not None:
                 d[k] = getattr(c, k)
         if c.lengths != "exponential":
@@ -198,6 +203,11 @@ def scenario_to_dict(s: Scenario) -> dict[str, Any]:
     }
     if s.meta.get("slis"):
         out["slis"] = list(s.meta["slis"])
+    if s.fleet is not None:
+        f = s.fleet
+        out["fleet"] = {"startup_delay": f.startup_delay, "kv_swap_time_per_token": f.kv_swap_time_per_token}
+        if f.initial is not None:
+            out["fleet"]["initial"] = f.initial
     return out
 
 

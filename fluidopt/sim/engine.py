@@ -1,4 +1,4 @@
-"""The event-driven many-server simulator (DESIGN.md 2 and 6; docs/simulator.md).
+"""The event-driven many-server simulator (docs/simulator.md).
 
 One engine, two service semantics:
 

@@ -360,6 +360,9 @@ deadline_at = 3900
 """
     sc = loads_scenario(text)
     assert sc.fleet == Fleet(initial=2, startup_delay=30.0, kv_swap_time_per_token=1e-5)
+    from fluidopt.scenario import scenario_from_dict, scenario_to_dict
+
+    assert scenario_from_dict(scenario_to_dict(sc)) == sc
     assert sc.classes[0].ttft_slo == 1.5 and sc.classes[1].deadline_at == 3900.0 and sc.classes[1].has_slo
     with pytest.raises(ScenarioError, match=r"classes\[chat\].ttft_slo: expected a number > 0, got -1.0"):
         loads_scenario(text.replace("ttft_slo = 1.5", "ttft_slo = -1"))
