@@ -130,6 +130,18 @@ class RequestClass:
     lengths: str = "exponential"  # distribution of token lengths: exponential, fixed, lognormal
     prompt_sigma: float | None = None  # lognormal shape of prompt length
     decode_sigma: float | None = None  # lognormal shape of output length
+    # service-level objectives (simulator metrics only; None: no such objective). A request meets
+    # its class's SLO when it completes with TTFT <= ttft_slo, mean inter-token latency (TPOT)
+    # <= itl_slo, and completion time <= arrival + deadline and <= deadline_at (absolute seconds).
+    ttft_slo: float | None = None  # s
+    itl_slo: float | None = None  # s per output token
+    deadline: float | None = None  # s after arrival
+    deadline_at: float | None = None  # s, absolute simulation time
+
+    @property
+    def has_slo(self) -> bool:
+        """Whether the class has any service-level objective."""
+        return any(v is not None for v in (self.ttft_slo, self.itl_slo, self.deadline, self.deadline_at))
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -153,6 +165,34 @@ class RequestClass:
                 _check_positive(w, s, v)
         if self.lengths == "lognormal" and (self.prompt_sigma is None or self.decode_sigma is None):
             raise ScenarioError(f"{w}: lengths = 'lognormal' needs prompt_sigma and decode_sigma (> 0)")
+        for s in ("ttft_slo", "itl_slo", "deadline"):
+            v = getattr(self, s)
+            if v is not None:
+                _check_positive(w, s, v)
+        if self.deadline_at is not None:
+            _check_positive(w, "deadline_at", self.deadline_at, allow_zero=True)
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """A fleet whose size may change during a run (the simulator's autoscaling model).
+
+    The scenario's ``gpus`` is the most GPUs the fleet may hold; ``initial`` of them (GPUs 0 ..
+    initial-1) are online at time 0, the others offline until a controller adds them. An added GPU
+    counts towards GPU-hours at once and takes work after ``startup_delay`` seconds. A request evicted
+    to host memory restores its KV cache at ``kv_swap_time_per_token`` seconds per token of context
+    (instead of recomputing its prefill).
+    """
+
+    initial: int | None = None  # GPUs online at t = 0 (None: all)
+    startup_delay: float = 0.0  # s from adding a GPU to its first work
+    kv_swap_time_per_token: float = 0.0  # s per context token to restore an evicted request's KV
+
+    def __post_init__(self) -> None:
+        if self.initial is not None:
+            _check_int("fleet", "initial", self.initial, minimum=0)
+        _check_positive("fleet", "startup_delay", self.startup_delay, allow_zero=True)
+        _check_positive("fleet", "kv_swap_time_per_token", self.kv_swap_time_per_token, allow_zero=True)
 
 
 @dataclass(frozen=True)
@@ -189,6 +229,7 @@ class Scenario:
     decode_price: float = 0.0  # c_d, per output token
     name: str = "scenario"
     meta: dict = field(default_factory=dict, compare=False, hash=False)
+    fleet: Fleet | None = None  # autoscaling fleet (simulator only); None: a fixed fleet of ``gpus``
 
     def __post_init__(self) -> None:
         if not isinstance(self.gpu, GPUProfile):
@@ -207,6 +248,13 @@ class Scenario:
             raise ScenarioError(f"classes.name: class names must be unique, repeated: {', '.join(dup)}")
         _check_positive("pricing", "prefill", self.prefill_price, allow_zero=True)
         _check_positive("pricing", "decode", self.decode_price, allow_zero=True)
+        if self.fleet is not None:
+            if not isinstance(self.fleet, Fleet):
+                raise ScenarioError(f"fleet: expected a Fleet, got {type(self.fleet).__name__}")
+            if self.fleet.initial is not None and self.fleet.initial > self.gpus:
+                raise ScenarioError(
+                    f"fleet.initial: expected at most cluster.gpus = {self.gpus} (the fleet's maximum), got {self.fleet.initial}"
+                )
 
     # -- convenience -------------------------------------------------------------------------
     @property

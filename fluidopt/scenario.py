@@ -50,6 +50,10 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 _TOP_KEYS = {"name", "gpu", "cluster", "pricing", "classes", "description", "slis"}
+# Keys added for the simulator's orchestration features; accepted, but kept out of the lists that
+# the unknown-key errors print (those lists are part of the documented error texts).
+_TOP_EXTRA = {"fleet"}
+_CLASS_EXTRA = {"ttft_slo", "itl_slo", "deadline", "deadline_at"}
 _CLUSTER_KEYS = {"gpus"}
 _PRICING_KEYS = {"prefill", "decode"}
 _CLASS_REQUIRED = ("name", "prompt", "decode", "rate")
@@ -63,13 +67,15 @@ DEFAULT_SCENARIO_NAME = "paper-two-class"
 def class_from_dict(table: Mapping[str, Any], index: int) -> RequestClass:
     where = f"classes[{index}]"
     table = _expect_table(where, table)
-    _reject_unknown(where, table, set(_CLASS_REQUIRED) | _CLASS_OPTIONAL)
+    _reject_unknown(where, {k: v for k, v in table.items() if k not in _CLASS_EXTRA},
+                    set(_CLASS_REQUIRED) | _CLASS_OPTIONAL)
     _require(where, table, _CLASS_REQUIRED)
     name = table["name"]
     if not isinstance(name, str) or not name:
         raise ScenarioError(f"{where}.name: expected a non-empty string, got {name!r}")
     kw: dict[str, Any] = {"name": name}
-    for k in ("prompt", "decode", "rate", "patience", "prefill_price", "decode_price", "prompt_sigma", "decode_sigma"):
+    for k in ("prompt", "decode", "rate", "patience", "prefill_price", "decode_price", "prompt_sigma", "decode_sigma",
+              "ttft_slo", "itl_slo", "deadline", "deadline_at"):
         if k in table:
             kw[k] = _number(f"{where}.{k}", table[k])
     if "lengths" in table:
@@ -86,7 +92,7 @@ def class_from_dict(table: Mapping[str, Any], index: int) -> RequestClass:
 def scenario_from_dict(data: Mapping[str, Any], *, source: str = "<dict>") -> Scenario:
     """Build a validated :class:`Scenario` from a dict shaped like the TOML file."""
     data = _expect_table("scenario", data)
-    _reject_unknown("scenario", data, _TOP_KEYS)
+    _reject_unknown("scenario", {k: v for k, v in data.items() if k not in _TOP_EXTRA}, _TOP_KEYS)
     _require("scenario", data, ("gpu", "cluster", "classes"))
     name = data.get("name", Path(source).stem if not source.startswith("<") else "scenario")
     if not isinstance(name, str):
@@ -119,7 +125,21 @@ def scenario_from_dict(data: Mapping[str, Any], *, source: str = "<dict>") -> Sc
     meta: dict[str, Any] = {}
     if "slis" in data:
         meta["slis"] = _slis(data["slis"], tuple(c.name for c in parsed))
-    return Scenario(gpu=gpu, gpus=gpus, classes=parsed, prefill_price=cp, decode_price=cd, name=name, meta=meta)
+    fleet = None
+    if "fleet" in data:
+        from fluidopt.model import Fleet
+
+        ft = _expect_table("fleet", data["fleet"])
+        _reject_unknown("fleet", ft, {"initial", "startup_delay", "kv_swap_time_per_token"})
+        fkw: dict[str, Any] = {}
+        if "initial" in ft:
+            fkw["initial"] = _integer("fleet.initial", ft["initial"])
+        for k in ("startup_delay", "kv_swap_time_per_token"):
+            if k in ft:
+                fkw[k] = _number(f"fleet.{k}", ft[k])
+        fleet = Fleet(**fkw)
+    return Scenario(gpu=gpu, gpus=gpus, classes=parsed, prefill_price=cp, decode_price=cd, name=name, meta=meta,
+                    fleet=fleet)
 
 
 def _slis(value: Any, class_names: tuple[str, ...]) -> tuple[str, ...]:
@@ -167,7 +187,8 @@ def scenario_to_dict(s: Scenario) -> dict[str, Any]:
     classes = []
     for c in s.classes:
         d: dict[str, Any] = {"name": c.name, "prompt": c.prompt, "decode": c.decode, "rate": c.rate, "patience": c.patience}
-        for k in ("prefill_price", "decode_price", "prompt_sigma", "decode_sigma"):
+        for k in ("prefill_price", "decode_price", "prompt_sigma", "decode_sigma", "ttft_slo", "itl_slo", "deadline",
+                  "deadline_at"):
             if getattr(c, k) is not None:
                 d[k] = getattr(c, k)
         if c.lengths != "exponential":
@@ -182,6 +203,11 @@ def scenario_to_dict(s: Scenario) -> dict[str, Any]:
     }
     if s.meta.get("slis"):
         out["slis"] = list(s.meta["slis"])
+    if s.fleet is not None:
+        f = s.fleet
+        out["fleet"] = {"startup_delay": f.startup_delay, "kv_swap_time_per_token": f.kv_swap_time_per_token}
+        if f.initial is not None:
+            out["fleet"]["initial"] = f.initial
     return out
 
 

@@ -59,6 +59,7 @@ BUILTIN_MODULES = (
     "fluidopt.control.load_balancers",
     "fluidopt.control.robust",
     "fluidopt.rl.policies",
+    "fluidopt.control.orchestration",
 )
 ENTRY_POINT_GROUP = "fluidopt.policies"
 

@@ -17,6 +17,7 @@ cimport cython
 cdef Py_ssize_t NQ, Q_WP, Q_X, Q_WD, Q_YM, Q_YS, NC, C_ARRIVED, C_PREFILLED, C_COMPLETED, C_PREEMPTED
 cdef Py_ssize_t C_AB_PREFILL, C_AB_DECODE, C_DROPPED, C_PREFILL_TOKENS, C_DONE_PROMPT, C_DONE_OUTPUT, _NREC
 cdef Py_ssize_t RACE_WAIT, RACE_PREFILL, RACE_DECODE
+cdef Py_ssize_t G_ONLINE, G_STARTING, G_DRAINING, G_OFFLINE, _STARTUP
 
 
 @cython.final
@@ -66,6 +67,13 @@ cdef class Engine:
     cdef public list _qnames, _bounds, _samples
     cdef public double[::1] _arr_t
     cdef public long long[::1] _arr_c, _arr_p, _arr_o
+    # the fleet (cold: a fixed fleet only reads g_state where a GPU empties, and t_pkb's start-up mark)
+    cdef public long long[::1] g_state, r_host
+    cdef public Py_ssize_t _fleet_on
+    cdef public double _fleet_acc, _startup, _swap
+    cdef public bint _fleet_used
+    cdef public list _fleet_log
+    cdef public dict _saved
 
     # -- actions called by controllers (Python-visible; arguments stay objects: they are validated) --
     cpdef start_prefill(self, r, g)

@@ -1,4 +1,4 @@
-"""The event-driven many-server simulator (DESIGN.md 2 and 6; docs/simulator.md).
+"""The event-driven many-server simulator (docs/simulator.md).
 
 One engine, two service semantics:
 
@@ -83,6 +83,12 @@ NC = M.N_CTR
 C_ARRIVED, C_PREFILLED, C_COMPLETED, C_PREEMPTED = M.C_ARRIVED, M.C_PREFILLED, M.C_COMPLETED, M.C_PREEMPTED
 C_AB_PREFILL, C_AB_DECODE, C_DROPPED = M.C_AB_PREFILL, M.C_AB_DECODE, M.C_DROPPED
 C_PREFILL_TOKENS, C_DONE_PROMPT, C_DONE_OUTPUT = M.C_PREFILL_TOKENS, M.C_DONE_PROMPT, M.C_DONE_OUTPUT
+
+
+# Fleet states of a GPU (g_state; docs/simulator.md section 11). A fixed fleet never leaves ONLINE.
+G_ONLINE, G_STARTING, G_DRAINING, G_OFFLINE = 0, 1, 2, 3
+_GSTATE_NAMES = ("online", "starting", "draining", "offline")
+_STARTUP = -2  # t_pkb of a starting GPU: its pending heap event is its start-up completion
 
 
 # True only in the compiled core: setup.py appends "_COMPILED = True" to the copy it compiles.
@@ -358,6 +364,17 @@ class Engine:
         for g in range(n):
             self._ip[0]._add(g)
             self._fd[0]._add(g)
+        # the fleet: GPU-seconds = _fleet_on * t - _fleet_acc (GPUs counted: online, starting, draining)
+        self.g_state = _ints(n, G_ONLINE)
+        self._fleet_on = n
+        self._fleet_acc = 0.0
+        self._fleet_log = [(0.0, n, n)]  # (time, GPUs counted, GPUs online) after each change
+        self._saved = {}  # GPU -> (prefill allowed, max decodes) while it is not online
+        fleet = scenario.fleet
+        self._fleet_used = fleet is not None
+        self._startup = 0.0 if fleet is None else float(fleet.startup_delay)
+        self._swap = 0.0 if fleet is None else float(fleet.kv_swap_time_per_token)
+        self.r_host = _ints(0, 0)  # 1: r was evicted to host memory (its KV restores instead of a re-prefill)
         # tokens mode
         self.t_ka = _ints(n, 0)  # anchor boundary index
         self.t_ta = _floats(n, 0.0)  # anchor time
@@ -375,6 +392,16 @@ class Engine:
         self._hn = 0
         self._dirty: list[int] = []
         self._isdirty = _ints(n, 0)
+
+        if fleet is not None and fleet.initial is not None:
+            for g in range(fleet.initial, n):
+                self._saved[g] = (1, self.B)
+                self.g_state[g] = G_OFFLINE
+                self.g_pok[g] = 0
+                self.g_maxd[g] = 0
+                self._refresh(g)
+            self._fleet_on = fleet.initial
+            self._fleet_log = [(0.0, fleet.initial, fleet.initial)]
 
         # -- queues ---------------------------------------------------------------------------------
         self._qnames: list[str] = ["prefill", "decode"] + [f"instance[{g}]" for g in range(n)]
@@ -407,6 +434,8 @@ class Engine:
         self.engine_name = "compiled" if _COMPILED else "python"
         self.collector = M.MetricCollector(I, self.warmup, self.horizon, batches)
         self._bounds = [self.warmup + j * self.collector.L for j in range(batches)] + [self.horizon]
+        if any(c.has_slo for c in scenario.classes):
+            self._set_slo(scenario)
         self._bi = 0
         self.sample_interval = sample_interval
         self._t_sample = 0.0 if sample_interval else INF
@@ -652,6 +681,10 @@ class Engine:
             self._n_pools += 1
         for g in gpus:
             self._check_gpu("set_pool", g)
+            if self.g_state[g] != G_ONLINE:
+                self._saved[g] = (1 if prefill else 0, md)
+                self.g_pool[g] = pool
+                continue
             self._ip[self.g_pool[g]]._discard(g)
             self._fd[self.g_pool[g]]._discard(g)
             self.g_pool[g] = pool
@@ -675,6 +708,258 @@ class Engine:
         self.q_cnt = _grown(self.q_cnt, self.I, 0)
         self.q_tot = _grown(self.q_tot, 1, 0)
         return q
+
+    # =============================================================================================
+    # The fleet: GPUs added, drained and removed during a run; runtime batch limits; eviction
+    # (docs/simulator.md section 11). Cold code: a fixed fleet never calls it.
+    # =============================================================================================
+    def gpu_state(self, g: int) -> str:
+        """GPU g's fleet state: 'online', 'starting', 'draining' or 'offline'."""
+        self._check_gpu("gpu_state", g)
+        return _GSTATE_NAMES[self.g_state[g]]
+
+    def gpu_online(self, g: int) -> bool:
+        """Whether GPU g is online (takes new work)."""
+        return self.g_state[g] == G_ONLINE
+
+    def fleet_size(self) -> int:
+        """GPUs counted in GPU-hours now: online, starting (added, not yet up) and draining."""
+        return self._fleet_on
+
+    def fleet_online(self) -> list[int]:
+        """The online GPUs, in index order (O(n))."""
+        st = self.g_state
+        return [g for g in range(self.n) if st[g] == G_ONLINE]
+
+    def gpu_hours(self) -> float:
+        """GPU-hours used from time 0 to now (every GPU counted from being added to going offline)."""
+        return (self._fleet_on * self._now - self._fleet_acc) / 3600.0
+
+    def add_gpu(self, g: int | None = None) -> int:
+        """Add an offline GPU to the fleet (g, or the lowest-numbered offline one); return its id.
+
+        It counts towards GPU-hours at once and takes work after the fleet's ``startup_delay``
+        seconds, when ``on_slot_freed(g)`` announces it (at once during ``setup`` or with no delay)."""
+        st = self.g_state
+        if g is None:
+            g = -1
+            for k in range(self.n):
+                if st[k] == G_OFFLINE:
+                    g = k
+                    break
+            if g < 0:
+                raise ActionError(f"add_gpu at t={self._now:.9g}: all {self.n} GPUs (cluster.gpus, the fleet's maximum) "
+                                  "are already in the fleet")
+        else:
+            self._check_gpu("add_gpu", g)
+            if st[g] != G_OFFLINE:
+                raise ActionError(f"add_gpu(g={g}) at t={self._now:.9g}: GPU {g} is {_GSTATE_NAMES[st[g]]}, not offline")
+        self._fleet_used = True
+        t = self._now
+        st[g] = G_STARTING
+        self._fleet_count(1, t)
+        if self._startup > 0 and not self._in_setup:
+            self.t_pkb[g] = _STARTUP
+            self._hset(g, t + self._startup)
+        else:
+            self._online(g, t)
+        return g
+
+    def drain_gpu(self, g: int) -> None:
+        """Take GPU g out of the fleet: it takes no new work (no prefill, no decode: its cap is 0),
+        its running requests finish, and it goes offline when the last one leaves (at once if idle).
+        A starting GPU is cancelled at once."""
+        self._check_gpu("drain_gpu", g)
+        st = self.g_state[g]
+        if st == G_OFFLINE or st == G_DRAINING:
+            raise ActionError(f"drain_gpu(g={g}) at t={self._now:.9g}: GPU {g} is already {_GSTATE_NAMES[st]} "
+                              "(the fleet cannot shrink below its online GPUs)")
+        self._fleet_used = True
+        t = self._now
+        if st == G_STARTING:
+            self._hremove(g)
+            self.t_pkb[g] = -1
+            self.g_state[g] = G_OFFLINE
+            self._fleet_count(-1, t)
+            return
+        self._saved[g] = (self.g_pok[g], self.g_maxd[g])
+        self.g_state[g] = G_DRAINING
+        self.g_pok[g] = 0
+        self.g_maxd[g] = 0
+        self._refresh(g)
+        if self.g_cnt[g] == 0:
+            self._offline(g, t)
+        else:
+            self._fleet_log.append((t, self._fleet_on, self._n_online()))
+
+    def remove_gpu(self, g: int, host: bool = True) -> list[int]:
+        """Drain GPU g and evict its running requests at once (see :meth:`evict`; markov: they wait
+        again for the phase they were in). Returns the evicted requests; none is lost: each is placed
+        by ``on_preempt`` (default: the front of the prefill queue, or of the decode queue for a
+        markov decode)."""
+        self.drain_gpu(g)
+        out = []
+        if self.g_state[g] == G_DRAINING:
+            for r in self.gpu_requests(g):
+                if self.evict(r, host):
+                    out.append(r)
+        return out
+
+    def set_max_decodes(self, g: int, m: int) -> None:
+        """Set GPU g's batch limit (most concurrent decodes, 1..B) while running. Lowering it below
+        the decodes running there evicts none: it only stops new ones until they are fewer."""
+        self._check_gpu("set_max_decodes", g)
+        if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= self.B:
+            raise ActionError(f"set_max_decodes(g={g}) at t={self._now:.9g}: batch limit: expected an integer in "
+                              f"1..{self.B} (B), got {m!r}")
+        self._fleet_used = True
+        if self.g_state[g] != G_ONLINE:
+            self._saved[g] = (self._saved.get(g, (1, self.B))[0], m)
+            return
+        self.g_maxd[g] = m
+        self._refresh(g)
+
+    def evict(self, r: int, host: bool = True) -> bool:
+        """Take running request r off its GPU now; it waits again (``on_preempt``; default: the front
+        of the prefill queue) and counts a preemption.
+
+        tokens mode: the eviction takes effect at the GPU's next iteration boundary (the iteration in
+        progress completes); it returns False and does nothing if r's prefill or decode ends at that
+        boundary. A decode evicted with ``host=True`` keeps its KV cache in host memory: its restart is
+        a restore taking ceil(kv_swap_time_per_token * (prompt + generated) / tau_mix) mixed
+        iterations (at least one) in the prefill slot instead of a re-prefill; ``host=False`` (and an
+        evicted prefill) recomputes. markov mode: a prefill waits for a new prefill, a decode for a new
+        decode (memoryless: no restart cost)."""
+        self._check_req("evict", r)
+        ph = self.r_phase[r]
+        if ph != PREFILL and ph != DECODE:
+            raise ActionError(f"evict(r={r}) at t={self._now:.9g}: request {r} is {_PHASE_NAMES[ph]}, not running")
+        g = self.r_gpu[r]
+        t = self._now
+        if not self.markov:
+            self._join(g, t)  # anchor g at the boundary where the eviction takes effect
+            if ph == PREFILL:
+                if self.t_pend[g] <= self.t_ka[g]:
+                    return False
+            elif self.r_dkey[r] <= self.t_dca[g]:
+                return False
+        self._evict(r, g, t, bool(host))
+        return True
+
+    # -- internal ------------------------------------------------------------------------------
+    def _n_online(self) -> int:
+        st = self.g_state
+        return sum(1 for g in range(self.n) if st[g] == G_ONLINE)
+
+    def _fleet_count(self, d: int, t: float) -> None:
+        self._fleet_on += d
+        self._fleet_acc += d * t
+        self._fleet_log.append((t, self._fleet_on, self._n_online()))
+
+    def _online(self, g: int, t: float) -> None:
+        """A starting GPU is up: it takes work from now (announced by on_slot_freed(g))."""
+        pok, md = self._saved.pop(g, (1, self.B))
+        self.g_state[g] = G_ONLINE
+        self.t_pkb[g] = -1
+        self.g_pok[g] = pok
+        self.g_maxd[g] = md
+        self._refresh(g)
+        self._fleet_log.append((t, self._fleet_on, self._n_online()))
+        cb = self._cb_freed
+        if cb is not None and not self._in_setup:
+            cb(self, g)
+
+    def _offline(self, g: int, t: float) -> None:
+        """A draining GPU has emptied: it leaves the fleet (and GPU-hours) now."""
+        self.g_state[g] = G_OFFLINE
+        self._fleet_count(-1, t)
+
+    def _restore(self, r: int, g: int, ptok: int, ka: int) -> None:
+        """Schedule the restore of r's KV from host memory on g (in place of a re-prefill)."""
+        self.r_host[r] = 0
+        T = self._swap * ptok
+        if self.chunked:
+            self.t_pend[g] = ka + max(1, int(math.ceil(T / self.tau_mix)))
+            self.t_itl[g] = self.tau_mix
+        else:
+            self.t_pend[g] = ka + 1
+            self.t_itl[g] = T if T > 0 else self.tau_solo
+            self.t_adv[g] = 0
+
+    def _evict(self, r: int, g: int, t: float, host: bool) -> None:
+        """Take running request r off GPU g at time t (tokens: g anchored where it takes effect)."""
+        c = self.r_cls[r]
+        I = self.I
+        cnt = self._cnt
+        acc = self._acc
+        markov = self.markov
+        back = WAIT_PREFILL
+        if self.r_phase[r] == PREFILL:
+            k = NQ * c + Q_X
+            self.g_pre[g] = NO_REQUEST
+            cnt[k] -= 1
+            acc[k] -= t
+            if markov:
+                self._race_remove(r, RACE_PREFILL * I + c)
+                self._lam -= self.mu_p[c]
+            else:
+                self.t_kv[g] -= self.r_prompt[r] + self.r_gen[r]
+                self.t_pend[g] = -1
+                self.t_itl[g] = self.tau_solo
+                self.t_adv[g] = 1
+                self.r_host[r] = 1 if (host and self.r_gen[r] > 0) else 0
+            if self.g_ndec[g]:
+                self._switch_mode(g, False, t)
+        else:
+            nd = self.g_ndec[g] - 1
+            self._dremove(g, r, nd)
+            k = NQ * c + (Q_YM if self.g_pre[g] >= 0 else Q_YS)
+            cnt[k] -= 1
+            acc[k] -= t
+            self.g_ndec[g] = nd
+            self.g_dcls[g * I + c] -= 1
+            if markov:
+                self._race_remove(r, RACE_DECODE * I + c)
+                self._lam -= self.mbar[c]
+                back = WAIT_DECODE
+            else:
+                gen = self.t_dca[g] - self.r_dstart[r]
+                self.t_kv[g] -= self.r_prompt[r] + self.r_gen[r] + gen
+                self.r_gen[r] += gen
+                self.r_host[r] = 1 if host else 0
+        n1 = self.g_cnt[g] - 1
+        self.g_cnt[g] = n1
+        self.r_npre[r] += 1
+        self.r_gpu[r] = -1
+        self._ctr[NC * c + C_PREEMPTED] += 1
+        self._refresh(g)
+        if not markov and not self._isdirty[g]:
+            self._isdirty[g] = True
+            self._dirty.append(g)
+        if n1 == 0:
+            gb = self._gbase
+            cnt[gb] -= 1
+            acc[gb] -= t
+            if self.g_state[g] == G_DRAINING:
+                self._offline(g, t)
+        if not markov and not self.r_host[r] and self.kvcap >= 0 and self.r_prompt[r] + self.r_gen[r] + 1 > self.kvcap:
+            self._ctr[NC * c + C_DROPPED] += 1
+            cb = self._cb_drop
+            if cb is not None:
+                cb(self, r, g)
+            self._resolve(r, M.DROPPED, t)
+            return
+        self.r_phase[r] = back
+        self.r_q[r] = -1
+        self.r_tw[r] = t
+        k = NQ * c + (Q_WP if back == WAIT_PREFILL else Q_WD)
+        cnt[k] += 1
+        acc[k] += t
+        cb = self._cb_preempt
+        if cb is not None:
+            cb(self, r, g)
+        if self.r_phase[r] == back and self.r_q[r] < 0:
+            self.enqueue(r, PREFILL_QUEUE if back == WAIT_PREFILL else DECODE_QUEUE, front=True)
 
     # =============================================================================================
     # Actions
@@ -743,7 +1028,9 @@ class Engine:
             self._lam += self.mu_p[c]
         else:
             ka = self.t_ka[g]
-            if self.chunked:
+            if self.r_host[r]:
+                self._restore(r, g, ptok, ka)
+            elif self.chunked:
                 self.t_pend[g] = ka + (ptok + self.C - 1) // self.C
                 self.t_itl[g] = self.tau_mix
             else:
@@ -1088,6 +1375,7 @@ class Engine:
         self.r_npre = _grown(self.r_npre, k, 0)
         self.r_pg = _grown(self.r_pg, k, -1)
         self.r_dg = _grown(self.r_dg, k, -1)
+        self.r_host = _grown(self.r_host, k, 0)
         self._free.extend(range(r + k - 1, r, -1))
         return r
 
@@ -1140,6 +1428,7 @@ class Engine:
         self.r_npre[r] = 0
         self.r_pg[r] = -1
         self.r_dg[r] = -1
+        self.r_host[r] = 0
         self._ctr[NC * c + C_ARRIVED] += 1
         if self.kvcap >= 0 and prompt + 1 > self.kvcap:
             # can never fit on a GPU (vLLM rejects prompts beyond the KV capacity)
@@ -1172,6 +1461,8 @@ class Engine:
             gb = self._gbase
             cnt[gb] -= 1
             acc[gb] -= t
+            if self.g_state[g] == G_DRAINING:
+                self._offline(g, t)
         else:
             self._switch_mode(g, False, t)
         if self.markov:
@@ -1232,6 +1523,8 @@ class Engine:
             gb = self._gbase
             cnt[gb] -= 1
             acc[gb] -= t
+            if self.g_state[g] == G_DRAINING:
+                self._offline(g, t)
         out = self.r_output[r]
         prompt = self.r_prompt[r]
         self._dremove(g, r, nd)
@@ -1369,6 +1662,8 @@ class Engine:
         When the recomputed event (time and boundary, bit for bit) is the one already pending, the
         heap is left alone."""
         if self.g_cnt[g] == 0:
+            if self.t_pkb[g] == _STARTUP:
+                return  # a starting GPU: its pending event is its start-up completion
             self.t_pkb[g] = -1
             self._hremove(g)
             return
@@ -1607,6 +1902,8 @@ class Engine:
         if n1 == 0:
             cnt[gb] -= 1
             acc[gb] -= t
+            if self.g_state[g] == G_DRAINING:
+                self._offline(g, t)
         self.r_npre[r] += 1
         self.r_gpu[r] = -1
         self._ctr[NC * c + C_PREEMPTED] += 1
@@ -1841,6 +2138,18 @@ class Engine:
         result.meta["engine"] = self.engine_name
         return result
 
+    def _set_slo(self, scenario: Scenario) -> None:
+        """Have the collector count per-class SLO attainment (cold: only when some class has an SLO)."""
+        import functools
+
+        from fluidopt.sim.results import min_service_time
+
+        def lim(v):
+            return [INF if getattr(c, v) is None else float(getattr(c, v)) for c in scenario.classes]
+
+        self.collector.set_slo(lim("ttft_slo"), lim("itl_slo"), lim("deadline"), lim("deadline_at"),
+                               functools.partial(min_service_time, scenario.gpu, self.chunked))
+
     def _on_sigint(self, signum, frame) -> None:
         if self._stop:
             raise KeyboardInterrupt
@@ -1983,7 +2292,10 @@ class Engine:
                 kb = pkb[g]
                 pkb[g] = -1  # consumed: the next _schedule(g) must reschedule
                 self._now = tt
-                self._gpu_event(g, kb, tt)
+                if kb == _STARTUP:
+                    self._online(g, tt)
+                else:
+                    self._gpu_event(g, kb, tt)
             if dirty:
                 for g in dirty:
                     isdirty[g] = False

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from fluidopt.control.protocol import DECODE, PREFILL, WAIT_DECODE, WAIT_PREFILL
 from fluidopt.sim import metrics as M
-from fluidopt.sim.metrics import C_AB_DECODE, C_AB_PREFILL, C_ARRIVED, C_COMPLETED, C_DROPPED, C_PREFILLED
+from fluidopt.sim.metrics import C_AB_DECODE, C_AB_PREFILL, C_ARRIVED, C_COMPLETED, C_DROPPED, C_PREEMPTED, C_PREFILLED
 
 NQ, NC = M.N_CLASS_QTY, M.N_CTR
 Q_WP, Q_X, Q_WD, Q_YM, Q_YS = M.Q_PREFILL, M.X_PREFILL, M.Q_DECODE, M.Y_MIXED, M.Y_SOLO
@@ -47,7 +47,8 @@ def check_invariants(eng) -> None:
         assert eng.g_pre[g] == (pre[0] if pre else -1), f"GPU {g}: prefill {eng.g_pre[g]} vs {pre}"
         assert eng.g_ndec[g] == nd, f"GPU {g}: {eng.g_ndec[g]} decodes counted, {nd} found"
         assert eng.g_cnt[g] == nd + len(pre) <= eng.B, f"GPU {g}: slots {eng.g_cnt[g]}"
-        assert nd <= eng.g_maxd[g], f"GPU {g}: {nd} decodes > cap {eng.g_maxd[g]}"
+        # (a cap lowered during the run, or a draining GPU's 0, evicts nothing: only then may it be exceeded)
+        assert nd <= eng.g_maxd[g] or eng._fleet_used, f"GPU {g}: {nd} decodes > cap {eng.g_maxd[g]}"
         assert sum(eng.g_dcls[g * I + c] for c in range(I)) == nd
         b = g * eng.B
         slots = [eng.g_dec[b + k] for k in range(nd)]
@@ -116,11 +117,22 @@ def check_invariants(eng) -> None:
         resolved = (ctr[NC * c + C_COMPLETED] + ctr[NC * c + C_AB_PREFILL] + ctr[NC * c + C_AB_DECODE]
                     + ctr[NC * c + C_DROPPED])
         assert arrived == resolved + in_sys, f"class {c}: arrived {arrived} != resolved {resolved} + in system {in_sys}"
-        if eng.kvcap < 0:  # without preemption every prefilled request is past its prefill for good
+        if eng.kvcap < 0 and ctr[NC * c + C_PREEMPTED] == 0:  # without preemption (KV or evict), every
+            # prefilled request is past its prefill for good
             prefilled = ctr[NC * c + C_PREFILLED]
             past = past_of[c]
             assert prefilled == ctr[NC * c + C_COMPLETED] + ctr[NC * c + C_AB_DECODE] + past, (
                 f"class {c}: prefilled {prefilled} != completed + abandoned in decode wait + decoding/waiting"
             )
+    # the fleet: GPUs counted in GPU-hours; offline GPUs hold nothing; not-online GPUs take no work
+    st = list(eng.g_state)
+    assert eng._fleet_on == sum(1 for v in st if v != 3), f"fleet size {eng._fleet_on} != recount {st}"
+    for g, v in enumerate(st):
+        if v != 0:
+            assert eng.g_pok[g] == 0 and eng.g_maxd[g] == 0, f"GPU {g} ({v}): takes work while not online"
+        if v in (1, 3):
+            assert eng.g_cnt[g] == 0, f"GPU {g} ({v}): holds requests"
+        if v == 1 and eng._startup > 0:
+            assert eng._hpos[g] >= 0 and eng.t_pkb[g] == -2, f"GPU {g}: starting without a start-up event"
     lam = eng._exact_lam()
     assert abs(lam - eng._lam) <= 1e-6 * max(1.0, lam), f"race rate {eng._lam} != {lam}"

@@ -117,6 +117,35 @@ class MetricCollector:
         self.h_tpot = LogHistogram(n_classes)
         self.h_waitp = LogHistogram(n_classes)
         self.snapshots: list[tuple[float, np.ndarray, np.ndarray]] = []  # (time, areas, counters)
+        self.slo_on = False  # per-class SLOs (set_slo): counted only when some class has one
+
+    def set_slo(self, ttft: np.ndarray, itl: np.ndarray, deadline: np.ndarray, deadline_at: np.ndarray,
+                min_service) -> None:
+        """Count SLO attainment per class: per-class limits (seconds; inf where a class has none) and
+        ``min_service(prompt, output)``, a request's own service time alone on a GPU (seconds), for
+        the count of deadlines shorter than it."""
+        self.slo_on = True
+        self.slo_ttft, self.slo_itl = np.asarray(ttft, float), np.asarray(itl, float)
+        self.slo_dl, self.slo_dl_at = np.asarray(deadline, float), np.asarray(deadline_at, float)
+        self.min_service = min_service
+        self.slo_met = np.zeros(self.I, dtype=np.int64)  # window cohort: completed within every SLO
+        self.slo_n = np.zeros(self.I, dtype=np.int64)  # window cohort: resolved (+ in system at the end)
+        self.slo_infeasible = np.zeros(self.I, dtype=np.int64)  # deadline shorter than own service time
+
+    def slo_fold(self, cls: np.ndarray, out: np.ndarray, arr: np.ndarray, end: np.ndarray, ttft: np.ndarray,
+                 prompt: np.ndarray, output: np.ndarray) -> None:
+        """Fold requests of the window cohort into the SLO counts (in-system ones count as missed)."""
+        done = out == COMPLETED
+        nout = np.maximum(output, 1).astype(float)
+        with np.errstate(invalid="ignore"):
+            tpot = (end - arr - ttft) / nout
+            dl = np.minimum(arr + self.slo_dl[cls], self.slo_dl_at[cls])
+            met = done & (ttft <= self.slo_ttft[cls]) & (tpot <= self.slo_itl[cls]) & (end <= dl)
+        infeasible = np.isfinite(dl) & (dl - arr < self.min_service(prompt, output))
+        met &= ~infeasible
+        self.slo_met += np.bincount(cls, weights=met, minlength=self.I).astype(np.int64)
+        self.slo_n += np.bincount(cls, minlength=self.I).astype(np.int64)
+        self.slo_infeasible += np.bincount(cls, weights=infeasible, minlength=self.I).astype(np.int64)
 
     def batch_of(self, t: np.ndarray) -> np.ndarray:
         return np.clip(np.floor((t - self.warmup) / self.L), 0, self.K - 1).astype(np.int64)
@@ -157,6 +186,8 @@ class MetricCollector:
             self.req[:, :, f] += np.bincount(idx, weights=fields[:, f], minlength=self.K * self.I).reshape(
                 self.K, self.I
             )
+        if self.slo_on:
+            self.slo_fold(cls, out, arr, end, ttft, a["prompt"][keep], a["output"][keep])
         dc = cls[done]
         self.h_ttft.add(dc, ttft[done])
         self.h_e2e.add(dc, e2e[done])
@@ -255,7 +286,22 @@ class SimResult:
         ]
         if self.records_path:
             out["records"] = self.records_path
+        if self.meta.get("fleet"):
+            out["gpu_hours"] = self.meta["gpu_hours"]
         return out
+
+    @property
+    def gpu_hours(self) -> float:
+        """GPU-hours from time 0 to the end of the run (each GPU from being added to going offline;
+        a fixed fleet: n_gpus * t_end / 3600)."""
+        return float(self.meta.get("gpu_hours", self.n_gpus * self.t_end / 3600.0))
+
+    @property
+    def slo_attainment(self) -> pd.Series | None:
+        """Per-class share of the window's requests that met every SLO of their class (None without SLOs)."""
+        if "slo_attainment" not in self.per_class.columns:
+            return None
+        return self.per_class["slo_attainment"]
 
     def __repr__(self) -> str:
         rev = self.cluster.get("revenue_per_gpu", math.nan)

@@ -4,6 +4,7 @@ of the event kernel."""
 from __future__ import annotations
 
 import sys
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -18,7 +19,7 @@ from fluidopt.sim.metrics import (
     C_PREEMPTED,
 )
 
-__all__ = ["assemble_result", "progress_line"]
+__all__ = ["SLOWarning", "assemble_result", "min_service_time", "progress_line"]
 
 
 def assemble_result(eng, wall: float) -> M.SimResult:
@@ -75,12 +76,48 @@ def assemble_result(eng, wall: float) -> M.SimResult:
             return cls_ctr(M.C_PREFILLED) * (np.array(cp) * Pm) + cls_ctr(M.C_COMPLETED) * (np.array(cd) * Dm)
         return cls_ctr(M.C_PREFILL_TOKENS) * np.array(cp) + cls_ctr(M.C_DONE_OUTPUT) * np.array(cd)
 
-    return M.build_result(
+    col = eng.collector
+    if col.slo_on and live:
+        # the window's requests still in the system at the end miss their SLO
+        lv = [r for r in live if eng.r_arr[r] >= eng.warmup]
+        if lv:
+            col.slo_fold(np.array([eng.r_cls[r] for r in lv], dtype=np.int64), np.full(len(lv), M.IN_SYSTEM),
+                         np.array([eng.r_arr[r] for r in lv]), np.full(len(lv), np.nan), np.full(len(lv), np.nan),
+                         np.array([eng.r_prompt[r] for r in lv]), np.array([eng.r_output[r] for r in lv]))
+    res = M.build_result(
         eng.collector, scenario=eng.scenario, policy=getattr(eng.controller, "name", type(eng.controller).__name__),
         service=eng._service, seed=eng.seed, t_end=t_end, wall=wall, interrupted=eng._interrupted,
         events=eng._events, totals=totals, rewards={"bundled": bundled, "separate": separate}, timeseries=ts,
         records_path=records_path,
     )
+    res.meta["gpu_hours"] = eng.gpu_hours()
+    if eng._fleet_used:
+        res.meta["fleet"] = True
+        res.meta["fleet_log"] = pd.DataFrame(eng._fleet_log, columns=["time", "gpus", "online"])
+    if col.slo_on and len(res.per_class.columns):
+        pc = res.per_class
+        pc["slo_requests"] = col.slo_n
+        pc["slo_met"] = col.slo_met
+        pc["slo_attainment"] = np.where(col.slo_n > 0, col.slo_met / np.maximum(col.slo_n, 1), np.nan)
+        pc["deadline_infeasible"] = col.slo_infeasible
+        bad = [(nm, int(k)) for nm, k in zip(eng._class_names, col.slo_infeasible) if k]
+        if bad:
+            warnings.warn(
+                "deadline shorter than the request's own service time (counted as missed): "
+                + ", ".join(f"{k} requests of class {nm!r}" for nm, k in bad), SLOWarning, stacklevel=2)
+    return res
+
+
+class SLOWarning(UserWarning):
+    """Some requests had a deadline shorter than their own service time (counted as missed SLOs)."""
+
+
+def min_service_time(gpu, chunked: bool, prompt: np.ndarray, output: np.ndarray) -> np.ndarray:
+    """Seconds a request needs alone on a GPU: its prefill (ceil(P/C) mixed iterations, or one
+    whole-prompt iteration) plus ``output`` solo decode iterations (no KV time term: a lower bound)."""
+    prompt = np.asarray(prompt, dtype=float)
+    pre = np.ceil(prompt / gpu.chunk) * gpu.tau_mix if chunked else gpu.alpha + gpu.beta * prompt
+    return pre + np.asarray(output, dtype=float) * gpu.tau_solo
 
 
 def progress_line(eng, wall: float) -> None:

@@ -1,0 +1,802 @@
+"""Orchestration for interactive and batch SLOs on an autoscaling fleet (docs/orchestration.md).
+
+Three controllers for the setting of IBM/UIUC's Chiron and QLM: interactive request classes with
+second-scale TTFT and inter-token-latency (ITL) SLOs, batch classes with completion deadlines of
+minutes to hours, and (Chiron, the utilisation autoscaler) a fleet that grows and shrinks during the
+run (the simulator's fleet actions: ``add_gpu``, ``drain_gpu``, ``set_max_decodes``, ``evict``).
+
+* ``chiron``: instance pools typed interactive / mixed / batch; interactive-first routing with
+  overflow to mixed instances, where batch work is evicted to host memory to make room; a local
+  autoscaler that sets each instance's batch limit to the largest batch whose iteration time (from
+  the GPU law) meets the ITL target of the work it serves; a global autoscaler that adds batch
+  instances when the batch queue's estimated drain time would miss the deadline and drains them when
+  it would not;
+* ``qlm``: a fixed fleet; requests grouped by class (one SLO per class); the group served next is
+  the one with the least predicted slack (the waiting-time estimate against its SLO), which
+  maximises predicted attainment when some group must wait; batch work is evicted for an interactive
+  request about to miss its TTFT;
+* ``utilisation-autoscaler``: the baseline the Chiron paper compares against (Llumnix-like): every
+  request is dispatched at once to the least-loaded instance (join the shortest queue; interactive
+  first within an instance), a fixed batch size, instances added when utilisation is high (queued
+  requests are migrated to a new instance) and drained when it is low.
+
+Every instance runs one prefill at a time (chunked) and decodes its requests on the same GPU where
+there is room (a decode may move to another GPU of the pool, KV transfer free as in the engine).
+A prefill is admitted only on a GPU whose decodes are below its batch limit, so the decode that
+follows has a slot.
+
+The GPU law used for the estimates is the engine's: an iteration takes tau_mix (with a prefill
+chunk) or tau_solo, plus ``kv_time_per_token`` per token of resident context; a decode's mean
+resident context is prompt + output / 2 tokens.
+"""
+
+from __future__ import annotations
+
+import math
+
+from fluidopt.control.protocol import DECODE_QUEUE, PREFILL_QUEUE, Context, Controller
+from fluidopt.control.registry import register
+from fluidopt.errors import ScenarioError
+from fluidopt.fluid.multiperiod import BacklogJob, FleetPlan, batch_throughput, largest_batch, mean_context, plan_fleet
+from fluidopt.model import GPUProfile, Scenario
+
+__all__ = [
+    "Chiron",
+    "FluidPlan",
+    "QLM",
+    "UtilisationAutoscaler",
+    "FleetPlan",
+    "batch_throughput",
+    "iteration_time",
+    "largest_batch",
+    "mean_context",
+    "plan_fleet",
+    "split_classes",
+]
+
+INTERACTIVE, MIXED, BATCH = 0, 1, 2  # Chiron's instance pools
+
+
+# --------------------------------------------------------------------------------------------
+# The GPU law (closed forms shared by the controllers, the LP and the docs)
+# --------------------------------------------------------------------------------------------
+
+
+def iteration_time(gpu: GPUProfile, b: float, context: float, *, mixed: bool = True) -> float:
+    """Seconds per iteration of a GPU with ``b`` decodes of mean context ``context`` tokens: tau_mix
+    (a prefill chunk in the iteration; tau_solo if ``mixed`` is False) + kv_time_per_token * b * context."""
+    base = gpu.tau_mix if mixed else gpu.tau_solo
+    return base + gpu.kv_time_per_token * b * context
+
+
+def split_classes(scenario: Scenario, batch_classes: tuple[str, ...] | list[str] | None = None) -> tuple[list[int], list[int]]:
+    """(interactive, batch) class indices: batch classes are named, or (default) those with a deadline."""
+    names = scenario.class_names
+    if batch_classes is None:
+        bat = [i for i, c in enumerate(scenario.classes) if c.deadline is not None or c.deadline_at is not None]
+    else:
+        if isinstance(batch_classes, str):
+            batch_classes = [batch_classes]
+        for nm in batch_classes:
+            if nm not in names:
+                raise ScenarioError(f"batch_classes: {nm!r} is not a class of the scenario ({', '.join(names)})")
+        bat = [names.index(nm) for nm in batch_classes]
+    inter = [i for i in range(len(names)) if i not in bat]
+    return inter, bat
+
+
+def _mean_lengths(scenario: Scenario, classes: list[int]) -> tuple[float, float]:
+    """Rate-weighted mean prompt and output tokens of the given classes."""
+    cl = scenario.classes
+    lam = sum(cl[i].rate for i in classes)
+    if not lam:
+        return 1.0, 1.0
+    return (sum(cl[i].prompt * cl[i].rate for i in classes) / lam, sum(cl[i].decode * cl[i].rate for i in classes) / lam)
+
+
+def _positive(who: str, name: str, v, *, zero: bool = False) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or (v == 0 and not zero):
+        raise ScenarioError(f"{who}: {name}: expected a number {'>= 0' if zero else '> 0'}, got {v!r}")
+    return float(v)
+
+
+class _Orchestrator(Controller):
+    """Shared state: class split, ITL targets, GPU law, deadline of the batch classes."""
+
+    name = "orchestrator"
+    chunked_prefill = True
+
+    def __init__(self, scenario: Scenario, *, batch_classes=None, batch_itl: float | None = None, tick: float = 10.0):
+        who = self.name
+        self.tick_interval = _positive(who, "tick", tick)
+        self.gpu = scenario.gpu
+        self.inter, self.bat = split_classes(scenario, batch_classes)
+        cl = scenario.classes
+        self.is_batch = [i in self.bat for i in range(len(cl))]
+        itls = [cl[i].itl_slo for i in self.inter if cl[i].itl_slo is not None]
+        self.itl_int = min(itls) if itls else None
+        bitl = [cl[i].itl_slo for i in self.bat if cl[i].itl_slo is not None]
+        if batch_itl is not None:
+            self.itl_bat = _positive(who, "batch_itl", batch_itl)
+        else:
+            self.itl_bat = min(bitl) if bitl else None
+        ctx_i = max((mean_context(cl[i]) for i in self.inter), default=0.0)
+        ctx_b = max((mean_context(cl[i]) for i in self.bat), default=0.0)
+        self.ctx_int = max(ctx_i, ctx_b)  # mixed instances serve both
+        self.b_int = largest_batch(self.gpu, self.itl_int, self.ctx_int)
+        self.b_bat = largest_batch(self.gpu, self.itl_bat, ctx_b if ctx_b else ctx_i)
+        self.ttft = [c.ttft_slo for c in cl]
+        self.deadline_at = min((cl[i].deadline_at for i in self.bat if cl[i].deadline_at is not None), default=None)
+        self.deadline_rel = min((cl[i].deadline for i in self.bat if cl[i].deadline is not None), default=None)
+        if self.bat:
+            P = sum(cl[i].prompt for i in self.bat) / len(self.bat)
+            D = sum(cl[i].decode for i in self.bat) / len(self.bat)
+        else:
+            P, D = 1.0, 1.0
+        self.bat_P, self.bat_D = P, D
+        self.mu_bat = batch_throughput(self.gpu, self.b_bat, P, D)  # a batch instance, requests/s
+        self.mu_mix = batch_throughput(self.gpu, self.b_int, P, D)  # a mixed instance given to batch work
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def try_prefill(self, ctx: Context, r: int, g: int) -> bool:
+        """Start r's prefill on g if its prompt fits g's free KV cache (always without a KV capacity)."""
+        if ctx.gpu_kv_free(g) < ctx.req_prompt(r) + ctx.req_generated(r):
+            return False
+        ctx.start_prefill(r, g)
+        return True
+
+    def try_decode(self, ctx: Context, r: int, g: int) -> bool:
+        """Start r's decode on g if its context fits g's free KV cache."""
+        if ctx.gpu_kv_free(g) < ctx.req_prompt(r) + ctx.req_generated(r):
+            return False
+        ctx.start_decode(r, g)
+        return True
+
+    def batch_in_system(self, ctx: Context) -> int:
+        """Batch requests not yet completed (waiting or in service)."""
+        return sum(ctx.n_wait_prefill(i) + ctx.n_prefill(i) + ctx.n_wait_decode(i) + ctx.n_decode_mixed(i)
+                   + ctx.n_decode_solo(i) for i in self.bat)
+
+    def batch_deadline(self, ctx: Context) -> float:
+        """The time by which the batch work in the system must be done (absolute seconds; inf: none)."""
+        t = math.inf
+        if self.deadline_at is not None:
+            t = self.deadline_at
+        if self.deadline_rel is not None:
+            oldest = [ctx.req_arrival(ctx.head(PREFILL_QUEUE, i)) for i in self.bat if ctx.head(PREFILL_QUEUE, i) >= 0]
+            t = min(t, (min(oldest) if oldest else ctx.now) + self.deadline_rel)
+        return t
+
+    @staticmethod
+    def has_room(ctx: Context, g: int) -> bool:
+        """g can take a prefill now and its decode afterwards."""
+        return ctx.gpu_prefill(g) < 0 and ctx.gpu_decodes(g) < ctx.gpu_max_decodes(g) and ctx.gpu_free(g) > 0
+
+    def interactive_waiting(self, ctx: Context) -> int:
+        return sum(ctx.qlen(PREFILL_QUEUE, i) for i in self.inter)
+
+    def head_of(self, ctx: Context, q: int, classes: list[int]) -> int:
+        """FCFS head of queue q over the given classes, or -1."""
+        if len(classes) == 1:
+            return ctx.head(q, classes[0])
+        best, bt = -1, math.inf
+        for i in classes:
+            r = ctx.head(q, i)
+            if r >= 0 and ctx.req_arrival(r) < bt:
+                best, bt = r, ctx.req_arrival(r)
+        return best
+
+
+# --------------------------------------------------------------------------------------------
+# Chiron
+# --------------------------------------------------------------------------------------------
+
+
+class Chiron(_Orchestrator):
+    """Chiron: typed instance pools, local and global autoscalers (see the module docstring)."""
+
+    name = "chiron"
+
+    def __init__(self, scenario: Scenario, *, interactive_gpus: int | None = None, batch_classes=None,
+                 batch_itl: float | None = None, tick: float = 10.0, safety: float = 1.1, margin: float | None = None,
+                 host_eviction: bool = True):
+        super().__init__(scenario, batch_classes=batch_classes, batch_itl=batch_itl, tick=tick)
+        self.safety = _positive(self.name, "safety", safety)
+        startup = 0.0 if scenario.fleet is None else scenario.fleet.startup_delay
+        # finish the batch work this long before its deadline: the last requests' own service time
+        # and the start-up of instances added late are not in the fluid rate estimate
+        self.margin = startup + 120.0 if margin is None else _positive(self.name, "margin", margin, zero=True)
+        self.host = bool(host_eviction)
+        cl = scenario.classes
+        if interactive_gpus is None:
+            # enough interactive instances for the mean interactive load at the ITL-safe batch
+            lam = sum(cl[i].rate for i in self.inter)
+            P = sum(cl[i].prompt * cl[i].rate for i in self.inter) / lam if lam else 1.0
+            D = sum(cl[i].decode * cl[i].rate for i in self.inter) / lam if lam else 1.0
+            mu = batch_throughput(self.gpu, self.b_int, P, D)
+            interactive_gpus = max(1, math.ceil(lam / mu)) if lam else 0
+        if isinstance(interactive_gpus, bool) or not isinstance(interactive_gpus, int) or interactive_gpus < 0:
+            raise ScenarioError(f"chiron: interactive_gpus: expected an integer >= 0, got {interactive_gpus!r}")
+        self.n_int = interactive_gpus
+        self.fleet_fixed = scenario.fleet is None
+
+    def setup(self, ctx: Context) -> None:
+        online = ctx.fleet_online()
+        n = ctx.n_gpus
+        a = min(self.n_int, len(online))
+        self.pool_of = [BATCH] * n
+        inter, mixed = online[:a], online[a:]
+        rest = [g for g in range(n) if g not in online]
+        if not rest and not mixed:  # a fixed fleet without spare GPUs: keep the last one for batch work
+            mixed = inter[-1:]
+            inter = inter[:-1]
+        for g in inter:
+            self.pool_of[g] = INTERACTIVE
+        for g in mixed:
+            self.pool_of[g] = MIXED
+        if inter:
+            ctx.set_pool(inter, INTERACTIVE, max_decodes=self.b_int)
+        if mixed:
+            ctx.set_pool(mixed, MIXED, max_decodes=self.b_int)
+        if rest:
+            ctx.set_pool(rest, BATCH, max_decodes=self.b_bat)
+        while ctx.n_pools < 3:  # make sure all three pools exist
+            ctx.set_pool([], ctx.n_pools)
+        self.ip = [ctx.idle_prefill(p) for p in range(3)]
+        self.fd = [ctx.free_decode(p) for p in range(3)]
+        self.batch_gpus = rest  # the GPUs the global autoscaler adds and drains
+        self.mixed_done = 0  # batch completions on mixed instances (the measured part of the estimate)
+        self.batch_done = 0  # batch completions on batch instances
+        self.batch_gpu_s = 0.0  # online batch-instance seconds, for their measured rate
+        self.window: list[tuple[float, int]] = [(0.0, 0)]
+        self.win4: list[tuple[float, int, int, float]] = [(0.0, 0, 0, 0.0)]
+        self.startup = getattr(ctx, "_startup", 0.0)
+
+    # -- placement -------------------------------------------------------------------------------
+    def _pick(self, ctx: Context, p: int) -> int:
+        s = self.ip[p]
+        if not s:
+            return -1
+        g = s.choice()
+        if ctx.gpu_decodes(g) < ctx.gpu_max_decodes(g):
+            return g
+        for g in s:
+            if ctx.gpu_decodes(g) < ctx.gpu_max_decodes(g):
+                return g
+        return -1
+
+    def _evict_batch_on_mixed(self, ctx: Context, prefill: bool) -> int:
+        """Make room on a mixed instance by evicting batch work; the GPU freed, or -1."""
+        bat = self.is_batch
+        for g in range(len(self.pool_of)):
+            if self.pool_of[g] != MIXED or not ctx.gpu_online(g):
+                continue
+            pr = ctx.gpu_prefill(g)
+            if prefill:
+                if pr >= 0 and bat[ctx.req_class(pr)]:
+                    if ctx.gpu_decodes(g) >= ctx.gpu_max_decodes(g):
+                        continue
+                    if ctx.evict(pr, self.host):
+                        return g
+                    continue
+                if pr >= 0:
+                    continue
+                if ctx.gpu_decodes(g) < ctx.gpu_max_decodes(g):
+                    return g
+            # a batch decode to evict (prefill: the decode slot the new request will need)
+            if sum(ctx.gpu_decodes_by_class(g)[i] for i in self.bat) == 0:
+                continue
+            for r in ctx.gpu_requests(g):
+                if r != pr and bat[ctx.req_class(r)] and ctx.evict(r, self.host):
+                    if not prefill or ctx.gpu_prefill(g) < 0:
+                        return g
+                    break
+        return -1
+
+    def _place_interactive_prefill(self, ctx: Context, r: int) -> bool:
+        g = self._pick(ctx, INTERACTIVE)
+        if g < 0:
+            g = self._pick(ctx, MIXED)
+        if g < 0:
+            g = self._evict_batch_on_mixed(ctx, True)
+        return g >= 0 and self.has_room(ctx, g) and self.try_prefill(ctx, r, g)
+
+    def _place_decode(self, ctx: Context, r: int, g: int) -> bool:
+        if ctx.gpu_online(g) and ctx.gpu_decodes(g) < ctx.gpu_max_decodes(g) and ctx.gpu_free(g) > 0:
+            if self.try_decode(ctx, r, g):
+                return True
+        pools = (BATCH, MIXED) if self.is_batch[ctx.req_class(r)] else (INTERACTIVE, MIXED)
+        for p in pools:
+            h = self.fd[p].choice()
+            if h >= 0 and self.try_decode(ctx, r, h):
+                return True
+        if not self.is_batch[ctx.req_class(r)]:
+            h = self._evict_batch_on_mixed(ctx, False)
+            if h >= 0 and ctx.gpu_decodes(h) < ctx.gpu_max_decodes(h) and ctx.gpu_free(h) > 0:
+                return self.try_decode(ctx, r, h)
+        return False
+
+    # -- events ------------------------------------------------------------------------------------
+    def on_arrival(self, ctx: Context, r: int) -> None:
+        if self.is_batch[ctx.req_class(r)]:
+            ctx.enqueue(r, PREFILL_QUEUE)
+            self._fill_batch(ctx)
+        elif self.interactive_waiting(ctx) == 0:
+            self._place_interactive_prefill(ctx, r)
+
+    def _fill_batch(self, ctx: Context) -> None:
+        mixed_ok = self.interactive_waiting(ctx) == 0
+        for p in (BATCH, MIXED):
+            if p == MIXED and not mixed_ok:
+                return
+            while True:
+                r = self.head_of(ctx, PREFILL_QUEUE, self.bat)
+                if r < 0:
+                    return
+                g = self._pick(ctx, p)
+                if g < 0 or not self.try_prefill(ctx, r, g):
+                    break
+
+    def on_prefill_done(self, ctx: Context, r: int, g: int) -> None:
+        self._place_decode(ctx, r, g)
+
+    def on_decode_done(self, ctx: Context, r: int, g: int) -> None:
+        if self.is_batch[ctx.req_class(r)]:
+            if self.pool_of[g] == MIXED:
+                self.mixed_done += 1
+            elif self.pool_of[g] == BATCH:
+                self.batch_done += 1
+
+    def on_slot_freed(self, ctx: Context, g: int) -> None:
+        if not ctx.gpu_online(g):
+            return
+        p = self.pool_of[g]
+        # decodes waiting for a slot first (their prefill is done), interactive before batch
+        while ctx.qlen(DECODE_QUEUE) and ctx.gpu_decodes(g) < ctx.gpu_max_decodes(g) and ctx.gpu_free(g) > 0:
+            r = self.head_of(ctx, DECODE_QUEUE, self.inter) if p != BATCH else -1
+            if r < 0 and p != INTERACTIVE:
+                r = self.head_of(ctx, DECODE_QUEUE, self.bat)
+            if r < 0 or not self.try_decode(ctx, r, g):
+                break
+        if not self.has_room(ctx, g):
+            return
+        if p != BATCH:
+            r = self.head_of(ctx, PREFILL_QUEUE, self.inter)
+            if r >= 0:
+                self.try_prefill(ctx, r, g)
+                return
+        if p != INTERACTIVE and (p == BATCH or self.interactive_waiting(ctx) == 0):
+            r = self.head_of(ctx, PREFILL_QUEUE, self.bat)
+            if r >= 0:
+                self.try_prefill(ctx, r, g)
+
+    def on_tick(self, ctx: Context) -> None:
+        self._local_autoscaler(ctx)
+        if not self.fleet_fixed:
+            self._global_autoscaler(ctx)
+
+    def _local_autoscaler(self, ctx: Context) -> None:
+        """Each online instance's batch limit from its ITL target and the context it holds now."""
+        kap = self.gpu.kv_time_per_token
+        if kap <= 0:
+            return
+        for g in range(len(self.pool_of)):
+            if not ctx.gpu_online(g):
+                continue
+            k = ctx.gpu_decodes(g) + (ctx.gpu_prefill(g) >= 0)
+            if k < 4:
+                continue  # too few requests for a context estimate: keep the planned limit
+            itl = self.itl_bat if self.pool_of[g] == BATCH else self.itl_int
+            b = largest_batch(self.gpu, itl, ctx.gpu_kv_used(g) / k)
+            if b != ctx.gpu_max_decodes(g):
+                ctx.set_max_decodes(g, b)
+
+    def _global_autoscaler(self, ctx: Context) -> None:
+        """Batch instances from the waiting-time estimate of the batch work against its deadline."""
+        nb = self.batch_in_system(ctx)
+        active = [g for g in self.batch_gpus if ctx.gpu_state(g) in ("online", "starting")]
+        if nb == 0:
+            for g in active:
+                ctx.drain_gpu(g)
+            return
+        left = self.batch_deadline(ctx) - ctx.now - self.margin
+        if not math.isfinite(left):
+            return
+        # requests/s to start in time: those already running are served where they are
+        waiting = sum(ctx.n_wait_prefill(i) + ctx.n_wait_decode(i) for i in self.bat)
+        need = self.safety * waiting / max(left, self.tick_interval)
+        # the waiting-time estimate: batch instances at their planned rate (from the GPU law at the
+        # batch limit), mixed instances at the rate they were measured to lend over the last minute
+        now = ctx.now
+        self.window.append((now, self.mixed_done))
+        while len(self.window) > 2 and self.window[1][0] <= now - 60.0:
+            self.window.pop(0)
+        t0, d0 = self.window[0]
+        lent = (self.mixed_done - d0) / (now - t0) if now > t0 else 0.0
+        cap = len(active) * self.mu_bat + lent
+        if need > cap:
+            # an instance added now serves only after its start-up delay (none: too late to help)
+            share = 1.0 - self.startup / (left + self.margin) if left + self.margin > 0 else 0.0
+            k = math.ceil((need - cap) / (self.mu_bat * share)) if share > 0.05 else 0
+            for g in self.batch_gpus:
+                if k <= 0:
+                    break
+                if ctx.gpu_state(g) == "offline":
+                    ctx.add_gpu(g)
+                    k -= 1
+        elif active and need < cap - 1.5 * self.mu_bat:
+            g = min(active, key=lambda h: (ctx.gpu_state(h) == "online", ctx.gpu_decodes(h) + ctx.gpu_free(h) * 0))
+            ctx.drain_gpu(g)
+
+
+@register("chiron", description="Chiron: interactive/mixed/batch pools, batch eviction to host memory, local (ITL) and "
+                                "global (batch deadline) autoscalers")
+def make_chiron(scenario: Scenario, *, interactive_gpus: int | None = None, batch_classes: list[str] | None = None,
+                batch_itl: float | None = None, tick: float = 10.0, safety: float = 1.1, margin: float | None = None,
+                host_eviction: bool = True) -> Chiron:
+    """Chiron (options as :class:`Chiron`): ``interactive_gpus`` (default: sized from the interactive
+    load), ``batch_itl`` (the batch instances' ITL target, s; default the batch class's ``itl_slo``),
+    ``safety`` (the global autoscaler's factor on the needed batch rate), ``margin`` (s: plan to finish
+    this long before the deadline; default the start-up delay + 120 s), ``tick`` (s)."""
+    return Chiron(scenario, interactive_gpus=interactive_gpus, batch_classes=batch_classes, batch_itl=batch_itl,
+                  tick=tick, safety=safety, margin=margin, host_eviction=host_eviction)
+
+
+# --------------------------------------------------------------------------------------------
+# QLM
+# --------------------------------------------------------------------------------------------
+
+
+class QLM(_Orchestrator):
+    """QLM: a fixed fleet; request groups (one per class, its SLO) served in least-slack order.
+
+    A group's slack is its SLO minus the predicted wait: an interactive group's head has
+    ttft_slo - (its age + its prefill time); the batch groups have deadline - now - (their requests
+    in the system / the fleet's batch rate). The group with the least slack goes next; groups already
+    beyond saving (slack below -``give_up`` seconds) go last, since serving them first would only add
+    misses elsewhere. An interactive request with negative slack and no room evicts batch work (to
+    host memory). Instances are identical, so the per-instance virtual queues of QLM collapse to this
+    one global group order.
+    """
+
+    name = "qlm"
+
+    def __init__(self, scenario: Scenario, *, batch_classes=None, batch_itl: float | None = None,
+                 tick: float = 10.0, give_up: float = 60.0, host_eviction: bool = True):
+        super().__init__(scenario, batch_classes=batch_classes, batch_itl=batch_itl, tick=tick)
+        self.give_up = _positive(self.name, "give_up", give_up, zero=True)
+        self.host = bool(host_eviction)
+        self.ttft_pre = [math.ceil(c.prompt / self.gpu.chunk) * self.gpu.tau_mix for c in scenario.classes]
+
+    def setup(self, ctx: Context) -> None:
+        self.gpus = ctx.fleet_online()
+        ctx.set_pool(self.gpus, 0, max_decodes=self.b_int)
+        self.ip = ctx.idle_prefill(0)
+        self.fd = ctx.free_decode(0)
+        self._bslack = math.inf
+
+    def on_tick(self, ctx: Context) -> None:
+        nb = self.batch_in_system(ctx)
+        rate = len(self.gpus) * self.mu_mix
+        self._bslack = self.batch_deadline(ctx) - ctx.now - nb / rate if nb else math.inf
+
+    def _order(self, ctx: Context) -> list[int]:
+        """Classes with waiting requests, least slack first (hopeless groups last)."""
+        now = ctx.now
+        keyed = []
+        for i in range(len(self.is_batch)):
+            r = ctx.head(PREFILL_QUEUE, i)
+            if r < 0:
+                continue
+            if self.is_batch[i]:
+                s = self._bslack
+            elif self.ttft[i] is not None:
+                s = self.ttft[i] - (now - ctx.req_arrival(r)) - self.ttft_pre[i]
+            else:
+                s = math.inf
+            keyed.append((s < -self.give_up, s, i))
+        keyed.sort()
+        return [i for _, _, i in keyed]
+
+    def _admit(self, ctx: Context, g: int) -> None:
+        for i in self._order(ctx):
+            if not self.has_room(ctx, g):
+                return
+            if self.try_prefill(ctx, ctx.head(PREFILL_QUEUE, i), g):
+                return
+
+    def _pick(self, ctx: Context) -> int:
+        s = self.ip
+        if not s:
+            return -1
+        g = s.choice()
+        if ctx.gpu_decodes(g) < ctx.gpu_max_decodes(g):
+            return g
+        for g in s:
+            if ctx.gpu_decodes(g) < ctx.gpu_max_decodes(g):
+                return g
+        return -1
+
+    def on_arrival(self, ctx: Context, r: int) -> None:
+        ctx.enqueue(r, PREFILL_QUEUE)
+        g = self._pick(ctx)
+        if g >= 0:
+            self._admit(ctx, g)
+        elif not self.is_batch[ctx.req_class(r)] and self.bat:
+            self._rescue(ctx)
+
+    def _rescue(self, ctx: Context) -> None:
+        """An interactive request waits with no room anywhere: evict a batch prefill (or decode)."""
+        for g in self.gpus:
+            pr = ctx.gpu_prefill(g)
+            if pr >= 0 and self.is_batch[ctx.req_class(pr)] and ctx.gpu_decodes(g) < ctx.gpu_max_decodes(g):
+                if ctx.evict(pr, self.host):
+                    self._admit_interactive(ctx, g)
+                    return
+        for g in self.gpus:
+            if ctx.gpu_prefill(g) < 0 and sum(ctx.gpu_decodes_by_class(g)[i] for i in self.bat):
+                for r in ctx.gpu_requests(g):
+                    if self.is_batch[ctx.req_class(r)] and ctx.evict(r, self.host):
+                        self._admit_interactive(ctx, g)
+                        return
+
+    def _admit_interactive(self, ctx: Context, g: int) -> None:
+        r = self.head_of(ctx, PREFILL_QUEUE, self.inter)
+        if r >= 0 and self.has_room(ctx, g):
+            self.try_prefill(ctx, r, g)
+
+    def on_prefill_done(self, ctx: Context, r: int, g: int) -> None:
+        if ctx.gpu_decodes(g) < ctx.gpu_max_decodes(g) and ctx.gpu_free(g) > 0 and self.try_decode(ctx, r, g):
+            return
+        h = self.fd.choice()
+        if h >= 0:
+            self.try_decode(ctx, r, h)
+
+    def on_slot_freed(self, ctx: Context, g: int) -> None:
+        while ctx.qlen(DECODE_QUEUE) and ctx.gpu_decodes(g) < ctx.gpu_max_decodes(g) and ctx.gpu_free(g) > 0:
+            r = self.head_of(ctx, DECODE_QUEUE, self.inter)
+            if r < 0:
+                r = self.head_of(ctx, DECODE_QUEUE, self.bat)
+            if r < 0 or not self.try_decode(ctx, r, g):
+                break
+        if self.has_room(ctx, g):
+            self._admit(ctx, g)
+
+
+@register("qlm", description="QLM: fixed fleet, request groups by class/SLO served in least-predicted-slack order, "
+                             "batch eviction to host memory")
+def make_qlm(scenario: Scenario, *, batch_classes: list[str] | None = None, batch_itl: float | None = None,
+             tick: float = 10.0, give_up: float = 60.0, host_eviction: bool = True) -> QLM:
+    """QLM (options as :class:`QLM`)."""
+    return QLM(scenario, batch_classes=batch_classes, batch_itl=batch_itl, tick=tick, give_up=give_up,
+               host_eviction=host_eviction)
+
+
+# --------------------------------------------------------------------------------------------
+# The utilisation autoscaler (the Chiron paper's Llumnix-like baseline)
+# --------------------------------------------------------------------------------------------
+
+
+class UtilisationAutoscaler(_Orchestrator):
+    """Dispatch at once (join the shortest queue), fixed batch size, scale on utilisation.
+
+    Every arrival goes at once to the online instance with the fewest requests (queued + running);
+    each instance admits from its own queue, interactive first, one prefill at a time, up to
+    ``batch_size`` decodes (default: the interactive ITL-safe batch, the same on every instance).
+    Every ``tick`` seconds: utilisation u = requests on the online instances / (online * batch_size);
+    u > ``up`` adds ceil(``step`` * online) instances (up to the fleet's maximum), u < ``down`` drains
+    the least-loaded one (its queue re-dispatched first). A new instance takes queued requests from
+    the longest queues until the queues are even (Llumnix migrates requests between instances).
+    """
+
+    name = "utilisation-autoscaler"
+
+    def __init__(self, scenario: Scenario, *, batch_size: int | None = None, up: float = 0.8, down: float = 0.3,
+                 step: float = 0.25, min_gpus: int = 1, tick: float = 10.0, batch_classes=None):
+        super().__init__(scenario, batch_classes=batch_classes, tick=tick)
+        who = self.name
+        if batch_size is None:
+            batch_size = self.b_int
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= scenario.gpu.batch - 1:
+            raise ScenarioError(f"{who}: batch_size: expected an integer in 1..{scenario.gpu.batch - 1} (B-1), "
+                                f"got {batch_size!r}")
+        self.bsize = batch_size
+        self.up, self.down, self.step = _positive(who, "up", up), _positive(who, "down", down), _positive(who, "step", step)
+        if self.down >= self.up:
+            raise ScenarioError(f"{who}: down: expected less than up = {self.up}, got {self.down}")
+        if isinstance(min_gpus, bool) or not isinstance(min_gpus, int) or min_gpus < 1:
+            raise ScenarioError(f"{who}: min_gpus: expected an integer >= 1, got {min_gpus!r}")
+        self.min_gpus = min_gpus
+        self.fleet_fixed = scenario.fleet is None
+
+    def setup(self, ctx: Context) -> None:
+        n = ctx.n_gpus
+        ctx.set_pool(range(n), 0, max_decodes=self.bsize)
+        self.iq = [ctx.instance_queue(g) for g in range(n)]
+        self.online = ctx.fleet_online()
+
+    def _admit(self, ctx: Context, g: int) -> None:
+        q = self.iq[g]
+        while ctx.qlen(DECODE_QUEUE) and ctx.gpu_decodes(g) < ctx.gpu_max_decodes(g) and ctx.gpu_free(g) > 0:
+            if not self.try_decode(ctx, ctx.head(DECODE_QUEUE), g):
+                break
+        if ctx.qlen(q) and self.has_room(ctx, g):
+            r = self.head_of(ctx, q, self.inter)
+            if r < 0:
+                r = ctx.head(q)
+            self.try_prefill(ctx, r, g)
+
+    def _route(self, ctx: Context) -> int:
+        best, bl = -1, math.inf
+        for g in self.online:
+            load = ctx.instance_requests(g)
+            if load < bl:
+                best, bl = g, load
+        return best
+
+    def on_arrival(self, ctx: Context, r: int) -> None:
+        g = self._route(ctx)
+        if g < 0:
+            return  # no instance online: the global queue
+        ctx.enqueue(r, self.iq[g])
+        self._admit(ctx, g)
+
+    def on_prefill_done(self, ctx: Context, r: int, g: int) -> None:
+        if ctx.gpu_online(g) and ctx.gpu_decodes(g) < ctx.gpu_max_decodes(g) and ctx.gpu_free(g) > 0:
+            self.try_decode(ctx, r, g)
+
+    def on_preempt(self, ctx: Context, r: int, g: int) -> None:
+        h = g if ctx.gpu_online(g) else self._route(ctx)
+        if h >= 0:
+            ctx.enqueue(r, self.iq[h], front=True)
+
+    def on_slot_freed(self, ctx: Context, g: int) -> None:
+        if ctx.gpu_online(g):
+            if g not in self.online:  # came online: take queued work from the longest queues
+                self.online.append(g)
+                self.online.sort()
+                self._rebalance(ctx, g)
+            self._admit(ctx, g)
+
+    def _rebalance(self, ctx: Context, new: int) -> None:
+        total = sum(ctx.qlen(self.iq[g]) for g in self.online)
+        target = total // len(self.online)
+        for g in sorted(self.online, key=lambda h: -ctx.qlen(self.iq[h])):
+            if g == new or ctx.qlen(self.iq[new]) >= target:
+                break
+            q = self.iq[g]
+            extra = min(ctx.qlen(q) - target, target - ctx.qlen(self.iq[new]))
+            if extra <= 0:
+                continue
+            for r in ctx.queue_requests(q)[-extra:]:
+                ctx.enqueue(r, self.iq[new])
+
+    def on_tick(self, ctx: Context) -> None:
+        if self.fleet_fixed:
+            return
+        self.online = [g for g in self.online if ctx.gpu_online(g)]
+        on = len(self.online)
+        if on == 0:
+            return
+        load = sum(ctx.instance_requests(g) for g in self.online)
+        u = load / (on * (self.bsize + 1))
+        if u > self.up:
+            k = math.ceil(self.step * on)
+            for _ in range(k):
+                try:
+                    ctx.add_gpu()
+                except Exception:  # the fleet is at its maximum
+                    break
+        elif u < self.down and on > self.min_gpus:
+            g = min(self.online, key=ctx.instance_requests)
+            self.online.remove(g)
+            moved = ctx.queue_requests(self.iq[g])
+            ctx.drain_gpu(g)
+            for r in moved:
+                h = self._route(ctx)
+                ctx.enqueue(r, self.iq[h])
+                self._admit(ctx, h)
+
+
+@register("utilisation-autoscaler",
+          description="baseline: dispatch at once (JSQ), fixed batch size, add instances when utilisation is high")
+def make_utilisation_autoscaler(scenario: Scenario, *, batch_size: int | None = None, up: float = 0.8,
+                                down: float = 0.3, step: float = 0.25, min_gpus: int = 1, tick: float = 10.0,
+                                batch_classes: list[str] | None = None) -> UtilisationAutoscaler:
+    """The utilisation autoscaler (options as :class:`UtilisationAutoscaler`)."""
+    return UtilisationAutoscaler(scenario, batch_size=batch_size, up=up, down=down, step=step, min_gpus=min_gpus,
+                                 tick=tick, batch_classes=batch_classes)
+
+
+# --------------------------------------------------------------------------------------------
+# Following the multi-period fluid plan
+# --------------------------------------------------------------------------------------------
+
+
+class FluidPlan(Chiron):
+    """Chiron's pools, routing and local autoscaler, with the fleet size taken from the multi-period
+    fluid LP (:func:`fluidopt.fluid.multiperiod.plan_fleet`) instead of the waiting-time rule.
+
+    Every ``tick`` seconds while batch work is in the system the plan is re-solved from now to the
+    batch deadline minus ``margin`` (slots of ``slot`` seconds) for the batch requests still in the
+    system, with the base fleet (interactive and mixed instances) kept and only the batch instances
+    already up usable before a start-up delay has passed; the batch instances are then set to
+    ceil(the plan's mean batch GPUs over the slots left): the LP is indifferent to when the batch work
+    runs, and an even rate wastes least on start-ups and end-game rushes. Re-solving every tick is
+    model-predictive control: it corrects the plan's fluid estimates with what really happened.
+    """
+
+    name = "fluid-plan"
+
+    def __init__(self, scenario: Scenario, *, slot: float = 60.0, utilisation: float = 0.8, **kw):
+        super().__init__(scenario, **kw)
+        self.slot = _positive(self.name, "slot", slot)
+        self.rho = _positive(self.name, "utilisation", utilisation)
+        self.scenario = scenario
+        self.plans: list[tuple[float, float]] = []  # (time, planned GPU-hours from then on)
+        self.mu_int = batch_throughput(scenario.gpu, self.b_int, *_mean_lengths(scenario, self.inter))
+
+    def _global_autoscaler(self, ctx: Context) -> None:
+        nb = self.batch_in_system(ctx)
+        active = [g for g in self.batch_gpus if ctx.gpu_state(g) in ("online", "starting")]
+        if nb == 0:
+            for g in active:
+                ctx.drain_gpu(g)
+            return
+        now = ctx.now
+        # measured rates over the last five minutes (the interactive bursts make a minute noisy): what
+        # the base fleet lends, what a batch instance does
+        online_b = sum(1 for g in self.batch_gpus if ctx.gpu_online(g))
+        w = self.win4
+        w.append((now, self.mixed_done, self.batch_done, self.batch_gpu_s))
+        while len(w) > 2 and w[1][0] <= now - 300.0:
+            w.pop(0)
+        self.batch_gpu_s += online_b * self.tick_interval
+        t0, m0, b0, s0 = w[0]
+        base = sum(1 for p in self.pool_of if p != BATCH)
+        mu_mix = mu_bat = None
+        if now - t0 >= 60.0:
+            lam = sum(self.scenario.classes[i].rate for i in self.inter)
+            spare = max(1e-9, base - lam / (self.rho * self.mu_int))
+            mu_mix = (self.mixed_done - m0) / (now - t0) / spare
+            if self.batch_gpu_s - s0 > 30.0 * max(1, online_b) and self.batch_done > b0:
+                mu_bat = (self.batch_done - b0) / (self.batch_gpu_s - s0)
+        dl = self.batch_deadline(ctx) - self.margin
+        if not math.isfinite(dl) or dl <= now + self.slot:
+            super()._global_autoscaler(ctx)  # too late to plan: Chiron's rule
+            return
+        else:
+            job = BacklogJob(self.scenario.class_names[self.bat[0]], float(nb), now, dl)
+            try:
+                plan = plan_fleet(self.scenario, [job], start=now, slot=self.slot, utilisation=self.rho, min_gpus=base,
+                                  batch_now=len(active), startup_delay=self.startup,
+                                  interactive=self.inter, mu_mix=mu_mix, mu_bat=mu_bat)
+            except Exception:  # infeasible: as many batch instances as there are
+                target = len(self.batch_gpus)
+            else:
+                self.plans.append((now, plan.gpu_hours))
+                # the plan's batch instances, spread evenly over the time left (the LP's optimum is
+                # degenerate in when the batch work runs: any schedule with the same GPU-seconds)
+                target = math.ceil(float(plan.batch.mean()) - 1e-6)
+        if target > len(active):
+            for g in self.batch_gpus:
+                if len(active) >= target:
+                    break
+                if ctx.gpu_state(g) == "offline":
+                    ctx.add_gpu(g)
+                    active.append(g)
+        elif target < len(active) - 1:  # (hysteresis: one instance of slack before draining)
+            for g in sorted(active, key=lambda h: (ctx.gpu_state(h) == "online", ctx.gpu_decodes(h)))[: len(active) - target]:
+                ctx.drain_gpu(g)
+
+
+@register("fluid-plan", description="the multi-period fluid LP's fleet size per slot (re-solved every tick), Chiron's "
+                                    "routing and local autoscaler inside")
+def make_fluid_plan(scenario: Scenario, *, slot: float = 60.0, utilisation: float = 0.8,
+                    interactive_gpus: int | None = None, batch_classes: list[str] | None = None,
+                    batch_itl: float | None = None, tick: float = 10.0, margin: float | None = None,
+                    host_eviction: bool = True) -> FluidPlan:
+    """The fluid-plan follower (options as :class:`FluidPlan` and :class:`Chiron`)."""
+    return FluidPlan(scenario, slot=slot, utilisation=utilisation, interactive_gpus=interactive_gpus,
+                     batch_classes=batch_classes, batch_itl=batch_itl, tick=tick, margin=margin,
+                     host_eviction=host_eviction)

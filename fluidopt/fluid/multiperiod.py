@@ -1,0 +1,267 @@
+"""A time-varying fluid plan: the fleet size per time slot that minimises GPU-hours (docs/orchestration.md).
+
+Time is cut into slots of ``slot`` seconds. In slot k the interactive classes arrive at ``d_k``
+requests/s; serving them within their ITL SLO takes ``d_k / mu_int`` GPUs (each at the ITL-safe
+batch limit, ``mu_int`` completions/s per GPU from the GPU law) divided by a target utilisation
+``rho`` (headroom for bursts and the TTFT SLO). Batch backlogs (N requests available from time
+``at``, due by ``deadline``) are served either on the base GPUs' leftover capacity (at the
+interactive batch limit: ``mu_mix`` per GPU) or on batch instances at their larger batch limit
+(``mu_bat`` per GPU). The LP (HiGHS through scipy) per slot k:
+
+    min  sum_k slot * (b_k + m_k) / 3600                        GPU-hours
+    s.t. b_k >= n_min,  b_k >= d_k / (rho mu_int)                 base GPUs (interactive + mixed)
+         x_mix_jk <= ...: sum_j x_mix_jk <= slot mu_mix (b_k - d_k / (rho mu_int))
+         sum_j x_bat_jk <= slot mu_bat m_k                         batch instances
+         sum_k (x_mix_jk + x_bat_jk) = N_j                         backlog j done ...
+         x_jk = 0 outside [at_j, deadline_j)                       ... after it arrives, by its deadline
+         b_k + m_k <= n_max;  m_k <= m_now in slots before now + startup_delay
+         all variables >= 0
+
+Relaxations (so that its optimum bounds a controller's GPU-hours from below under the same GPU law):
+GPUs are fractional, start instantly after the start-up window, and are perfectly packed; the
+throughputs are the fluid estimates of :func:`batch_throughput`. A tiny cost on late service picks,
+among the equally cheap schedules, the one that serves batch work as early as possible.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from fluidopt.errors import InfeasibleError, ScenarioError, SolverError
+from fluidopt.model import GPUProfile, RequestClass, Scenario
+
+__all__ = ["BacklogJob", "FleetPlan", "batch_throughput", "largest_batch", "mean_context", "plan_fleet"]
+
+
+def mean_context(c: RequestClass) -> float:
+    """Mean resident KV context of a decoding request of class c (tokens): prompt + output / 2."""
+    return c.prompt + c.decode / 2.0
+
+
+def largest_batch(gpu: GPUProfile, itl: float | None, context: float) -> int:
+    """The local autoscaler's rule: the largest decode batch b in 1..B-1 (one slot stays for the
+    prefill) whose mixed iteration, tau_mix + kv_time_per_token * b * context seconds, meets the ITL
+    target ``itl`` (seconds per token; None: B-1). At least 1, even when no batch meets the target."""
+    bmax = max(1, gpu.batch - 1)
+    if itl is None or gpu.kv_time_per_token <= 0 or context <= 0:
+        return bmax
+    b = int(math.floor((itl - gpu.tau_mix) / (gpu.kv_time_per_token * context)))
+    return max(1, min(bmax, b))
+
+
+def batch_throughput(gpu: GPUProfile, b: int, prompt: float, output: float) -> float:
+    """Completions per second of one GPU keeping ``b`` decodes of a class with mean ``prompt`` and
+    ``output`` tokens busy (a fluid estimate). Each completion needs ceil(P/C) mixed iterations of
+    prefill; b/D decodes complete per iteration; the share of mixed iterations is f = min(1, b/D *
+    ceil(P/C)); the mean iteration is f tau_mix + (1-f) tau_solo + the KV time of b contexts of
+    P + D/2 tokens; prefill-bound (one prefill at a time) when f reaches 1."""
+    chunks = math.ceil(prompt / gpu.chunk)
+    per_iter = b / max(output, 1.0)
+    f = per_iter * chunks
+    kv = gpu.kv_time_per_token * b * (prompt + output / 2.0)
+    if f >= 1.0:
+        return 1.0 / (chunks * (gpu.tau_mix + kv))
+    tau = f * gpu.tau_mix + (1.0 - f) * gpu.tau_solo + kv
+    return per_iter / tau
+
+
+@dataclass(frozen=True)
+class BacklogJob:
+    """``n`` batch requests of class ``cls`` available from ``at`` and due by ``deadline`` (seconds)."""
+
+    cls: str
+    n: float
+    at: float
+    deadline: float
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.n, (int, float)) and self.n >= 0):
+            raise ScenarioError(f"BacklogJob({self.cls!r}).n: expected a number of requests >= 0, got {self.n!r}")
+        if not (0 <= self.at < self.deadline):
+            raise ScenarioError(f"BacklogJob({self.cls!r}): expected 0 <= at < deadline, got at={self.at!r}, "
+                                f"deadline={self.deadline!r}")
+
+
+@dataclass(frozen=True)
+class FleetPlan:
+    """The optimal fleet over time: per slot (starting at ``times``, ``slot`` seconds long) the base
+    GPUs ``base`` (interactive and mixed), the batch instances ``batch``, the batch requests served
+    on each (``served_mixed``, ``served_batch``); ``gpu_hours`` the optimum (a lower bound)."""
+
+    slot: float
+    times: np.ndarray
+    base: np.ndarray
+    batch: np.ndarray
+    served_mixed: np.ndarray
+    served_batch: np.ndarray
+    interactive_demand: np.ndarray  # GPUs the interactive traffic needs per slot
+    gpu_hours: float
+    mu_int: float
+    mu_mix: float
+    mu_bat: float
+
+    @property
+    def gpus(self) -> np.ndarray:
+        return self.base + self.batch
+
+    def at(self, t: float) -> int:
+        """Index of the slot containing time t (clipped to the plan)."""
+        return int(np.clip(np.searchsorted(self.times, t, side="right") - 1, 0, len(self.times) - 1))
+
+    def to_frame(self) -> pd.DataFrame:
+        return pd.DataFrame({"t_start": self.times, "base_gpus": self.base, "batch_gpus": self.batch,
+                             "gpus": self.gpus, "interactive_gpus": self.interactive_demand,
+                             "served_mixed": self.served_mixed, "served_batch": self.served_batch})
+
+
+def _rates(scenario: Scenario, interactive: Sequence[int], batch: Sequence[int], batch_itl: float | None):
+    cl = scenario.classes
+    gpu = scenario.gpu
+    itls = [cl[i].itl_slo for i in interactive if cl[i].itl_slo is not None]
+    itl_int = min(itls) if itls else None
+    ctx_i = max((mean_context(cl[i]) for i in interactive), default=0.0)
+    ctx_b = max((mean_context(cl[i]) for i in batch), default=0.0)
+    b_int = largest_batch(gpu, itl_int, max(ctx_i, ctx_b))
+    if batch_itl is None:
+        bitl = [cl[i].itl_slo for i in batch if cl[i].itl_slo is not None]
+        batch_itl = min(bitl) if bitl else None
+    b_bat = largest_batch(gpu, batch_itl, ctx_b or ctx_i)
+    lam = sum(cl[i].rate for i in interactive)
+    Pi = sum(cl[i].prompt * cl[i].rate for i in interactive) / lam if lam else 1.0
+    Di = sum(cl[i].decode * cl[i].rate for i in interactive) / lam if lam else 1.0
+    Pb = float(np.mean([cl[i].prompt for i in batch])) if batch else 1.0
+    Db = float(np.mean([cl[i].decode for i in batch])) if batch else 1.0
+    return (batch_throughput(gpu, b_int, Pi, Di), batch_throughput(gpu, b_int, Pb, Db),
+            batch_throughput(gpu, b_bat, Pb, Db))
+
+
+def plan_fleet(
+    scenario: Scenario,
+    backlogs: Sequence[BacklogJob],
+    *,
+    start: float = 0.0,
+    end: float | None = None,
+    slot: float = 60.0,
+    interactive_rate: float | Sequence[float] | Callable[[float], float] | None = None,
+    utilisation: float = 0.8,
+    min_gpus: float = 0.0,
+    max_gpus: int | None = None,
+    batch_now: float | None = None,
+    startup_delay: float = 0.0,
+    batch_itl: float | None = None,
+    interactive: Sequence[int] | None = None,
+    mu_mix: float | None = None,
+    mu_bat: float | None = None,
+) -> FleetPlan:
+    """Solve the multi-period fleet LP (module docstring) over ``[start, end)`` (default: to the last
+    deadline) in slots of ``slot`` seconds. ``interactive_rate``: requests/s of the interactive
+    classes, a constant, one value per slot or a function of the slot's start time (default: the
+    scenario's interactive rates); ``utilisation``: rho; ``min_gpus``: the base fleet kept in every
+    slot; ``max_gpus``: the fleet's maximum (default ``scenario.gpus``); ``batch_now`` /
+    ``startup_delay``: batch instances already up, the only ones usable before ``start +
+    startup_delay``. Interactive classes default to those without a deadline. ``mu_mix`` / ``mu_bat``
+    replace the GPU law's batch rates (requests/s per leftover base GPU / per batch instance), e.g.
+    by measured ones when a controller re-plans."""
+    from scipy.optimize import linprog
+
+    if slot <= 0 or not math.isfinite(slot):
+        raise ScenarioError(f"plan_fleet: slot: expected seconds > 0, got {slot!r}")
+    if not 0 < utilisation <= 1:
+        raise ScenarioError(f"plan_fleet: utilisation: expected a fraction in (0, 1], got {utilisation!r}")
+    cl = scenario.classes
+    names = scenario.class_names
+    for j in backlogs:
+        if j.cls not in names:
+            raise ScenarioError(f"plan_fleet: backlog class {j.cls!r} is not a class of the scenario")
+    if interactive is None:
+        interactive = [i for i, c in enumerate(cl) if c.deadline is None and c.deadline_at is None]
+    batch = sorted({names.index(j.cls) for j in backlogs}) or [i for i in range(len(cl)) if i not in interactive]
+    mu_int, mu_mix0, mu_bat0 = _rates(scenario, interactive, batch, batch_itl)
+    mu_mix = mu_mix0 if mu_mix is None else float(mu_mix)
+    mu_bat = mu_bat0 if mu_bat is None else float(mu_bat)
+    if mu_mix < 0 or mu_bat <= 0:
+        raise ScenarioError(f"plan_fleet: mu_mix, mu_bat: expected rates >= 0 and > 0, got {mu_mix!r}, {mu_bat!r}")
+    if end is None:
+        end = max([j.deadline for j in backlogs], default=start + slot)
+    K = max(1, math.ceil((end - start) / slot - 1e-9))
+    times = start + slot * np.arange(K)
+    if interactive_rate is None:
+        interactive_rate = sum(cl[i].rate for i in interactive)
+    if callable(interactive_rate):
+        lam = np.array([float(interactive_rate(t)) for t in times])
+    else:
+        lam = np.broadcast_to(np.asarray(interactive_rate, dtype=float), (K,)).copy()
+    demand = lam / (utilisation * mu_int)
+    nmax = scenario.gpus if max_gpus is None else max_gpus
+    J = len(backlogs)
+    # variables: b (K), m (K), x_mix (J*K), x_bat (J*K)
+    nv = 2 * K + 2 * J * K
+    ib = np.arange(K)
+    im = K + np.arange(K)
+
+    def ixm(j, k):
+        return 2 * K + j * K + k
+
+    def ixb(j, k):
+        return 2 * K + J * K + j * K + k
+
+    c = np.zeros(nv)
+    c[ib] = slot / 3600.0
+    c[im] = slot / 3600.0
+    for j in range(J):
+        for k in range(K):  # earliest service among the equally cheap schedules
+            c[ixm(j, k)] = c[ixb(j, k)] = 1e-9 * (k + 1) / max(1.0, backlogs[j].n)
+    A, bub = [], []
+    for k in range(K):
+        row = np.zeros(nv)  # sum_j x_mix_jk <= slot mu_mix (b_k - demand_k)
+        row[ib[k]] = -slot * mu_mix
+        for j in range(J):
+            row[ixm(j, k)] = 1.0
+        A.append(row)
+        bub.append(-slot * mu_mix * demand[k])
+        row = np.zeros(nv)  # sum_j x_bat_jk <= slot mu_bat m_k
+        row[im[k]] = -slot * mu_bat
+        for j in range(J):
+            row[ixb(j, k)] = 1.0
+        A.append(row)
+        bub.append(0.0)
+        row = np.zeros(nv)  # b_k + m_k <= n_max
+        row[ib[k]] = row[im[k]] = 1.0
+        A.append(row)
+        bub.append(float(nmax))
+    Aeq, beq = [], []
+    bounds = [(0.0, None)] * nv
+    for k in range(K):
+        bounds[ib[k]] = (max(min_gpus, demand[k]), None)
+        if batch_now is not None and times[k] < start + startup_delay:
+            bounds[im[k]] = (0.0, float(batch_now))
+    for j, job in enumerate(backlogs):
+        row = np.zeros(nv)
+        for k in range(K):
+            t0, t1 = times[k], times[k] + slot
+            if t0 + 1e-9 < job.at or t1 > job.deadline + 1e-9:
+                bounds[ixm(j, k)] = bounds[ixb(j, k)] = (0.0, 0.0)
+            row[ixm(j, k)] = row[ixb(j, k)] = 1.0
+        Aeq.append(row)
+        beq.append(float(job.n))
+    res = linprog(c, A_ub=np.array(A), b_ub=np.array(bub), A_eq=np.array(Aeq) if Aeq else None,
+                  b_eq=np.array(beq) if beq else None, bounds=bounds, method="highs")
+    if res.status == 2:
+        raise InfeasibleError(
+            f"plan_fleet: no fleet of at most {nmax} GPUs serves the interactive load and finishes the backlog "
+            f"({', '.join(f'{j.n:g} {j.cls} by t={j.deadline:g}' for j in backlogs)}) in time",
+            conflicting=("max_gpus", "deadline"))
+    if res.status != 0:
+        raise SolverError(f"plan_fleet: HiGHS failed: {res.message}")
+    x = res.x
+    xm = np.array([sum(x[ixm(j, k)] for j in range(J)) for k in range(K)])
+    xb = np.array([sum(x[ixb(j, k)] for j in range(J)) for k in range(K)])
+    gh = float(slot * (x[ib].sum() + x[im].sum()) / 3600.0)
+    return FleetPlan(slot=float(slot), times=times, base=x[ib].copy(), batch=x[im].copy(), served_mixed=xm,
+                     served_batch=xb, interactive_demand=demand, gpu_hours=gh, mu_int=mu_int, mu_mix=mu_mix,
+                     mu_bat=mu_bat)

@@ -1,0 +1,177 @@
+"""Chiron, QLM and the utilisation autoscaler (fluidopt.control.orchestration) on a small version of
+the Chiron workflow: closed forms of the GPU law, the controllers' decisions, conservation and
+SLO accounting with a changing fleet, both engines agreeing bit for bit."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from fluidopt.control.orchestration import (
+    Chiron,
+    batch_throughput,
+    iteration_time,
+    largest_batch,
+    split_classes,
+)
+from fluidopt.control.registry import available, make_controller
+from fluidopt.errors import ScenarioError
+from fluidopt.model import Fleet, GPUProfile, RequestClass, Scenario
+from fluidopt.sim import backend as core
+from fluidopt.sim.api import simulate
+from fluidopt.sim.workload import Backlog, BacklogWorkload, ClassSpec, Exponential, GammaRenewal, SyntheticWorkload
+
+GPU = GPUProfile(alpha=0.0174, beta=6.2e-5, tau_solo=1 / 45.45, chunk=256, batch=64, kv_time_per_token=1.5e-6)
+
+
+def workflow(n_max=10, initial=4, backlog=1500, at=30.0, deadline=400.0, rate=6.0):
+    """A small Chiron workflow: bursty interactive traffic, a batch backlog with an absolute deadline."""
+    classes = (RequestClass("interactive", prompt=300, decode=100, rate=rate, ttft_slo=2.0, itl_slo=0.06),
+               RequestClass("batch", prompt=300, decode=400, rate=1e-6, deadline_at=deadline))
+    sc = Scenario(gpu=GPU, gpus=n_max, classes=classes, name="mini-workflow",
+                  fleet=Fleet(initial=initial, startup_delay=20.0, kv_swap_time_per_token=5e-6))
+    base = SyntheticWorkload([ClassSpec(GammaRenewal(rate, 4.0), Exponential(300), Exponential(100), name="interactive")])
+    wl = BacklogWorkload(base, [Backlog("batch", backlog, at, Exponential(300), Exponential(400))],
+                         class_names=sc.class_names)
+    return sc, wl
+
+
+def test_gpu_law_closed_forms():
+    ctx = 300 + 400 / 2
+    assert iteration_time(GPU, 10, ctx) == pytest.approx(GPU.tau_mix + 1.5e-6 * 10 * ctx)
+    # largest b with tau_mix + kap * b * ctx <= 0.06
+    b = largest_batch(GPU, 0.06, ctx)
+    assert iteration_time(GPU, b, ctx) <= 0.06 < iteration_time(GPU, b + 1, ctx)
+    assert largest_batch(GPU, None, ctx) == GPU.batch - 1
+    assert largest_batch(GPU, 0.001, ctx) == 1  # infeasible target: one decode
+    # decode-bound: b / (D * mean iteration), mean iteration from the mixed share f = b/D * ceil(P/C)
+    b, P, D = 8, 300, 400
+    f = b / D * 2
+    tau = f * GPU.tau_mix + (1 - f) * GPU.tau_solo + 1.5e-6 * b * (P + D / 2)
+    assert batch_throughput(GPU, b, P, D) == pytest.approx(b / D / tau)
+    # prefill-bound: one prefill at a time
+    assert batch_throughput(GPU, 63, 3000, 10) == pytest.approx(1 / (12 * (GPU.tau_mix + 1.5e-6 * 63 * 3005)))
+
+
+def test_class_split_and_options():
+    sc, _ = workflow()
+    assert split_classes(sc) == ([0], [1])
+    assert split_classes(sc, ["interactive"]) == ([1], [0])
+    with pytest.raises(ScenarioError, match="batch_classes: 'x' is not a class"):
+        split_classes(sc, ["x"])
+    for name in ("chiron", "qlm", "utilisation-autoscaler"):
+        assert name in available()
+    with pytest.raises(ScenarioError, match="batch_size: expected an integer in 1..63"):
+        make_controller("utilisation-autoscaler", sc, batch_size=0)
+    with pytest.raises(ScenarioError, match="chiron: safety: expected a number > 0"):
+        make_controller("chiron", sc, safety=-1)
+    c = make_controller("chiron", sc)
+    assert isinstance(c, Chiron) and c.b_int == largest_batch(GPU, 0.06, 500) and c.b_bat == 63
+    # interactive instances sized from the interactive load at the ITL-safe batch
+    mu = batch_throughput(GPU, c.b_int, 300, 100)
+    assert c.n_int == math.ceil(6.0 / mu)
+
+
+@pytest.fixture(scope="module")
+def runs():
+    sc, wl = workflow()
+    out = {}
+    for pol in ("chiron", "qlm", "utilisation-autoscaler", "fluid-plan"):
+        out[pol] = simulate(sc, pol, horizon=450.0, seed=3, service="tokens", workload=wl, check=False)
+    return out
+
+
+def test_every_request_is_accounted_for(runs):
+    for pol, res in runs.items():
+        t = res.totals
+        assert t["requests"] == t["completed"] + t["abandoned"] + t["dropped"] + t["in_system"], pol
+        assert res.per_class.loc["batch", "arrived"] == 1500
+
+
+def test_chiron_meets_the_deadline_and_scales_batch_instances(runs):
+    res = runs["chiron"]
+    log = res.meta["fleet_log"]
+    assert log["gpus"].max() > 4  # batch instances were added for the backlog
+    assert log["online"].iloc[-1] == 4  # and drained once it was done
+    assert res.per_class.loc["batch", "slo_attainment"] == 1.0
+    assert res.per_class.loc["interactive", "slo_attainment"] > 0.95
+    assert res.totals["preemptions"] > 0  # batch work evicted on mixed instances
+
+
+def test_qlm_keeps_its_fixed_fleet(runs):
+    res = runs["qlm"]
+    assert res.gpu_hours == pytest.approx(4 * 450.0 / 3600.0)
+    assert res.meta["fleet_log"]["gpus"].max() == 4 if "fleet_log" in res.meta else True
+
+
+def test_utilisation_autoscaler_grows_to_the_maximum(runs):
+    res = runs["utilisation-autoscaler"]
+    assert res.meta["fleet_log"]["gpus"].max() == 10
+    assert res.gpu_hours > runs["chiron"].gpu_hours
+
+
+@pytest.mark.skipif(not core.compiled_status()[0], reason="compiled core not built")
+@pytest.mark.parametrize("pol", ["chiron", "qlm", "utilisation-autoscaler"])
+def test_both_engines_agree_with_a_changing_fleet(pol, tmp_path):
+    sc, wl = workflow(backlog=200, deadline=90.0)
+    res = {}
+    for backend in ("compiled", "python"):
+        r = simulate(sc, pol, horizon=70.0, seed=5, service="tokens", workload=wl, backend=backend, check=True,
+                     records=tmp_path / f"{backend}.csv")
+        s = r.summary()
+        for k in ("wall_seconds", "requests_per_wall_second", "engine", "records"):
+            s.pop(k, None)
+        res[backend] = s
+    assert res["compiled"] == res["python"]
+    assert (tmp_path / "compiled.csv").read_bytes() == (tmp_path / "python.csv").read_bytes()
+
+
+def test_fluid_plan_follows_the_lp_and_meets_the_deadline(runs):
+    res = runs["fluid-plan"]
+    assert res.per_class.loc["batch", "slo_attainment"] == 1.0
+    assert res.meta["fleet_log"]["gpus"].max() > 4
+
+
+def test_multiperiod_lp_closed_form_and_bounds():
+    from fluidopt.errors import InfeasibleError
+    from fluidopt.fluid.multiperiod import BacklogJob, plan_fleet
+
+    sc, _ = workflow()
+    # no base fleet to fill: the optimum is the interactive GPUs of every slot plus the backlog's
+    # GPU-seconds on batch instances, N / mu_bat (batch instances serve it fastest)
+    p = plan_fleet(sc, [BacklogJob("batch", 1500, 60.0, 420.0)], slot=60.0, end=480.0, utilisation=1.0)
+    lam = 6.0
+    assert p.gpu_hours == pytest.approx((8 * 60.0 * lam / p.mu_int + 1500 / p.mu_bat) / 3600.0, rel=1e-6)
+    assert p.served_mixed.sum() + p.served_batch.sum() == pytest.approx(1500)
+    assert p.served_batch[0] == 0 and p.served_batch[-1] == 0  # before arrival, after the deadline
+    # a base fleet kept anyway lends its leftover capacity first
+    q = plan_fleet(sc, [BacklogJob("batch", 1500, 60.0, 420.0)], slot=60.0, end=480.0, utilisation=1.0, min_gpus=4)
+    spare = (4 - lam / q.mu_int) * q.mu_mix * 360.0
+    extra = max(0.0, 1500 - spare) / q.mu_bat
+    assert q.gpu_hours == pytest.approx((4 * 480.0 + extra) / 3600.0, rel=1e-6)
+    with pytest.raises(InfeasibleError, match="no fleet of at most 10 GPUs"):
+        plan_fleet(sc, [BacklogJob("batch", 10**6, 60.0, 420.0)], slot=60.0)
+    with pytest.raises(ScenarioError, match="expected 0 <= at < deadline"):
+        BacklogJob("batch", 10, 500.0, 420.0)
+
+
+def test_cli_bad_fleet_input_exits_2(tmp_path, capsys):
+    from fluidopt.cli import main
+
+    text = (Path(__file__).resolve().parents[2] / "examples" / "scenarios" / "chiron-workflow.toml").read_text()
+    for bad, msg in (("initial = 15", "initial = 60"), ("ttft_slo = 2.0", "ttft_slo = 0"),
+                     ("startup_delay = 60.0", "startup_delay = -1")):
+        f = tmp_path / "bad.toml"
+        f.write_text(text.replace(bad, msg))
+        assert main(["simulate", str(f), "--policy", "chiron", "--horizon", "5", "--service", "tokens"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "Traceback" not in err[0]
+    ok = tmp_path / "ok.toml"
+    ok.write_text(text)
+    assert main(["simulate", str(ok), "--policy", "chiron", "--horizon", "20", "--service", "tokens", "--json"]) == 0
+    import json
+
+    out = json.loads(capsys.readouterr().out)
+    assert out["gpu_hours"] == pytest.approx(15 * 20 / 3600)
