@@ -300,7 +300,11 @@ class _Mechanisms:
         return [self._ahead(ctx, i) for i in range(self._I)]
 
     def _decode_slot_free_now(self, ctx: Context) -> bool:
-        return not ctx.qlen(DECODE_QUEUE) and bool(len(ctx.free_decode(SOLO_POOL)) or len(ctx.free_decode(MIXED_POOL)))
+        if ctx.qlen(DECODE_QUEUE):
+            return False
+        # a fleet too small for a solo (or a mixed) pool declares only the other one
+        return bool((self._has_solo and len(ctx.free_decode(SOLO_POOL)))
+                    or (self._has_mixed and len(ctx.free_decode(MIXED_POOL))))
 
     def _ahead(self, ctx: Context, i: int) -> float:
         qlen, n_prefill = ctx.qlen, ctx.n_prefill

@@ -376,3 +376,18 @@ def test_policy_grid_example_quick(tmp_path):
     df = pd.read_csv(tmp_path / "runs.csv")
     assert set(df["policy"]) == set(mod.POLICIES)
     assert (df["ratio"] > 0.5).all() and (df["ratio"] < 1.1).all()
+
+
+def test_a_one_gpu_fleet_has_no_solo_pool_and_still_runs():
+    """Regression (found by the invariants property test): on one GPU the partition has no solo pool,
+    and asking that pool for free decode slots failed."""
+    from fluidopt import GPUProfile, RequestClass, Scenario
+    from fluidopt.sim.api import simulate
+
+    gpu = GPUProfile(alpha=0.015625, beta=0.00013, tau_solo=0.1, chunk=32, batch=2)
+    sc = Scenario(gpu=gpu, gpus=1, classes=(RequestClass("c0", prompt=20.0, decode=5.0, rate=1.0, patience=1.0),),
+                  prefill_price=0.0, decode_price=0.25, name="one-gpu")
+    res = simulate(sc, "backpressure-gate-and-route", horizon=150.0, seed=0, check=True,
+                   controller_options={"overflow": False, "resolve": False})
+    t = res.totals
+    assert t["completed"] > 0 and t["requests"] == t["completed"] + t["abandoned"] + t["dropped"] + t["in_system"]
