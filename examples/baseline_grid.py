@@ -42,7 +42,7 @@ LABEL = {"gate-and-route": "GG-SP", "fi-wsp": "FI-WSP", "gi-wsp": "GI-WSP", "gf-
 
 
 def draw_instances(k: int, seed: int, n: int) -> list[Scenario]:
-    """k two-class instances from the paper's parameter ranges (DESIGN.md 2.3), seeded."""
+    """k two-class instances from the paper's parameter ranges, seeded."""
     rng = np.random.default_rng(seed)
     out = []
     for j in range(k):
