@@ -100,6 +100,7 @@ class RouterEnv(gym.Env):
             self.eng.finish()
         self.eng = make_engine(self.scenario, self.core, horizon=self.t_max + 1.0, service="tokens", seed=es,
                                workload=wl, backend=self.backend, progress=False)
+        self.eng.handle_sigint = False  # thousands of advance() calls a second: no per-call handler swap
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", TraceWarning)  # an episode ends before the horizon by design
             self.eng.start()

@@ -43,6 +43,7 @@ cdef class Engine:
     cdef public Py_ssize_t n, B, I, C, kvcap, _gbase, _n_pools, _serial, _seq_back, _seq_front, _ai, _arrival_chunk, _bi
     cdef public Py_ssize_t _exp_i, _uni_i, _events, _nd
     cdef public bint check, markov, chunked, progress, _in_setup, _interrupted, _stop, _started, _done, _pause, _finished
+    cdef public bint handle_sigint
     cdef public object _work_rng, _np_rng, _ctrl_rng, _arr_iter, collector, sample_interval, tick_interval, _records
     cdef public object _qindex
     cdef public object _cb_arrival, _cb_pdone, _cb_ddone, _cb_abandon, _cb_preempt, _cb_drop, _cb_freed

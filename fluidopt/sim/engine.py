@@ -430,6 +430,10 @@ class Engine:
         self._done = False  # the horizon was reached
         self._pause = False
         self._finished = False  # finish() returned the result
+        # advance() turns the first Ctrl-C into a clean stop between events. A driver that calls
+        # advance() thousands of times a second (a Gymnasium environment) sets this False: two
+        # signal-handler swaps per call cost more than its steps, and Ctrl-C then raises at once.
+        self.handle_sigint = True
         self._wall0 = 0.0
         self.engine_name = "compiled" if _COMPILED else "python"
         self.collector = M.MetricCollector(I, self.warmup, self.horizon, batches)
@@ -2096,7 +2100,7 @@ class Engine:
         # Ctrl-C: the first SIGINT asks the loop to stop between two events (so no state or records
         # chunk is left half-done); a second one interrupts at once.
         old_handler = None
-        if threading.current_thread() is threading.main_thread():
+        if self.handle_sigint and threading.current_thread() is threading.main_thread():
             cur = signal.getsignal(signal.SIGINT)
             if cur is not signal.SIG_IGN:
                 old_handler = signal.signal(signal.SIGINT, self._on_sigint)
