@@ -56,7 +56,8 @@ CONFIDENCE = 0.95
 _NA_STRINGS = {"", "nan", "na", "n/a", "null", "none"}
 
 PROFILES_FILE = "profiles.toml"
-_PROFILE_GPU_KEYS = {"alpha", "beta", "tau_solo", "gamma", "chunk", "batch", "kv_capacity", "kv_time_per_token"}
+_PROFILE_GPU_KEYS = {"alpha", "beta", "tau_solo", "gamma", "chunk", "batch", "kv_capacity", "kv_time_per_token",
+                     "price_per_hour"}
 _PROFILE_META_KEYS = {"model", "hardware", "engine", "r2", "source", "notes"}
 
 

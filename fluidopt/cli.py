@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from fluidopt.errors import FluidoptError
 
 # Order is the order of ``fluidopt --help``.
-COMMANDS = ("run", "solve", "simulate", "calibrate", "rl")
+COMMANDS = ("run", "plan", "price", "solve", "simulate", "calibrate", "rl")
 
 
 class _ArgumentError(Exception):

@@ -1,20 +1,20 @@
 """The comparison harness: policies x scenarios x seeds, in parallel, into tidy DataFrames.
 
-Each run is one :func:`fluidopt.simulate` call; each scenario's fluid LP optimum (the bound R* that
-no policy can beat in the limit) is solved once in the parent. Runs go to a process pool; Ctrl-C
-stops the pool and returns the runs that finished (``interrupted=True``); ``out=`` writes the tables
-atomically (temporary file, then rename), so a result file is never half written.
+Each run is one :func:`fluidopt.simulate` call; each scenario's fluid LPs (the bound R* that no
+policy can beat in the limit, and the plan LP-guided policies follow) are solved once in the parent
+and handed to the runs. Runs go through :mod:`fluidopt.executor` (a local process pool by default,
+or Dask); Ctrl-C stops them and returns the runs that finished (``interrupted=True``); ``out=``
+writes the tables atomically (temporary file, then rename), so a result file is never half written,
+and keeps a results store there so that a rerun skips the runs already done.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import signal
 import sys
 import time
 from collections.abc import Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ from scipy import stats
 
 from fluidopt._files import atomic_path
 from fluidopt.errors import ScenarioError
+from fluidopt.executor import Executor
 from fluidopt.model import Scenario
 
 __all__ = ["Comparison", "compare", "RUN_COLUMNS"]
@@ -84,6 +85,9 @@ class Comparison:
     half-width ``revenue_ci``), the LP bound ``lp_bound`` (R* for ``pricing``) and ``ratio`` =
     revenue / R*. ``classes``: the per-class metrics of every run (long format).
     ``bounds``: one row per scenario with the bundled and separate LP optima and M.
+    ``timeseries``: with ``compare(sample_interval=...)``, every run's sampled state (long format,
+    labelled by scenario, policy and seed), else None. ``plans``: each scenario's solved LPs,
+    ``{scenario name: {pricing: FluidSolution}}``, the plans the LP-guided policies ran.
     """
 
     runs: pd.DataFrame
@@ -93,6 +97,8 @@ class Comparison:
     wall_seconds: float
     interrupted: bool = False
     meta: dict = field(default_factory=dict)
+    timeseries: pd.DataFrame | None = None
+    plans: dict = field(default_factory=dict, repr=False)
 
     def to_frame(self) -> pd.DataFrame:
         return self.runs.copy()
@@ -131,8 +137,10 @@ class Comparison:
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         written = []
-        for name, df in (("runs", self.runs), ("classes", self.classes), ("bounds", self.bounds),
-                         ("summary", self.summary())):
+        tables = [("runs", self.runs), ("classes", self.classes), ("bounds", self.bounds), ("summary", self.summary())]
+        if self.timeseries is not None:
+            tables.append(("timeseries", self.timeseries))
+        for name, df in tables:
             written.append(write_csv_atomic(df, d / f"{name}.csv"))
         return written
 
@@ -145,12 +153,16 @@ def write_csv_atomic(df: pd.DataFrame, path: str | os.PathLike) -> Path:
     return path
 
 
-def _lp_bounds(scenario: Scenario) -> dict[str, Any]:
+def _lp_bounds(scenario: Scenario) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The scenario's bundled and separate LPs (with the scenario's own SLIs), solved once.
+
+    Returns the bounds row and the plan ``{pricing: FluidSolution}`` handed to LP-guided policies.
+    """
     from fluidopt.fluid.lp import solve_fluid
 
     b = solve_fluid(scenario, pricing="bundled")
     s = solve_fluid(scenario, pricing="separate")
-    return {
+    row = {
         "scenario": scenario.name,
         "gpus": scenario.gpus,
         "lp_bundled": b.objective_per_gpu,
@@ -159,29 +171,26 @@ def _lp_bounds(scenario: Scenario) -> dict[str, Any]:
         "mixed_gpus_separate": s.mixed_gpus,
         "prefill_occupancy_bundled": b.prefill_occupancy,
     }
-
-
-def _init_worker(imports: tuple[str, ...]) -> None:
-    # Workers leave Ctrl-C to the parent, which stops the pool and keeps what finished.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # User modules that register policies must be imported in every worker process too.
-    if imports:
-        from fluidopt.control.registry import import_user_modules
-
-        import_user_modules(list(imports))
+    return row, {"bundled": b, "separate": s}
 
 
 def _run_one(job: dict[str, Any]) -> dict[str, Any]:
+    """One simulation: the controller from the plan the parent solved (never re-solved here)."""
+    from fluidopt.control.registry import make_controller
     from fluidopt.sim.api import simulate
 
+    ctrl = make_controller(job["policy"], job["scenario"], plan=job.get("plan"), **(job["options"] or {}))
     res = simulate(
-        job["scenario"], job["policy"], horizon=job["horizon"], warmup=job["warmup"], seed=job["seed"],
-        service=job["service"], progress=False, controller_options=job["options"] or None,
+        job["scenario"], ctrl, horizon=job["horizon"], warmup=job["warmup"], seed=job["seed"],
+        service=job["service"], progress=False, sample_interval=job.get("sample_interval"),
     )
     summ = res.summary()
     row = {k: summ.get(k, math.nan) for k in RUN_COLUMNS}
     classes = [{"name": c["name"], **{k: c.get(k, math.nan) for k in CLASS_COLUMNS}} for c in summ["classes"]]
-    return {"row": row, "classes": classes}
+    out: dict[str, Any] = {"row": row, "classes": classes}
+    if job.get("sample_interval") is not None and res.timeseries is not None:
+        out["timeseries"] = res.timeseries.reset_index(drop=True)
+    return out
 
 
 def _check_jobs(scenarios: Sequence[Scenario], policies: Sequence[str], seeds: Sequence[int]) -> None:
@@ -222,15 +231,30 @@ def compare(
     options: dict[str, dict] | None = None,
     imports: Sequence[str] = (),
     out: str | os.PathLike | None = None,
+    sample_interval: float | None = None,
+    executor: Executor | None = None,
+    resume: bool = True,
 ) -> Comparison:
     """Simulate every policy on every scenario for every seed and compare with the LP bound.
 
     ``policies``: registered names (:func:`fluidopt.control.registry.available`); ``options`` maps a
     policy name to its controller options; ``imports`` names modules (or .py files) that register
     user policies, imported in every worker. ``pricing`` picks the bound and the revenue column used
-    for ``ratio`` ("bundled" or "separate"). ``workers``: processes (default: CPU count, at most the
-    number of runs; 1 runs in this process). ``out``: a directory for the CSV tables.
+    for ``ratio`` ("bundled" or "separate"). Each scenario's LPs (bundled and separate, with the
+    scenario's own SLIs) are solved once here and handed to the LP-guided policies as ``plan=``.
+
+    ``executor``: where runs execute (:mod:`fluidopt.executor`: a local process pool, a Dask
+    LocalCluster or an existing Dask cluster); default a local pool of ``workers`` processes
+    (default: CPU count, at most the number of runs; 1 runs in this process). Every backend gives the
+    same numbers bit for bit. ``sample_interval``: sample every run's state every so many seconds;
+    the samples come back in ``Comparison.timeseries`` (long format), so figures need no re-run.
+    ``out``: a folder for the CSV tables; finished runs are also appended there, one by one, to a
+    results store (``store.jsonl``), and with ``resume=True`` (default) runs already in it are not run
+    again, so a rerun after a crash or Ctrl-C does only what is missing.
     """
+    from fluidopt.control.registry import uses_plan
+    from fluidopt.executor import LocalExecutor, ResultStore, run_jobs
+
     if isinstance(scenarios, Scenario):
         scenarios = [scenarios]
     scenarios = list(scenarios)
@@ -243,73 +267,69 @@ def compare(
     _check_jobs(scenarios, policies, seeds)
     if pricing not in ("bundled", "separate"):
         raise ScenarioError(f"compare: pricing: expected 'bundled' or 'separate', got {pricing!r}")
+    # Validate run parameters once, up front, rather than in every worker.
+    from fluidopt.sim.api import _seconds, check_run
+
+    check_run(horizon, warmup, service, caller="compare")
+    if sample_interval is not None:
+        sample_interval = _seconds("sample_interval", sample_interval, caller="compare")
+    store = ResultStore(out) if out is not None else None
+    if store is not None and not resume and store.path.exists():
+        store.path.unlink()
     if progress is None:
         progress = bool(getattr(sys.stderr, "isatty", lambda: False)())
     t0 = time.perf_counter()
-    bounds = pd.DataFrame([_lp_bounds(s) for s in scenarios])
+    solved = [_lp_bounds(s) for s in scenarios]
+    bounds = pd.DataFrame([b for b, _ in solved])
+    plans = {s.name: p for s, (_, p) in zip(scenarios, solved)}
     bound_of = dict(zip(bounds["scenario"], bounds[f"lp_{pricing}"]))
 
-    jobs = [
-        {"scenario": s, "policy": p, "seed": seed, "horizon": horizon, "warmup": warmup, "service": service,
-         "options": (options or {}).get(p)}
-        for s in scenarios for p in policies for seed in seeds
-    ]
-    # Validate run parameters once, up front, rather than in every worker.
-    from fluidopt.sim.api import check_run
+    jobs = []
+    for s in scenarios:
+        for p in policies:
+            opts = (options or {}).get(p)
+            # A policy given its own SLIs plans for them itself; every other LP-guided one gets the plan.
+            plan = plans[s.name] if uses_plan(p) and not (opts or {}).get("slis") else None
+            for seed in seeds:
+                jobs.append({"scenario": s, "policy": p, "seed": seed, "horizon": horizon, "warmup": warmup,
+                             "service": service, "options": opts, "plan": plan, "sample_interval": sample_interval})
 
-    check_run(horizon, warmup, service, caller="compare")
+    own = executor is None
+    if own:
+        n_workers = workers if workers is not None else (os.cpu_count() or 1)
+        if isinstance(n_workers, bool) or not isinstance(n_workers, int) or n_workers < 1:
+            from fluidopt.errors import UsageError
 
-    n_workers = workers if workers is not None else (os.cpu_count() or 1)
-    n_workers = max(1, min(int(n_workers), len(jobs)))
-    done: dict[int, dict[str, Any]] = {}
-    interrupted = False
+            raise UsageError(f"compare: workers: expected an integer >= 1, got {n_workers!r}")
+        executor = LocalExecutor(max(1, min(n_workers, len(jobs))), imports)
 
-    def note(k: int) -> None:
-        if progress:
-            j = jobs[k]
-            r = done[k]["row"]
-            print(f"[{len(done)}/{len(jobs)}] {j['scenario'].name} {j['policy']} seed={j['seed']}: "
-                  f"revenue/GPU/s {r['revenue_per_gpu']:.4g} ({r['wall_seconds']:.1f} s)", file=sys.stderr, flush=True)
+    def note(job: dict, res: dict) -> str:
+        return f"{job['scenario'].name} {job['policy']} seed={job['seed']}"
 
     try:
-        if n_workers == 1:
-            for k, job in enumerate(jobs):
-                done[k] = _run_one(job)
-                note(k)
-        else:
-            with ProcessPoolExecutor(max_workers=n_workers, initializer=_init_worker,
-                                     initargs=(tuple(str(m) for m in imports),)) as pool:
-                futures: dict[Future, int] = {pool.submit(_run_one, job): k for k, job in enumerate(jobs)}
-                pending = set(futures)
-                try:
-                    while pending:
-                        finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-                        for f in finished:
-                            done[futures[f]] = f.result()
-                            note(futures[f])
-                except KeyboardInterrupt:
-                    for f in pending:
-                        f.cancel()
-                    for p in list(getattr(pool, "_processes", {}).values()):
-                        p.terminate()
-                    raise
-    except KeyboardInterrupt:
-        interrupted = True
-        if progress:
-            print(f"interrupted: keeping {len(done)} of {len(jobs)} runs", file=sys.stderr, flush=True)
+        done, interrupted = run_jobs(_run_one, jobs, executor=executor, store=store, progress=progress,
+                                     desc="simulations", note=note)
+    finally:
+        if own:
+            executor.close()
+    if interrupted and progress:
+        print(f"interrupted: keeping {len(done)} of {len(jobs)} runs", file=sys.stderr, flush=True)
 
-    rows, class_rows = [], []
+    rows, class_rows, series = [], [], []
+    col = "revenue_per_gpu" if pricing == "bundled" else "revenue_per_gpu_separate"
     for k in sorted(done):
         j = jobs[k]
         key = {"scenario": j["scenario"].name, "policy": j["policy"], "seed": j["seed"], "gpus": j["scenario"].gpus,
                "service": j["service"]}
         r = done[k]["row"]
-        col = "revenue_per_gpu" if pricing == "bundled" else "revenue_per_gpu_separate"
         rev, rev_ci = r[col], r[f"{col}_ci"]
         bound = bound_of[j["scenario"].name]
         rows.append({**key, "lp_bound": bound, "revenue": rev, "revenue_ci": rev_ci,
                      "ratio": rev / bound if bound > 0 else math.nan, **r})
         class_rows.extend({**key, **c} for c in done[k]["classes"])
+        ts = done[k].get("timeseries")
+        if ts is not None:
+            series.append(ts.assign(scenario=key["scenario"], policy=key["policy"], seed=key["seed"]))
     result = Comparison(
         runs=pd.DataFrame(rows),
         classes=pd.DataFrame(class_rows),
@@ -317,8 +337,11 @@ def compare(
         pricing=pricing,
         wall_seconds=time.perf_counter() - t0,
         interrupted=interrupted,
-        meta={"horizon": horizon, "warmup": warmup, "service": service, "seeds": seeds, "workers": n_workers,
-              "options": dict(options or {})},
+        meta={"horizon": horizon, "warmup": warmup, "service": service, "seeds": seeds,
+              "workers": executor.workers, "executor": executor.describe(), "options": dict(options or {}),
+              "sample_interval": sample_interval},
+        timeseries=pd.concat(series, ignore_index=True) if series else None,
+        plans=plans,
     )
     if out is not None:
         result.save(out)

@@ -74,6 +74,9 @@ class GPUProfile:
     name: str = field(default="", compare=False)
     kv_capacity: float | None = None  # tokens of KV cache per GPU (None: unlimited)
     kv_time_per_token: float = 0.0  # s added to every iteration per token of resident context
+    # Price of one GPU-hour (any currency; None: not priced). Capacity planning costs fleets with it;
+    # it is not part of the iteration-time law, so it takes no part in comparisons.
+    price_per_hour: float | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         w = "gpu"
@@ -87,6 +90,8 @@ class GPUProfile:
         if self.kv_capacity is not None:
             _check_positive(w, "kv_capacity", self.kv_capacity)
         _check_positive(w, "kv_time_per_token", self.kv_time_per_token, allow_zero=True)
+        if self.price_per_hour is not None:
+            _check_positive(w, "price_per_hour", self.price_per_hour, allow_zero=True)
 
     @classmethod
     def from_gamma(cls, alpha: float, beta: float, gamma: float, chunk: int, batch: int, **kw) -> GPUProfile:
@@ -303,7 +308,9 @@ class Scenario:
 
 def paper_gpu() -> GPUProfile:
     """The GPU of the paper's two-class instance (Qwen-8B on A100: alpha, beta, gamma = 45.45)."""
-    return GPUProfile.from_gamma(alpha=0.0174, beta=6.2e-5, gamma=45.45, chunk=256, batch=16, name="paper")
+    # price_per_hour: the named profile qwen-8b-a100's (the same GPU), so a plan of the default is costed
+    return GPUProfile.from_gamma(alpha=0.0174, beta=6.2e-5, gamma=45.45, chunk=256, batch=16, name="paper",
+                                 price_per_hour=1.8)
 
 
 def paper_scenario(gpus: int = 500, lam: Sequence[float] = (0.5, 0.5), theta: Sequence[float] = (0.1, 0.1)) -> Scenario:

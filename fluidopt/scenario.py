@@ -184,6 +184,8 @@ def scenario_to_dict(s: Scenario) -> dict[str, Any]:
         gpu["kv_capacity"] = g.kv_capacity
     if g.kv_time_per_token:
         gpu["kv_time_per_token"] = g.kv_time_per_token
+    if g.price_per_hour is not None:
+        gpu["price_per_hour"] = g.price_per_hour
     classes = []
     for c in s.classes:
         d: dict[str, Any] = {"name": c.name, "prompt": c.prompt, "decode": c.decode, "rate": c.rate, "patience": c.patience}

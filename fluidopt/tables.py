@@ -18,7 +18,7 @@ from fluidopt.model import GPUProfile
 __all__ = ["gpu_from_dict"]
 
 _GPU_REQUIRED = ("alpha", "beta", "chunk", "batch")
-_GPU_OPTIONAL = {"tau_solo", "gamma", "name", "kv_capacity", "kv_time_per_token"}
+_GPU_OPTIONAL = {"tau_solo", "gamma", "name", "kv_capacity", "kv_time_per_token", "price_per_hour"}
 
 
 def _expect_table(where: str, value: Any) -> Mapping[str, Any]:
@@ -86,4 +86,6 @@ def gpu_from_dict(table: Mapping[str, Any], where: str = "gpu") -> GPUProfile:
         kw["kv_capacity"] = _number(f"{where}.kv_capacity", table["kv_capacity"])
     if "kv_time_per_token" in table:
         kw["kv_time_per_token"] = _number(f"{where}.kv_time_per_token", table["kv_time_per_token"])
+    if "price_per_hour" in table:
+        kw["price_per_hour"] = _number(f"{where}.price_per_hour", table["price_per_hour"])
     return GPUProfile(**kw)

@@ -6,11 +6,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
-from dataclasses import replace
 from pathlib import Path
 
 from fluidopt.commands._options import add_controller_arguments, import_user_modules, parse_options
+from fluidopt.commands._scale import add_scale_arguments, check_workers, progress_enabled
 
 DEFAULT_POLICIES = ("gate-and-route", "fi-wsp", "gi-wsp", "gf-wsp", "fg-sp")
 
@@ -32,22 +31,25 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, default=2, help="independent seeds per policy (default 2)")
     p.add_argument("--service", choices=("markov", "tokens"), default="markov")
     p.add_argument("--pricing", choices=("bundled", "separate"), default="bundled")
-    p.add_argument("--workers", type=int, default=None, help="processes (default: CPU count)")
-    p.add_argument("--out", default="fluidopt-run", help="directory for CSV tables and PNG figures "
-                   "(default ./fluidopt-run; '' to save nothing)")
+    p.add_argument("--out", default="fluidopt-run", help="directory for CSV tables and PNG figures, and the "
+                   "results store that lets a rerun skip finished runs (default ./fluidopt-run; '' to save nothing)")
+    p.add_argument("--fresh", action="store_true", help="ignore runs stored in --out by an earlier run")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     add_controller_arguments(p)
+    add_scale_arguments(p)
     return p
 
 
 def run(args: argparse.Namespace) -> int:
-    from fluidopt.errors import ScenarioError
-    from fluidopt.fluid.lp import solve_fluid
+    from fluidopt.errors import ScenarioError, UsageError
+    from fluidopt.fluid.lp import scenario_slis, solve_fluid
+    from fluidopt.fluid.sli import sli_spec
     from fluidopt.harness import compare
     from fluidopt.scenario import load_scenario
 
     import_user_modules(args.imports)  # so the policy names below validate; workers import them again
     options = parse_options(args.option)
+    check_workers(args)
     scenario = load_scenario(args.scenario)
     if args.gpus is not None:
         if args.gpus < 1:
@@ -56,34 +58,50 @@ def run(args: argparse.Namespace) -> int:
     if args.seeds < 1:
         raise ScenarioError(f"--seeds: expected an integer >= 1, got {args.seeds}")
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    out = Path(args.out) if args.out else None
+    if out is not None and out.exists() and not out.is_dir():
+        raise UsageError(f"--out: {out} exists and is not a folder")
+    # The scenario's own SLIs (its file's slis list) shape R* and the plan: an infeasible set is an
+    # InfeasibleError naming the conflicting rows (one line, exit 2), before any simulation.
     sol = solve_fluid(scenario, pricing=args.pricing)
-    progress = not args.json and bool(getattr(sys.stderr, "isatty", lambda: False)())
+    slis = scenario_slis(scenario)
+    progress = progress_enabled(args)
     if not args.json:
         print(f"fluidopt run: {scenario.name}, {scenario.gpus} GPUs, {args.pricing} pricing, "
               f"{len(policies)} policies x {args.seeds} seeds, {args.service} service, "
               f"horizon {args.horizon:g} s (warm-up {args.warmup:g} s)", flush=True)
-        print(f"LP optimum R* = {sol.objective_per_gpu:.2f} per GPU per s; M = {sol.mixed_gpus} mixed GPUs "
+        with_slis = f" with SLIs {', '.join(sli_spec(s) for s in slis)}" if slis else ""
+        print(f"LP optimum R* = {sol.objective_per_gpu:.2f} per GPU per s{with_slis}; M = {sol.mixed_gpus} mixed GPUs "
               f"(sum x* = {sol.prefill_occupancy:.4f}); simulating...", flush=True)
-    comp = compare(
-        scenario, policies, seeds=list(range(args.seeds)), horizon=args.horizon, warmup=args.warmup,
-        service=args.service, pricing=args.pricing, workers=args.workers, progress=progress,
-        options={p: options for p in policies} if options else None, imports=args.imports,
-    )
+    from fluidopt.commands._scale import make_executor
+
+    executor = make_executor(args, runs=len(policies) * args.seeds)
+    try:
+        comp = compare(
+            scenario, policies, seeds=list(range(args.seeds)), horizon=args.horizon, warmup=args.warmup,
+            service=args.service, pricing=args.pricing, progress=progress,
+            options={p: options for p in policies} if options else None, imports=args.imports,
+            sample_interval=max(args.horizon / 300, 0.5) if out is not None else None,
+            executor=executor, out=out, resume=not args.fresh,
+        )
+    finally:
+        executor.close()
     summ = comp.summary()
     files: list[str] = []
-    if args.out:
-        out = Path(args.out)
+    if out is not None:
         files += [str(p) for p in comp.save(out)]
-        files += _figures(comp, scenario, sol, args, out)
+        files += _figures(comp, sol, out)
     if args.json:
         print(json.dumps({
             "scenario": scenario.name,
             "gpus": scenario.gpus,
             "pricing": args.pricing,
+            "slis": [sli_spec(s) for s in slis],
             "lp_objective_per_gpu": sol.objective_per_gpu,
             "mixed_gpus": sol.mixed_gpus,
             "interrupted": comp.interrupted,
             "wall_seconds": comp.wall_seconds,
+            "executor": comp.meta.get("executor"),
             "policies": [{k: (None if isinstance(v, float) and not math.isfinite(v) else v)
                           for k, v in row.items()} for row in summ.to_dict(orient="records")],
             "files": files,
@@ -95,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"\ninterrupted: {len(comp.runs)} runs finished and are reported above")
     if files:
         print(f"\nsaved: {', '.join(files)}")
-    print(f"({comp.wall_seconds:.1f} s wall)")
+    print(f"({comp.wall_seconds:.1f} s wall, {comp.meta.get('executor')})")
     return 130 if comp.interrupted else 0
 
 
@@ -120,12 +138,12 @@ def _report(summ) -> str:
     return pd.DataFrame(rows).to_string(index=False)
 
 
-def _figures(comp, scenario, sol, args, out: Path) -> list[str]:
+def _figures(comp, sol, out: Path) -> list[str]:
+    """The comparison chart and the first policy's occupancy paths, from the runs already made."""
     import matplotlib
 
     matplotlib.use("Agg")
     from fluidopt.plots import plot_comparison, plot_occupancy
-    from fluidopt.sim.api import simulate
 
     files = []
     if comp.runs.empty:
@@ -133,15 +151,24 @@ def _figures(comp, scenario, sol, args, out: Path) -> list[str]:
     path = out / "comparison.png"
     _save(plot_comparison(comp), path)
     files.append(str(path))
-    # One sampled gate-and-route run (the first policy) for the occupancy paths.
-    first = comp.runs["policy"].iloc[0]
-    res = simulate(replace(scenario), first, horizon=args.horizon, warmup=args.warmup, seed=0,
-                   service=args.service, sample_interval=max(args.horizon / 300, 0.5), progress=False,
-                   controller_options=comp.meta.get("options", {}).get(first))
-    path = out / "occupancy.png"
-    _save(plot_occupancy(res, sol), path)
-    files.append(str(path))
+    ts = comp.timeseries
+    if ts is not None and not ts.empty:
+        first = comp.runs.iloc[0]
+        paths = ts[(ts["policy"] == first["policy"]) & (ts["seed"] == first["seed"])]
+        path = out / "occupancy.png"
+        run = _Sampled(paths, int(first["gpus"]), sol.class_names, float(comp.meta["warmup"]), first["policy"],
+                       first["scenario"])
+        _save(plot_occupancy(run, sol), path)
+        files.append(str(path))
     return files
+
+
+class _Sampled:
+    """What :func:`fluidopt.plots.plot_occupancy` reads from a run: its samples and fleet size."""
+
+    def __init__(self, timeseries, n_gpus: int, classes, warmup: float, policy: str, scenario: str) -> None:
+        self.timeseries = timeseries.drop(columns=["scenario", "policy", "seed"]).reset_index(drop=True)
+        self.n_gpus, self.classes, self.warmup, self.policy, self.scenario = n_gpus, classes, warmup, policy, scenario
 
 
 def _save(fig, path: Path) -> None:

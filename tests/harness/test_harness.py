@@ -64,7 +64,8 @@ def test_interrupt_keeps_finished_runs(monkeypatch):
 def test_save_writes_complete_tables(tmp_path):
     c = compare(SMALL, ["fi-wsp"], seeds=[0], workers=1, out=tmp_path / "res", **KW)
     names = sorted(p.name for p in (tmp_path / "res").iterdir())
-    assert names == ["bounds.csv", "classes.csv", "runs.csv", "summary.csv"]
+    # the tables, and the results store a rerun resumes from
+    assert names == ["bounds.csv", "classes.csv", "runs.csv", "store.jsonl", "summary.csv"]
     import pandas as pd
 
     assert len(pd.read_csv(tmp_path / "res" / "runs.csv")) == len(c.runs)
@@ -119,3 +120,51 @@ def test_run_bad_input_exits_2_without_traceback(tmp_path):
     assert "--gpus: expected an integer >= 1, got 0" in p.stderr
     p = _cli("run", "--policies", "nope", "--gpus", "4", "--horizon", "10", "--out", "")
     assert p.returncode == 2 and "unknown policy 'nope'" in p.stderr
+
+
+SLI_TOML = """
+name = "paper-with-slis"
+slis = [{slis}]
+[gpu]
+alpha = 0.0174
+beta = 6.2e-5
+gamma = 45.45
+chunk = 256
+batch = 16
+[cluster]
+gpus = 6
+[pricing]
+prefill = 0.1
+decode = 0.2
+[[classes]]
+name = "short-prompt"
+prompt = 300
+decode = 1000
+rate = 3.0
+patience = 0.1
+[[classes]]
+name = "long-prompt"
+prompt = 3000
+decode = 400
+rate = 3.0
+patience = 0.1
+"""
+
+
+def test_run_honours_the_scenarios_slis(tmp_path, capsys):
+    """R* and the plan are those of the file's SLIs; an infeasible set is one line, exit 2, before any run."""
+    from fluidopt.cli import main
+
+    f = tmp_path / "s.toml"
+    f.write_text(SLI_TOML.format(slis='"served:short-prompt=0.99", "tpot=0.025"'))
+    rc = main(["run", str(f), "--policies", "gate-and-route", "--seeds", "1", "--horizon", "30", "--warmup", "5",
+               "--workers", "1", "--out", "", "--json"])
+    d = json.loads(capsys.readouterr().out)
+    expect = fluidopt.solve_fluid(fluidopt.load_scenario(f))
+    assert rc == 0 and d["slis"] == ["served:short-prompt=0.99", "tpot=0.025"]
+    assert d["lp_objective_per_gpu"] == pytest.approx(expect.objective_per_gpu, rel=1e-12)
+    assert d["lp_objective_per_gpu"] < fluidopt.solve_fluid(fluidopt.load_scenario(f), slis=()).objective_per_gpu
+    f.write_text(SLI_TOML.format(slis='"tpot=0.0001"'))
+    rc = main(["run", str(f), "--out", "", "--workers", "1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "tpot" in err and "Traceback" not in err

@@ -1,0 +1,170 @@
+"""``fluidopt plan``: how many GPUs of which profile meet the demand and the SLIs, and what they cost."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+from fluidopt.commands._options import add_controller_arguments, import_user_modules, parse_options
+from fluidopt.commands._scale import add_scale_arguments, check_workers, progress_enabled
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "plan",
+        help="capacity plan: fewest GPUs per profile meeting the SLIs (fluid bound + simulation check), cost",
+        description="For the class arrival rates of SCENARIO (whole fleet; default: the built-in paper instance) "
+        "and the SLIs given, find per GPU profile the fluid lower bound on the fleet size (one LP, binding "
+        "constraint named) and the smallest fleet on which the policy meets every SLI in simulation with 95%% "
+        "confidence, with cost per hour and per million output tokens.",
+    )
+    p.add_argument("scenario", nargs="?", default=None, metavar="SCENARIO", help="scenario TOML (default: built-in)")
+    p.add_argument("--served", type=float, default=0.99,
+                   help="completed fraction every class must reach (a request counts when its last token is out; "
+                        "default 0.99)")
+    p.add_argument("--tpot", type=float, default=None, help="mean time per output token bound (s)")
+    p.add_argument("--ttft", type=float, default=None, help="mean time to first token bound per class (s)")
+    p.add_argument("--ttft-p99", type=float, default=None, help="p99 time to first token bound per class (s; "
+                   "checked in simulation)")
+    p.add_argument("--fairness", type=float, default=None, help="prefill fairness bound eta (fluid bound only)")
+    p.add_argument("--profiles", default=None, help="comma-separated named GPU profiles (default: the scenario's "
+                   "GPU); each needs a price_per_hour")
+    p.add_argument("--growth", default="1", help="comma-separated demand growth factors (default 1)")
+    p.add_argument("--policy", default="gate-and-route", help="controller verified in simulation "
+                   "(default gate-and-route)")
+    p.add_argument("--fluid-only", action="store_true", help="the fluid bound only, no simulation")
+    p.add_argument("--seeds", type=int, default=5, help="seeds per probed fleet size (default 5)")
+    p.add_argument("--horizon", type=float, default=None, help="simulated seconds per run (default: 3 T warm-up "
+                   "+ 10 T, T the slowest mean decode)")
+    p.add_argument("--warmup", type=float, default=None, help="seconds excluded from metrics")
+    p.add_argument("--service", choices=("markov", "tokens"), default="markov")
+    p.add_argument("--study", action="store_true", help="also the batch-size / chunk-size study (LP revenue and "
+                   "TPOT against B and C) for the first profile at its planned fleet")
+    p.add_argument("--out", default="", help="folder for plan.csv, curves.csv, sli_vs_n.png and the results "
+                   "store (a rerun skips finished runs); default: save nothing")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
+    add_controller_arguments(p)
+    add_scale_arguments(p)
+    return p
+
+
+def _growth(text: str) -> list[float]:
+    from fluidopt.errors import UsageError
+
+    out = []
+    for t in str(text).split(","):
+        if not t.strip():
+            continue
+        try:
+            v = float(t)
+        except ValueError:
+            raise UsageError(f"--growth: expected comma-separated numbers > 0, got {t.strip()!r}") from None
+        if not math.isfinite(v) or v <= 0:
+            raise UsageError(f"--growth: expected demand growth factors > 0, got {t.strip()!r}")
+        out.append(v)
+    if not out:
+        raise UsageError("--growth: expected at least one factor")
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from fluidopt.errors import UsageError
+    from fluidopt.plan import PlanSLIs, batch_chunk_study, plan
+    from fluidopt.scenario import load_scenario
+
+    import_user_modules(args.imports)
+    options = parse_options(args.option)
+    check_workers(args)
+    slis = PlanSLIs(served=args.served, tpot=args.tpot, ttft=args.ttft, ttft_p99=args.ttft_p99,
+                    fairness=args.fairness)
+    growth = _growth(args.growth)
+    if args.seeds < 1:
+        raise UsageError(f"--seeds: expected an integer >= 1, got {args.seeds}")
+    scenario = load_scenario(args.scenario)
+    profiles = [p.strip() for p in args.profiles.split(",") if p.strip()] if args.profiles else None
+    out = Path(args.out) if args.out else None
+    if out is not None and out.exists() and not out.is_dir():
+        raise UsageError(f"--out: {out} exists and is not a folder")
+    executor = None
+    if not args.fluid_only:
+        from fluidopt.commands._scale import make_executor
+
+        executor = make_executor(args, runs=args.seeds)
+    try:
+        res = plan(scenario, slis, profiles=profiles, growth=growth, policy=args.policy, options=options or None,
+                   fluid_only=args.fluid_only, seeds=args.seeds, horizon=args.horizon, warmup=args.warmup,
+                   service=args.service, executor=executor, out=out, progress=progress_enabled(args))
+    finally:
+        if executor is not None:
+            executor.close()
+    study = None
+    if args.study:
+        first = res.table.iloc[0]
+        n = int(first["n_sim"]) if math.isfinite(first["n_sim"]) else int(first["n_fluid_int"])
+        from dataclasses import replace
+
+        from fluidopt.calibrate import load_profile
+        from fluidopt.plan import fluid_plan_slis
+
+        g = load_profile(profiles[0]) if profiles else scenario.gpu
+        sc = replace(scenario, gpu=g, gpus=n)
+        study = batch_chunk_study(sc, slis=fluid_plan_slis(sc, slis))
+    files: list[str] = []
+    if out is not None:
+        from fluidopt.harness import write_csv_atomic
+
+        files.append(str(write_csv_atomic(res.table, out / "plan.csv")))
+        if not res.curves.empty:
+            files.append(str(write_csv_atomic(res.curves, out / "curves.csv")))
+            import matplotlib
+
+            matplotlib.use("Agg")
+            from fluidopt._files import atomic_path
+
+            with atomic_path(out / "sli_vs_n.png") as tmp:
+                res.figure().savefig(tmp, dpi=110)
+            files.append(str(out / "sli_vs_n.png"))
+        if study is not None:
+            files.append(str(write_csv_atomic(study, out / "batch_chunk.csv")))
+    if args.json:
+        d = res.to_dict()
+        if study is not None:
+            d["batch_chunk_study"] = json.loads(study.to_json(orient="records"))
+        d["files"] = files
+        print(json.dumps(d, indent=2, default=str))
+        return 0
+    print(f"fluidopt plan: {scenario.name}, demand {', '.join(f'{c.name} {c.rate:g}/s' for c in scenario.classes)} "
+          f"(whole fleet), SLIs: {slis.describe()}")
+    print()
+    print(_report(res.table, args.fluid_only))
+    ch = res.table[res.table["cheapest"]]
+    for _, r in ch.iterrows():
+        print(f"cheapest at demand x{r['growth']:g}: {r['profile']} "
+              f"({r['cost_per_hour']:.2f} per hour, {r['cost_per_million_output_tokens']:.4f} per million output tokens)")
+    if study is not None:
+        print()
+        print("batch size / chunk size study (LP at the planned fleet):")
+        print(study[["batch", "chunk", "status", "revenue_per_gpu", "tpot"]].to_string(index=False))
+    if files:
+        print(f"\nsaved: {', '.join(files)}")
+    return 0
+
+
+def _report(table, fluid_only: bool) -> str:
+    import pandas as pd
+
+    rows = []
+    for _, r in table.iterrows():
+        row = {"profile": r["profile"], "demand": f"x{r['growth']:g}", "n fluid": f"{r['n_fluid']:.2f}",
+               "ceil": int(r["n_fluid_int"]), "binding": r["binding"]}
+        if not fluid_only:
+            row["n sim"] = int(r["n_sim"])
+            row["n sim - n fluid"] = int(r["correction"])
+        row["$/GPU-h"] = "-" if not math.isfinite(r["price_per_gpu_hour"]) else f"{r['price_per_gpu_hour']:g}"
+        row["cost/h"] = "-" if not math.isfinite(r["cost_per_hour"]) else f"{r['cost_per_hour']:.2f}"
+        row["cost/M out tok"] = ("-" if not math.isfinite(r["cost_per_million_output_tokens"])
+                                 else f"{r['cost_per_million_output_tokens']:.4f}")
+        rows.append(row)
+    return pd.DataFrame(rows).to_string(index=False)

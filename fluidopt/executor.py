@@ -1,0 +1,440 @@
+"""One executor layer for every many-run workflow, and a resumable results store.
+
+Backends (same numbers bit for bit on every one: each run is a pure function of its job, and its
+result travels back pickled, floats exact):
+
+- ``local`` (default): this process when ``workers=1``, else a process pool of ``workers``
+  processes (default: CPU count). No service needed.
+- ``dask``: a Dask ``LocalCluster`` of ``workers`` single-threaded worker processes (``--dask``).
+- ``dask`` with ``scheduler="tcp://HOST:PORT"``: an existing Dask cluster (``--scheduler``). An
+  address that does not answer is a :class:`~fluidopt.errors.UsageError` within about 10 s.
+
+Dask is optional (``pip install "fluidopt[dask]"``); it is imported only when asked for.
+
+:class:`ResultStore` keeps finished runs in ``<folder>/store.jsonl``, one JSON line per run keyed by
+:func:`run_key` (a hash of the scenario, policy and options, seed, run window, service, sampling and
+fluidopt's version). A line is appended with one ``write`` and an ``fsync``; a crash (even SIGKILL)
+can at most leave a partial last line, which :meth:`ResultStore.load` drops and truncates away, so a
+rerun loses nothing that was finished and redoes nothing that was stored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from pathlib import Path
+from typing import Any
+
+from fluidopt.errors import UsageError
+
+__all__ = ["Executor", "LocalExecutor", "DaskExecutor", "make_executor", "ResultStore", "run_key", "Progress",
+           "SCHEDULER_TIMEOUT_S"]
+
+SCHEDULER_TIMEOUT_S = 10.0  # seconds to wait for an existing Dask scheduler before giving up
+
+
+# -- workers -------------------------------------------------------------------------------------
+def _init_worker(imports: tuple[str, ...]) -> None:
+    # Workers leave Ctrl-C to the parent, which stops the pool and keeps what finished.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _import(imports)
+
+
+def _import(imports: Sequence[str]) -> None:
+    # User modules that register policies must be imported wherever a run executes.
+    if imports:
+        from fluidopt.control.registry import import_user_modules
+
+        import_user_modules(list(imports))
+
+
+def _call(fn: Callable[[Any], Any], job: Any, imports: tuple[str, ...]) -> Any:
+    _import(imports)
+    return fn(job)
+
+
+class Executor:
+    """Runs ``fn(job)`` for many jobs; :meth:`imap` yields ``(index, result)`` as runs finish.
+
+    Use as a context manager (or call :meth:`close`): pools and clusters live until then, so a
+    search that submits several rounds pays their start-up once.
+    """
+
+    name = "executor"
+    workers = 1
+
+    def imap(self, fn: Callable[[Any], Any], jobs: Sequence[Any]) -> Iterator[tuple[int, Any]]:  # pragma: no cover
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> Executor:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def describe(self) -> str:
+        return f"{self.name} ({self.workers} worker{'s' if self.workers != 1 else ''})"
+
+
+class LocalExecutor(Executor):
+    """This process (``workers=1``) or a local process pool."""
+
+    name = "local"
+
+    def __init__(self, workers: int | None = None, imports: Sequence[str] = ()) -> None:
+        self.workers = _check_workers(workers)
+        self.imports = tuple(str(m) for m in imports)
+        self._pool: ProcessPoolExecutor | None = None
+
+    def imap(self, fn, jobs):
+        jobs = list(jobs)
+        if self.workers == 1 or len(jobs) <= 1:
+            _import(self.imports)
+            for k, job in enumerate(jobs):
+                yield k, fn(job)
+            return
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(max_workers=self.workers, initializer=_init_worker,
+                                             initargs=(self.imports,))
+        futures: dict[Future, int] = {self._pool.submit(fn, job): k for k, job in enumerate(jobs)}
+        pending = set(futures)
+        try:
+            while pending:
+                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for f in sorted(finished, key=futures.__getitem__):
+                    yield futures[f], f.result()
+        except BaseException:
+            # Ctrl-C (or a failed run, or the consumer stopping): stop the pool now, keep nothing running.
+            for f in pending:
+                f.cancel()
+            self._kill()
+            raise
+
+    def _kill(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        for p in list(getattr(pool, "_processes", {}).values()):
+            p.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+
+    def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+class DaskExecutor(Executor):
+    """A Dask ``LocalCluster`` (``scheduler=None``) or an existing cluster at ``scheduler``."""
+
+    name = "dask"
+
+    def __init__(self, workers: int | None = None, scheduler: str | None = None, imports: Sequence[str] = (),
+                 timeout: float = SCHEDULER_TIMEOUT_S) -> None:
+        try:
+            from distributed import Client, LocalCluster
+        except ImportError:
+            raise UsageError("--dask/--scheduler: Dask is not installed; pip install 'fluidopt[dask]' "
+                             "(or 'distributed')") from None
+        self.imports = tuple(str(m) for m in imports)
+        self._cluster = None
+        if scheduler is None:
+            self.workers = _check_workers(workers)
+            self._cluster = LocalCluster(n_workers=self.workers, threads_per_worker=1, processes=True,
+                                         dashboard_address=None, silence_logs=40)
+            self.client = Client(self._cluster, set_as_default=False)
+            self.address = self._cluster.scheduler_address
+        else:
+            address = check_scheduler_address(scheduler)
+            try:
+                self.client = Client(address, timeout=timeout, set_as_default=False)
+            except (OSError, TimeoutError) as e:
+                raise UsageError(f"--scheduler: no Dask scheduler answered at {address} within {timeout:g} s "
+                                 f"({type(e).__name__}); start one with 'dask scheduler' or check the address") from None
+            self.address = address
+            self.workers = max(1, len(self.client.scheduler_info().get("workers", {})))
+
+    def imap(self, fn, jobs):
+        from distributed import as_completed
+
+        jobs = list(jobs)
+        futures = [self.client.submit(_call, fn, job, self.imports, pure=False) for job in jobs]
+        index = {f.key: k for k, f in enumerate(futures)}
+        try:
+            for f in as_completed(futures, loop=self.client.loop):  # this client's, not a global default
+                yield index[f.key], f.result()
+        except BaseException:
+            self.client.cancel(futures)
+            raise
+
+    def close(self) -> None:
+        try:
+            self.client.close()
+        finally:
+            if self._cluster is not None:
+                self._cluster.close()
+
+    def describe(self) -> str:
+        where = "LocalCluster" if self._cluster is not None else self.address
+        return f"dask {where} ({self.workers} worker{'s' if self.workers != 1 else ''})"
+
+
+def _check_workers(workers: int | None) -> int:
+    if workers is None:
+        return max(1, os.cpu_count() or 1)
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise UsageError(f"--workers: expected an integer >= 1, got {workers!r}")
+    return workers
+
+
+def check_scheduler_address(address: str) -> str:
+    """``tcp://HOST:PORT`` (or ``HOST:PORT``, taken as tcp), checked for shape before any connection."""
+    if not isinstance(address, str) or not address.strip():
+        raise UsageError(f"--scheduler: expected an address tcp://HOST:PORT, got {address!r}")
+    a = address.strip()
+    proto, sep, rest = a.partition("://")
+    if not sep:
+        proto, rest = "tcp", a
+    host, colon, port = rest.rpartition(":")
+    if proto not in ("tcp", "tls", "ws", "wss", "inproc", "ucx") or not colon or not host or not port.isdigit() \
+            or not 0 < int(port) < 65536:
+        raise UsageError(f"--scheduler: expected an address tcp://HOST:PORT, got {address!r}")
+    return f"{proto}://{host}:{port}"
+
+
+def make_executor(workers: int | None = None, *, dask: bool = False, scheduler: str | None = None,
+                  imports: Sequence[str] = ()) -> Executor:
+    """The executor for ``--workers N``, ``--dask`` and ``--scheduler ADDRESS`` (see the module docs)."""
+    if scheduler is not None or dask:
+        return DaskExecutor(workers, scheduler, imports)
+    return LocalExecutor(workers, imports)
+
+
+# -- progress -------------------------------------------------------------------------------------
+class Progress:
+    """Runs done / total with an ETA on stderr (tqdm when installed); off when not a terminal."""
+
+    def __init__(self, total: int, *, enabled: bool | None = None, desc: str = "runs", initial: int = 0) -> None:
+        if enabled is None:
+            enabled = bool(getattr(sys.stderr, "isatty", lambda: False)())
+        self.enabled = enabled and total > 0
+        self._bar = None
+        self.total, self.done, self.t0, self.desc = total, initial, time.perf_counter(), desc
+        if self.enabled:
+            try:
+                from tqdm import tqdm
+
+                self._bar = tqdm(total=total, initial=initial, desc=desc, file=sys.stderr, unit="run",
+                                 dynamic_ncols=True, leave=False)
+            except ImportError:  # pragma: no cover - plain lines instead
+                self._bar = None
+
+    def update(self, n: int = 1, note: str = "") -> None:
+        self.done += n
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            if note:
+                self._bar.set_postfix_str(note, refresh=False)
+            self._bar.update(n)
+        else:  # pragma: no cover
+            el = time.perf_counter() - self.t0
+            eta = el / max(self.done, 1) * (self.total - self.done)
+            print(f"[{self.done}/{self.total}] {note} (ETA {eta:.0f} s)", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+# -- the results store ----------------------------------------------------------------------------
+def _canonical(obj: Any) -> Any:
+    """A JSON-ready, order-independent form of options and scenarios (for hashing)."""
+    if isinstance(obj, dict):
+        return {str(k): _canonical(v) for k, v in sorted(obj.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(obj, (list, tuple)):
+        return [_canonical(v) for v in obj]
+    if isinstance(obj, float):
+        return repr(obj)  # exact, and NaN / inf hash too
+    if obj is None or isinstance(obj, (bool, int, str)):
+        return obj
+    return repr(obj)  # SLI dataclasses and the like have a faithful repr
+
+
+def scenario_fingerprint(scenario) -> dict[str, Any]:
+    from fluidopt.scenario import scenario_to_dict
+
+    d = scenario_to_dict(scenario)
+    d["gpu"] = dict(d["gpu"], name=scenario.gpu.name)
+    return d
+
+
+def _version() -> str:
+    """fluidopt's installed version (read from the distribution: the package's front door sits above
+    this layer)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fluidopt")
+    except PackageNotFoundError:  # pragma: no cover - run from a source tree without installing
+        return "unknown"
+
+
+def run_key(job: dict[str, Any]) -> str:
+    """The hash that names a run: scenario, policy, options, seed, window, service, sampling, version."""
+    ident = {
+        "scenario": scenario_fingerprint(job["scenario"]),
+        "policy": job["policy"].strip().lower().replace("_", "-"),
+        "options": job.get("options") or {},
+        "seed": job["seed"],
+        "horizon": float(job["horizon"]),
+        "warmup": float(job["warmup"]),
+        "service": job["service"],
+        "sample_interval": job.get("sample_interval"),
+        "version": _version(),
+        "extra": job.get("extra"),  # what else shapes the run (e.g. the SLIs a plan's LP was solved with)
+    }
+    text = json.dumps(_canonical(ident), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _jsonable(obj: Any) -> Any:
+    import numpy as np
+    import pandas as pd
+
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, pd.DataFrame):
+        return {"__frame__": True, "columns": [str(c) for c in obj.columns],
+                "data": {str(c): _jsonable(obj[c].tolist()) for c in obj.columns}}
+    if isinstance(obj, (np.floating,)):
+        return float(obj)
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, np.bool_):
+        return bool(obj)
+    return obj
+
+
+def _from_json(obj: Any) -> Any:
+    import pandas as pd
+
+    if isinstance(obj, dict):
+        if obj.get("__frame__"):
+            return pd.DataFrame({c: obj["data"][c] for c in obj["columns"]}, columns=obj["columns"])
+        return {k: _from_json(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_from_json(v) for v in obj]
+    return obj
+
+
+class ResultStore:
+    """Finished runs, appended crash-safely to ``<folder>/store.jsonl`` (see the module docs).
+
+    Floats are written with ``repr`` (JSON's default), which round-trips every double exactly, so a
+    result read back is bit for bit the one computed.
+    """
+
+    FILE = "store.jsonl"
+
+    def __init__(self, folder: str | os.PathLike) -> None:
+        self.folder = Path(folder)
+        self.path = self.folder / self.FILE
+        if self.folder.exists() and not self.folder.is_dir():
+            raise UsageError(f"results store: {self.folder} exists and is not a folder")
+
+    def load(self) -> dict[str, Any]:
+        """Every complete stored run by key; a partial last line (a crash mid-append) is dropped and cut off."""
+        if not self.path.exists():
+            return {}
+        raw = self.path.read_bytes()
+        out: dict[str, Any] = {}
+        good_end = 0
+        pos = 0
+        while pos < len(raw):
+            nl = raw.find(b"\n", pos)
+            if nl < 0:
+                break  # no newline: a line cut by a crash
+            line = raw[pos:nl]
+            try:
+                rec = json.loads(line)
+                out[rec["key"]] = _from_json(rec["result"])
+            except (ValueError, KeyError, TypeError):
+                break  # a torn line; everything after it was never acknowledged
+            pos = nl + 1
+            good_end = pos
+        if good_end < len(raw):
+            with open(self.path, "r+b") as fh:
+                fh.truncate(good_end)
+                fh.flush()
+                os.fsync(fh.fileno())
+        return out
+
+    def append(self, key: str, result: Any) -> None:
+        """Append one run: one ``write`` of one line, then ``fsync`` (durable when this returns)."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        line = json.dumps({"key": key, "result": _jsonable(result)}, separators=(",", ":"), allow_nan=True) + "\n"
+        data = line.encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def run_jobs(fn: Callable[[dict], Any], jobs: Sequence[dict], *, executor: Executor | None = None,
+             store: ResultStore | None = None, progress: bool | None = None, desc: str = "runs",
+             note: Callable[[dict, Any], str] | None = None) -> tuple[dict[int, Any], bool]:
+    """Run ``fn`` on every job not already in ``store``; return ``({index: result}, interrupted)``.
+
+    Stored runs are taken as they are (not re-run); each new result is appended to the store as
+    soon as it arrives. Ctrl-C stops the executor and returns what finished with ``interrupted=True``.
+    """
+    done: dict[int, Any] = {}
+    keys = [run_key(j) for j in jobs] if store is not None else []
+    if store is not None:
+        stored = store.load()
+        for k, key in enumerate(keys):
+            if key in stored:
+                done[k] = stored[key]
+    todo = [k for k in range(len(jobs)) if k not in done]
+    bar = Progress(len(jobs), enabled=progress, desc=desc, initial=len(done))
+    own = executor is None
+    ex = executor if executor is not None else LocalExecutor(1)
+    interrupted = False
+    try:
+        for i, res in ex.imap(fn, [jobs[k] for k in todo]):
+            k = todo[i]
+            done[k] = res
+            if store is not None:
+                store.append(keys[k], res)
+            bar.update(1, note(jobs[k], res) if note else "")
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        bar.close()
+        if own:
+            ex.close()
+    return done, interrupted
+
+
+def finite_or_none(v: Any) -> Any:
+    """NaN and inf as None (for ``--json``)."""
+    return None if isinstance(v, float) and not math.isfinite(v) else v

@@ -1,0 +1,42 @@
+"""examples/capacity_planning.py and examples/pricing_whatif.py run, at a tiny size."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"fluidopt_example_{name}", EXAMPLES / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_capacity_planning_quick(tmp_path, capsys):
+    mod = _load("capacity_planning")
+    assert mod.main(["--quick", "--workers", "1", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "fluid lower bound" in out and "verified in simulation" in out
+    t = pd.read_csv(tmp_path / "fluid_paper-tiny.csv")
+    assert len(t) == 9 and t.groupby("growth")["cheapest"].sum().eq(1).all()
+    assert (tmp_path / "sli_vs_n.png").exists()
+    if mod.AZURE.exists():  # the trace's four classes, when the shared data is there
+        assert len(pd.read_csv(tmp_path / "fluid_azure-conv.csv")) == 9
+
+
+def test_pricing_whatif_quick(tmp_path, capsys):
+    mod = _load("pricing_whatif")
+    assert mod.main(["--quick", "--workers", "1", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "LPs (12 x 12 prices" in out and "against the LP's promise" in out
+    g = pd.read_csv(tmp_path / "grid.csv")
+    assert len(g) == 2 * 12 * 12
+    for f in ("grid.png", "pareto.png"):
+        assert (tmp_path / f).exists()
