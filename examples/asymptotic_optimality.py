@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="n in {5, 20, 200}, 2 seeds, short horizons")
     ap.add_argument("--replot", action="store_true", help="redraw from <out>/runs.csv and paths.csv only")
     ap.add_argument("--out", type=Path, default=ROOT / "out" / "examples" / "asymptotic_optimality")
-    ap.add_argument("--fig-dir", type=Path, default=ROOT / "docs" / "figures")
+    ap.add_argument("--fig-dir", type=Path, default=Path("fluidopt-examples"))
     a = ap.parse_args(argv)
     if a.replot:  # redraw the figures and tables from a previous run's CSVs, without simulating
         df = pd.read_csv(a.out / "runs.csv")

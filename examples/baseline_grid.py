@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--replot", action="store_true", help="redraw from <out>/runs.csv without simulating")
     ap.add_argument("--out", type=Path, default=ROOT / "out" / "examples" / "baseline_grid")
-    ap.add_argument("--fig-dir", type=Path, default=ROOT / "docs" / "figures")
+    ap.add_argument("--fig-dir", type=Path, default=Path("fluidopt-examples"))
     a = ap.parse_args(argv)
     if a.quick:
         a.instances, a.gpus, a.horizon_scale = 3, 50, 0.2

@@ -168,7 +168,7 @@ def main(argv=None) -> int:
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--workers", type=int, default=1, help="processes (at most 2 on a shared machine)")
     ap.add_argument("--azure", default=None, help="the Azure conversation trace CSV for the interactive arrivals")
-    ap.add_argument("--out", default=str(HERE.parent / "docs" / "figures"))
+    ap.add_argument("--out", default="fluidopt-examples")
     ap.add_argument("--tag", default="")
     a = ap.parse_args(argv)
     out = Path(a.out)

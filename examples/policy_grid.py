@@ -351,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     tag = "ablation" if a.ablation else "policy_grid"
     out = a.out or ROOT / "out" / "examples" / (tag + ("_quick" if a.quick else ""))
-    fig = a.fig or (None if a.quick or a.ablation else ROOT / "docs" / "figures" / "robust_policy_grid.png")
+    fig = a.fig or (None if a.quick or a.ablation else Path("fluidopt-examples") / "robust_policy_grid.png")
     t0 = time.perf_counter()
     if a.replot:
         df = pd.read_csv(out / "runs.csv")

@@ -63,7 +63,7 @@ def figure(data: Path):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", default=str(ROOT / "docs" / "data"))
-    ap.add_argument("--out", default=str(ROOT / "docs" / "figures" / "rl_training_curves.png"))
+    ap.add_argument("--out", default="fluidopt-examples/rl_training_curves.png")
     a = ap.parse_args()
     figure(Path(a.data)).savefig(a.out, dpi=110)
     print(f"wrote {a.out}")

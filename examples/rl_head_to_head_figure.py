@@ -28,7 +28,7 @@ COLOR = {"heuristic balancers": "tab:grey", "RL routers": "tab:red", "gate-and-r
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", default=str(ROOT / "docs" / "data" / "rl_table.csv"))
-    ap.add_argument("--out", default=str(ROOT / "docs" / "figures" / "rl_head_to_head.png"))
+    ap.add_argument("--out", default="fluidopt-examples/rl_head_to_head.png")
     a = ap.parse_args()
     t = pd.read_csv(a.data)
     fam = [FAMILY.get(p, "heuristic balancers") for p in t.policy]

@@ -29,7 +29,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--rates", default="20,40,60")
     ap.add_argument("--seed", type=int, default=1000)
-    ap.add_argument("--out", default=str(ROOT / "docs" / "data"))
+    ap.add_argument("--out", default="fluidopt-examples/data")
     a = ap.parse_args()
     base = load_scenario(ROOT / "examples" / "scenarios" / "rl-router-v100.toml")
     total = sum(c.rate for c in base.classes)

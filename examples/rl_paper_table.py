@@ -33,7 +33,7 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=20)
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=1000)
-    ap.add_argument("--out", default=str(ROOT / "docs" / "data"))
+    ap.add_argument("--out", default="fluidopt-examples/data")
     ap.add_argument("--no-gate-and-route", action="store_true")
     a = ap.parse_args()
     sc = load_scenario(ROOT / "examples" / "scenarios" / "rl-router-v100.toml")

@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", type=Path, default=ROOT / "out" / "examples" / "sli_routing")
-    ap.add_argument("--fig-dir", type=Path, default=ROOT / "docs" / "figures")
+    ap.add_argument("--fig-dir", type=Path, default=Path("fluidopt-examples"))
     a = ap.parse_args(argv)
     scale = 1.0
     if a.quick:
