@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import fluidopt
-from fluidopt import GPUProfile, InfeasibleError, RequestClass, Scenario
+from fluidopt import GPUProfile, InfeasibleError, RequestClass, Scenario, SolverError
 from fluidopt.fluid import (
     TPOT,
     DecodeFairness,
@@ -158,7 +158,14 @@ def differential(scenario: Scenario, pricing: str, slis: tuple) -> None:
             solve_fluid_cvxpy(scenario, pricing, slis)
         # Checked, but not counted: every one of the max_examples counted instances is feasible.
         assume(False)
-    b = solve_fluid_cvxpy(scenario, pricing, slis)
+    try:
+        b = solve_fluid_cvxpy(scenario, pricing, slis)
+    except SolverError as e:
+        # Clarabel (an interior-point method) can stop short on a badly scaled instance; the same
+        # independent cvxpy formulation is then solved by cvxpy's HiGHS interface instead.
+        if "optimal_inaccurate" not in str(e):
+            raise
+        b = solve_fluid_cvxpy(scenario, pricing, slis, solver="HIGHS")
     assert a.objective_per_gpu == pytest.approx(b.objective_per_gpu, rel=RTOL, abs=1e-9)
     check_equations(a, scenario, pricing)
     # the cvxpy point, evaluated by hand, earns what cvxpy reports (its own coefficients are its own)
