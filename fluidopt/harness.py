@@ -174,6 +174,17 @@ def _lp_bounds(scenario: Scenario) -> tuple[dict[str, Any], dict[str, Any]]:
     return row, {"bundled": b, "separate": s}
 
 
+def _workload_fingerprint(wl: Any) -> str:
+    """A short hash of a replay workload's requests (times, lengths, classes), for run keys."""
+    import hashlib
+
+    frame = getattr(wl, "frame", None)
+    if frame is None:
+        return repr(wl)
+    digest = pd.util.hash_pandas_object(frame, index=False).to_numpy().tobytes()
+    return hashlib.sha256(digest + repr(getattr(wl, "speedup", 1.0)).encode()).hexdigest()[:16]
+
+
 def _run_one(job: dict[str, Any]) -> dict[str, Any]:
     """One simulation: the controller from the plan the parent solved (never re-solved here)."""
     from fluidopt.control.registry import make_controller
@@ -183,6 +194,7 @@ def _run_one(job: dict[str, Any]) -> dict[str, Any]:
     res = simulate(
         job["scenario"], ctrl, horizon=job["horizon"], warmup=job["warmup"], seed=job["seed"],
         service=job["service"], progress=False, sample_interval=job.get("sample_interval"),
+        workload=job.get("workload"),
     )
     summ = res.summary()
     row = {k: summ.get(k, math.nan) for k in RUN_COLUMNS}
@@ -234,6 +246,7 @@ def compare(
     sample_interval: float | None = None,
     executor: Executor | None = None,
     resume: bool = True,
+    workloads: dict[str, Any] | None = None,
 ) -> Comparison:
     """Simulate every policy on every scenario for every seed and compare with the LP bound.
 
@@ -250,7 +263,9 @@ def compare(
     the samples come back in ``Comparison.timeseries`` (long format), so figures need no re-run.
     ``out``: a folder for the CSV tables; finished runs are also appended there, one by one, to a
     results store (``store.jsonl``), and with ``resume=True`` (default) runs already in it are not run
-    again, so a rerun after a crash or Ctrl-C does only what is missing.
+    again, so a rerun after a crash or Ctrl-C does only what is missing. ``workloads``: maps a
+    scenario name to a replay workload (a trace, :func:`fluidopt.sim.trace.replay`) that replaces its
+    Poisson arrivals in every run of that scenario (``service="tokens"``).
     """
     from fluidopt.control.registry import uses_plan
     from fluidopt.executor import LocalExecutor, ResultStore, run_jobs
@@ -291,8 +306,14 @@ def compare(
             # A policy given its own SLIs plans for them itself; every other LP-guided one gets the plan.
             plan = plans[s.name] if uses_plan(p) and not (opts or {}).get("slis") else None
             for seed in seeds:
-                jobs.append({"scenario": s, "policy": p, "seed": seed, "horizon": horizon, "warmup": warmup,
-                             "service": service, "options": opts, "plan": plan, "sample_interval": sample_interval})
+                job = {"scenario": s, "policy": p, "seed": seed, "horizon": horizon, "warmup": warmup,
+                       "service": service, "options": opts, "plan": plan, "sample_interval": sample_interval}
+                wl = (workloads or {}).get(s.name)
+                if wl is not None:
+                    # a replayed trace shapes the run: its content is part of the run's key
+                    job["workload"] = wl
+                    job["extra"] = {"workload": _workload_fingerprint(wl)}
+                jobs.append(job)
 
     own = executor is None
     if own:

@@ -26,6 +26,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--gpus", type=int, default=None, help="fleet size (same per-GPU load; default: the scenario's)")
     p.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
                    help=f"comma-separated policy names (default: {','.join(DEFAULT_POLICIES)})")
+    p.add_argument("--trace", default=None, metavar="FILE",
+                   help="replay a trace instead of Poisson arrivals (generic CSV time,prompt_tokens,output_tokens"
+                        "[,class] or Azure format; needs --service tokens); classes as in fluidopt simulate --trace")
+    p.add_argument("--speedup", type=float, default=1.0, metavar="K", help="with --trace: compress time by K")
     p.add_argument("--horizon", type=float, default=600.0, help="simulated seconds per run (default 600)")
     p.add_argument("--warmup", type=float, default=150.0, help="seconds excluded from metrics (default 150)")
     p.add_argument("--seeds", type=int, default=2, help="independent seeds per policy (default 2)")
@@ -57,6 +61,20 @@ def run(args: argparse.Namespace) -> int:
         scenario = scenario.with_gpus(args.gpus)
     if args.seeds < 1:
         raise ScenarioError(f"--seeds: expected an integer >= 1, got {args.seeds}")
+    workloads = None
+    if args.trace is not None:
+        from fluidopt.sim.trace import replay
+
+        if args.service != "tokens":
+            raise UsageError("--trace: a trace gives token counts, so it runs with --service tokens")
+        if not args.speedup > 0:
+            raise UsageError(f"--speedup: expected a number > 0, got {args.speedup}")
+        scenario, wl = replay(args.trace, scenario, speedup=args.speedup)
+        workloads = {scenario.name: wl}
+    else:
+        from fluidopt.sim.limits import check_size
+
+        check_size(scenario, args.horizon, caller="run")
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     out = Path(args.out) if args.out else None
     if out is not None and out.exists() and not out.is_dir():
@@ -82,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
             service=args.service, pricing=args.pricing, progress=progress,
             options={p: options for p in policies} if options else None, imports=args.imports,
             sample_interval=max(args.horizon / 300, 0.5) if out is not None else None,
-            executor=executor, out=out, resume=not args.fresh,
+            executor=executor, out=out, resume=not args.fresh, workloads=workloads,
         )
     finally:
         executor.close()
