@@ -77,6 +77,7 @@ def test_ols_matches_lstsq_and_textbook_formulas():
     assert fit.durbin_watson == pytest.approx(np.sum(np.diff(e) ** 2) / np.sum(e**2), rel=1e-8)
 
 
+@pytest.mark.integration
 def test_confidence_band_hand_formula_at_mean_chunk():
     df = _homoscedastic(0.02, 5e-5, 4e-4, seed=5)
     fit = fit_iteration_time(df)

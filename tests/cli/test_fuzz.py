@@ -160,6 +160,7 @@ ARG = st.sampled_from([
 ])
 
 
+@pytest.mark.integration
 @SETTINGS
 @given(cmd=st.sampled_from(["solve", "simulate", "calibrate"]), args=st.lists(ARG, max_size=7))
 def test_argument_lists(tmp_path, capsys, monkeypatch, cmd, args):

@@ -112,6 +112,7 @@ def test_utilisation_autoscaler_grows_to_the_maximum(runs):
     assert res.gpu_hours > runs["chiron"].gpu_hours
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(not core.compiled_status()[0], reason="compiled core not built")
 @pytest.mark.parametrize("pol", ["chiron", "qlm", "utilisation-autoscaler"])
 def test_both_engines_agree_with_a_changing_fleet(pol, tmp_path):

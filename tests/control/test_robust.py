@@ -344,6 +344,7 @@ def cases(draw):
 
 @settings(max_examples=30, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@pytest.mark.integration
 @given(cases())
 def test_robust_controllers_keep_engine_invariants(case):
     s, policy, opts, service, horizon, seed = case

@@ -75,6 +75,7 @@ def cluster(tmp_path_factory):
             p.wait(timeout=10)
 
 
+@pytest.mark.integration
 def test_existing_cluster_gives_the_local_numbers_bit_for_bit(cluster):
     local = compare(SMALL, ["gate-and-route", "fi-wsp"], seeds=[0, 1], executor=LocalExecutor(1), **KW)
     with DaskExecutor(scheduler=cluster) as ex:
@@ -86,6 +87,7 @@ def test_existing_cluster_gives_the_local_numbers_bit_for_bit(cluster):
     assert remote.meta["executor"].startswith("dask tcp://127.0.0.1")
 
 
+@pytest.mark.integration
 def test_cli_run_on_the_cluster(cluster, tmp_path, capsys):
     from fluidopt.cli import main
 
@@ -95,6 +97,7 @@ def test_cli_run_on_the_cluster(cluster, tmp_path, capsys):
     assert rc == 0 and (tmp_path / "runs.csv").exists() and '"executor": "dask tcp://127.0.0.1' in out
 
 
+@pytest.mark.integration
 def test_unreachable_scheduler_is_a_clear_error_not_a_hang():
     port = _free_port()  # nothing listens there
     t0 = time.monotonic()

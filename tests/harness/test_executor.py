@@ -117,6 +117,7 @@ SWEEP = textwrap.dedent("""
 """)
 
 
+@pytest.mark.integration
 def test_sigkill_midway_loses_nothing_and_redoes_nothing(tmp_path, monkeypatch):
     out = tmp_path / "sweep"
     script = tmp_path / "sweep.py"

@@ -170,6 +170,7 @@ def test_run_honours_the_scenarios_slis(tmp_path, capsys):
     assert rc == 2 and err.count("\n") == 1 and "tpot" in err and "Traceback" not in err
 
 
+@pytest.mark.integration
 def test_run_replays_a_trace(tmp_path):
     """fluidopt run --trace: every run replays the same trace; a second run resumes from the store."""
     import json as _json

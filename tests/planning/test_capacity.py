@@ -88,6 +88,7 @@ def instances(draw):
     return Scenario(gpu=gpu, gpus=1, classes=tuple(classes), prefill_price=0.1, decode_price=0.2), slis
 
 
+@pytest.mark.integration
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(instances())
 def test_one_lp_equals_bisection(inst):

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -31,6 +32,7 @@ def test_capacity_planning_quick(tmp_path, capsys):
         assert len(pd.read_csv(tmp_path / "fluid_azure-conv.csv")) == 9
 
 
+@pytest.mark.integration
 def test_pricing_whatif_quick(tmp_path, capsys):
     mod = _load("pricing_whatif")
     assert mod.main(["--quick", "--workers", "1", "--out", str(tmp_path)]) == 0

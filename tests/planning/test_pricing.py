@@ -25,6 +25,7 @@ BUFFERED = Scenario(
     (BUFFERED, ()),
     (BUFFERED, (PrefillFairness(0.05),)),
 ])
+@pytest.mark.integration
 @pytest.mark.parametrize("pricing", ["bundled", "separate"])
 def test_direct_equals_pyomo_on_every_point(scenario, slis, pricing):
     # dense enough that most points reuse the previous basis (DirectFluidLP._reuse) and some do not
@@ -88,6 +89,7 @@ def test_shadow_prices_and_ranges():
             parse_range(bad, "--prefill")
 
 
+@pytest.mark.integration
 def test_price_cli_json_files_and_bad_input(tmp_path, capsys):
     import json
 

@@ -252,6 +252,7 @@ def test_runtime_batch_limit_is_enforced(backend):
     plan=st.lists(st.tuples(st.floats(0.5, 29.5), st.sampled_from(["add", "drain", "remove", "remove-host", "cap"]),
                             st.integers(0, 3), st.integers(1, 4)), min_size=1, max_size=12),
 )
+@pytest.mark.integration
 def test_conservation_with_random_scaling(seed, markov, plan):
     classes = (RequestClass("a", prompt=200, decode=20, rate=3.0, patience=0.05),
                RequestClass("b", prompt=600, decode=60, rate=1.0))
