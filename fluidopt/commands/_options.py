@@ -9,7 +9,8 @@ from typing import Any
 from fluidopt.control.registry import import_user_modules
 from fluidopt.errors import UsageError
 
-__all__ = ["add_controller_arguments", "format_policies", "import_user_modules", "parse_options"]
+__all__ = ["add_controller_arguments", "add_trace_arguments", "format_policies", "import_user_modules", "parse_options",
+           "replay_from_args"]
 
 
 def add_controller_arguments(p: argparse.ArgumentParser) -> None:
@@ -48,3 +49,26 @@ def format_policies() -> str:
         lines.append(f"{name:30s} {desc}")
         lines.append(f"{'':30s}   options: {', '.join(opts) if opts else '(none)'}")
     return "\n".join(lines)
+
+
+def add_trace_arguments(p: argparse.ArgumentParser) -> None:
+    """``--trace FILE`` and ``--speedup K``, shared by ``simulate`` and ``run``."""
+    p.add_argument("--trace", default=None, metavar="FILE",
+                   help="replay a trace instead of the scenario's Poisson arrivals: a CSV with columns "
+                        "time,prompt_tokens,output_tokens[,class] or an Azure LLM inference trace "
+                        "(TIMESTAMP,ContextTokens,GeneratedTokens); needs --service tokens")
+    p.add_argument("--speedup", type=float, default=1.0, metavar="K",
+                   help="with --trace: compress time by K (K times the arrival rate; default 1)")
+
+
+def replay_from_args(args: argparse.Namespace, scenario: Any) -> tuple[Any, Any]:
+    """(scenario, replay workload) for ``--trace``, or (scenario, None) without it; bad values are one line."""
+    if args.trace is None:
+        return scenario, None
+    from fluidopt.sim.trace import replay
+
+    if args.service != "tokens":
+        raise UsageError("--trace: a trace gives token counts, so it runs with --service tokens")
+    if not args.speedup > 0:
+        raise UsageError(f"--speedup: expected a number > 0, got {args.speedup}")
+    return replay(args.trace, scenario, speedup=args.speedup)

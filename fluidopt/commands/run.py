@@ -8,7 +8,13 @@ import json
 import math
 from pathlib import Path
 
-from fluidopt.commands._options import add_controller_arguments, import_user_modules, parse_options
+from fluidopt.commands._options import (
+    add_controller_arguments,
+    add_trace_arguments,
+    import_user_modules,
+    parse_options,
+    replay_from_args,
+)
 from fluidopt.commands._scale import add_scale_arguments, check_workers, progress_enabled
 
 DEFAULT_POLICIES = ("gate-and-route", "fi-wsp", "gi-wsp", "gf-wsp", "fg-sp")
@@ -26,10 +32,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--gpus", type=int, default=None, help="fleet size (same per-GPU load; default: the scenario's)")
     p.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
                    help=f"comma-separated policy names (default: {','.join(DEFAULT_POLICIES)})")
-    p.add_argument("--trace", default=None, metavar="FILE",
-                   help="replay a trace instead of Poisson arrivals (generic CSV time,prompt_tokens,output_tokens"
-                        "[,class] or Azure format; needs --service tokens); classes as in fluidopt simulate --trace")
-    p.add_argument("--speedup", type=float, default=1.0, metavar="K", help="with --trace: compress time by K")
     p.add_argument("--horizon", type=float, default=600.0, help="simulated seconds per run (default 600)")
     p.add_argument("--warmup", type=float, default=150.0, help="seconds excluded from metrics (default 150)")
     p.add_argument("--seeds", type=int, default=2, help="independent seeds per policy (default 2)")
@@ -40,6 +42,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--fresh", action="store_true", help="ignore runs stored in --out by an earlier run")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     add_controller_arguments(p)
+    add_trace_arguments(p)
     add_scale_arguments(p)
     return p
 
@@ -61,17 +64,9 @@ def run(args: argparse.Namespace) -> int:
         scenario = scenario.with_gpus(args.gpus)
     if args.seeds < 1:
         raise ScenarioError(f"--seeds: expected an integer >= 1, got {args.seeds}")
-    workloads = None
-    if args.trace is not None:
-        from fluidopt.sim.trace import replay
-
-        if args.service != "tokens":
-            raise UsageError("--trace: a trace gives token counts, so it runs with --service tokens")
-        if not args.speedup > 0:
-            raise UsageError(f"--speedup: expected a number > 0, got {args.speedup}")
-        scenario, wl = replay(args.trace, scenario, speedup=args.speedup)
-        workloads = {scenario.name: wl}
-    else:
+    scenario, wl = replay_from_args(args, scenario)
+    workloads = None if wl is None else {scenario.name: wl}
+    if wl is None:
         from fluidopt.sim.limits import check_size
 
         check_size(scenario, args.horizon, caller="run")

@@ -8,7 +8,14 @@ import math
 from typing import Any
 
 from fluidopt.commands._checks import check_output_file, check_positive_int
-from fluidopt.commands._options import add_controller_arguments, format_policies, import_user_modules, parse_options
+from fluidopt.commands._options import (
+    add_controller_arguments,
+    add_trace_arguments,
+    format_policies,
+    import_user_modules,
+    parse_options,
+    replay_from_args,
+)
 
 EPILOG = """\
 examples:
@@ -48,12 +55,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, metavar="S", help="random seed (default 0)")
     p.add_argument("--service", choices=("markov", "tokens"), default="markov",
                    help="markov: the paper's exponential model; tokens: integer token lengths (default markov)")
-    p.add_argument("--trace", default=None, metavar="FILE",
-                   help="replay a trace instead of the scenario's Poisson arrivals: a CSV with columns "
-                        "time,prompt_tokens,output_tokens[,class] or an Azure LLM inference trace "
-                        "(TIMESTAMP,ContextTokens,GeneratedTokens); needs --service tokens")
-    p.add_argument("--speedup", type=float, default=1.0, metavar="K",
-                   help="with --trace: compress time by K (K times the arrival rate; default 1)")
     p.add_argument("--records", default=None, metavar="FILE", help="write one CSV row per request to FILE")
     p.add_argument("--sample-interval", type=float, default=None, metavar="S",
                    help="sample the state every S seconds (shown only with --json as 'timeseries_rows')")
@@ -67,6 +68,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--list-policies", action="store_true", help="list the registered policies and exit")
     add_controller_arguments(p)
+    add_trace_arguments(p)
     return p
 
 
@@ -141,16 +143,8 @@ def run(args: argparse.Namespace) -> int:
         scenario = scenario.with_gpus(args.gpus)
     warmup = 0.1 * args.horizon if args.warmup is None else args.warmup
     check_run(args.horizon, warmup, args.service, caller="simulate")
-    workload = None
-    if args.trace is not None:
-        from fluidopt.sim.trace import replay
-
-        if args.service != "tokens":
-            raise UsageError("--trace: a trace gives token counts, so it runs with --service tokens")
-        if not args.speedup > 0:
-            raise UsageError(f"--speedup: expected a number > 0, got {args.speedup}")
-        scenario, workload = replay(args.trace, scenario, speedup=args.speedup)
-    else:
+    scenario, workload = replay_from_args(args, scenario)
+    if workload is None:
         check_size(scenario, args.horizon)
     controller = make_controller(args.policy, scenario, **options)
     res = simulate(

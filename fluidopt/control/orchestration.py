@@ -100,6 +100,20 @@ def _positive(who: str, name: str, v, *, zero: bool = False) -> float:
     return float(v)
 
 
+
+def _room_in(ctx: Context, gpus) -> int:
+    """A GPU of the set ``gpus`` (idle prefill slot) whose running decodes are below its batch limit:
+    a random one if it has room (the set's seeded choice), else the first that does; -1 if none."""
+    if not gpus:
+        return -1
+    g = gpus.choice()
+    if ctx.gpu_decodes(g) < ctx.gpu_max_decodes(g):
+        return g
+    for g in gpus:
+        if ctx.gpu_decodes(g) < ctx.gpu_max_decodes(g):
+            return g
+    return -1
+
 class _Orchestrator(Controller):
     """Shared state: class split, ITL targets, GPU law, deadline of the batch classes."""
 
@@ -254,16 +268,7 @@ class Chiron(_Orchestrator):
 
     # -- placement -------------------------------------------------------------------------------
     def _pick(self, ctx: Context, p: int) -> int:
-        s = self.ip[p]
-        if not s:
-            return -1
-        g = s.choice()
-        if ctx.gpu_decodes(g) < ctx.gpu_max_decodes(g):
-            return g
-        for g in s:
-            if ctx.gpu_decodes(g) < ctx.gpu_max_decodes(g):
-                return g
-        return -1
+        return _room_in(ctx, self.ip[p])
 
     def _evict_batch_on_mixed(self, ctx: Context, prefill: bool) -> int:
         """Make room on a mixed instance by evicting batch work; the GPU freed, or -1."""
@@ -506,16 +511,7 @@ class QLM(_Orchestrator):
                 return
 
     def _pick(self, ctx: Context) -> int:
-        s = self.ip
-        if not s:
-            return -1
-        g = s.choice()
-        if ctx.gpu_decodes(g) < ctx.gpu_max_decodes(g):
-            return g
-        for g in s:
-            if ctx.gpu_decodes(g) < ctx.gpu_max_decodes(g):
-                return g
-        return -1
+        return _room_in(ctx, self.ip)
 
     def on_arrival(self, ctx: Context, r: int) -> None:
         ctx.enqueue(r, PREFILL_QUEUE)
