@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-__all__ = ["ROOT", "hand_scenario", "replay_trace", "run_cli"]
+__all__ = ["ROOT", "hand_scenario", "random_fleet", "replay_trace", "run_cli"]
 
 
 
@@ -63,3 +63,36 @@ def run_cli(*argv: str, cwd: Path = ROOT, timeout: float = 300) -> subprocess.Co
     env = dict(os.environ, MPLBACKEND="Agg")
     return subprocess.run([sys.executable, "-m", "fluidopt", *argv], capture_output=True, text=True, cwd=cwd,
                           env=env, timeout=timeout, check=False)
+
+
+def random_fleet(draw):
+    """Inside a ``hypothesis.strategies.composite``: a random small fleet and service for invariant tests.
+
+    1-6 GPUs, batch 2-8, markov or tokens (tokens sometimes with a KV cache), 1-3 classes loaded
+    0.05-1.5 requests per GPU per second with patience, a near-zero decode price sometimes so that the
+    LP leaves a class out (x* = 0). Returns (scenario, service); the draws come in a fixed order, so
+    derandomized tests see the same examples whichever test asks.
+    """
+    from hypothesis import strategies as st
+
+    from fluidopt.model import GPUProfile, RequestClass, Scenario
+
+    n = draw(st.integers(1, 6))
+    B = draw(st.integers(2, 8))
+    service = draw(st.sampled_from(("markov", "tokens")))
+    kv = None
+    if service == "tokens" and draw(st.booleans()):
+        kv = float(draw(st.integers(800, 6000)))
+    gpu = GPUProfile.from_gamma(
+        alpha=draw(st.floats(0.005, 0.03)), beta=draw(st.floats(1e-6, 2e-4)), gamma=draw(st.floats(10.0, 60.0)),
+        chunk=draw(st.sampled_from((32, 128, 256))), batch=B, kv_capacity=kv,
+    )
+    k = draw(st.integers(1, 3))
+    classes = tuple(RequestClass(
+        f"c{i}", prompt=draw(st.floats(20.0, 2000.0)), decode=draw(st.floats(5.0, 800.0)),
+        rate=n * draw(st.floats(0.05, 1.5)), patience=draw(st.floats(0.05, 1.0)),
+        decode_price=draw(st.sampled_from((None, 1e-4))),
+    ) for i in range(k))
+    s = Scenario(gpu=gpu, gpus=n, classes=classes, prefill_price=draw(st.floats(0.0, 0.3)),
+                 decode_price=draw(st.floats(0.01, 0.3)), name="random")
+    return s, service

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from builders import random_fleet
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -27,27 +28,8 @@ GATED = {"gate-and-route", "sli-gate-and-route", "sli-weighted-gate-and-route", 
 
 @st.composite
 def cases(draw):
-    n = draw(st.integers(1, 6))
-    B = draw(st.integers(2, 8))
-    service = draw(st.sampled_from(("markov", "tokens")))
-    kv = None
-    if service == "tokens" and draw(st.booleans()):
-        kv = float(draw(st.integers(800, 6000)))
-    gpu = GPUProfile.from_gamma(
-        alpha=draw(st.floats(0.005, 0.03)), beta=draw(st.floats(1e-6, 2e-4)), gamma=draw(st.floats(10.0, 60.0)),
-        chunk=draw(st.sampled_from((32, 128, 256))), batch=B, kv_capacity=kv,
-    )
-    k = draw(st.integers(1, 3))
-    classes = []
-    for i in range(k):
-        classes.append(RequestClass(
-            f"c{i}", prompt=draw(st.floats(20.0, 2000.0)), decode=draw(st.floats(5.0, 800.0)),
-            rate=n * draw(st.floats(0.05, 1.5)), patience=draw(st.floats(0.05, 1.0)),
-            # a near-zero price sometimes, so that the LP leaves a class out (x* = 0)
-            decode_price=draw(st.sampled_from((None, 1e-4))),
-        ))
-    s = Scenario(gpu=gpu, gpus=n, classes=tuple(classes), prefill_price=draw(st.floats(0.0, 0.3)),
-                 decode_price=draw(st.floats(0.01, 0.3)), name="random")
+    s, service = random_fleet(draw)
+    classes = s.classes
     policy = draw(st.sampled_from(POLICIES))
     opts = {}
     if policy.startswith("sli") and draw(st.booleans()):

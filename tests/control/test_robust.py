@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from builders import random_fleet
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -312,24 +313,8 @@ def test_realised_classes_and_bound_from_a_window():
 # -- engine invariants under hypothesis -------------------------------------------------------------
 @st.composite
 def cases(draw):
-    n = draw(st.integers(1, 6))
-    B = draw(st.integers(2, 8))
-    service = draw(st.sampled_from(("markov", "tokens")))
-    kv = None
-    if service == "tokens" and draw(st.booleans()):
-        kv = float(draw(st.integers(800, 6000)))
-    gpu = GPUProfile.from_gamma(
-        alpha=draw(st.floats(0.005, 0.03)), beta=draw(st.floats(1e-6, 2e-4)), gamma=draw(st.floats(10.0, 60.0)),
-        chunk=draw(st.sampled_from((32, 128, 256))), batch=B, kv_capacity=kv,
-    )
-    k = draw(st.integers(1, 3))
-    classes = tuple(RequestClass(
-        f"c{i}", prompt=draw(st.floats(20.0, 2000.0)), decode=draw(st.floats(5.0, 800.0)),
-        rate=n * draw(st.floats(0.05, 1.5)), patience=draw(st.floats(0.05, 1.0)),
-        decode_price=draw(st.sampled_from((None, 1e-4))),
-    ) for i in range(k))
-    s = Scenario(gpu=gpu, gpus=n, classes=classes, prefill_price=draw(st.floats(0.0, 0.3)),
-                 decode_price=draw(st.floats(0.01, 0.3)), name="random")
+    s, service = random_fleet(draw)
+    classes = s.classes
     policy = draw(st.sampled_from(("backpressure-gate-and-route", "backpressure-sli-gate-and-route")))
     opts: dict = {}
     if policy == "backpressure-gate-and-route":
@@ -382,7 +367,7 @@ def test_policy_grid_example_quick(tmp_path):
 def test_a_one_gpu_fleet_has_no_solo_pool_and_still_runs():
     """Regression (found by the invariants property test): on one GPU the partition has no solo pool,
     and asking that pool for free decode slots failed."""
-    from fluidopt import GPUProfile, RequestClass, Scenario
+    from fluidopt import Scenario
     from fluidopt.sim.api import simulate
 
     gpu = GPUProfile(alpha=0.015625, beta=0.00013, tau_solo=0.1, chunk=32, batch=2)
