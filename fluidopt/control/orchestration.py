@@ -396,14 +396,23 @@ class Chiron(_Orchestrator):
             if b != ctx.gpu_max_decodes(g):
                 ctx.set_max_decodes(g, b)
 
-    def _global_autoscaler(self, ctx: Context) -> None:
-        """Batch instances from the waiting-time estimate of the batch work against its deadline."""
+    def _batch_work(self, ctx: Context) -> tuple[int, list[int]] | None:
+        """(batch requests in the system, batch instances online or starting); with no batch work left,
+        every batch instance is drained and None comes back."""
         nb = self.batch_in_system(ctx)
         active = [g for g in self.batch_gpus if ctx.gpu_state(g) in ("online", "starting")]
         if nb == 0:
             for g in active:
                 ctx.drain_gpu(g)
+            return None
+        return nb, active
+
+    def _global_autoscaler(self, ctx: Context) -> None:
+        """Batch instances from the waiting-time estimate of the batch work against its deadline."""
+        work = self._batch_work(ctx)
+        if work is None:
             return
+        nb, active = work
         left = self.batch_deadline(ctx) - ctx.now - self.margin
         if not math.isfinite(left):
             return
@@ -733,12 +742,10 @@ class FluidPlan(Chiron):
         self.mu_int = batch_throughput(scenario.gpu, self.b_int, *_mean_lengths(scenario, self.inter))
 
     def _global_autoscaler(self, ctx: Context) -> None:
-        nb = self.batch_in_system(ctx)
-        active = [g for g in self.batch_gpus if ctx.gpu_state(g) in ("online", "starting")]
-        if nb == 0:
-            for g in active:
-                ctx.drain_gpu(g)
+        work = self._batch_work(ctx)
+        if work is None:
             return
+        nb, active = work
         now = ctx.now
         # measured rates over the last five minutes (the interactive bursts make a minute noisy): what
         # the base fleet lends, what a batch instance does
