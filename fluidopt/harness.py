@@ -205,7 +205,35 @@ def _run_one(job: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _check_jobs(scenarios: Sequence[Scenario], policies: Sequence[str], seeds: Sequence[int]) -> None:
+def _policy_label(p: Any) -> tuple[str, str]:
+    """(label, registered name) of a ``policies`` entry: a name, or a (label, name) pair."""
+    if isinstance(p, tuple) and len(p) == 2 and all(isinstance(v, str) for v in p):
+        return p[0], p[1]
+    if isinstance(p, str):
+        return p, p
+    raise ScenarioError(f"compare: policies: expected a policy name or a (label, name) pair, got {p!r}")
+
+
+def _per_scenario(name: str, value: Any, scenarios: Sequence[Scenario]) -> dict[str, Any]:
+    """``value`` for every scenario: one value for all, or a mapping from scenario name to its own."""
+    if not isinstance(value, dict):
+        return {s.name: value for s in scenarios}
+    names = [s.name for s in scenarios]
+    missing = [n for n in names if n not in value]
+    extra = sorted(set(value) - set(names))
+    if missing or extra:
+        raise ScenarioError(f"compare: {name}: a mapping must give one value per scenario name; "
+                            f"missing {missing}, unknown {extra}")
+    return {n: value[n] for n in names}
+
+
+def _one_or_all(values: dict[str, Any]) -> Any:
+    """The common value when every scenario has the same, else the dict (for ``Comparison.meta``)."""
+    distinct = set(map(repr, values.values()))
+    return next(iter(values.values())) if len(distinct) == 1 else dict(values)
+
+
+def _check_jobs(scenarios: Sequence[Scenario], policies: Sequence[tuple[str, str]], seeds: Sequence[int]) -> None:
     if not scenarios:
         raise ScenarioError("compare: scenarios: expected at least one Scenario, got none")
     for s in scenarios:
@@ -216,10 +244,13 @@ def _check_jobs(scenarios: Sequence[Scenario], policies: Sequence[str], seeds: S
         raise ScenarioError(f"compare: scenarios: names must be unique to label the results, got {names}")
     if not policies:
         raise ScenarioError("compare: policies: expected at least one policy name, got none")
+    labels = [label for label, _ in policies]
+    if len(set(labels)) != len(labels):
+        raise ScenarioError(f"compare: policies: labels must be unique, got {labels}")
     from fluidopt.control.registry import available
 
     known = available()
-    for p in policies:
+    for _, p in policies:
         if not isinstance(p, str) or p.strip().lower().replace("_", "-") not in known:
             raise ScenarioError(f"compare: policies: unknown policy {p!r}; known: {', '.join(sorted(known))}")
     if not seeds:
@@ -231,27 +262,29 @@ def _check_jobs(scenarios: Sequence[Scenario], policies: Sequence[str], seeds: S
 
 def compare(
     scenarios: Scenario | Sequence[Scenario],
-    policies: Sequence[str],
+    policies: Sequence[str | tuple[str, str]],
     *,
     seeds: Sequence[int] = (0,),
-    horizon: float,
-    warmup: float = 0.0,
-    service: str = "markov",
+    horizon: float | dict[str, float],
+    warmup: float | dict[str, float] = 0.0,
+    service: str | dict[str, str] = "markov",
     pricing: str = "bundled",
     workers: int | None = None,
     progress: bool | None = None,
     options: dict[str, dict] | None = None,
     imports: Sequence[str] = (),
     out: str | os.PathLike | None = None,
-    sample_interval: float | None = None,
+    sample_interval: float | dict[str, float | None] | None = None,
     executor: Executor | None = None,
     resume: bool = True,
     workloads: dict[str, Any] | None = None,
 ) -> Comparison:
     """Simulate every policy on every scenario for every seed and compare with the LP bound.
 
-    ``policies``: registered names (:func:`fluidopt.control.registry.available`); ``options`` maps a
-    policy name to its controller options; ``imports`` names modules (or .py files) that register
+    ``policies``: registered names (:func:`fluidopt.control.registry.available`), or (label, name)
+    pairs to run one policy several times with different options (an ablation); ``options`` maps a
+    policy's label (its name when no label is given) to its controller options; the results'
+    ``policy`` column holds the label. ``imports`` names modules (or .py files) that register
     user policies, imported in every worker. ``pricing`` picks the bound and the revenue column used
     for ``ratio`` ("bundled" or "separate"). Each scenario's LPs (bundled and separate, with the
     scenario's own SLIs) are solved once here and handed to the LP-guided policies as ``plan=``.
@@ -261,6 +294,9 @@ def compare(
     (default: CPU count, at most the number of runs; 1 runs in this process). Every backend gives the
     same numbers bit for bit. ``sample_interval``: sample every run's state every so many seconds;
     the samples come back in ``Comparison.timeseries`` (long format), so figures need no re-run.
+    ``horizon``, ``warmup`` (seconds), ``service`` and ``sample_interval`` take one value for every
+    scenario or a dict from scenario name to that scenario's own (fleets of different sizes need
+    different windows for the same precision).
     ``out``: a folder for the CSV tables; finished runs are also appended there, one by one, to a
     results store (``store.jsonl``), and with ``resume=True`` (default) runs already in it are not run
     again, so a rerun after a crash or Ctrl-C does only what is missing. ``workloads``: maps a
@@ -273,21 +309,26 @@ def compare(
     if isinstance(scenarios, Scenario):
         scenarios = [scenarios]
     scenarios = list(scenarios)
-    policies = list(policies)
+    labelled = [_policy_label(p) for p in policies]
     seeds = list(seeds)
     if imports:
         from fluidopt.control.registry import import_user_modules
 
         import_user_modules(list(imports))
-    _check_jobs(scenarios, policies, seeds)
+    _check_jobs(scenarios, labelled, seeds)
     if pricing not in ("bundled", "separate"):
         raise ScenarioError(f"compare: pricing: expected 'bundled' or 'separate', got {pricing!r}")
     # Validate run parameters once, up front, rather than in every worker.
     from fluidopt.sim.api import _seconds, check_run
 
-    check_run(horizon, warmup, service, caller="compare")
-    if sample_interval is not None:
-        sample_interval = _seconds("sample_interval", sample_interval, caller="compare")
+    horizons = _per_scenario("horizon", horizon, scenarios)
+    warmups = _per_scenario("warmup", warmup, scenarios)
+    services = _per_scenario("service", service, scenarios)
+    samples = _per_scenario("sample_interval", sample_interval, scenarios)
+    for name in horizons:
+        horizons[name], warmups[name] = check_run(horizons[name], warmups[name], services[name], caller="compare")
+        if samples[name] is not None:
+            samples[name] = _seconds("sample_interval", samples[name], caller="compare")
     store = ResultStore(out) if out is not None else None
     if store is not None and not resume and store.path.exists():
         store.path.unlink()
@@ -301,13 +342,14 @@ def compare(
 
     jobs = []
     for s in scenarios:
-        for p in policies:
-            opts = (options or {}).get(p)
+        for label, p in labelled:
+            opts = (options or {}).get(label)
             # A policy given its own SLIs plans for them itself; every other LP-guided one gets the plan.
             plan = plans[s.name] if uses_plan(p) and not (opts or {}).get("slis") else None
             for seed in seeds:
-                job = {"scenario": s, "policy": p, "seed": seed, "horizon": horizon, "warmup": warmup,
-                       "service": service, "options": opts, "plan": plan, "sample_interval": sample_interval}
+                job = {"scenario": s, "policy": p, "seed": seed, "horizon": horizons[s.name],
+                       "warmup": warmups[s.name], "service": services[s.name], "options": opts, "plan": plan,
+                       "sample_interval": samples[s.name], "label": label}
                 wl = (workloads or {}).get(s.name)
                 if wl is not None:
                     # a replayed trace shapes the run: its content is part of the run's key
@@ -325,7 +367,7 @@ def compare(
         executor = LocalExecutor(max(1, min(n_workers, len(jobs))), imports)
 
     def note(job: dict, res: dict) -> str:
-        return f"{job['scenario'].name} {job['policy']} seed={job['seed']}"
+        return f"{job['scenario'].name} {job['label']} seed={job['seed']}"
 
     try:
         done, interrupted = run_jobs(_run_one, jobs, executor=executor, store=store, progress=progress,
@@ -340,7 +382,7 @@ def compare(
     col = "revenue_per_gpu" if pricing == "bundled" else "revenue_per_gpu_separate"
     for k in sorted(done):
         j = jobs[k]
-        key = {"scenario": j["scenario"].name, "policy": j["policy"], "seed": j["seed"], "gpus": j["scenario"].gpus,
+        key = {"scenario": j["scenario"].name, "policy": j["label"], "seed": j["seed"], "gpus": j["scenario"].gpus,
                "service": j["service"]}
         r = done[k]["row"]
         rev, rev_ci = r[col], r[f"{col}_ci"]
@@ -358,9 +400,10 @@ def compare(
         pricing=pricing,
         wall_seconds=time.perf_counter() - t0,
         interrupted=interrupted,
-        meta={"horizon": horizon, "warmup": warmup, "service": service, "seeds": seeds,
+        meta={"horizon": _one_or_all(horizons), "warmup": _one_or_all(warmups), "service": _one_or_all(services),
+              "seeds": seeds,
               "workers": executor.workers, "executor": executor.describe(), "options": dict(options or {}),
-              "sample_interval": sample_interval},
+              "sample_interval": _one_or_all(samples)},
         timeseries=pd.concat(series, ignore_index=True) if series else None,
         plans=plans,
     )

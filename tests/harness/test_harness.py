@@ -1,5 +1,6 @@
 """The comparison harness and the ``fluidopt run`` main job."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -84,6 +85,42 @@ def test_save_writes_complete_tables(tmp_path):
     ],
 )
 def test_bad_arguments_are_named(kwargs, message):
+    args = dict(policies=["fi-wsp"], seeds=[0], horizon=60.0, warmup=10.0, workers=1)
+    args.update(kwargs)
+    policies = args.pop("policies")
+    with pytest.raises(ScenarioError, match=message):
+        compare(SMALL, policies, **args)
+
+
+@pytest.mark.integration
+def test_per_scenario_windows_and_labelled_variants():
+    """Each scenario runs its own window; a (label, name) pair runs one policy with other options."""
+    big = dataclasses.replace(fluidopt.default_scenario(gpus=12), name="twelve")
+    c = compare([SMALL, big], ["fi-wsp", ("g&r M=2", "gate-and-route"), ("g&r M=3", "gate-and-route")],
+                seeds=[1], workers=1, horizon={SMALL.name: 60.0, "twelve": 40.0},
+                warmup={SMALL.name: 10.0, "twelve": 5.0},
+                options={"g&r M=2": {"mixed_gpus": 2}, "g&r M=3": {"mixed_gpus": 3}})
+    assert list(c.runs["policy"]) == ["fi-wsp", "g&r M=2", "g&r M=3"] * 2
+    for name, h, w in ((SMALL.name, 60.0, 10.0), ("twelve", 40.0, 5.0)):
+        sc = SMALL if name == SMALL.name else big
+        for label, m in (("g&r M=2", 2), ("g&r M=3", 3)):
+            direct = fluidopt.simulate(sc, fluidopt.make_controller("gate-and-route", sc, mixed_gpus=m),
+                                       horizon=h, warmup=w, seed=1)
+            row = c.runs[(c.runs["scenario"] == name) & (c.runs["policy"] == label)].iloc[0]
+            assert row["revenue_per_gpu"] == direct.cluster["revenue_per_gpu"]
+            assert row["completed"] == direct.totals["completed"]
+    assert c.meta["horizon"] == {SMALL.name: 60.0, "twelve": 40.0}
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(horizon={"nope": 60.0}), r"horizon: a mapping must give one value per scenario name"),
+        (dict(policies=[("a", "fi-wsp"), ("a", "gate-and-route")]), r"labels must be unique"),
+        (dict(policies=[("a", 3)]), r"expected a policy name or a \(label, name\) pair"),
+    ],
+)
+def test_bad_windows_and_labels_are_named(kwargs, message):
     args = dict(policies=["fi-wsp"], seeds=[0], horizon=60.0, warmup=10.0, workers=1)
     args.update(kwargs)
     policies = args.pop("policies")
