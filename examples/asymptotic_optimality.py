@@ -10,8 +10,10 @@ expectation) into
     w_i theta_i (q_p,i - q_p,i*)   extra abandonment while waiting for a prefill, and
     w_i theta_i q_d,i              abandonment in the decode buffer (q_d* = 0 in the LP).
 
-Outputs: a markdown table on stdout, ``<out>/runs.csv`` (one row per run), and two figures under
-``docs/figures/``: ``asymptotic_revenue.png`` (ratio and queues vs n) and ``occupancy_paths.png``
+The runs go through :func:`fluidopt.harness.compare` (one LP per fleet, a process pool, a results store
+in ``--out`` so that a rerun after Ctrl-C does only what is missing). Outputs: a markdown table on
+stdout, the harness's tables in ``<out>`` (runs.csv, classes.csv, bounds.csv, timeseries.csv, plus
+summary_by_n.csv), and two figures under ``--fig-dir``: ``asymptotic_revenue.png`` (ratio and queues vs n) and ``occupancy_paths.png``
 (X_i(t)/n sample paths).
 
     python examples/asymptotic_optimality.py                  # full size (about 15 min on 2 cores)
@@ -21,10 +23,8 @@ Outputs: a markdown table on stdout, ``<out>/runs.csv`` (one row per run), and t
 from __future__ import annotations
 
 import argparse
-import math
+import dataclasses
 import os
-import time
-from multiprocessing import Pool
 from pathlib import Path
 
 import matplotlib
@@ -33,12 +33,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 import fluidopt
-from fluidopt.control.gate_and_route import GateAndRoute
 from fluidopt.fluid import solve_fluid
-from fluidopt.sim.api import simulate
+from fluidopt.harness import Comparison, compare
 
 ROOT = Path(__file__).resolve().parents[1]
 # Simulated seconds per fleet size: n * horizon ~ constant-ish (the batch-means half-width of the
@@ -48,50 +46,30 @@ HORIZON = {5: 20000.0, 20: 10000.0, 50: 6000.0, 200: 3000.0, 500: 2000.0, 2000: 
 WARMUP = 300.0
 PATH_NS = (20, 200, 2000)  # fleets whose sample paths go in the occupancy figure (seed 0)
 PATH_WINDOW = 600.0  # seconds of sample path shown
+POLICY = "gate-and-route"
 
 
-def run_one(task: tuple[int, int, float, float, bool]) -> dict:
-    n, seed, horizon, warmup, paths = task
-    base = fluidopt.default_scenario()
-    sol = solve_fluid(base)
-    s = base.with_gpus(n)
-    ctrl = GateAndRoute.from_solution(sol)
-    t0 = time.perf_counter()
-    res = simulate(s, ctrl, horizon=horizon, warmup=warmup, seed=seed, service="markov",
-                   sample_interval=1.0 if paths else None)
-    wall = time.perf_counter() - t0
-    pc = res.per_class
-    rec = {"n": n, "seed": seed, "horizon": horizon, "warmup": warmup, "mixed_gpus": ctrl.mixed_gpus,
-           "revenue_per_gpu": res.cluster["revenue_per_gpu"], "revenue_ci": res.cluster["revenue_per_gpu_ci"],
-           "R_star": sol.objective_per_gpu, "wall_seconds": wall, "events": res.events,
-           "requests": res.totals["requests"]}
-    rec["ratio"] = rec["revenue_per_gpu"] / sol.objective_per_gpu
-    for k in range(len(s.class_names)):
-        for col in ("x_mean", "y_mixed_mean", "y_solo_mean", "q_prefill_mean", "q_decode_mean", "throughput",
-                    "abandoned_prefill_fraction", "abandoned_decode_fraction"):
-            rec[f"{col}[{k}]"] = float(pc[col].iloc[k])
-    if paths and res.timeseries is not None:
-        ts = res.timeseries
-        rec["_path"] = pd.DataFrame({"time": ts["time"], **{f"X{k}/n": ts[f"x[{nm}]"] / n
-                                                              for k, nm in enumerate(s.class_names)}})
-    return rec
+def fleet(n: int) -> fluidopt.Scenario:
+    """The paper instance on n GPUs, named for the harness's tables."""
+    return dataclasses.replace(fluidopt.default_scenario().with_gpus(n), name=f"n={n}")
 
 
-def summarise(df: pd.DataFrame, sol, scenario) -> pd.DataFrame:
+def summarise(c: Comparison, sol, scenario) -> pd.DataFrame:
+    """One row per n: the ratio over seeds (95% t-interval), queues per class and the loss split."""
     r = scenario.rates()
     w, theta = r.w, r.theta
+    summ = c.summary(ci="t").set_index("scenario")
+    per_class = c.class_means().set_index(["scenario", "name"])
+    mixed = c.bounds.set_index("scenario")["mixed_gpus_bundled"]
     rows = []
-    for n, g in df.groupby("n"):
-        k = len(g)
-        m, sd = g["ratio"].mean(), g["ratio"].std(ddof=1) if k > 1 else float("nan")
-        hw = stats.t.ppf(0.975, k - 1) * sd / math.sqrt(k) if k > 1 else float("nan")
-        row = {"n": n, "M": int(g["mixed_gpus"].iloc[0]), "seeds": k, "horizon_s": g["horizon"].iloc[0],
-               "ratio": m, "ratio_ci95": hw, "revenue_per_gpu": g["revenue_per_gpu"].mean()}
+    for name, g in c.runs.groupby("scenario", sort=False):
+        row = {"n": int(g["gpus"].iloc[0]), "M": int(mixed[name]), "seeds": len(g), "horizon_s": g["horizon"].iloc[0],
+               "ratio": summ.loc[name, "ratio"], "ratio_ci95": summ.loc[name, "ratio_ci"],
+               "revenue_per_gpu": summ.loc[name, "revenue"]}
         loss = 0.0
-        for i in range(len(w)):
-            row[f"x{i + 1}"] = g[f"x_mean[{i}]"].mean()
-            row[f"q_p{i + 1}"] = g[f"q_prefill_mean[{i}]"].mean()
-            row[f"q_d{i + 1}"] = g[f"q_decode_mean[{i}]"].mean()
+        for i, cname in enumerate(scenario.class_names):
+            pc = per_class.loc[(name, cname)]
+            row[f"x{i + 1}"], row[f"q_p{i + 1}"], row[f"q_d{i + 1}"] = pc["x_mean"], pc["q_prefill_mean"], pc["q_decode_mean"]
             lp = w[i] * theta[i] * (row[f"q_p{i + 1}"] - sol.q_prefill[i])
             ld = w[i] * theta[i] * row[f"q_d{i + 1}"]
             row[f"loss_prefill{i + 1}"] = lp
@@ -101,7 +79,19 @@ def summarise(df: pd.DataFrame, sol, scenario) -> pd.DataFrame:
         row["loss_observed"] = sol.objective_per_gpu - row["revenue_per_gpu"]
         row["wall_s_per_run"] = g["wall_seconds"].mean()
         rows.append(row)
-    return pd.DataFrame(rows).set_index("n")
+    return pd.DataFrame(rows).sort_values("n").set_index("n")
+
+
+def sample_paths(timeseries: pd.DataFrame | None, names) -> dict[int, pd.DataFrame]:
+    """X_i(t)/n of seed 0 for each sampled fleet, {n: frame with time and X{i}/n}."""
+    if timeseries is None or timeseries.empty:
+        return {}
+    out = {}
+    for scen, g in timeseries[timeseries["seed"] == 0].groupby("scenario"):
+        n = int(str(scen).split("=")[1])
+        out[n] = pd.DataFrame({"time": g["time"].to_numpy(),
+                               **{f"X{k}/n": g[f"x[{nm}]"].to_numpy() / n for k, nm in enumerate(names)}})
+    return out
 
 
 def figures(summary: pd.DataFrame, df: pd.DataFrame, paths: dict, sol, names, fig_dir: Path) -> list[Path]:
@@ -110,8 +100,8 @@ def figures(summary: pd.DataFrame, df: pd.DataFrame, paths: dict, sol, names, fi
     ns = summary.index.to_numpy()
     fig, ax = plt.subplots(1, 2, figsize=(10, 3.8))
     ax[0].errorbar(ns, summary["ratio"], yerr=summary["ratio_ci95"], marker="o", capsize=3, label="Gate-and-Route")
-    for _, g in df.groupby("n"):
-        ax[0].plot(g["n"], g["ratio"], ".", color="0.6", ms=3)
+    for _, g in df.groupby("gpus"):
+        ax[0].plot(g["gpus"], g["ratio"], ".", color="0.6", ms=3)
     ax[0].axhline(1.0, color="k", lw=0.8, ls="--", label="LP optimum R*")
     ax[0].set_xscale("log")
     ax[0].set_xlabel("GPUs n")
@@ -187,51 +177,36 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--horizon-scale", type=float, default=1.0, help="multiply every horizon (and the warm-up)")
     ap.add_argument("--quick", action="store_true", help="n in {5, 20, 200}, 2 seeds, short horizons")
-    ap.add_argument("--replot", action="store_true", help="redraw from <out>/runs.csv and paths.csv only")
+    ap.add_argument("--replot", action="store_true", help="redraw from the tables in <out> only")
     ap.add_argument("--out", type=Path, default=ROOT / "out" / "examples" / "asymptotic_optimality")
     ap.add_argument("--fig-dir", type=Path, default=Path("fluidopt-examples"))
     a = ap.parse_args(argv)
-    if a.replot:  # redraw the figures and tables from a previous run's CSVs, without simulating
-        df = pd.read_csv(a.out / "runs.csv")
-        pf = a.out / "paths.csv"
-        paths = {int(n): g.drop(columns="n") for n, g in pd.read_csv(pf).groupby("n")} if pf.exists() else {}
-        return report(df, paths, a, total=float("nan"), runs=len(df))
+    if a.replot:  # redraw the figures and tables from a previous run's tables, without simulating
+        return report(Comparison.load(a.out), a)
     ns, seeds, scale = a.ns, a.seeds, a.horizon_scale
     if a.quick:
         ns, seeds, scale = [5, 20, 200], 2, 0.1
-    tasks = []
-    for n in ns:
-        h = HORIZON.get(n, max(1500.0, 1e6 / n)) * scale
-        for seed in range(seeds):
-            tasks.append((n, seed, h, WARMUP * min(1.0, scale * 2), seed == 0 and n in PATH_NS))
-    tasks.sort(key=lambda t: -t[0] * t[2])  # longest first: better packing on the workers
-    t0 = time.perf_counter()
-    with Pool(a.workers) as pool:
-        recs = []
-        for rec in pool.imap_unordered(run_one, tasks):
-            recs.append(rec)
-            print(f"  n={rec['n']:5d} seed={rec['seed']} ratio={rec['ratio']:.4f} wall={rec['wall_seconds']:.0f}s",
-                  flush=True)
-    total = time.perf_counter() - t0
-    paths = {r["n"]: r.pop("_path") for r in recs if "_path" in r}
-    df = pd.DataFrame(recs).sort_values(["n", "seed"])
-    a.out.mkdir(parents=True, exist_ok=True)
-    df.to_csv(a.out / "runs.csv", index=False)
-    if paths:
-        pd.concat([p.assign(n=n) for n, p in paths.items()]).to_csv(a.out / "paths.csv", index=False)
-    return report(df, paths, a, total=total, runs=len(tasks))
+    fleets = [fleet(n) for n in ns]
+    # Runs go through the harness (one LP per fleet, handed to every run; a results store in --out,
+    # so a rerun after Ctrl-C does only what is missing).
+    c = compare(fleets, [POLICY], seeds=range(seeds), workers=a.workers, out=a.out, progress=True,
+                horizon={s.name: HORIZON.get(s.gpus, max(1500.0, 1e6 / s.gpus)) * scale for s in fleets},
+                warmup=WARMUP * min(1.0, scale * 2),
+                sample_interval={s.name: 1.0 if s.gpus in PATH_NS else None for s in fleets})
+    return report(c, a)
 
 
-def report(df: pd.DataFrame, paths: dict, a: argparse.Namespace, *, total: float, runs: int) -> int:
+def report(c: Comparison, a: argparse.Namespace) -> int:
     base = fluidopt.default_scenario()
     sol = solve_fluid(base)
-    summary = summarise(df, sol, base)
-    summary.to_csv(a.out / "summary.csv")
-    figs = figures(summary, df, paths, sol, base.class_names, a.fig_dir)
+    summary = summarise(c, sol, base)
+    a.out.mkdir(parents=True, exist_ok=True)
+    summary.to_csv(a.out / "summary_by_n.csv")
+    figs = figures(summary, c.runs, sample_paths(c.timeseries, base.class_names), sol, base.class_names, a.fig_dir)
     print(markdown(summary, base.class_names))
     print(f"\nLP: R* = {sol.objective_per_gpu:.4f} per GPU per s, x* = {np.round(sol.x, 5).tolist()}, "
           f"q_p* = {np.round(sol.q_prefill, 4).tolist()}")
-    print(f"{runs} runs in {total:.0f} s wall ({a.workers} workers, pid {os.getpid()}); "
+    print(f"{len(c.runs)} runs in {c.wall_seconds:.0f} s wall ({a.workers} workers, pid {os.getpid()}); "
           f"figures: {', '.join(str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p) for p in figs)}")
     return 0
 

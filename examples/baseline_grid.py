@@ -7,8 +7,9 @@ theta_i = 0.1 /s, c_p = 0.1, c_d = 0.2 per token. Each instance runs at n = 500 
 policies (same seed, hence the same arrivals, for all), ``markov`` service; revenue per GPU is
 normalised by the bundled LP optimum R* of the instance.
 
-Outputs: a markdown table on stdout (per instance and summary), ``<out>/runs.csv`` and
-``docs/figures/baseline_grid.png``.
+The runs go through :func:`fluidopt.harness.compare` (its tables and results store in ``--out``).
+Outputs: a markdown table on stdout (per instance and summary), ``<out>/runs.csv`` (the harness's
+tables) and ``<fig-dir>/baseline_grid.png``.
 
     python examples/baseline_grid.py                 # 16 instances x 5 policies (about 20 min on 2 cores)
     python examples/baseline_grid.py --quick         # 3 instances at n = 50
@@ -17,8 +18,6 @@ Outputs: a markdown table on stdout (per instance and summary), ``<out>/runs.csv
 from __future__ import annotations
 
 import argparse
-import time
-from multiprocessing import Pool
 from pathlib import Path
 
 import matplotlib
@@ -30,7 +29,7 @@ import pandas as pd
 
 from fluidopt import GPUProfile, RequestClass, Scenario
 from fluidopt.fluid import solve_fluid
-from fluidopt.sim.api import simulate
+from fluidopt.harness import compare
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICIES = ("gate-and-route", "fi-wsp", "gi-wsp", "gf-wsp", "fg-sp")
@@ -75,24 +74,6 @@ def window(s: Scenario, scale: float) -> tuple[float, float]:
     return warm + max(900.0, 10.0 * T) * scale, warm
 
 
-def run_one(task) -> dict:
-    j, s, policy, horizon, warmup, seed = task
-    sol = solve_fluid(s)
-    t0 = time.perf_counter()
-    res = simulate(s, policy, horizon=horizon, warmup=warmup, seed=seed)
-    pc = res.per_class
-    rec = {"instance": j, "policy": policy, "R_star": sol.objective_per_gpu, "horizon": horizon, "warmup": warmup,
-           "revenue_per_gpu": res.cluster["revenue_per_gpu"], "revenue_ci": res.cluster["revenue_per_gpu_ci"],
-           "mixed_gpu_fraction": res.cluster["mixed_gpu_fraction"], "slot_utilisation": res.cluster["slot_utilisation"],
-           "wall_seconds": time.perf_counter() - t0}
-    rec["ratio"] = rec["revenue_per_gpu"] / sol.objective_per_gpu
-    for k in range(len(s.classes)):
-        for col in ("x_mean", "q_prefill_mean", "q_decode_mean", "abandoned_prefill_fraction",
-                    "abandoned_decode_fraction", "throughput"):
-            rec[f"{col}[{k}]"] = float(pc[col].iloc[k])
-    return rec
-
-
 def describe(s: Scenario) -> dict:
     sol = solve_fluid(s)
     g = s.gpu
@@ -121,24 +102,17 @@ def main(argv: list[str] | None = None) -> int:
     if a.quick:
         a.instances, a.gpus, a.horizon_scale = 3, 50, 0.2
     insts = draw_instances(a.instances, a.draw_seed, a.gpus)
-    tasks = [(j, s, p, *window(s, a.horizon_scale), a.seed) for j, s in enumerate(insts) for p in POLICIES + EXTRA]
-    tasks.sort(key=lambda t: -t[3])  # longest first
-    t0 = time.perf_counter()
-    if a.replot:  # tables and figure from a previous run's CSV (same --instances/--draw-seed/--gpus)
-        df = pd.read_csv(a.out / "runs.csv")
+    windows = {s.name: window(s, a.horizon_scale) for s in insts}
+    if a.replot:  # tables and figure from a previous run's tables (same --instances/--draw-seed/--gpus)
+        runs, total = pd.read_csv(a.out / "runs.csv"), float("nan")
     else:
-        recs = []
-        with Pool(a.workers) as pool:
-            for rec in pool.imap_unordered(run_one, tasks):
-                recs.append(rec)
-                print(f"  inst {rec['instance']:2d} {LABEL[rec['policy']]:7s} ratio={rec['ratio']:.4f} "
-                      f"wall={rec['wall_seconds']:.0f}s", flush=True)
-        df = pd.DataFrame(recs).sort_values(["instance", "policy"])
-    total = time.perf_counter() - t0
+        # Same seed for every policy: the same arrivals. The harness solves each instance's LP once.
+        c = compare(insts, POLICIES + EXTRA, seeds=[a.seed], workers=a.workers, out=a.out, progress=True,
+                    horizon={k: h for k, (h, _) in windows.items()}, warmup={k: w for k, (_, w) in windows.items()})
+        runs, total = c.runs, c.wall_seconds
+    df = runs.assign(instance=runs["scenario"].str[4:].astype(int), R_star=runs["lp_bound"])
     inst = pd.DataFrame([describe(s) for s in insts]).set_index("instance")
     a.out.mkdir(parents=True, exist_ok=True)
-    if not a.replot:
-        df.to_csv(a.out / "runs.csv", index=False)
     inst.to_csv(a.out / "instances.csv")
     wide_all = df.pivot(index="instance", columns="policy", values="ratio")[list(POLICIES + EXTRA)]
     wide_all.columns = [LABEL[p] for p in POLICIES + EXTRA]
@@ -177,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {lab} ({len(idx)}) mean | " + " | ".join(f"{x:.4f}" for x in wide_all.loc[idx].mean()) + " |")
     ci = df.groupby("policy")["revenue_ci"].median() / df.groupby("policy")["R_star"].median()
     print(f"\nmedian batch-means 95% half-width of a ratio: {ci.median():.4f}")
-    print(f"{len(tasks)} runs in {total:.0f} s wall ({a.workers} workers); mean {df['wall_seconds'].mean():.0f} s/run")
+    print(f"{len(df)} runs in {total:.0f} s wall ({a.workers} workers); mean {df['wall_seconds'].mean():.0f} s/run")
 
     # -- figure -----------------------------------------------------------------------------------
     a.fig_dir.mkdir(parents=True, exist_ok=True)

@@ -80,7 +80,7 @@ CLASS_COLUMNS = (
 class Comparison:
     """Outcome of :func:`compare`.
 
-    ``runs``: one row per (scenario, policy, seed) with cluster metrics (rates per GPU per second,
+    ``runs``: one row per (scenario, policy, seed) with its window (``horizon``, ``warmup``, s) and cluster metrics (rates per GPU per second,
     times in seconds), ``revenue`` (per GPU per second under ``pricing``, with its batch-means 95%
     half-width ``revenue_ci``), the LP bound ``lp_bound`` (R* for ``pricing``) and ``ratio`` =
     revenue / R*. ``classes``: the per-class metrics of every run (long format).
@@ -103,12 +103,15 @@ class Comparison:
     def to_frame(self) -> pd.DataFrame:
         return self.runs.copy()
 
-    def summary(self) -> pd.DataFrame:
+    def summary(self, ci: str = "auto") -> pd.DataFrame:
         """Mean, standard deviation and 95% CI half-width over seeds, per scenario and policy.
 
-        Half-widths are t intervals over seeds; for revenue and ratio with fewer than
+        ``ci="auto"``: half-widths are t intervals over seeds; for revenue and ratio with fewer than
         ``_MIN_SEEDS_FOR_T`` seeds they pool the runs' batch-means intervals instead.
+        ``ci="t"``: t intervals over seeds for every metric whenever there are two seeds or more.
         """
+        if ci not in ("auto", "t"):
+            raise ScenarioError(f"Comparison.summary: ci: expected 'auto' or 't', got {ci!r}")
         if self.runs.empty:
             return pd.DataFrame()
         metrics = ["ratio", "revenue", "throughput", "abandoned_fraction", "ttft_mean", "e2e_mean", "e2e_p99"]
@@ -120,7 +123,7 @@ class Comparison:
                 k = len(v)
                 row[m] = float(np.mean(v))
                 row[f"{m}_std"] = float(np.std(v, ddof=1)) if k > 1 else math.nan
-                if m in ("ratio", "revenue") and k < _MIN_SEEDS_FOR_T:
+                if m in ("ratio", "revenue") and k < _MIN_SEEDS_FOR_T and ci == "auto":
                     # Few seeds: a t interval over seeds is uninformative (t_{0.975,1} = 12.7), so
                     # pool the runs' own batch-means half-widths: hw = sqrt(sum hw_j^2) / k.
                     hw = float(np.sqrt(np.sum(g["revenue_ci"].to_numpy(dtype=float) ** 2)) / k)
@@ -132,8 +135,20 @@ class Comparison:
             rows.append(row)
         return pd.DataFrame(rows)
 
+    def class_means(self, metrics: Sequence[str] = CLASS_COLUMNS) -> pd.DataFrame:
+        """Per-class metrics averaged over seeds: one row per (scenario, policy, class ``name``).
+
+        Rates and occupancies are per GPU (``x_mean`` is X_i/n), times in seconds.
+        """
+        if self.classes.empty:
+            return pd.DataFrame()
+        return self.classes.groupby(["scenario", "policy", "name"], sort=False)[list(metrics)].mean().reset_index()
+
     def save(self, directory: str | os.PathLike) -> list[Path]:
-        """Write runs.csv, classes.csv, bounds.csv and summary.csv into ``directory`` (atomically)."""
+        """Write runs.csv, classes.csv, bounds.csv, summary.csv (and timeseries.csv when sampled) and
+        meta.json into ``directory``, each atomically; :meth:`load` reads them back."""
+        import json
+
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         written = []
@@ -142,7 +157,32 @@ class Comparison:
             tables.append(("timeseries", self.timeseries))
         for name, df in tables:
             written.append(write_csv_atomic(df, d / f"{name}.csv"))
+        meta = {"pricing": self.pricing, "wall_seconds": self.wall_seconds, "interrupted": self.interrupted,
+                "meta": self.meta}
+        with atomic_path(d / "meta.json") as tmp:
+            tmp.write_text(json.dumps(meta, indent=1, default=str))
+        written.append(d / "meta.json")
         return written
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike) -> Comparison:
+        """The comparison :meth:`save` wrote into ``directory`` (tables only: not the solved plans)."""
+        import json
+
+        d = Path(directory)
+        if not (d / "runs.csv").is_file():
+            raise ScenarioError(f"Comparison.load: {d}: no runs.csv there (expected a folder written by save)")
+
+        def table(name: str) -> pd.DataFrame:
+            p = d / f"{name}.csv"
+            return pd.read_csv(p) if p.is_file() and p.stat().st_size > 1 else pd.DataFrame()
+
+        meta = json.loads((d / "meta.json").read_text()) if (d / "meta.json").is_file() else {}
+        ts = d / "timeseries.csv"
+        return cls(runs=table("runs"), classes=table("classes"), bounds=table("bounds"),
+                   pricing=meta.get("pricing", "bundled"), wall_seconds=float(meta.get("wall_seconds", math.nan)),
+                   interrupted=bool(meta.get("interrupted", False)), meta=meta.get("meta", {}),
+                   timeseries=pd.read_csv(ts) if ts.is_file() else None)
 
 
 def write_csv_atomic(df: pd.DataFrame, path: str | os.PathLike) -> Path:
@@ -383,7 +423,7 @@ def compare(
     for k in sorted(done):
         j = jobs[k]
         key = {"scenario": j["scenario"].name, "policy": j["label"], "seed": j["seed"], "gpus": j["scenario"].gpus,
-               "service": j["service"]}
+               "service": j["service"], "horizon": j["horizon"], "warmup": j["warmup"]}
         r = done[k]["row"]
         rev, rev_ci = r[col], r[f"{col}_ci"]
         bound = bound_of[j["scenario"].name]

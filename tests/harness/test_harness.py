@@ -66,10 +66,12 @@ def test_save_writes_complete_tables(tmp_path):
     c = compare(SMALL, ["fi-wsp"], seeds=[0], workers=1, out=tmp_path / "res", **KW)
     names = sorted(p.name for p in (tmp_path / "res").iterdir())
     # the tables, and the results store a rerun resumes from
-    assert names == ["bounds.csv", "classes.csv", "runs.csv", "store.jsonl", "summary.csv"]
-    import pandas as pd
-
-    assert len(pd.read_csv(tmp_path / "res" / "runs.csv")) == len(c.runs)
+    assert names == ["bounds.csv", "classes.csv", "meta.json", "runs.csv", "store.jsonl", "summary.csv"]
+    back = harness.Comparison.load(tmp_path / "res")
+    assert len(back.runs) == len(c.runs) and back.pricing == c.pricing
+    assert back.runs["revenue_per_gpu"].tolist() == c.runs["revenue_per_gpu"].tolist()
+    assert back.summary()["ratio"].tolist() == c.summary()["ratio"].tolist()
+    assert back.meta["horizon"] == 60.0
 
 
 @pytest.mark.parametrize(
