@@ -8,7 +8,8 @@ optimum keeps a decode backlog (sum_i q_d,i* = 0.32 per GPU at its least; paper 
 one none (Prop. 3.2): the simulated decode buffer of Prioritize-and-Route should settle near 0.32 per
 GPU, and Gate-and-Route's should shrink toward 0 as n grows.
 
-Outputs: a markdown table on stdout, ``<out>/runs.csv``, ``docs/figures/separate_pricing.png``.
+The runs go through :func:`fluidopt.harness.compare` (its tables and results store in ``--out``).
+Outputs: a markdown table on stdout, the harness's tables in ``<out>``, ``<fig-dir>/separate_pricing.png``.
 
     python examples/separate_pricing.py            # n in {50, 200, 500, 2000}, 3 seeds (about 12 min, 2 cores)
     python examples/separate_pricing.py --quick
@@ -17,9 +18,7 @@ Outputs: a markdown table on stdout, ``<out>/runs.csv``, ``docs/figures/separate
 from __future__ import annotations
 
 import argparse
-import math
-import time
-from multiprocessing import Pool
+import dataclasses
 from pathlib import Path
 
 import matplotlib
@@ -28,12 +27,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 import fluidopt
-from fluidopt.control.gate_and_route import GateAndRoute, PrioritizeAndRoute
 from fluidopt.fluid import solve_fluid
-from fluidopt.sim.api import simulate
+from fluidopt.harness import Comparison, compare
 
 ROOT = Path(__file__).resolve().parents[1]
 HORIZON = {20: 8000.0, 50: 6000.0, 200: 3000.0, 500: 2000.0, 2000: 1000.0}
@@ -42,29 +39,18 @@ PATH_N = 2000
 POLICY = {"bundled": "gate-and-route", "separate": "prioritize-and-route"}
 
 
-def run_one(task) -> dict:
-    pricing, n, seed, horizon, warmup, path = task
-    base = fluidopt.default_scenario()
-    sol = solve_fluid(base, pricing)
-    ctrl = GateAndRoute.from_solution(sol) if pricing == "bundled" else PrioritizeAndRoute.from_solution(sol, base)
-    t0 = time.perf_counter()
-    res = simulate(base.with_gpus(n), ctrl, horizon=horizon, warmup=warmup, seed=seed,
-                   sample_interval=2.0 if path else None)
-    rev = res.cluster["revenue_per_gpu"] if pricing == "bundled" else res.cluster["revenue_per_gpu_separate"]
-    rec = {"pricing": pricing, "policy": ctrl.name, "n": n, "seed": seed, "horizon": horizon,
-           "R_star": sol.objective_per_gpu, "revenue_per_gpu": rev, "ratio": rev / sol.objective_per_gpu,
-           "revenue_bundled": res.cluster["revenue_per_gpu"], "revenue_separate": res.cluster["revenue_per_gpu_separate"],
-           "wall_seconds": time.perf_counter() - t0}
-    pc = res.per_class
-    for k in range(len(base.classes)):
-        for col in ("x_mean", "q_prefill_mean", "q_decode_mean", "y_mixed_mean", "y_solo_mean",
-                    "abandoned_prefill_fraction", "abandoned_decode_fraction"):
-            rec[f"{col}[{k}]"] = float(pc[col].iloc[k])
-    if path and res.timeseries is not None:
-        ts = res.timeseries
-        qd = sum(ts[f"q_decode[{nm}]"] for nm in base.class_names) / n
-        rec["_path"] = pd.DataFrame({"time": ts["time"], "Qd/n": qd})
-    return rec
+def fleet(n: int) -> fluidopt.Scenario:
+    """The paper instance on n GPUs, named for the harness's tables."""
+    return dataclasses.replace(fluidopt.default_scenario().with_gpus(n), name=f"n={n}")
+
+
+def own_ratio(c: Comparison) -> pd.DataFrame:
+    """Each run's revenue under its policy's own pricing, over that pricing's LP optimum."""
+    pricing = c.runs["policy"].map({p: pr for pr, p in POLICY.items()})
+    bounds = c.bounds.set_index("scenario")
+    bound = [bounds.loc[s, f"lp_{pr}"] for s, pr in zip(c.runs["scenario"], pricing)]
+    rev = np.where(pricing == "bundled", c.runs["revenue_per_gpu"], c.runs["revenue_per_gpu_separate"])
+    return c.runs.assign(pricing=pricing, ratio=rev / np.asarray(bound))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,46 +59,49 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--replot", action="store_true", help="tables and figure from the tables in <out>")
     ap.add_argument("--out", type=Path, default=ROOT / "out" / "examples" / "separate_pricing")
     ap.add_argument("--fig-dir", type=Path, default=Path("fluidopt-examples"))
     a = ap.parse_args(argv)
     scale = 1.0
     if a.quick:
         a.ns, a.seeds, scale = [20, 200], 2, 0.15
-    tasks = [(pr, n, seed, HORIZON.get(n, 2000.0) * scale, WARMUP * min(1.0, 2 * scale), n == PATH_N and seed == 0)
-             for pr in POLICY for n in a.ns for seed in range(a.seeds)]
-    tasks.sort(key=lambda t: -t[1] * t[3])
-    t0 = time.perf_counter()
-    with Pool(a.workers) as pool:
-        recs = []
-        for rec in pool.imap_unordered(run_one, tasks):
-            recs.append(rec)
-            print(f"  {rec['pricing']:8s} n={rec['n']:5d} seed={rec['seed']} ratio={rec['ratio']:.4f} "
-                  f"wall={rec['wall_seconds']:.0f}s", flush=True)
-    total = time.perf_counter() - t0
-    paths = {r["pricing"]: r.pop("_path") for r in recs if "_path" in r}
-    df = pd.DataFrame(recs).sort_values(["pricing", "n", "seed"])
-    a.out.mkdir(parents=True, exist_ok=True)
-    df.to_csv(a.out / "runs.csv", index=False)
+    fleets = [fleet(n) for n in a.ns]
+    if a.replot:
+        c = Comparison.load(a.out)
+    else:
+        # One harness run: both LPs of every fleet solved once, each policy given its own pricing's plan.
+        c = compare(fleets, list(POLICY.values()), seeds=range(a.seeds), workers=a.workers, out=a.out, progress=True,
+                    horizon={s.name: HORIZON.get(s.gpus, 2000.0) * scale for s in fleets},
+                    warmup=WARMUP * min(1.0, 2 * scale),
+                    sample_interval={s.name: 2.0 if s.gpus == PATH_N else None for s in fleets})
+    # the ratio under each policy's own pricing, then the harness's t-intervals over seeds
+    own = dataclasses.replace(c, runs=own_ratio(c))
+    summ_t = own.summary(ci="t").set_index(["scenario", "policy"])
+    per_class = c.class_means().set_index(["scenario", "policy", "name"])
+    paths = {}
+    if c.timeseries is not None:
+        for pol, g in c.timeseries[(c.timeseries["seed"] == 0) & (c.timeseries["scenario"] == f"n={PATH_N}")].groupby("policy"):
+            qd = sum(g[f"q_decode[{nm}]"] for nm in fluidopt.default_scenario().class_names) / PATH_N
+            paths[{p: pr for pr, p in POLICY.items()}[pol]] = pd.DataFrame({"time": g["time"], "Qd/n": qd})
     base = fluidopt.default_scenario()
     sols = {pr: solve_fluid(base, pr) for pr in POLICY}
     names = base.class_names
 
     rows = []
-    for (pr, n), g in df.groupby(["pricing", "n"]):
-        k = len(g)
-        hw = stats.t.ppf(0.975, k - 1) * g["ratio"].std(ddof=1) / math.sqrt(k) if k > 1 else float("nan")
-        row = {"pricing": pr, "n": n, "policy": g["policy"].iloc[0], "seeds": k, "ratio": g["ratio"].mean(),
-               "ci95": hw, "rev_b": g["revenue_bundled"].mean(), "rev_s": g["revenue_separate"].mean()}
-        for i in range(len(names)):
-            row[f"x{i + 1}"] = g[f"x_mean[{i}]"].mean()
-            row[f"qp{i + 1}"] = g[f"q_prefill_mean[{i}]"].mean()
-            row[f"qd{i + 1}"] = g[f"q_decode_mean[{i}]"].mean()
+    for (scen, pol), g in own.runs.groupby(["scenario", "policy"], sort=False):
+        t = summ_t.loc[(scen, pol)]
+        row = {"pricing": g["pricing"].iloc[0], "n": int(g["gpus"].iloc[0]), "policy": pol, "seeds": len(g),
+               "ratio": t["ratio"], "ci95": t["ratio_ci"], "rev_b": g["revenue_per_gpu"].mean(),
+               "rev_s": g["revenue_per_gpu_separate"].mean()}
+        for i, nm in enumerate(names):
+            pc = per_class.loc[(scen, pol, nm)]
+            row[f"x{i + 1}"], row[f"qp{i + 1}"], row[f"qd{i + 1}"] = pc["x_mean"], pc["q_prefill_mean"], pc["q_decode_mean"]
         row["qd"] = sum(row[f"qd{i + 1}"] for i in range(len(names)))
         row["wall"] = g["wall_seconds"].mean()
         rows.append(row)
-    summ = pd.DataFrame(rows)
-    summ.to_csv(a.out / "summary.csv", index=False)
+    summ = pd.DataFrame(rows).sort_values(["pricing", "n"])
+    summ.to_csv(a.out / "summary_by_pricing.csv", index=False)
 
     print("\n| pricing (policy) | n | revenue / own R* (mean +/- 95% CI) | bundled rev/GPU | separate rev/GPU | "
           + " | ".join(f"X/n {nm}" for nm in names) + " | " + " | ".join(f"Q_d/n {nm}" for nm in names)
@@ -126,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"LP {pr}: R* = {sol.objective_per_gpu:.4f}, x* = {np.round(sol.x, 5).tolist()}, "
               f"q_d* = {np.round(sol.q_decode, 4).tolist()}, q_p* = {np.round(sol.q_prefill, 4).tolist()}, "
               f"M/n = {sol.prefill_occupancy:.5f}")
-    print(f"{len(tasks)} runs in {total:.0f} s wall ({a.workers} workers)")
+    print(f"{len(c.runs)} runs in {c.wall_seconds:.0f} s wall ({a.workers} workers)")
 
     # -- figure (like the paper's Fig. 2) --------------------------------------------------------
     a.fig_dir.mkdir(parents=True, exist_ok=True)

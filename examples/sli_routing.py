@@ -11,7 +11,9 @@ Part 2, a plan with a decode backlog (q_d* > 0): the separate-pricing LP. The ge
 (per-class buffers, a freed slot of pool k serves class i with probability proportional to
 mu_k,i y_k,i*) against the plain SLI-aware policy and Prioritize-and-Route, at one n.
 
-Outputs: markdown tables on stdout, ``<out>/runs.csv``, ``docs/figures/sli_routing.png``.
+The runs go through :func:`fluidopt.harness.compare`, one comparison per part (its tables and
+results store in ``<out>/fairness`` and ``<out>/backlog``). Outputs: markdown tables on stdout,
+those tables, ``<fig-dir>/sli_routing.png``.
 
     python examples/sli_routing.py            # about 12 min on 2 cores
     python examples/sli_routing.py --quick
@@ -20,8 +22,7 @@ Outputs: markdown tables on stdout, ``<out>/runs.csv``, ``docs/figures/sli_routi
 from __future__ import annotations
 
 import argparse
-import time
-from multiprocessing import Pool
+import dataclasses
 from pathlib import Path
 
 import matplotlib
@@ -32,56 +33,58 @@ import numpy as np
 import pandas as pd
 
 import fluidopt
-from fluidopt.control.gate_and_route import (
-    GateAndRoute,
-    PrioritizeAndRoute,
-    SLIGateAndRoute,
-    WeightedSLIGateAndRoute,
-)
 from fluidopt.fluid import DecodeFairness, solve_fluid
-from fluidopt.sim.api import simulate
+from fluidopt.harness import Comparison, compare
 
 ROOT = Path(__file__).resolve().parents[1]
 HORIZON = {50: 6000.0, 200: 3000.0, 500: 2000.0, 2000: 1000.0}
 WARMUP = 300.0
 PATH_N = 2000
 SLIS = (DecodeFairness(0.5),)
+SLI_SPEC = "decode_fairness=0.5"  # the same SLI as a scenario declares it
 LABEL = {"sli": "SLI-aware", "greedy": "greedy (plain G&R)", "weighted": "general SLI-aware",
          "sli-sep": "SLI-aware", "par": "Prioritize-and-Route"}
 
 
-def build(kind: str, base):
-    if kind in ("sli", "greedy"):
-        sol = solve_fluid(base, "bundled", SLIS)
-        return sol, (SLIGateAndRoute.from_solution(sol, base) if kind == "sli" else GateAndRoute.from_solution(sol))
-    sol = solve_fluid(base, "separate")
-    if kind == "weighted":
-        return sol, WeightedSLIGateAndRoute.from_solution(sol, base)
-    if kind == "sli-sep":
-        return sol, SLIGateAndRoute.from_solution(sol, base)
-    return sol, PrioritizeAndRoute.from_solution(sol, base)
+# label -> registered policy, and its options (part 2 runs the separate-pricing plan)
+PART1 = {"sli": "sli-gate-and-route", "greedy": "gate-and-route"}
+PART2 = {"weighted": "sli-weighted-gate-and-route", "sli-sep": "sli-gate-and-route", "par": "prioritize-and-route"}
+PART2_OPTIONS = {"weighted": {"pricing": "separate"}, "sli-sep": {"pricing": "separate"}}
 
 
-def run_one(task) -> dict:
-    kind, n, seed, horizon, warmup, path = task
-    base = fluidopt.default_scenario()
-    sol, ctrl = build(kind, base)
-    t0 = time.perf_counter()
-    res = simulate(base.with_gpus(n), ctrl, horizon=horizon, warmup=warmup, seed=seed,
-                   sample_interval=2.0 if path else None)
-    pricing_rev = res.cluster["revenue_per_gpu"] if kind in ("sli", "greedy") else res.cluster["revenue_per_gpu_separate"]
-    rec = {"kind": kind, "n": n, "seed": seed, "horizon": horizon, "R_star": sol.objective_per_gpu,
-           "ratio": pricing_rev / sol.objective_per_gpu, "wall_seconds": time.perf_counter() - t0}
-    pc = res.per_class
-    for k in range(len(base.classes)):
-        for col in ("x_mean", "y_mixed_mean", "y_solo_mean", "q_prefill_mean", "q_decode_mean"):
-            rec[f"{col}[{k}]"] = float(pc[col].iloc[k])
-    if path and res.timeseries is not None:
-        ts = res.timeseries
-        rec["_path"] = pd.DataFrame({"time": ts["time"], **{f"{q}{k}": ts[f"{q}[{nm}]"] / n
-                                                              for q in ("y_mixed", "y_solo")
-                                                              for k, nm in enumerate(base.class_names)}})
-    return rec
+def fleet(n: int, slis: bool) -> fluidopt.Scenario:
+    """The paper instance on n GPUs, with the decode-fairness SLI (part 1) or without (part 2)."""
+    s = fluidopt.default_scenario().with_gpus(n)
+    if slis:
+        return dataclasses.replace(s, name=f"fair n={n}", meta={**s.meta, "slis": [SLI_SPEC]})
+    return dataclasses.replace(s, name=f"n={n}")
+
+
+def per_kind(c: Comparison, pricing: str) -> pd.DataFrame:
+    """Means over seeds per (kind, n): the class-wise occupancies as ``col[k]`` and the ratio to R*."""
+    cm = c.class_means()
+    names = list(dict.fromkeys(cm["name"]))
+    cm["k"] = cm["name"].map({nm: k for k, nm in enumerate(names)})
+    wide = cm.pivot_table(index=["scenario", "policy"], columns="k", sort=False,
+                          values=["y_mixed_mean", "y_solo_mean", "x_mean", "q_decode_mean"])
+    wide.columns = [f"{q}[{k}]" for q, k in wide.columns]
+    col = "revenue_per_gpu" if pricing == "bundled" else "revenue_per_gpu_separate"
+    runs = c.runs.assign(ratio=c.runs[col] / c.bounds.set_index("scenario").loc[c.runs["scenario"], f"lp_{pricing}"].to_numpy())
+    means = runs.groupby(["scenario", "policy"], sort=False).agg(n=("gpus", "first"), ratio=("ratio", "mean"),
+                                                                 wall_seconds=("wall_seconds", "mean"))
+    out = means.join(wide).reset_index().rename(columns={"policy": "kind"})
+    return out.drop(columns="scenario").set_index(["kind", "n"]).sort_index()
+
+
+def y_paths(c: Comparison, names) -> dict[str, pd.DataFrame]:
+    """Seed 0's decode occupancies per GPU at n = PATH_N, {kind: frame}."""
+    ts = c.timeseries
+    if ts is None or ts.empty:
+        return {}
+    ts = ts[(ts["seed"] == 0) & (ts["scenario"] == f"fair n={PATH_N}")]
+    return {kind: pd.DataFrame({"time": g["time"], **{f"{q}{k}": g[f"{q}[{nm}]"] / PATH_N for q in ("y_mixed", "y_solo")
+                                                       for k, nm in enumerate(names)}})
+            for kind, g in ts.groupby("policy")}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backlog-n", type=int, default=500)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--replot", action="store_true", help="tables and figure from the tables in <out>")
     ap.add_argument("--out", type=Path, default=ROOT / "out" / "examples" / "sli_routing")
     ap.add_argument("--fig-dir", type=Path, default=Path("fluidopt-examples"))
     a = ap.parse_args(argv)
@@ -98,30 +102,25 @@ def main(argv: list[str] | None = None) -> int:
     if a.quick:
         a.ns, a.seeds, a.backlog_n, scale = [50, 200], 1, 200, 0.15
     w = WARMUP * min(1.0, 2 * scale)
-    tasks = [(k, n, s, HORIZON.get(n, 2000.0) * scale, w, n == PATH_N and s == 0)
-             for k in ("sli", "greedy") for n in a.ns for s in range(a.seeds)]
-    tasks += [(k, a.backlog_n, s, HORIZON.get(a.backlog_n, 2000.0) * scale, w, False)
-              for k in ("weighted", "sli-sep", "par") for s in range(a.seeds)]
-    tasks.sort(key=lambda t: -t[1] * t[3])
-    t0 = time.perf_counter()
-    recs = []
-    with Pool(a.workers) as pool:
-        for rec in pool.imap_unordered(run_one, tasks):
-            recs.append(rec)
-            print(f"  {rec['kind']:8s} n={rec['n']:5d} seed={rec['seed']} wall={rec['wall_seconds']:.0f}s", flush=True)
-    total = time.perf_counter() - t0
-    paths = {r["kind"]: r.pop("_path") for r in recs if "_path" in r}
-    df = pd.DataFrame(recs).sort_values(["kind", "n", "seed"])
-    a.out.mkdir(parents=True, exist_ok=True)
-    df.to_csv(a.out / "runs.csv", index=False)
+    part1 = [fleet(n, slis=True) for n in a.ns]
+    part2 = [fleet(a.backlog_n, slis=False)]
+    if a.replot:
+        c1, c2 = Comparison.load(a.out / "fairness"), Comparison.load(a.out / "backlog")
+    else:
+        common = dict(seeds=range(a.seeds), workers=a.workers, progress=True, warmup=w)
+        c1 = compare(part1, list(PART1.items()), out=a.out / "fairness",
+                     horizon={s.name: HORIZON.get(s.gpus, 2000.0) * scale for s in part1},
+                     sample_interval={s.name: 2.0 if s.gpus == PATH_N else None for s in part1}, **common)
+        c2 = compare(part2, list(PART2.items()), options=PART2_OPTIONS, out=a.out / "backlog", pricing="separate",
+                     horizon=HORIZON.get(a.backlog_n, 2000.0) * scale, **common)
     base = fluidopt.default_scenario()
     names = base.class_names
+    paths = y_paths(c1, names)
+    summ = pd.concat([per_kind(c1, "bundled"), per_kind(c2, "separate")])
+    summ.to_csv(a.out / "summary_by_kind.csv")
     sol_sli = solve_fluid(base, "bundled", SLIS)
     sol_sep = solve_fluid(base, "separate")
     cols = [f"{q}[{k}]" for q in ("y_mixed_mean", "y_solo_mean") for k in range(len(names))]
-    summ = df.groupby(["kind", "n"])[cols + ["ratio", "x_mean[0]", "x_mean[1]", "q_decode_mean[0]",
-                                              "q_decode_mean[1]", "wall_seconds"]].mean()
-    summ.to_csv(a.out / "summary.csv")
 
     def target(sol):
         return np.concatenate([sol.y_mixed, sol.y_solo])
@@ -150,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         y = r[cols].to_numpy(dtype=float)
         print(f"| {LABEL[kind]} | " + " | ".join(f"{v:.3f}" for v in y) + f" | {np.abs(y - target(sol_sep)).max():.3f} | "
               f"{r['q_decode_mean[0]']:.3f} | {r['q_decode_mean[1]']:.3f} | {r['ratio']:.4f} |")
-    print(f"\n{len(tasks)} runs in {total:.0f} s wall ({a.workers} workers)")
+    print(f"\n{len(c1.runs) + len(c2.runs)} runs in {c1.wall_seconds + c2.wall_seconds:.0f} s wall ({a.workers} workers)")
 
     # -- figure (like the paper's Fig. 6) --------------------------------------------------------
     a.fig_dir.mkdir(parents=True, exist_ok=True)
