@@ -30,11 +30,11 @@ batch-means interval).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 import time
 import warnings
-from multiprocessing import Pool
 from pathlib import Path
 
 import numpy as np
@@ -53,7 +53,6 @@ BASELINES = PAPER5 + ("round-robin",)
 POLICIES = BASELINES + (NEW,)
 LABEL = {"gate-and-route": "GG-SP", "fi-wsp": "FI-WSP (FCFS)", "gi-wsp": "GI-WSP", "gf-wsp": "GF-WSP",
          "fg-sp": "FG-SP", "round-robin": "round robin", NEW: "BP-GR"}
-LP_GUIDED = {"gate-and-route", "gi-wsp", "gf-wsp", "fg-sp", NEW}
 # (task, mean prompt tokens, mean output tokens, samples): the paper's Dolly-15k statistics
 DOLLY = (("brainstorming", 61, 331, 1764), ("classification", 123, 142, 2136), ("closed-qa", 992, 182, 1738),
          ("creative-writing", 89, 915, 699), ("general-qa", 69, 572, 2187), ("info-extraction", 1139, 273, 1462),
@@ -134,49 +133,55 @@ def _trace_scenario(n, speed, max_requests):
     return sc, w
 
 
-# -- one run ----------------------------------------------------------------------------------------
-def run_one(task: dict) -> dict:
-    from fluidopt.control.registry import make_controller
-    from fluidopt.fluid import solve_fluid
-    from fluidopt.fluid.realised import realised_bound
-    from fluidopt.sim.api import simulate
-    from fluidopt.sim.workload import TraceWarning
-
-    case, policy, seed, opts = task["case"], task["policy"], task["seed"], task.get("options") or {}
-    workload = None
+# -- the runs: one harness comparison per family ------------------------------------------------------
+def case_scenario(case: dict) -> tuple[Scenario, object, float, float]:
+    """(scenario named for the case, replay workload or None, horizon, warm-up) of one case."""
     if "trace" in case:
         sc, workload = _trace_scenario(*case["trace"])
         horizon = workload.duration
-        warmup = 0.1 * horizon
-    else:
-        sc, horizon, warmup = case["scenario"], case["horizon"], case["warmup"]
-    sol = solve_fluid(sc)
-    # GI-WSP, GF-WSP, FG-SP are built from the scenario (their factories solve the same LP).
-    kw = {"plan": sol} if policy in (NEW, "gate-and-route") else {}
-    ctrl = make_controller(policy, sc, **kw, **opts)
-    t0 = time.perf_counter()
+        return dataclasses.replace(sc, name=case["case"]), workload, horizon, 0.1 * horizon
+    return dataclasses.replace(case["scenario"], name=case["case"]), None, case["horizon"], case["warmup"]
+
+
+def run_family(cases: list[dict], policies: list, options: dict, seeds: list[int], a, out: Path) -> pd.DataFrame:
+    """Every policy on every case of one family through :func:`fluidopt.harness.compare`; one row per run."""
+    from fluidopt.fluid.realised import realised_bound
+    from fluidopt.harness import compare
+    from fluidopt.sim.workload import TraceWarning
+
+    built = {c["case"]: (c, *case_scenario(c)) for c in cases}
+    scenarios = [sc for _, sc, _, _, _ in built.values()]
+    workloads = {k: wl for k, (_, _, wl, _, _) in built.items() if wl is not None}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", TraceWarning)
-        res = simulate(sc, ctrl, horizon=horizon, warmup=warmup, seed=seed, service=case["service"], workload=workload)
-    wall = time.perf_counter() - t0
-    bound = sol.objective_per_gpu
-    bound_label = "R*"
-    if workload is not None:
-        bound = realised_bound(sc, workload, warmup, horizon).objective_per_gpu
-        bound_label = "R*(window)"
-    cl = res.cluster
-    rec = {"family": case["family"], "case": case["case"], "policy": policy, "variant": task.get("variant", ""),
-           "seed": seed, "gpus": sc.gpus, "horizon": horizon, "warmup": warmup, "R_star_plan": sol.objective_per_gpu,
-           "bound": bound, "bound_label": bound_label, "revenue_per_gpu": cl["revenue_per_gpu"],
-           "revenue_ci": cl["revenue_per_gpu_ci"], "ratio": cl["revenue_per_gpu"] / bound,
-           "ratio_ci": cl["revenue_per_gpu_ci"] / bound, "abandoned_fraction": cl["abandoned_fraction"],
-           "requests": res.totals["requests"], "wall_seconds": wall,
-           "mixed_gpus": getattr(ctrl, "mixed_gpus", math.nan), "resolves": getattr(ctrl, "resolves", math.nan)}
-    x = res.per_class["x_mean"].to_numpy()
-    rec["x_over_n"] = ";".join(f"{v:.5f}" for v in x)
-    rec["x_star"] = ";".join(f"{v:.5f}" for v in sol.x)
-    rec["x_err"] = float(np.max(np.abs(x - np.asarray(sol.x)))) if workload is None else math.nan
-    return rec
+        c = compare(scenarios, policies, options=options, seeds=seeds, workers=a.workers, out=out, progress=True,
+                    horizon={k: h for k, (_, _, _, h, _) in built.items()},
+                    warmup={k: w for k, (_, _, _, _, w) in built.items()},
+                    service={k: case["service"] for k, (case, *_) in built.items()}, workloads=workloads)
+    # On a trace the plan's R* is solved at the whole trace's mean rates; revenue is measured over a
+    # window whose realised arrivals differ, so divide by the LP at the window's arrivals instead.
+    window_bound = {k: realised_bound(sc, wl, w, h).objective_per_gpu
+                    for k, (_, sc, wl, h, w) in built.items() if wl is not None}
+    x = c.classes.pivot_table(index=["scenario", "policy", "seed"], columns="name", values="x_mean", sort=False)
+    registered = dict(p if isinstance(p, tuple) else (p, p) for p in policies)
+    rows = []
+    for r in c.runs.itertuples(index=False):
+        case, sc, wl, _, _ = built[r.scenario]
+        plan = c.plans[r.scenario]["bundled"]
+        bound = window_bound.get(r.scenario, r.lp_bound)
+        xs = x.loc[(r.scenario, r.policy, r.seed), list(sc.class_names)].to_numpy(dtype=float)
+        label = r.policy
+        rows.append({"family": case["family"], "case": r.scenario, "policy": registered[label],
+                     "variant": label if label != registered[label] else "",
+                     "seed": r.seed, "gpus": r.gpus, "horizon": r.horizon, "warmup": r.warmup,
+                     "R_star_plan": r.lp_bound, "bound": bound, "bound_label": "R*(window)" if wl is not None else "R*",
+                     "revenue_per_gpu": r.revenue_per_gpu, "revenue_ci": r.revenue_per_gpu_ci,
+                     "ratio": r.revenue_per_gpu / bound, "ratio_ci": r.revenue_per_gpu_ci / bound,
+                     "abandoned_fraction": r.abandoned_fraction, "requests": r.requests, "wall_seconds": r.wall_seconds,
+                     "mixed_gpus": plan.mixed_gpus, "x_over_n": ";".join(f"{v:.5f}" for v in xs),
+                     "x_star": ";".join(f"{v:.5f}" for v in plan.x),
+                     "x_err": float(np.max(np.abs(xs - np.asarray(plan.x)))) if wl is None else math.nan})
+    return pd.DataFrame(rows)
 
 
 # -- summary ----------------------------------------------------------------------------------------
@@ -291,7 +296,8 @@ def figure(df: pd.DataFrame, path: Path) -> None:
 
 
 # -- main -------------------------------------------------------------------------------------------
-def build_tasks(a) -> list[dict]:
+def build_runs(a) -> tuple[list[dict], dict[str, list[int]], list, dict]:
+    """The cases, seeds per family, policies (labelled ablation variants with --ablation) and options."""
     if a.quick:
         cases = (paper_cases([20], [300.0]) + grid_cases(20, 0.05, which={0, 3}) + dolly_cases(10, 300.0, k=1)
                  + trace_cases(((8, 1.0),), max_requests=1500))
@@ -309,27 +315,10 @@ def build_tasks(a) -> list[dict]:
         cases = [c for c in cases if c["family"] in a.families]
     if a.cases:
         cases = [c for c in cases if any(k in c["case"] for k in a.cases)]
-    tasks = []
     if a.ablation:
-        for c in cases:
-            for name, opts in ABLATION.items():
-                for s in seeds[c["family"]]:
-                    tasks.append({"case": c, "policy": NEW, "seed": s, "options": opts, "variant": name})
-        for c in cases:
-            for s in seeds[c["family"]]:
-                tasks.append({"case": c, "policy": "gi-wsp", "seed": s, "variant": "GI-WSP (reference)"})
-    else:
-        pols = a.policies or POLICIES
-        tasks = [{"case": c, "policy": p, "seed": s} for c in cases for p in pols for s in seeds[c["family"]]]
-    return tasks
-
-
-def _cost(t: dict) -> float:
-    c = t["case"]
-    if "trace" in c:
-        return 2e4
-    s = c["scenario"]
-    return sum(k.rate for k in s.classes) * c["horizon"]
+        policies = [(name, NEW) for name in ABLATION] + [("GI-WSP (reference)", "gi-wsp")]
+        return cases, seeds, policies, dict(ABLATION)
+    return cases, seeds, list(a.policies or POLICIES), {}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -356,25 +345,18 @@ def main(argv: list[str] | None = None) -> int:
     if a.replot:
         df = pd.read_csv(out / "runs.csv")
     else:
-        tasks = sorted(build_tasks(a), key=lambda t: -_cost(t))
-        recs = []
-        pool = Pool(a.workers) if a.workers > 1 else None
-        results = pool.imap_unordered(run_one, tasks) if pool is not None else map(run_one, tasks)
-        try:
-            for rec in results:
-                recs.append(rec)
-                print(f"  [{len(recs)}/{len(tasks)}] {rec['case']:28s} {rec['variant'] or LABEL[rec['policy']]:24s} "
-                      f"seed {rec['seed']} ratio={rec['ratio']:.4f} wall={rec['wall_seconds']:.0f}s", flush=True)
-                out.mkdir(parents=True, exist_ok=True)
-                pd.DataFrame(recs).to_csv(out / "runs.csv", index=False)  # partial results survive a kill
-        finally:
-            if pool is not None:
-                pool.close()
-        df = pd.DataFrame(recs)
+        cases, seeds, policies, options = build_runs(a)
+        frames = []
+        for fam in dict.fromkeys(c["family"] for c in cases):
+            # one comparison per family (each has its own seeds); its results store lets a rerun resume
+            frames.append(run_family([c for c in cases if c["family"] == fam], policies, options, seeds[fam], a,
+                                     out / fam))
+        df = pd.concat(frames, ignore_index=True)
         if a.merge is not None:
             old = pd.read_csv(a.merge)
             df = pd.concat([old[~old["policy"].isin(set(df["policy"]))], df], ignore_index=True)
-            df.to_csv(out / "runs.csv", index=False)
+        out.mkdir(parents=True, exist_ok=True)
+        df.to_csv(out / "runs.csv", index=False)
     if a.ablation:
         print_ablation(df)
     else:
@@ -390,7 +372,8 @@ def print_ablation(df: pd.DataFrame) -> None:
     df["policy"] = df["variant"]
     summ = summarise(df)
     fams = list(dict.fromkeys(summ["family"]))
-    names = list(dict.fromkeys(summ["policy"]))
+    present = set(summ["policy"])
+    names = [nm for nm in [*ABLATION, "GI-WSP (reference)"] if nm in present]
     print("\nMean revenue / R* per family (seeds and cases averaged):\n")
     print("| mechanisms | " + " | ".join(fams) + " |")
     print("|---" * (len(fams) + 1) + "|")

@@ -177,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     ax[2].set_xlabel("time (s)")
     ax[2].set_ylabel("solo decode slots per GPU")
     ax[2].set_title(f"Paths, n = {PATH_N}")
-    ax[2].legend(fontsize=6)
+    if paths:
+        ax[2].legend(fontsize=6)
     fig.tight_layout()
     p = a.fig_dir / "sli_routing.png"
     fig.savefig(p, dpi=85)
