@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 
 import fluidopt
+from fluidopt.executor import add_executor_arguments, executor_from_args
 from fluidopt.fluid import solve_fluid
 from fluidopt.harness import Comparison, compare
 
@@ -174,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ns", type=int, nargs="+", default=sorted(HORIZON))
     ap.add_argument("--seeds", type=int, default=5)
-    ap.add_argument("--workers", type=int, default=2)
+    add_executor_arguments(ap, workers=2)
     ap.add_argument("--horizon-scale", type=float, default=1.0, help="multiply every horizon (and the warm-up)")
     ap.add_argument("--quick", action="store_true", help="n in {5, 20, 200}, 2 seeds, short horizons")
     ap.add_argument("--replot", action="store_true", help="redraw from the tables in <out> only")
@@ -189,10 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     fleets = [fleet(n) for n in ns]
     # Runs go through the harness (one LP per fleet, handed to every run; a results store in --out,
     # so a rerun after Ctrl-C does only what is missing).
-    c = compare(fleets, [POLICY], seeds=range(seeds), workers=a.workers, out=a.out, progress=True,
-                horizon={s.name: HORIZON.get(s.gpus, max(1500.0, 1e6 / s.gpus)) * scale for s in fleets},
-                warmup=WARMUP * min(1.0, scale * 2),
-                sample_interval={s.name: 1.0 if s.gpus in PATH_NS else None for s in fleets})
+    with executor_from_args(a) as ex:
+        c = compare(fleets, [POLICY], seeds=range(seeds), executor=ex, out=a.out, progress=True,
+                    horizon={s.name: HORIZON.get(s.gpus, max(1500.0, 1e6 / s.gpus)) * scale for s in fleets},
+                    warmup=WARMUP * min(1.0, scale * 2),
+                    sample_interval={s.name: 1.0 if s.gpus in PATH_NS else None for s in fleets})
     return report(c, a)
 
 

@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from fluidopt import GPUProfile, RequestClass, Scenario
+from fluidopt.executor import add_executor_arguments, executor_from_args
 from fluidopt.fluid import solve_fluid
 from fluidopt.harness import compare
 
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--horizon-scale", type=float, default=1.0, help="multiply each instance's window")
     ap.add_argument("--draw-seed", type=int, default=2026)
     ap.add_argument("--seed", type=int, default=1, help="simulation seed (the same for every policy)")
-    ap.add_argument("--workers", type=int, default=2)
+    add_executor_arguments(ap, workers=2)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--replot", action="store_true", help="redraw from <out>/runs.csv without simulating")
     ap.add_argument("--out", type=Path, default=ROOT / "out" / "examples" / "baseline_grid")
@@ -107,8 +108,9 @@ def main(argv: list[str] | None = None) -> int:
         runs, total = pd.read_csv(a.out / "runs.csv"), float("nan")
     else:
         # Same seed for every policy: the same arrivals. The harness solves each instance's LP once.
-        c = compare(insts, POLICIES + EXTRA, seeds=[a.seed], workers=a.workers, out=a.out, progress=True,
-                    horizon={k: h for k, (h, _) in windows.items()}, warmup={k: w for k, (_, w) in windows.items()})
+        with executor_from_args(a) as ex:
+            c = compare(insts, POLICIES + EXTRA, seeds=[a.seed], executor=ex, out=a.out, progress=True,
+                        horizon={k: h for k, (h, _) in windows.items()}, warmup={k: w for k, (_, w) in windows.items()})
         runs, total = c.runs, c.wall_seconds
     df = runs.assign(instance=runs["scenario"].str[4:].astype(int), R_star=runs["lp_bound"])
     inst = pd.DataFrame([describe(s) for s in insts]).set_index("instance")

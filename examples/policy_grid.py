@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
 
 from fluidopt import RequestClass, Scenario, default_scenario  # noqa: E402
+from fluidopt.executor import add_executor_arguments, executor_from_args  # noqa: E402
 from fluidopt.model import paper_gpu  # noqa: E402
 
 TRACE = ROOT.parent / "shared" / "data" / "azure-llm-inference-2023" / "AzureLLMInferenceTrace_conv.csv"
@@ -143,7 +144,7 @@ def case_scenario(case: dict) -> tuple[Scenario, object, float, float]:
     return dataclasses.replace(case["scenario"], name=case["case"]), None, case["horizon"], case["warmup"]
 
 
-def run_family(cases: list[dict], policies: list, options: dict, seeds: list[int], a, out: Path) -> pd.DataFrame:
+def run_family(cases: list[dict], policies: list, options: dict, seeds: list[int], executor, out: Path) -> pd.DataFrame:
     """Every policy on every case of one family through :func:`fluidopt.harness.compare`; one row per run."""
     from fluidopt.fluid.realised import realised_bound
     from fluidopt.harness import compare
@@ -154,7 +155,7 @@ def run_family(cases: list[dict], policies: list, options: dict, seeds: list[int
     workloads = {k: wl for k, (_, _, wl, _, _) in built.items() if wl is not None}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", TraceWarning)
-        c = compare(scenarios, policies, options=options, seeds=seeds, workers=a.workers, out=out, progress=True,
+        c = compare(scenarios, policies, options=options, seeds=seeds, executor=executor, out=out, progress=True,
                     horizon={k: h for k, (_, _, _, h, _) in built.items()},
                     warmup={k: w for k, (_, _, _, _, w) in built.items()},
                     service={k: case["service"] for k, (case, *_) in built.items()}, workloads=workloads)
@@ -333,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", nargs="*", help="keep only cases whose name contains one of these strings")
     ap.add_argument("--families", nargs="*", choices=("paper", "grid", "dolly", "trace"))
     ap.add_argument("--ablation", action="store_true", help="run the mechanism ablation instead of the policies")
-    ap.add_argument("--workers", type=int, default=2)
+    add_executor_arguments(ap, workers=2)
     ap.add_argument("--replot", action="store_true", help="tables and figure from <out>/runs.csv")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--fig", type=Path, default=None)
@@ -347,10 +348,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         cases, seeds, policies, options = build_runs(a)
         frames = []
-        for fam in dict.fromkeys(c["family"] for c in cases):
-            # one comparison per family (each has its own seeds); its results store lets a rerun resume
-            frames.append(run_family([c for c in cases if c["family"] == fam], policies, options, seeds[fam], a,
-                                     out / fam))
+        with executor_from_args(a) as ex:
+            for fam in dict.fromkeys(c["family"] for c in cases):
+                # one comparison per family (each has its own seeds); its results store lets a rerun resume
+                frames.append(run_family([c for c in cases if c["family"] == fam], policies, options, seeds[fam], ex,
+                                         out / fam))
         df = pd.concat(frames, ignore_index=True)
         if a.merge is not None:
             old = pd.read_csv(a.merge)

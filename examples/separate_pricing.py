@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 import fluidopt
+from fluidopt.executor import add_executor_arguments, executor_from_args
 from fluidopt.fluid import solve_fluid
 from fluidopt.harness import Comparison, compare
 
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ns", type=int, nargs="+", default=[50, 200, 500, 2000])
     ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--workers", type=int, default=2)
+    add_executor_arguments(ap, workers=2)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--replot", action="store_true", help="tables and figure from the tables in <out>")
     ap.add_argument("--out", type=Path, default=ROOT / "out" / "examples" / "separate_pricing")
@@ -71,10 +72,11 @@ def main(argv: list[str] | None = None) -> int:
         c = Comparison.load(a.out)
     else:
         # One harness run: both LPs of every fleet solved once, each policy given its own pricing's plan.
-        c = compare(fleets, list(POLICY.values()), seeds=range(a.seeds), workers=a.workers, out=a.out, progress=True,
-                    horizon={s.name: HORIZON.get(s.gpus, 2000.0) * scale for s in fleets},
-                    warmup=WARMUP * min(1.0, 2 * scale),
-                    sample_interval={s.name: 2.0 if s.gpus == PATH_N else None for s in fleets})
+        with executor_from_args(a) as ex:
+            c = compare(fleets, list(POLICY.values()), seeds=range(a.seeds), executor=ex, out=a.out, progress=True,
+                        horizon={s.name: HORIZON.get(s.gpus, 2000.0) * scale for s in fleets},
+                        warmup=WARMUP * min(1.0, 2 * scale),
+                        sample_interval={s.name: 2.0 if s.gpus == PATH_N else None for s in fleets})
     # the ratio under each policy's own pricing, then the harness's t-intervals over seeds
     own = dataclasses.replace(c, runs=own_ratio(c))
     summ_t = own.summary(ci="t").set_index(["scenario", "policy"])

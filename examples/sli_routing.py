@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 import fluidopt
+from fluidopt.executor import add_executor_arguments, executor_from_args
 from fluidopt.fluid import DecodeFairness, solve_fluid
 from fluidopt.harness import Comparison, compare
 
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ns", type=int, nargs="+", default=[50, 200, 500, 2000])
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--backlog-n", type=int, default=500)
-    ap.add_argument("--workers", type=int, default=2)
+    add_executor_arguments(ap, workers=2)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--replot", action="store_true", help="tables and figure from the tables in <out>")
     ap.add_argument("--out", type=Path, default=ROOT / "out" / "examples" / "sli_routing")
@@ -107,12 +108,13 @@ def main(argv: list[str] | None = None) -> int:
     if a.replot:
         c1, c2 = Comparison.load(a.out / "fairness"), Comparison.load(a.out / "backlog")
     else:
-        common = dict(seeds=range(a.seeds), workers=a.workers, progress=True, warmup=w)
-        c1 = compare(part1, list(PART1.items()), out=a.out / "fairness",
-                     horizon={s.name: HORIZON.get(s.gpus, 2000.0) * scale for s in part1},
-                     sample_interval={s.name: 2.0 if s.gpus == PATH_N else None for s in part1}, **common)
-        c2 = compare(part2, list(PART2.items()), options=PART2_OPTIONS, out=a.out / "backlog", pricing="separate",
-                     horizon=HORIZON.get(a.backlog_n, 2000.0) * scale, **common)
+        with executor_from_args(a) as ex:
+            common = dict(seeds=range(a.seeds), executor=ex, progress=True, warmup=w)
+            c1 = compare(part1, list(PART1.items()), out=a.out / "fairness",
+                         horizon={s.name: HORIZON.get(s.gpus, 2000.0) * scale for s in part1},
+                         sample_interval={s.name: 2.0 if s.gpus == PATH_N else None for s in part1}, **common)
+            c2 = compare(part2, list(PART2.items()), options=PART2_OPTIONS, out=a.out / "backlog", pricing="separate",
+                         horizon=HORIZON.get(a.backlog_n, 2000.0) * scale, **common)
     base = fluidopt.default_scenario()
     names = base.class_names
     paths = y_paths(c1, names)

@@ -20,6 +20,7 @@ rerun loses nothing that was finished and redoes nothing that was stored.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import math
@@ -34,8 +35,8 @@ from typing import Any
 
 from fluidopt.errors import UsageError
 
-__all__ = ["Executor", "LocalExecutor", "DaskExecutor", "make_executor", "ResultStore", "run_key", "Progress",
-           "SCHEDULER_TIMEOUT_S"]
+__all__ = ["Executor", "LocalExecutor", "DaskExecutor", "make_executor", "add_executor_arguments",
+           "executor_from_args", "ResultStore", "run_key", "Progress", "SCHEDULER_TIMEOUT_S"]
 
 SCHEDULER_TIMEOUT_S = 10.0  # seconds to wait for an existing Dask scheduler before giving up
 
@@ -218,6 +219,29 @@ def make_executor(workers: int | None = None, *, dask: bool = False, scheduler: 
     if scheduler is not None or dask:
         return DaskExecutor(workers, scheduler, imports)
     return LocalExecutor(workers, imports)
+
+
+def add_executor_arguments(parser: argparse.ArgumentParser, *, workers: int | None = None) -> None:
+    """``--workers``, ``--dask`` and ``--scheduler`` on ``parser`` (the CLI's and the example scripts'
+    flags for where runs execute); :func:`executor_from_args` turns them into an :class:`Executor`."""
+    g = parser.add_argument_group("where runs execute (same numbers on every backend)")
+    g.add_argument("--workers", type=int, default=workers,
+                   help="local worker processes, or LocalCluster workers with --dask "
+                        f"(default: {workers if workers is not None else 'CPU count'})")
+    g.add_argument("--dask", action="store_true", help="run on a Dask LocalCluster (pip install 'fluidopt[dask]')")
+    g.add_argument("--scheduler", default=None, metavar="tcp://HOST:PORT",
+                   help="run on an existing Dask cluster (its scheduler's address)")
+
+
+def executor_from_args(args: argparse.Namespace, runs: int | None = None, imports: Sequence[str] = ()) -> Executor:
+    """The executor ``--workers``/``--dask``/``--scheduler`` ask for; local workers default to the CPU
+    count, capped at ``runs`` when given."""
+    workers = args.workers
+    if workers is not None:
+        _check_workers(workers)
+    if workers is None and runs is not None and not (args.dask or args.scheduler):
+        workers = max(1, min(os.cpu_count() or 1, runs))
+    return make_executor(workers, dask=args.dask, scheduler=args.scheduler, imports=imports)
 
 
 # -- progress -------------------------------------------------------------------------------------

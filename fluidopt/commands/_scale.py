@@ -7,12 +7,9 @@ import sys
 
 
 def add_scale_arguments(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("where runs execute (same numbers on every backend)")
-    g.add_argument("--workers", type=int, default=None,
-                   help="local worker processes, or LocalCluster workers with --dask (default: CPU count)")
-    g.add_argument("--dask", action="store_true", help="run on a Dask LocalCluster (pip install 'fluidopt[dask]')")
-    g.add_argument("--scheduler", default=None, metavar="tcp://HOST:PORT",
-                   help="run on an existing Dask cluster (its scheduler's address)")
+    from fluidopt.executor import add_executor_arguments
+
+    add_executor_arguments(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar (it is off anyway when stderr "
                    "is not a terminal)")
 
@@ -26,15 +23,9 @@ def check_workers(args: argparse.Namespace) -> None:
 
 def make_executor(args: argparse.Namespace, runs: int | None = None):
     """The executor the flags ask for; local workers are capped at the number of runs."""
-    from fluidopt.executor import make_executor as mk
+    from fluidopt.executor import executor_from_args
 
-    check_workers(args)
-    workers = args.workers
-    if workers is None and runs is not None and not (args.dask or args.scheduler):
-        import os
-
-        workers = max(1, min(os.cpu_count() or 1, runs))
-    return mk(workers, dask=args.dask, scheduler=args.scheduler, imports=getattr(args, "imports", ()) or ())
+    return executor_from_args(args, runs, imports=getattr(args, "imports", ()) or ())
 
 
 def progress_enabled(args: argparse.Namespace) -> bool:

@@ -114,3 +114,22 @@ def test_malformed_scheduler_cli_exit_2(address, capsys):
                "--scheduler", address, "--out", ""])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "--scheduler: expected an address tcp://HOST:PORT" in err
+
+
+@pytest.mark.integration
+def test_an_example_grid_runs_on_the_cluster(cluster, tmp_path, capsys):
+    """The example scripts take the CLI's --scheduler: baseline_grid on the cluster, same table as local."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "baseline_grid.py"
+    spec = importlib.util.spec_from_file_location("fluidopt_example_baseline_grid_dask", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    tables = []
+    for where in (["--workers", "1"], ["--scheduler", cluster]):
+        out = tmp_path / where[0].strip("-")
+        assert mod.main(["--quick", "--instances", "1", *where, "--out", str(out), "--fig-dir", str(tmp_path)]) == 0
+        tables.append([ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| 0 |")])
+        df = pd.read_csv(out / "runs.csv")
+    assert tables[0] == tables[1] and len(tables[0]) == 2
+    assert df["ratio"].notna().all()
