@@ -54,29 +54,35 @@ class ReservedPrefillFCFS(Controller):
         """KV room on g for r's prompt (plus the tokens it already generated); always without a KV cap."""
         return not self._kv or ctx.gpu_kv_free(g) >= ctx.req_prompt(r) + ctx.req_generated(r)
 
+    # The handlers below run once or twice per request (the textbook benchmarks' hot path): the KV
+    # check is skipped without a KV cap, and pool membership is tested without a generator.
     def on_arrival(self, ctx: Context, r: int) -> None:
         if ctx.qlen(PREFILL_QUEUE) == 0:
             g = self._idle.choice()
-            if g >= 0 and self._fits(ctx, r, g):
+            if g >= 0 and (not self._kv or self._fits(ctx, r, g)):
                 ctx.start_prefill(r, g)
 
     def on_prefill_done(self, ctx: Context, r: int, g: int) -> None:
+        kv = self._kv
         for s in self._dec:
             if s:
                 h = s.choice()
-                if self._fits(ctx, r, h):
+                if not kv or self._fits(ctx, r, h):
                     ctx.start_decode(r, h)
                     return
 
     def on_slot_freed(self, ctx: Context, g: int) -> None:
+        kv = self._kv
         if g in self._idle:
             r = ctx.head(PREFILL_QUEUE)
-            if r >= 0 and self._fits(ctx, r, g):
+            if r >= 0 and (not kv or self._fits(ctx, r, g)):
                 ctx.start_prefill(r, g)
-        if ctx.qlen(DECODE_QUEUE) and any(s is not None and g in s for s in self._dec):
-            r = ctx.head(DECODE_QUEUE)
-            if self._fits(ctx, r, g):
-                ctx.start_decode(r, g)
+        if ctx.qlen(DECODE_QUEUE):
+            solo, mixed = self._dec
+            if g in mixed or (solo is not None and g in solo):
+                r = ctx.head(DECODE_QUEUE)
+                if not kv or self._fits(ctx, r, g):
+                    ctx.start_decode(r, g)
 
 
 @register("reserved-prefill-fcfs",
