@@ -96,3 +96,17 @@ def random_fleet(draw):
     s = Scenario(gpu=gpu, gpus=n, classes=classes, prefill_price=draw(st.floats(0.0, 0.3)),
                  decode_price=draw(st.floats(0.01, 0.3)), name="random")
     return s, service
+
+
+def load_example(name: str):
+    """Import ``examples/<name>.py`` as a module (once per name: it may register controllers)."""
+    import importlib.util
+
+    key = f"fluidopt_example_{name}"
+    if key in sys.modules:
+        return sys.modules[key]
+    spec = importlib.util.spec_from_file_location(key, ROOT / "examples" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[key] = mod
+    spec.loader.exec_module(mod)
+    return mod

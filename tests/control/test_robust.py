@@ -349,15 +349,10 @@ def test_robust_controllers_keep_engine_invariants(case):
 def test_policy_grid_example_quick(tmp_path):
     # the example's --quick size, the paper family only, in this process: every policy runs and the
     # table's inputs are written
-    import importlib.util
-    from pathlib import Path
-
     import pandas as pd
+    from builders import load_example
 
-    path = Path(__file__).resolve().parents[2] / "examples" / "policy_grid.py"
-    spec = importlib.util.spec_from_file_location("policy_grid", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_example("policy_grid")
     assert mod.main(["--quick", "--workers", "1", "--families", "paper", "--out", str(tmp_path)]) == 0
     df = pd.read_csv(tmp_path / "runs.csv")
     assert set(df["policy"]) == set(mod.POLICIES)

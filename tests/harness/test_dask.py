@@ -119,12 +119,9 @@ def test_malformed_scheduler_cli_exit_2(address, capsys):
 @pytest.mark.integration
 def test_an_example_grid_runs_on_the_cluster(cluster, tmp_path, capsys):
     """The example scripts take the CLI's --scheduler: baseline_grid on the cluster, same table as local."""
-    import importlib.util
+    from builders import load_example
 
-    path = Path(__file__).resolve().parents[2] / "examples" / "baseline_grid.py"
-    spec = importlib.util.spec_from_file_location("fluidopt_example_baseline_grid_dask", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_example("baseline_grid")
     tables = []
     for where in (["--workers", "1"], ["--scheduler", cluster]):
         out = tmp_path / where[0].strip("-")

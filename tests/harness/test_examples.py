@@ -6,28 +6,19 @@ Each example is imported once (it registers a controller at import time) and dri
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
+from builders import ROOT, load_example
 
 from fluidopt.control.protocol import Context
 from fluidopt.control.registry import available, make_controller
 from fluidopt.sim.api import simulate
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"fluidopt_example_{name}", EXAMPLES / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+_load = load_example
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +87,7 @@ def test_real_router_snapshot_speaks_the_protocol(router):
 def test_examples_run_as_scripts():
     for args in (["custom_controller.py", "--gpus", "2", "--horizon", "10", "--seeds", "1"],
                  ["real_router.py", "--gpus", "2", "--requests", "6", "--time-scale", "0.001", "--quiet"]):
-        p = subprocess.run([sys.executable, str(EXAMPLES / args[0]), *args[1:]], capture_output=True, text=True,
+        p = subprocess.run([sys.executable, str(ROOT / "examples" / args[0]), *args[1:]], capture_output=True, text=True,
                            timeout=120)
         assert p.returncode == 0, p.stderr
     assert "served 6 of 6 requests" in p.stdout

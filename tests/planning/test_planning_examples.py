@@ -2,22 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pandas as pd
 import pytest
+from builders import load_example
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"fluidopt_example_{name}", EXAMPLES / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+_load = load_example
 
 
 def test_capacity_planning_quick(tmp_path, capsys):
