@@ -409,7 +409,10 @@ def _case_child(spec: dict) -> None:
     where = Path(fluidopt.__file__).resolve()
     if tree and not where.is_relative_to(Path(tree).resolve()):
         raise SystemExit(f"bench_sim: fluidopt was imported from {where}, not from the tree {tree}")
-    from fluidopt.sim.backend import compiled_status
+    try:
+        from fluidopt.sim.backend import compiled_status
+    except ImportError:  # a BEFORE tree from before backend selection moved out of sim/core.py
+        from fluidopt.sim.core import compiled_status
 
     kind = spec["kind"]
     if kind == "fleet":
@@ -453,8 +456,10 @@ def _run_child(spec: dict, tree: Path, script: Path = HERE) -> dict:
 def _preflight(trees: dict[str, Path], allow_python: bool) -> dict[str, dict]:
     """Which engine each tree will run (checked in a fresh interpreter, which also compiles its .pyc
     files); stop unless both are compiled."""
-    code = ("import fluidopt, fluidopt.sim.api, json, hashlib, pathlib; from fluidopt.sim.backend import compiled_status; "
-            "ok, why = compiled_status(); h = pathlib.Path(fluidopt.sim.backend.__file__).parent; "
+    code = ("import fluidopt, fluidopt.sim.api, json, hashlib, pathlib, importlib\n"
+            "try:\n    b = importlib.import_module('fluidopt.sim.backend')\n"
+            "except ImportError:\n    b = importlib.import_module('fluidopt.sim.core')  # trees before the rename\n"
+            "ok, why = b.compiled_status(); h = pathlib.Path(b.__file__).parent; "
             "sha = hashlib.sha256((h / 'engine.py').read_bytes() + b'\\0' + (h / 'engine.pxd').read_bytes()); "
             "sha = sha.hexdigest(); "
             "print(json.dumps({'file': fluidopt.__file__, 'compiled': ok, 'why': why, 'sha': sha}))")

@@ -53,7 +53,11 @@ import sys
 from pathlib import Path
 
 import fluidopt
-from fluidopt.sim.backend import compiled_status
+
+try:
+    from fluidopt.sim.backend import compiled_status
+except ImportError:  # trees from before backend selection moved out of fluidopt/sim/core.py
+    from fluidopt.sim.core import compiled_status
 
 ok, why = compiled_status()
 where = Path(fluidopt.__file__).resolve()

@@ -129,6 +129,9 @@ cdef class Engine:
     @cython.locals(c=Py_ssize_t, lst=list, k=Py_ssize_t, s=Py_ssize_t, q_tail="long long[::1]", tl=Py_ssize_t)
     cdef _enqueue_new(self, Py_ssize_t r, Py_ssize_t q)
 
+    @cython.locals(gb=Py_ssize_t)
+    cdef _gpu_emptied(self, Py_ssize_t g, double t)
+
     @cython.locals(n=Py_ssize_t)
     cdef _race_add(self, Py_ssize_t r, Py_ssize_t s)
 

@@ -941,11 +941,7 @@ class Engine:
             self._isdirty[g] = True
             self._dirty.append(g)
         if n1 == 0:
-            gb = self._gbase
-            cnt[gb] -= 1
-            acc[gb] -= t
-            if self.g_state[g] == G_DRAINING:
-                self._offline(g, t)
+            self._gpu_emptied(g, t)
         if not markov and not self.r_host[r] and self.kvcap >= 0 and self.r_prompt[r] + self.r_gen[r] + 1 > self.kvcap:
             self._ctr[NC * c + C_DROPPED] += 1
             cb = self._cb_drop
@@ -968,6 +964,14 @@ class Engine:
     # =============================================================================================
     # Actions
     # =============================================================================================
+    def _gpu_emptied(self, g: int, t: float) -> None:
+        """g's last request left it: one busy GPU fewer (and a draining GPU goes offline)."""
+        gb = self._gbase
+        self._cnt[gb] -= 1
+        self._acc[gb] -= t
+        if self.g_state[g] == G_DRAINING:
+            self._offline(g, t)
+
     def _check_gpu(self, what: str, g: object) -> None:
         if isinstance(g, bool) or not isinstance(g, int) or not 0 <= g < self.n:
             raise ActionError(f"{what}: GPU {g!r} does not exist (expected an integer in 0..{self.n - 1})")
@@ -1462,11 +1466,7 @@ class Engine:
         n1 = gc[g] - 1
         gc[g] = n1
         if n1 == 0:
-            gb = self._gbase
-            cnt[gb] -= 1
-            acc[gb] -= t
-            if self.g_state[g] == G_DRAINING:
-                self._offline(g, t)
+            self._gpu_emptied(g, t)
         else:
             self._switch_mode(g, False, t)
         if self.markov:
@@ -1524,11 +1524,7 @@ class Engine:
         gc[g] = n1
         self.g_dcls[g * self.I + c] -= 1
         if n1 == 0:
-            gb = self._gbase
-            cnt[gb] -= 1
-            acc[gb] -= t
-            if self.g_state[g] == G_DRAINING:
-                self._offline(g, t)
+            self._gpu_emptied(g, t)
         out = self.r_output[r]
         prompt = self.r_prompt[r]
         self._dremove(g, r, nd)
@@ -1878,7 +1874,6 @@ class Engine:
         c = self.r_cls[r]
         cnt = self._cnt
         acc = self._acc
-        gb = self._gbase
         if self.r_phase[r] == PREFILL:
             ptok = self.r_prompt[r] + self.r_gen[r]
             k = NQ * c + Q_X
@@ -1904,10 +1899,7 @@ class Engine:
         n1 = self.g_cnt[g] - 1
         self.g_cnt[g] = n1
         if n1 == 0:
-            cnt[gb] -= 1
-            acc[gb] -= t
-            if self.g_state[g] == G_DRAINING:
-                self._offline(g, t)
+            self._gpu_emptied(g, t)
         self.r_npre[r] += 1
         self.r_gpu[r] = -1
         self._ctr[NC * c + C_PREEMPTED] += 1
