@@ -168,6 +168,7 @@ def plan_fleet(
     replace the GPU law's batch rates (requests/s per leftover base GPU / per batch instance), e.g.
     by measured ones when a controller re-plans."""
     from scipy.optimize import linprog
+    from scipy.sparse import coo_array
 
     if slot <= 0 or not math.isfinite(slot):
         raise ScenarioError(f"plan_fleet: slot: expected seconds > 0, got {slot!r}")
@@ -216,41 +217,54 @@ def plan_fleet(
     for j in range(J):
         for k in range(K):  # earliest service among the equally cheap schedules
             c[ixm(j, k)] = c[ixb(j, k)] = 1e-9 * (k + 1) / max(1.0, backlogs[j].n)
-    A, bub = [], []
+    # the constraint matrices are built sparse (COO triplets): a day in minute slots has thousands of
+    # columns per row, and HiGHS takes the same compressed-column matrix either way
+    ai: list[int] = []
+    aj: list[int] = []
+    av: list[float] = []
+    bub: list[float] = []
     for k in range(K):
-        row = np.zeros(nv)  # sum_j x_mix_jk <= slot mu_mix (b_k - demand_k)
-        row[ib[k]] = -slot * mu_mix
+        r0 = 3 * k  # sum_j x_mix_jk <= slot mu_mix (b_k - demand_k)
+        ai.append(r0)
+        aj.append(ib[k])
+        av.append(-slot * mu_mix)
         for j in range(J):
-            row[ixm(j, k)] = 1.0
-        A.append(row)
+            ai.append(r0)
+            aj.append(ixm(j, k))
+            av.append(1.0)
         bub.append(-slot * mu_mix * demand[k])
-        row = np.zeros(nv)  # sum_j x_bat_jk <= slot mu_bat m_k
-        row[im[k]] = -slot * mu_bat
+        ai.append(r0 + 1)  # sum_j x_bat_jk <= slot mu_bat m_k
+        aj.append(im[k])
+        av.append(-slot * mu_bat)
         for j in range(J):
-            row[ixb(j, k)] = 1.0
-        A.append(row)
+            ai.append(r0 + 1)
+            aj.append(ixb(j, k))
+            av.append(1.0)
         bub.append(0.0)
-        row = np.zeros(nv)  # b_k + m_k <= n_max
-        row[ib[k]] = row[im[k]] = 1.0
-        A.append(row)
+        ai += [r0 + 2, r0 + 2]  # b_k + m_k <= n_max
+        aj += [ib[k], im[k]]
+        av += [1.0, 1.0]
         bub.append(float(nmax))
-    Aeq, beq = [], []
+    ei: list[int] = []
+    ej: list[int] = []
+    beq: list[float] = []
     bounds = [(0.0, None)] * nv
     for k in range(K):
         bounds[ib[k]] = (max(min_gpus, demand[k]), None)
         if batch_now is not None and times[k] < start + startup_delay:
             bounds[im[k]] = (0.0, float(batch_now))
     for j, job in enumerate(backlogs):
-        row = np.zeros(nv)
         for k in range(K):
             t0, t1 = times[k], times[k] + slot
             if t0 + 1e-9 < job.at or t1 > job.deadline + 1e-9:
                 bounds[ixm(j, k)] = bounds[ixb(j, k)] = (0.0, 0.0)
-            row[ixm(j, k)] = row[ixb(j, k)] = 1.0
-        Aeq.append(row)
+            ei += [j, j]
+            ej += [ixm(j, k), ixb(j, k)]
         beq.append(float(job.n))
-    res = linprog(c, A_ub=np.array(A), b_ub=np.array(bub), A_eq=np.array(Aeq) if Aeq else None,
-                  b_eq=np.array(beq) if beq else None, bounds=bounds, method="highs")
+    A = coo_array((av, (ai, aj)), shape=(3 * K, nv)).tocsc()
+    Aeq = coo_array((np.ones(len(ei)), (ei, ej)), shape=(J, nv)).tocsc() if J else None
+    res = linprog(c, A_ub=A, b_ub=np.array(bub), A_eq=Aeq, b_eq=np.array(beq) if J else None, bounds=bounds,
+                  method="highs")
     if res.status == 2:
         raise InfeasibleError(
             f"plan_fleet: no fleet of at most {nmax} GPUs serves the interactive load and finishes the backlog "
