@@ -157,6 +157,7 @@ def plan_fleet(
     interactive: Sequence[int] | None = None,
     mu_mix: float | None = None,
     mu_bat: float | None = None,
+    level: bool = False,
 ) -> FleetPlan:
     """Solve the multi-period fleet LP (module docstring) over ``[start, end)`` (default: to the last
     deadline) in slots of ``slot`` seconds. ``interactive_rate``: requests/s of the interactive
@@ -166,7 +167,9 @@ def plan_fleet(
     ``startup_delay``: batch instances already up, the only ones usable before ``start +
     startup_delay``. Interactive classes default to those without a deadline. ``mu_mix`` / ``mu_bat``
     replace the GPU law's batch rates (requests/s per leftover base GPU / per batch instance), e.g.
-    by measured ones when a controller re-plans."""
+    by measured ones when a controller re-plans. ``level``: a second stage that, among the schedules
+    with the optimal GPU-hours, picks one with the smallest peak fleet (the optimum is degenerate in
+    when batch work runs; the first stage alone may serve it in scattered bursts at the maximum)."""
     from scipy.optimize import linprog
     from scipy.sparse import coo_array
 
@@ -272,6 +275,8 @@ def plan_fleet(
             conflicting=("max_gpus", "deadline"))
     if res.status != 0:
         raise SolverError(f"plan_fleet: HiGHS failed: {res.message}")
+    if level:
+        res = _level(res, c, A, np.array(bub), Aeq, beq, bounds, ib, im, slot)
     x = res.x
     xm = np.array([sum(x[ixm(j, k)] for j in range(J)) for k in range(K)])
     xb = np.array([sum(x[ixb(j, k)] for j in range(J)) for k in range(K)])
@@ -279,3 +284,31 @@ def plan_fleet(
     return FleetPlan(slot=float(slot), times=times, base=x[ib].copy(), batch=x[im].copy(), served_mixed=xm,
                      served_batch=xb, interactive_demand=demand, gpu_hours=gh, mu_int=mu_int, mu_mix=mu_mix,
                      mu_bat=mu_bat)
+
+
+def _level(res, c, A, bub, Aeq, beq, bounds, ib, im, slot):
+    """Second stage of :func:`plan_fleet`: minimise the peak fleet P subject to the first stage's
+    GPU-hours (to a relative 1e-9) and every first-stage constraint; the early-service costs stay as a
+    tie-break."""
+    from scipy.optimize import linprog
+    from scipy.sparse import coo_array, hstack, vstack
+
+    nv = len(c)
+    K = len(ib)
+    gh = np.zeros(nv + 1)
+    gh[ib] = gh[im] = slot / 3600.0
+    opt = float(gh[:nv] @ res.x)
+    rows = np.concatenate([np.repeat(np.arange(K), 2), np.arange(K)])
+    cols = np.concatenate([np.column_stack([ib, im]).ravel(), np.full(K, nv)])
+    vals = np.concatenate([np.ones(2 * K), -np.ones(K)])
+    peak = coo_array((vals, (rows, cols)), shape=(K, nv + 1))
+    A2 = vstack([hstack([A, coo_array((A.shape[0], 1))]), peak, coo_array(gh.reshape(1, -1))]).tocsc()
+    b2 = np.concatenate([bub, np.zeros(K), [opt * (1 + 1e-9) + 1e-12]])
+    c2 = np.append(c - gh[:nv], 1.0)  # the peak, plus the early-service tie-break of the first stage
+    Aeq2 = hstack([Aeq, coo_array((Aeq.shape[0], 1))]).tocsc() if Aeq is not None else None
+    r2 = linprog(c2, A_ub=A2, b_ub=b2, A_eq=Aeq2, b_eq=np.array(beq) if Aeq is not None else None,
+                 bounds=list(bounds) + [(0.0, None)], method="highs")
+    if r2.status != 0:  # pragma: no cover - the first stage's point is feasible here
+        return res
+    r2.x = r2.x[:nv]
+    return r2
