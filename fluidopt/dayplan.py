@@ -13,8 +13,9 @@ Batch classes of the scenario: a class with ``deadline`` (s after arrival) or ``
 end of its last slot plus ``deadline`` (rounded up to a slot boundary), or by ``deadline_at``; a
 group that starts at or after ``deadline_at`` can never meet it and is left out (counted in
 ``notes``). Both are relaxations (work available earlier, due no earlier than the real requests),
-so the optimum stays a lower bound. Deadlines after the day's end are moved to its end: the plan
-finishes, within the day, every request that arrives in it.
+so the optimum stays a lower bound. Explicit backlogs are rounded outwards to whole slots the same
+way. Deadlines after the day's end are moved to its end: the plan finishes, within the day, every
+request that arrives in it.
 """
 
 from __future__ import annotations
@@ -333,7 +334,10 @@ def plan_day(
             due = end
         if due <= at:
             raise UsageError(f"--backlog {name}={n:g}@{at:g}: its deadline {due:g} s is not after its arrival")
-        jobs.append(BacklogJob(name, float(n), float(at), float(due)))
+        # whole slots, rounded outwards (available from the slot it arrives in, due at the end of the slot
+        # holding its deadline): a relaxation, so the optimum stays a lower bound at any slot length
+        jobs.append(BacklogJob(name, float(n), math.floor(at / slot + 1e-9) * slot,
+                               min(end, math.ceil(due / slot - 1e-9) * slot)))
     if class_arrivals and bat:
         jobs += _class_jobs(scenario, bat, K, slot, end, notes)
     try:

@@ -95,6 +95,9 @@ def test_backlog_due_by_a_deadline_by_hand():
     ref = plan_fleet(sc, [BacklogJob("batch", 20000, 600.0, 3000.0)], end=3600.0, slot=600.0, utilisation=1.0,
                      interactive_rate=rates)
     assert d.gpu_hours == pytest.approx(ref.gpu_hours, rel=1e-9)
+    # a backlog arriving inside a slot is available from that slot's start (whole slots, rounded outwards)
+    mid = plan_day(sc, rates, slot=600.0, backlogs=[("batch", 20000, 900.0)])
+    assert mid.backlogs[0].at == 600.0 and mid.gpu_hours == pytest.approx(d.gpu_hours, rel=1e-9)
     # a kept base fleet lends its leftover first (at mu_mix), so the backlog costs less extra
     k = plan_day(sc, rates, slot=600.0, backlogs=[("batch", 20000, 600.0)], min_gpus=4)
     spare = sum(4 - r / fp.mu_int for r in rates[1:5]) * 600.0 * fp.mu_mix
