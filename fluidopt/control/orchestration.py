@@ -10,7 +10,9 @@ run (the simulator's fleet actions: ``add_gpu``, ``drain_gpu``, ``set_max_decode
   autoscaler that sets each instance's batch limit to the largest batch whose iteration time (from
   the GPU law) meets the ITL target of the work it serves; a global autoscaler that adds batch
   instances when the batch queue's estimated drain time would miss the deadline and drains them when
-  it would not;
+  it would not, and scales the interactive side from the interactive load (:func:`interactive_step`:
+  up when the last tick's rate or the TTFT/ITL headroom says it is short, down after a cooldown of
+  over-provisioning, never below a minimum);
 * ``qlm``: a fixed fleet; requests grouped by class (one SLO per class); the group served next is
   the one with the least predicted slack (the waiting-time estimate against its SLO), which
   maximises predicted attainment when some group must wait; batch work is evicted for an interactive
