@@ -235,3 +235,28 @@ def test_chiron_scales_the_interactive_pool_with_the_load(minimum):
         make_controller("chiron", sc, min_interactive=-1)
     with pytest.raises(ScenarioError, match="chiron: interactive_utilisation: expected a fraction in"):
         make_controller("chiron", sc, interactive_utilisation=1.5)
+
+
+@pytest.mark.parametrize("backend", ["python"] + (["compiled"] if core.compiled_status()[0] else []))
+def test_the_fleet_actions_protocol_is_what_the_engine_offers(backend):
+    from fluidopt.control.protocol import Context, FleetActions, FleetView
+    from fluidopt.control.snapshot import ClusterSnapshot
+    from fluidopt.sim.api import make_engine
+
+    sc, wl = workflow()
+    eng = make_engine(sc, "chiron", horizon=10.0, seed=1, service="tokens", workload=wl, backend=backend)
+    assert isinstance(eng, Context) and isinstance(eng, FleetActions) and isinstance(eng, FleetView)
+    snap = ClusterSnapshot(2, 4, ("a",))
+    assert isinstance(snap, Context) and not isinstance(snap, FleetActions)  # a router's snapshot has no fleet
+    # the documented errors: a batch limit of 0, draining an offline GPU, adding beyond the maximum
+    from fluidopt.errors import ActionError
+
+    eng.start()
+    with pytest.raises(ActionError, match=r"batch limit: expected an integer in 1\.\.64"):
+        eng.set_max_decodes(0, 0)
+    with pytest.raises(ActionError, match="already offline"):
+        eng.drain_gpu(9)
+    for _ in range(6):
+        eng.add_gpu()
+    with pytest.raises(ActionError, match="all 10 GPUs .* are already in the fleet"):
+        eng.add_gpu()
