@@ -260,3 +260,18 @@ def test_the_fleet_actions_protocol_is_what_the_engine_offers(backend):
         eng.add_gpu()
     with pytest.raises(ActionError, match="all 10 GPUs .* are already in the fleet"):
         eng.add_gpu()
+
+
+def test_interactive_spares_are_typed_at_setup_and_kept_from_the_batch_autoscaler():
+    from fluidopt.sim.api import make_engine
+
+    sc, wl = workflow()  # 10 GPUs, 4 online: 1 interactive, 3 mixed, 6 offline
+    ctrl = make_controller("chiron", sc, interactive_spares=2)
+    eng = make_engine(sc, ctrl, horizon=450.0, seed=3, service="tokens", workload=wl)
+    eng.start()
+    assert ctrl.batch_gpus == [4, 5, 6, 7] and [eng.gpu_pool(g) for g in (8, 9)] == [0, 0]
+    assert make_controller("chiron", sc)._spares(6, 4) == 0  # default: the base covers twice the rate
+    eng.advance()
+    res = eng.finish()
+    log = res.meta["fleet_log"]
+    assert log["gpus"].max() <= 10 and res.per_class.loc["batch", "slo_attainment"] == 1.0
