@@ -20,6 +20,10 @@ TTFT - P_i tau / C, Little's law) and prefill fairness; p99 TTFT has no fluid co
 checked in simulation only.
 
 Demand is the scenario's class arrival rates for the whole fleet (its ``gpus`` is ignored).
+
+:func:`plan_day` (``fluidopt plan --day``, module :mod:`fluidopt.dayplan`) answers the other planning
+question, GPU-hours for a day whose interactive rate changes per time slot and whose batch work has
+deadlines, from the multi-period fluid LP.
 """
 
 from __future__ import annotations
@@ -34,11 +38,13 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from fluidopt.dayplan import DayPlan, plan_day  # noqa: F401  (GPU-hours for a day: `fluidopt plan --day`)
 from fluidopt.errors import ScenarioError, UsageError
 from fluidopt.fluid.sli import SLI, TPOT, MaxPrefillWait, MinServedFraction, PrefillFairness, sli_spec
 from fluidopt.model import GPUProfile, Scenario
 
-__all__ = ["PlanSLIs", "PlanResult", "plan", "fluid_plan_slis", "batch_chunk_study", "simulation_window"]
+__all__ = ["PlanSLIs", "PlanResult", "plan", "fluid_plan_slis", "batch_chunk_study", "simulation_window", "DayPlan",
+           "plan_day"]
 
 CONFIDENCE = 0.95
 _STEPS = (0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)  # search: n0 (1 + f), until an SLI set holds

@@ -45,6 +45,20 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--out", default="", help="folder for plan.csv, curves.csv, sli_vs_n.png and the results "
                    "store (a rerun skips finished runs); default: save nothing")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
+    d = p.add_argument_group("GPU-hours for a day (--day: the multi-period fluid LP, docs/planning.md section 2)")
+    d.add_argument("--day", action="store_true", help="plan the fleet per time slot for a day whose interactive rate "
+                   "is given per slot, with the batch work done by its deadlines; report GPU-hours and cost")
+    d.add_argument("--rates", default=None, metavar="FILE.csv", help="the interactive rate per slot (requests/s): a "
+                   "'rate' column, one row per slot")
+    d.add_argument("--trace", default=None, metavar="FILE", help="a trace (Azure LLM inference or generic CSV) whose "
+                   "arrivals, binned per slot, give the interactive rates")
+    d.add_argument("--slot", type=float, default=3600.0, help="slot length in seconds (default 3600)")
+    d.add_argument("--backlog", action="append", default=[], metavar="CLASS=N@AT", help="N requests of batch class "
+                   "CLASS arriving at AT seconds, due by the class's deadline (repeatable)")
+    d.add_argument("--utilisation", type=float, default=1.0, help="target utilisation of the interactive GPUs "
+                   "(default 1: the lower bound; below 1 keeps headroom)")
+    d.add_argument("--min-gpus", type=float, default=0.0, help="GPUs kept in every slot (default 0)")
+    d.add_argument("--max-gpus", type=int, default=None, help="the fleet's maximum (default the scenario's gpus)")
     add_controller_arguments(p)
     add_scale_arguments(p)
     return p
@@ -75,6 +89,11 @@ def run(args: argparse.Namespace) -> int:
     from fluidopt.scenario import load_scenario
 
     import_user_modules(args.imports)
+    if args.day:
+        return _run_day(args)
+    for flag in ("rates", "trace", "backlog"):
+        if getattr(args, flag):
+            raise UsageError(f"--{flag}: only with --day (GPU-hours for a day)")
     options = parse_options(args.option)
     check_workers(args)
     slis = PlanSLIs(served=args.served, tpot=args.tpot, ttft=args.ttft, ttft_p99=args.ttft_p99,
@@ -168,3 +187,54 @@ def _report(table, fluid_only: bool) -> str:
                                  else f"{r['cost_per_million_output_tokens']:.4f}")
         rows.append(row)
     return pd.DataFrame(rows).to_string(index=False)
+
+
+def _run_day(args: argparse.Namespace) -> int:
+    """``fluidopt plan --day``: the fleet per slot for the day, GPU-hours and cost."""
+    from fluidopt.dayplan import parse_backlog, plan_day, read_rates_csv
+    from fluidopt.errors import UsageError
+    from fluidopt.scenario import load_scenario
+
+    if args.rates and args.trace:
+        raise UsageError("plan --day: expected one of --rates FILE and --trace FILE, got both")
+    if not args.rates and not args.trace:
+        raise UsageError("plan --day: expected the day's interactive rate per slot: --rates FILE.csv or --trace FILE")
+    if not math.isfinite(args.slot) or args.slot <= 0:
+        raise UsageError(f"--slot: expected seconds > 0, got {args.slot:g}")
+    scenario = load_scenario(args.scenario)
+    rates = read_rates_csv(args.rates) if args.rates else None
+    backlogs = [parse_backlog(b) for b in args.backlog]
+    d = plan_day(scenario, rates, trace=args.trace or None, slot=args.slot, backlogs=backlogs,
+                 utilisation=args.utilisation, min_gpus=args.min_gpus, max_gpus=args.max_gpus)
+    files: list[str] = []
+    if args.out:
+        from fluidopt.harness import write_csv_atomic
+
+        out = Path(args.out)
+        if out.exists() and not out.is_dir():
+            raise UsageError(f"--out: {out} exists and is not a folder")
+        out.mkdir(parents=True, exist_ok=True)
+        files.append(str(write_csv_atomic(d.to_frame(), out / "day.csv")))
+    if args.json:
+        print(json.dumps({"scenario": scenario.name, **d.to_dict(), "files": files}, indent=2, default=str))
+        return 0
+    price = d.price_per_gpu_hour
+    kind = "lower bound" if d.utilisation == 1.0 else f"plan at utilisation {d.utilisation:g}"
+    print(f"fluidopt plan --day: {scenario.name}, {d.slots} slots of {d.slot:g} s ({d.slots * d.slot / 3600:g} h), "
+          f"interactive {d.rates.min():.3g}-{d.rates.max():.3g} requests/s, "
+          f"{sum(j.n for j in d.backlogs):,.0f} batch requests")
+    print(f"GPU-hours: {d.gpu_hours:.2f} ({kind}); whole GPUs per slot: {d.gpu_hours_int:.2f}; peak {d.peak_gpus} GPUs")
+    if price is not None:
+        print(f"cost at {price:g} per GPU-hour: {d.cost:.2f} (whole GPUs: {d.cost_int:.2f})")
+    else:
+        print("cost: - (no price_per_hour in the scenario's [gpu])")
+    print()
+    f = d.to_frame()
+    show = f[["t_start", "rate", "gpus", "gpus_int", "batch_gpus", "binding"]].copy()
+    show.columns = ["start (s)", "rate (1/s)", "GPUs", "whole", "batch GPUs", "binding"]
+    print(show.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    for n in d.notes:
+        print(f"note: {n}")
+    if files:
+        print(f"\nsaved: {', '.join(files)}")
+    return 0

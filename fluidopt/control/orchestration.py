@@ -10,7 +10,9 @@ run (the simulator's fleet actions: ``add_gpu``, ``drain_gpu``, ``set_max_decode
   autoscaler that sets each instance's batch limit to the largest batch whose iteration time (from
   the GPU law) meets the ITL target of the work it serves; a global autoscaler that adds batch
   instances when the batch queue's estimated drain time would miss the deadline and drains them when
-  it would not;
+  it would not, and scales the interactive side from the interactive load (:func:`interactive_step`:
+  up when the last tick's rate or the TTFT/ITL headroom says it is short, down after a cooldown of
+  over-provisioning, never below a minimum);
 * ``qlm``: a fixed fleet; requests grouped by class (one SLO per class); the group served next is
   the one with the least predicted slack (the waiting-time estimate against its SLO), which
   maximises predicted attainment when some group must wait; batch work is evicted for an interactive
@@ -47,6 +49,7 @@ __all__ = [
     "UtilisationAutoscaler",
     "FleetPlan",
     "batch_throughput",
+    "interactive_step",
     "iteration_time",
     "largest_batch",
     "mean_context",
@@ -113,6 +116,28 @@ def _room_in(ctx: Context, gpus) -> int:
         if ctx.gpu_decodes(g) < ctx.gpu_max_decodes(g):
             return g
     return -1
+
+def interactive_step(rate: float, peak: float, capacity: int, mu: float, rho: float, short: bool, now: float,
+                     over_since: float | None, cooldown: float, minimum: int) -> tuple[int, float | None]:
+    """Chiron's interactive scaling rule: (instances to add (> 0) or drain (-1) or 0, the new
+    over-provisioning start time).
+
+    ``rate``: interactive arrivals/s over the last tick; ``peak``: the largest such rate over the
+    recent window; ``capacity``: interactive-serving instances (interactive and mixed, online or
+    starting); ``mu``: one instance's interactive completions/s at the ITL-safe batch; ``rho``: target
+    utilisation; ``short``: the TTFT/ITL headroom is gone. Up at once: when rate / (rho mu) exceeds the
+    capacity, the missing instances (at least one when ``short``). Down slowly (hysteresis): when the
+    peak needs at least two instances fewer than the capacity, continuously for ``cooldown`` seconds,
+    one instance, never below ``minimum``."""
+    need = rate / (rho * mu)
+    if short or need > capacity:
+        return max(1, math.ceil(need - capacity - 1e-9)), None
+    if math.ceil(peak / (rho * mu) - 1e-9) < capacity - 1 and capacity > minimum:
+        if over_since is None:
+            return 0, now
+        return (-1 if now - over_since >= cooldown else 0), over_since
+    return 0, None
+
 
 class _Orchestrator(Controller):
     """Shared state: class split, ITL targets, GPU law, deadline of the batch classes."""
@@ -213,9 +238,24 @@ class Chiron(_Orchestrator):
 
     def __init__(self, scenario: Scenario, *, interactive_gpus: int | None = None, batch_classes=None,
                  batch_itl: float | None = None, tick: float = 10.0, safety: float = 1.1, margin: float | None = None,
-                 host_eviction: bool = True):
+                 host_eviction: bool = True, interactive_scaling: bool = True, interactive_spares: int | None = None,
+                 min_interactive: int = 1, interactive_utilisation: float = 0.8, cooldown: float = 600.0,
+                 window: float = 300.0, headroom: float = 0.5):
         super().__init__(scenario, batch_classes=batch_classes, batch_itl=batch_itl, tick=tick)
-        self.safety = _positive(self.name, "safety", safety)
+        who = self.name
+        self.safety = _positive(who, "safety", safety)
+        self.int_scaling = bool(interactive_scaling)
+        for nm, v in (("interactive_spares", interactive_spares), ("min_interactive", min_interactive)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise ScenarioError(f"{who}: {nm}: expected an integer >= 0, got {v!r}")
+        self.int_spares_opt = interactive_spares
+        self.min_int = min_interactive
+        self.rho_int = _positive(who, "interactive_utilisation", interactive_utilisation)
+        if self.rho_int > 1:
+            raise ScenarioError(f"{who}: interactive_utilisation: expected a fraction in (0, 1], got {interactive_utilisation!r}")
+        self.cooldown = _positive(who, "cooldown", cooldown, zero=True)
+        self.window_s = _positive(who, "window", window)
+        self.headroom = _positive(who, "headroom", headroom)
         startup = 0.0 if scenario.fleet is None else scenario.fleet.startup_delay
         # finish the batch work this long before its deadline: the last requests' own service time
         # and the start-up of instances added late are not in the fluid rate estimate
@@ -233,6 +273,9 @@ class Chiron(_Orchestrator):
             raise ScenarioError(f"chiron: interactive_gpus: expected an integer >= 0, got {interactive_gpus!r}")
         self.n_int = interactive_gpus
         self.fleet_fixed = scenario.fleet is None
+        # one GPU's interactive completions/s at the ITL-safe batch: the interactive autoscaler's unit
+        self.mu_int_gpu = batch_throughput(self.gpu, self.b_int, *_mean_lengths(scenario, self.inter))
+        self.lam_int = sum(cl[i].rate for i in self.inter)
 
     def setup(self, ctx: Context) -> None:
         online = ctx.fleet_online()
@@ -248,6 +291,12 @@ class Chiron(_Orchestrator):
             self.pool_of[g] = INTERACTIVE
         for g in mixed:
             self.pool_of[g] = MIXED
+        spares = self._spares(len(rest), len(inter) + len(mixed)) if not self.fleet_fixed else 0
+        if spares:  # offline GPUs typed interactive (the last ones): the interactive autoscaler adds them
+            rest, extra = rest[: len(rest) - spares], rest[len(rest) - spares:]
+            for g in extra:
+                self.pool_of[g] = INTERACTIVE
+            inter = inter + extra
         if inter:
             ctx.set_pool(inter, INTERACTIVE, max_decodes=self.b_int)
         if mixed:
@@ -265,6 +314,27 @@ class Chiron(_Orchestrator):
         self.window: list[tuple[float, int]] = [(0.0, 0)]
         self.win4: list[tuple[float, int, int, float]] = [(0.0, 0, 0, 0.0)]
         self.startup = getattr(ctx, "_startup", 0.0)
+        # the interactive autoscaler's state: arrivals counted per tick, recent per-tick rates, since
+        # when the interactive capacity has been above the need, the GPUs it added
+        self.int_arrived = 0
+        self.int_seen = 0
+        self.int_rates: list[tuple[float, float]] = []
+        self.over_since: float | None = None
+        self.int_added: list[int] = []
+        self.base_gpus = [g for g in range(n) if self.pool_of[g] != BATCH]
+
+    def _spares(self, offline: int, base: int) -> int:
+        """Offline GPUs reserved for the interactive pool: the option, or (default) enough for twice the
+        scenario's interactive rate at the target utilisation beyond the base fleet; all of them when
+        there are no batch classes; none without interactive scaling."""
+        if not self.int_scaling or offline == 0:
+            return 0
+        if self.int_spares_opt is not None:
+            return min(offline, self.int_spares_opt)
+        if not self.bat:
+            return offline
+        need = math.ceil(2.0 * self.lam_int / (self.rho_int * self.mu_int_gpu) - 1e-9)
+        return max(0, min(offline, need - base))
 
     # -- placement -------------------------------------------------------------------------------
     def _pick(self, ctx: Context, p: int) -> int:
@@ -326,7 +396,9 @@ class Chiron(_Orchestrator):
         if self.is_batch[ctx.req_class(r)]:
             ctx.enqueue(r, PREFILL_QUEUE)
             self._fill_batch(ctx)
-        elif self.interactive_waiting(ctx) == 0:
+            return
+        self.int_arrived += 1
+        if self.interactive_waiting(ctx) == 0:
             self._place_interactive_prefill(ctx, r)
 
     def _fill_batch(self, ctx: Context) -> None:
@@ -379,6 +451,62 @@ class Chiron(_Orchestrator):
         self._local_autoscaler(ctx)
         if not self.fleet_fixed:
             self._global_autoscaler(ctx)
+            if self.int_scaling:
+                self._interactive_autoscaler(ctx)
+
+    def _interactive_short(self, ctx: Context) -> bool:
+        """TTFT or ITL headroom is gone: the oldest waiting interactive request has used ``headroom``
+        of its TTFT SLO, or an interactive decode waits for a slot at the ITL-safe batch limit."""
+        now = ctx.now
+        for i in self.inter:
+            if ctx.n_wait_decode(i):
+                return True
+            slo = self.ttft[i]
+            r = ctx.head(PREFILL_QUEUE, i)
+            if slo is not None and r >= 0 and now - ctx.req_arrival(r) >= self.headroom * slo:
+                return True
+        return False
+
+    def _interactive_autoscaler(self, ctx: Context) -> None:
+        """The interactive pool from the interactive load (see :func:`interactive_step`): add
+        interactive-serving instances (reserved interactive spares first, then drained mixed ones) when
+        the load of the last tick or the TTFT/ITL headroom says the pool is short; drain one per tick
+        once it has been over-provisioned against the peak rate of the last ``window`` seconds for
+        ``cooldown`` seconds: while batch work is in the system only the instances it added (the mixed
+        ones lend their capacity to the batch work), otherwise any of them, never below
+        ``min_interactive``."""
+        now = ctx.now
+        rate = (self.int_arrived - self.int_seen) / self.tick_interval
+        self.int_seen = self.int_arrived
+        w = self.int_rates
+        w.append((now, rate))
+        while w and w[0][0] <= now - self.window_s:
+            w.pop(0)
+        peak = max(r for _, r in w)
+        up = [g for g in self.base_gpus if ctx.gpu_state(g) in ("online", "starting")]
+        step, self.over_since = interactive_step(
+            rate, peak, len(up), self.mu_int_gpu, self.rho_int, self._interactive_short(ctx), now, self.over_since,
+            self.cooldown, self.min_int)
+        if step > 0:
+            idle = [g for g in self.base_gpus if ctx.gpu_state(g) == "offline"]
+            idle.sort(key=lambda g: self.pool_of[g] != INTERACTIVE)  # interactive spares first
+            for g in idle[:step]:
+                ctx.add_gpu(g)
+                self.int_added.append(g)
+        elif step < 0:
+            self.int_added = [g for g in self.int_added if ctx.gpu_state(g) in ("online", "starting")]
+            if self.batch_in_system(ctx):
+                cands = list(self.int_added)
+            else:  # the GPUs it added, then mixed, then interactive ones
+                cands = self.int_added + sorted((g for g in up if g not in self.int_added),
+                                                key=lambda g: self.pool_of[g] != MIXED)
+            if cands:
+                # a starting one first (cancelled at no cost), else the one with the least work
+                g = min(cands, key=lambda h: (ctx.gpu_state(h) == "online", ctx.gpu_decodes(h)
+                                              + (ctx.gpu_prefill(h) >= 0)))
+                ctx.drain_gpu(g)
+                if g in self.int_added:
+                    self.int_added.remove(g)
 
     def _local_autoscaler(self, ctx: Context) -> None:
         """Each online instance's batch limit from its ITL target and the context it holds now."""
@@ -447,13 +575,24 @@ class Chiron(_Orchestrator):
                                 "global (batch deadline) autoscalers")
 def make_chiron(scenario: Scenario, *, interactive_gpus: int | None = None, batch_classes: list[str] | None = None,
                 batch_itl: float | None = None, tick: float = 10.0, safety: float = 1.1, margin: float | None = None,
-                host_eviction: bool = True) -> Chiron:
+                host_eviction: bool = True, interactive_scaling: bool = True, interactive_spares: int | None = None,
+                min_interactive: int = 1, interactive_utilisation: float = 0.8, cooldown: float = 600.0,
+                window: float = 300.0, headroom: float = 0.5) -> Chiron:
     """Chiron (options as :class:`Chiron`): ``interactive_gpus`` (default: sized from the interactive
     load), ``batch_itl`` (the batch instances' ITL target, s; default the batch class's ``itl_slo``),
     ``safety`` (the global autoscaler's factor on the needed batch rate), ``margin`` (s: plan to finish
-    this long before the deadline; default the start-up delay + 120 s), ``tick`` (s)."""
+    this long before the deadline; default the start-up delay + 120 s), ``tick`` (s). The interactive
+    autoscaler (:func:`interactive_step`): ``interactive_scaling`` (on/off), ``interactive_spares``
+    (offline GPUs typed interactive; default: enough for twice the scenario's interactive rate beyond
+    the initial fleet, all offline GPUs without batch classes), ``min_interactive`` (the fewest
+    interactive-serving instances), ``interactive_utilisation`` (rho), ``cooldown`` (s over-provisioned
+    before a drain), ``window`` (s of per-tick rates whose peak guards a drain), ``headroom`` (share of
+    the TTFT SLO a waiting interactive request may use before the pool counts as short)."""
     return Chiron(scenario, interactive_gpus=interactive_gpus, batch_classes=batch_classes, batch_itl=batch_itl,
-                  tick=tick, safety=safety, margin=margin, host_eviction=host_eviction)
+                  tick=tick, safety=safety, margin=margin, host_eviction=host_eviction,
+                  interactive_scaling=interactive_scaling, interactive_spares=interactive_spares,
+                  min_interactive=min_interactive, interactive_utilisation=interactive_utilisation,
+                  cooldown=cooldown, window=window, headroom=headroom)
 
 
 # --------------------------------------------------------------------------------------------
@@ -734,6 +873,7 @@ class FluidPlan(Chiron):
     name = "fluid-plan"
 
     def __init__(self, scenario: Scenario, *, slot: float = 60.0, utilisation: float = 0.8, **kw):
+        kw.setdefault("interactive_scaling", False)  # its LP keeps the base fleet; the plan sets the rest
         super().__init__(scenario, **kw)
         self.slot = _positive(self.name, "slot", slot)
         self.rho = _positive(self.name, "utilisation", utilisation)

@@ -48,6 +48,38 @@ Events (all optional to implement; the defaults do nothing):
   (Not after a preemption: like vLLM, no new work is admitted in an iteration that had to preempt.)
 * ``on_tick(ctx)``: every ``tick_interval`` seconds of simulated time, if the controller sets it.
 
+Fleet actions (:class:`FleetView` and :class:`FleetActions`; docs/simulator.md section 11). The
+simulator's context also lets a controller change the fleet while the run goes on; a scenario with a
+``[fleet]`` table has offline GPUs to add (``cluster.gpus`` is the maximum, ``fleet.initial`` are
+online at t = 0). They are not part of :class:`Context` (a router's snapshot,
+:mod:`fluidopt.control.snapshot`, has no fleet to change): check ``isinstance(ctx, FleetActions)``
+or the scenario's ``fleet`` before using them. Every one validates its arguments and raises
+:class:`fluidopt.errors.ActionError` (naming the GPU or request, the time and what was expected)
+before changing anything; a GPU index outside ``0..n_gpus-1`` is always an error.
+
+* ``add_gpu(g=None) -> int``: an offline GPU (g, or the lowest-numbered offline one) joins the fleet.
+  It counts in GPU-hours at once and takes work after ``fleet.startup_delay`` seconds, when
+  ``on_slot_freed(g)`` announces it (at once during setup or with no delay); it keeps the pool and
+  caps it was given in setup. Errors: every GPU already in the fleet (g None), g not offline.
+* ``drain_gpu(g)``: g takes no new work (its decode cap becomes 0), finishes what runs on it and goes
+  offline when empty (at once if idle); a starting GPU is cancelled at once. Errors: g offline or
+  already draining (the fleet cannot shrink below its online GPUs).
+* ``remove_gpu(g, host=True) -> list[int]``: ``drain_gpu(g)`` and evict its running requests now
+  (as ``evict``); returns them (none is lost: each is placed by ``on_preempt``). Errors: as
+  ``drain_gpu``.
+* ``set_max_decodes(g, m)``: g's batch limit, an integer in 1..B concurrent decodes, while running
+  (on a GPU not online it applies when it comes online). Lowering it below the running decodes
+  evicts none; it only stops new ones. Errors: m not an integer in 1..B (0 included).
+* ``evict(r, host=True) -> bool``: take running request r off its GPU; it waits again
+  (``on_preempt``) and counts a preemption. tokens mode: at the GPU's next iteration boundary; False
+  (nothing done) when r's prefill or decode ends at that boundary. ``host=True`` keeps a decode's KV
+  cache in host memory: its restart restores it at ``fleet.kv_swap_time_per_token`` seconds per
+  context token (whole mixed iterations in the prefill slot, at least one) instead of a re-prefill.
+  Errors: r not in the system, or not running (waiting).
+* Views: ``gpu_state(g)`` ('online', 'starting', 'draining' or 'offline'), ``gpu_online(g)``,
+  ``fleet_size()`` (GPUs counted in GPU-hours now: online, starting and draining), ``fleet_online()``
+  (the online GPUs, index order, O(n)), ``gpu_hours()`` (GPU-hours from t = 0 to now).
+
 Class attributes a controller may set: ``name``; ``tick_interval`` (seconds or None);
 ``chunked_prefill`` (True: a prefill runs in chunks of C tokens alongside the GPU's decodes, the
 paper's and Sarathi's mixed iterations; False: vLLM's prefill-first scheduling without chunking,
@@ -73,6 +105,8 @@ __all__ = [
     "ClusterView",
     "Context",
     "Controller",
+    "FleetActions",
+    "FleetView",
     "GpuSet",
 ]
 
@@ -202,6 +236,60 @@ class Actions(Protocol):
 @runtime_checkable
 class Context(ClusterView, Actions, Protocol):
     """What a controller receives with every event."""
+
+
+@runtime_checkable
+class FleetView(Protocol):
+    """The fleet's state (the simulator's context; see "Fleet actions" in the module docstring)."""
+
+    def gpu_state(self, g: int) -> str:
+        """'online', 'starting' (added, within its start-up delay), 'draining' or 'offline'."""
+        ...
+
+    def gpu_online(self, g: int) -> bool:
+        """Whether g is online (takes new work)."""
+        ...
+
+    def fleet_size(self) -> int:
+        """GPUs counted in GPU-hours now: online, starting and draining."""
+        ...
+
+    def fleet_online(self) -> list[int]:
+        """The online GPUs in index order (O(n))."""
+        ...
+
+    def gpu_hours(self) -> float:
+        """GPU-hours from t = 0 to now (each GPU counted from being added to going offline)."""
+        ...
+
+
+@runtime_checkable
+class FleetActions(FleetView, Protocol):
+    """Changing the fleet during a run. Each raises ActionError and changes nothing when impossible."""
+
+    def add_gpu(self, g: int | None = None) -> int:
+        """Add offline GPU g (None: the lowest-numbered offline one); online after the start-up delay (s).
+        Returns its index. ActionError: all GPUs in the fleet, or g not offline."""
+        ...
+
+    def drain_gpu(self, g: int) -> None:
+        """No new work on g; offline once its running requests finish (a starting GPU: cancelled).
+        ActionError: g offline or already draining."""
+        ...
+
+    def remove_gpu(self, g: int, host: bool = True) -> list[int]:
+        """Drain g and evict its running requests now (see evict); returns them. ActionError: as drain_gpu."""
+        ...
+
+    def set_max_decodes(self, g: int, m: int) -> None:
+        """g's batch limit: at most m concurrent decodes, an integer in 1..B. ActionError otherwise."""
+        ...
+
+    def evict(self, r: int, host: bool = True) -> bool:
+        """Take running r off its GPU (tokens mode: at the next iteration boundary; False and nothing
+        done when its work ends there); host=True restores a decode's KV at kv_swap_time_per_token s per
+        context token instead of recomputing. ActionError: r not running."""
+        ...
 
 
 class Controller:

@@ -157,6 +157,7 @@ def plan_fleet(
     interactive: Sequence[int] | None = None,
     mu_mix: float | None = None,
     mu_bat: float | None = None,
+    level: bool = False,
 ) -> FleetPlan:
     """Solve the multi-period fleet LP (module docstring) over ``[start, end)`` (default: to the last
     deadline) in slots of ``slot`` seconds. ``interactive_rate``: requests/s of the interactive
@@ -166,8 +167,11 @@ def plan_fleet(
     ``startup_delay``: batch instances already up, the only ones usable before ``start +
     startup_delay``. Interactive classes default to those without a deadline. ``mu_mix`` / ``mu_bat``
     replace the GPU law's batch rates (requests/s per leftover base GPU / per batch instance), e.g.
-    by measured ones when a controller re-plans."""
+    by measured ones when a controller re-plans. ``level``: a second stage that, among the schedules
+    with the optimal GPU-hours, picks one with the smallest peak fleet (the optimum is degenerate in
+    when batch work runs; the first stage alone may serve it in scattered bursts at the maximum)."""
     from scipy.optimize import linprog
+    from scipy.sparse import coo_array
 
     if slot <= 0 or not math.isfinite(slot):
         raise ScenarioError(f"plan_fleet: slot: expected seconds > 0, got {slot!r}")
@@ -216,41 +220,54 @@ def plan_fleet(
     for j in range(J):
         for k in range(K):  # earliest service among the equally cheap schedules
             c[ixm(j, k)] = c[ixb(j, k)] = 1e-9 * (k + 1) / max(1.0, backlogs[j].n)
-    A, bub = [], []
+    # the constraint matrices are built sparse (COO triplets): a day in minute slots has thousands of
+    # columns per row, and HiGHS takes the same compressed-column matrix either way
+    ai: list[int] = []
+    aj: list[int] = []
+    av: list[float] = []
+    bub: list[float] = []
     for k in range(K):
-        row = np.zeros(nv)  # sum_j x_mix_jk <= slot mu_mix (b_k - demand_k)
-        row[ib[k]] = -slot * mu_mix
+        r0 = 3 * k  # sum_j x_mix_jk <= slot mu_mix (b_k - demand_k)
+        ai.append(r0)
+        aj.append(ib[k])
+        av.append(-slot * mu_mix)
         for j in range(J):
-            row[ixm(j, k)] = 1.0
-        A.append(row)
+            ai.append(r0)
+            aj.append(ixm(j, k))
+            av.append(1.0)
         bub.append(-slot * mu_mix * demand[k])
-        row = np.zeros(nv)  # sum_j x_bat_jk <= slot mu_bat m_k
-        row[im[k]] = -slot * mu_bat
+        ai.append(r0 + 1)  # sum_j x_bat_jk <= slot mu_bat m_k
+        aj.append(im[k])
+        av.append(-slot * mu_bat)
         for j in range(J):
-            row[ixb(j, k)] = 1.0
-        A.append(row)
+            ai.append(r0 + 1)
+            aj.append(ixb(j, k))
+            av.append(1.0)
         bub.append(0.0)
-        row = np.zeros(nv)  # b_k + m_k <= n_max
-        row[ib[k]] = row[im[k]] = 1.0
-        A.append(row)
+        ai += [r0 + 2, r0 + 2]  # b_k + m_k <= n_max
+        aj += [ib[k], im[k]]
+        av += [1.0, 1.0]
         bub.append(float(nmax))
-    Aeq, beq = [], []
+    ei: list[int] = []
+    ej: list[int] = []
+    beq: list[float] = []
     bounds = [(0.0, None)] * nv
     for k in range(K):
         bounds[ib[k]] = (max(min_gpus, demand[k]), None)
         if batch_now is not None and times[k] < start + startup_delay:
             bounds[im[k]] = (0.0, float(batch_now))
     for j, job in enumerate(backlogs):
-        row = np.zeros(nv)
         for k in range(K):
             t0, t1 = times[k], times[k] + slot
             if t0 + 1e-9 < job.at or t1 > job.deadline + 1e-9:
                 bounds[ixm(j, k)] = bounds[ixb(j, k)] = (0.0, 0.0)
-            row[ixm(j, k)] = row[ixb(j, k)] = 1.0
-        Aeq.append(row)
+            ei += [j, j]
+            ej += [ixm(j, k), ixb(j, k)]
         beq.append(float(job.n))
-    res = linprog(c, A_ub=np.array(A), b_ub=np.array(bub), A_eq=np.array(Aeq) if Aeq else None,
-                  b_eq=np.array(beq) if beq else None, bounds=bounds, method="highs")
+    A = coo_array((av, (ai, aj)), shape=(3 * K, nv)).tocsc()
+    Aeq = coo_array((np.ones(len(ei)), (ei, ej)), shape=(J, nv)).tocsc() if J else None
+    res = linprog(c, A_ub=A, b_ub=np.array(bub), A_eq=Aeq, b_eq=np.array(beq) if J else None, bounds=bounds,
+                  method="highs")
     if res.status == 2:
         raise InfeasibleError(
             f"plan_fleet: no fleet of at most {nmax} GPUs serves the interactive load and finishes the backlog "
@@ -258,6 +275,8 @@ def plan_fleet(
             conflicting=("max_gpus", "deadline"))
     if res.status != 0:
         raise SolverError(f"plan_fleet: HiGHS failed: {res.message}")
+    if level:
+        res = _level(res, c, A, np.array(bub), Aeq, beq, bounds, ib, im, slot)
     x = res.x
     xm = np.array([sum(x[ixm(j, k)] for j in range(J)) for k in range(K)])
     xb = np.array([sum(x[ixb(j, k)] for j in range(J)) for k in range(K)])
@@ -265,3 +284,31 @@ def plan_fleet(
     return FleetPlan(slot=float(slot), times=times, base=x[ib].copy(), batch=x[im].copy(), served_mixed=xm,
                      served_batch=xb, interactive_demand=demand, gpu_hours=gh, mu_int=mu_int, mu_mix=mu_mix,
                      mu_bat=mu_bat)
+
+
+def _level(res, c, A, bub, Aeq, beq, bounds, ib, im, slot):
+    """Second stage of :func:`plan_fleet`: minimise the peak fleet P subject to the first stage's
+    GPU-hours (to a relative 1e-9) and every first-stage constraint; the early-service costs stay as a
+    tie-break."""
+    from scipy.optimize import linprog
+    from scipy.sparse import coo_array, hstack, vstack
+
+    nv = len(c)
+    K = len(ib)
+    gh = np.zeros(nv + 1)
+    gh[ib] = gh[im] = slot / 3600.0
+    opt = float(gh[:nv] @ res.x)
+    rows = np.concatenate([np.repeat(np.arange(K), 2), np.arange(K)])
+    cols = np.concatenate([np.column_stack([ib, im]).ravel(), np.full(K, nv)])
+    vals = np.concatenate([np.ones(2 * K), -np.ones(K)])
+    peak = coo_array((vals, (rows, cols)), shape=(K, nv + 1))
+    A2 = vstack([hstack([A, coo_array((A.shape[0], 1))]), peak, coo_array(gh.reshape(1, -1))]).tocsc()
+    b2 = np.concatenate([bub, np.zeros(K), [opt * (1 + 1e-9) + 1e-12]])
+    c2 = np.append(c - gh[:nv], 1.0)  # the peak, plus the early-service tie-break of the first stage
+    Aeq2 = hstack([Aeq, coo_array((Aeq.shape[0], 1))]).tocsc() if Aeq is not None else None
+    r2 = linprog(c2, A_ub=A2, b_ub=b2, A_eq=Aeq2, b_eq=np.array(beq) if Aeq is not None else None,
+                 bounds=list(bounds) + [(0.0, None)], method="highs")
+    if r2.status != 0:  # pragma: no cover - the first stage's point is feasible here
+        return res
+    r2.x = r2.x[:nv]
+    return r2

@@ -176,3 +176,102 @@ def test_cli_bad_fleet_input_exits_2(tmp_path, capsys):
 
     out = json.loads(capsys.readouterr().out)
     assert out["gpu_hours"] == pytest.approx(15 * 20 / 3600)
+
+
+def test_interactive_step_on_hand_built_states():
+    from fluidopt.control.orchestration import interactive_step
+
+    mu, rho = 7.25, 0.8  # one instance: 7.25 interactive completions/s, run at 80%
+    step = lambda rate, cap, short=False, peak=None, now=0.0, since=None, minimum=1: interactive_step(  # noqa: E731
+        rate, rate if peak is None else peak, cap, mu, rho, short, now, since, 600.0, minimum)
+    assert step(6.0, 2) == (0, None)  # 6 / 5.8 = 1.03 instances: two are enough
+    assert step(12.0, 2) == (1, None)  # the load doubles: 2.07 instances, one more
+    assert step(24.0, 2) == (3, None)  # quadruples: 4.14, three more at once
+    assert step(1.0, 2, short=True) == (1, None)  # TTFT / ITL headroom gone: one more whatever the rate
+    # a quiet period: the peak needs 1 of 4 instances; the first tick starts the clock, a drain comes
+    # only after the cooldown, one instance at a time, and a burst resets the clock
+    assert step(0.5, 4, now=100.0) == (0, 100.0)
+    assert step(0.5, 4, now=650.0, since=100.0) == (0, 100.0)
+    assert step(0.5, 4, now=700.0, since=100.0) == (-1, 100.0)
+    assert step(0.5, 4, peak=12.0, now=700.0, since=100.0) == (0, None)  # the window's peak needs 3: keep 4
+    assert step(30.0, 4, now=700.0, since=100.0) == (2, None)
+    # never below the minimum, and one instance of hysteresis (a need of 1 keeps 2)
+    assert step(0.0, 2, now=900.0, since=100.0, minimum=2) == (0, None)
+    assert step(0.0, 1, now=900.0, since=100.0) == (0, None)
+    assert step(0.5, 2, now=900.0, since=100.0) == (0, None)
+
+
+def _interactive_only(initial=2, n_max=8):
+    from fluidopt.sim.workload import PiecewiseRate
+
+    sc = Scenario(gpu=GPU, gpus=n_max, name="interactive-only",
+                  classes=(RequestClass("chat", prompt=300, decode=100, rate=6.0, ttft_slo=2.0, itl_slo=0.06),),
+                  fleet=Fleet(initial=initial, startup_delay=20.0))
+    # 6/s, doubling to 12/s at t = 200, quiet (no arrivals) from t = 500
+    wl = SyntheticWorkload([ClassSpec(PiecewiseRate([0, 200, 500], [6.0, 12.0, 0.0]), Exponential(300),
+                                      Exponential(100), name="chat")])
+    return sc, wl
+
+
+@pytest.mark.parametrize("minimum", [1, 2])
+def test_chiron_scales_the_interactive_pool_with_the_load(minimum):
+    sc, wl = _interactive_only()
+    res = simulate(sc, "chiron", horizon=1000.0, seed=2, service="tokens", workload=wl, check=True,
+                   controller_options={"cooldown": 60.0, "min_interactive": minimum})
+    log = res.meta["fleet_log"]
+    t = res.totals
+    assert t["requests"] == t["completed"] + t["abandoned"] + t["dropped"] + t["in_system"]
+    assert log["time"][log["gpus"] > 2].min() > 200.0  # nothing added before the load doubled
+    assert log["gpus"].max() >= 3  # the doubled load added an interactive instance
+    assert log["online"].min() >= minimum and log["gpus"].min() >= minimum  # never below the minimum
+    assert log["gpus"].iloc[-1] == minimum  # the quiet period drained down to it
+    assert log["time"][log["gpus"] < log["gpus"].max()].max() > 500.0 + 60.0  # only after the cooldown
+    assert res.per_class.loc["chat", "slo_attainment"] > 0.99
+    # without interactive scaling the pool keeps its two instances
+    fixed = simulate(sc, "chiron", horizon=1000.0, seed=2, service="tokens", workload=wl,
+                     controller_options={"interactive_scaling": False})
+    assert fixed.gpu_hours == pytest.approx(2 * 1000.0 / 3600.0)
+    with pytest.raises(ScenarioError, match="chiron: min_interactive: expected an integer >= 0"):
+        make_controller("chiron", sc, min_interactive=-1)
+    with pytest.raises(ScenarioError, match="chiron: interactive_utilisation: expected a fraction in"):
+        make_controller("chiron", sc, interactive_utilisation=1.5)
+
+
+@pytest.mark.parametrize("backend", ["python"] + (["compiled"] if core.compiled_status()[0] else []))
+def test_the_fleet_actions_protocol_is_what_the_engine_offers(backend):
+    from fluidopt.control.protocol import Context, FleetActions, FleetView
+    from fluidopt.control.snapshot import ClusterSnapshot
+    from fluidopt.sim.api import make_engine
+
+    sc, wl = workflow()
+    eng = make_engine(sc, "chiron", horizon=10.0, seed=1, service="tokens", workload=wl, backend=backend)
+    assert isinstance(eng, Context) and isinstance(eng, FleetActions) and isinstance(eng, FleetView)
+    snap = ClusterSnapshot(2, 4, ("a",))
+    assert isinstance(snap, Context) and not isinstance(snap, FleetActions)  # a router's snapshot has no fleet
+    # the documented errors: a batch limit of 0, draining an offline GPU, adding beyond the maximum
+    from fluidopt.errors import ActionError
+
+    eng.start()
+    with pytest.raises(ActionError, match=r"batch limit: expected an integer in 1\.\.64"):
+        eng.set_max_decodes(0, 0)
+    with pytest.raises(ActionError, match="already offline"):
+        eng.drain_gpu(9)
+    for _ in range(6):
+        eng.add_gpu()
+    with pytest.raises(ActionError, match="all 10 GPUs .* are already in the fleet"):
+        eng.add_gpu()
+
+
+def test_interactive_spares_are_typed_at_setup_and_kept_from_the_batch_autoscaler():
+    from fluidopt.sim.api import make_engine
+
+    sc, wl = workflow()  # 10 GPUs, 4 online: 1 interactive, 3 mixed, 6 offline
+    ctrl = make_controller("chiron", sc, interactive_spares=2)
+    eng = make_engine(sc, ctrl, horizon=450.0, seed=3, service="tokens", workload=wl)
+    eng.start()
+    assert ctrl.batch_gpus == [4, 5, 6, 7] and [eng.gpu_pool(g) for g in (8, 9)] == [0, 0]
+    assert make_controller("chiron", sc)._spares(6, 4) == 0  # default: the base covers twice the rate
+    eng.advance()
+    res = eng.finish()
+    log = res.meta["fleet_log"]
+    assert log["gpus"].max() <= 10 and res.per_class.loc["batch", "slo_attainment"] == 1.0

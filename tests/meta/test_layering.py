@@ -22,7 +22,7 @@ LAYERS: dict[str, int] = {
     "fluid": 1, "scenario": 1,  # a scenario file's SLIs are parsed with the fluid layer's SLI grammar
     "control": 2,
     "sim": 3, "rl": 3,
-    "harness": 4, "executor": 4, "plan": 4, "planning": 4, "pricing": 4, "plots": 4,
+    "harness": 4, "executor": 4, "plan": 4, "dayplan": 4, "planning": 4, "pricing": 4, "plots": 4,
     "commands": 5, "cli": 5, "__main__": 5, "__init__": 5,
 }
 
