@@ -38,6 +38,7 @@ import fluidopt
 from fluidopt.executor import add_executor_arguments, executor_from_args
 from fluidopt.fluid import solve_fluid
 from fluidopt.harness import Comparison, compare
+from fluidopt.plots import save_figure
 
 ROOT = Path(__file__).resolve().parents[1]
 # Simulated seconds per fleet size: n * horizon ~ constant-ish (the batch-means half-width of the
@@ -118,11 +119,7 @@ def figures(summary: pd.DataFrame, df: pd.DataFrame, paths: dict, sol, names, fi
     ax[1].set_ylabel("requests waiting per GPU")
     ax[1].set_title("Queues (dashed: LP q_p*; LP q_d* = 0)")
     ax[1].legend(fontsize=7)
-    fig.tight_layout()
-    p = fig_dir / "asymptotic_revenue.png"
-    fig.savefig(p, dpi=90)
-    plt.close(fig)
-    out.append(p)
+    out.append(save_figure(fig, fig_dir / "asymptotic_revenue.png", dpi=90))
     if paths:
         fig, ax = plt.subplots(1, len(names), figsize=(10, 3.6))
         for i, nm in enumerate(names):
@@ -137,11 +134,7 @@ def figures(summary: pd.DataFrame, df: pd.DataFrame, paths: dict, sol, names, fi
             ax[i].set_ylabel(f"X/n, class {nm}")
             ax[i].set_title(f"Prefill occupancy, {nm}")
             ax[i].legend(fontsize=7)
-        fig.tight_layout()
-        p = fig_dir / "occupancy_paths.png"
-        fig.savefig(p, dpi=80)
-        plt.close(fig)
-        out.append(p)
+        out.append(save_figure(fig, fig_dir / "occupancy_paths.png", dpi=80))
     return out
 
 

@@ -31,6 +31,7 @@ from fluidopt import GPUProfile, RequestClass, Scenario
 from fluidopt.executor import add_executor_arguments, executor_from_args
 from fluidopt.fluid import solve_fluid
 from fluidopt.harness import compare
+from fluidopt.plots import save_figure
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICIES = ("gate-and-route", "fi-wsp", "gi-wsp", "gf-wsp", "fg-sp")
@@ -173,11 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     ax[1].set_ylabel("revenue / R*")
     ax[1].set_title("per instance")
     ax[1].legend(fontsize=7, ncol=3, loc="lower center")
-    fig.tight_layout()
-    p = a.fig_dir / "baseline_grid.png"
-    fig.savefig(p, dpi=90)
-    plt.close(fig)
-    print(f"figure: {p}")
+    print(f"figure: {save_figure(fig, a.fig_dir / 'baseline_grid.png', dpi=90)}")
     return 0
 
 

@@ -29,7 +29,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 import fluidopt
-from fluidopt.executor import make_executor
+from fluidopt.executor import add_executor_arguments, executor_from_args
 from fluidopt.model import Scenario
 from fluidopt.plan import PlanSLIs, plan
 
@@ -57,9 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--served", type=float, default=0.99)
     ap.add_argument("--tpot", type=float, default=0.05)
     ap.add_argument("--seeds", type=int, default=5)
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--dask", action="store_true")
-    ap.add_argument("--scheduler", default=None)
+    add_executor_arguments(ap, workers=2)
     ap.add_argument("--trace", type=Path, default=AZURE)
     ap.add_argument("--quick", action="store_true", help="tiny demand, 2 seeds, short runs")
     ap.add_argument("--out", type=Path, default=ROOT / "out" / "examples" / "capacity_planning")
@@ -86,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         res.table.to_csv(a.out / f"fluid_{sc.name}.csv", index=False)
         print()
     # the simulation-verified fleet for the paper demand at 1x, on the first profile
-    with make_executor(a.workers, dask=a.dask, scheduler=a.scheduler) as ex:
+    with executor_from_args(a) as ex:
         kw = dict(seeds=2, horizon=250.0, warmup=60.0) if a.quick else dict(seeds=a.seeds)
         res = plan(paper, slis, profiles=PROFILES[:1], executor=ex, out=a.out / "store", **kw)
     r = res.table.iloc[0]

@@ -18,14 +18,15 @@ import json
 import math
 import os
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from scipy import stats
 
+from fluidopt.executor import add_executor_arguments, executor_from_args, run_jobs
 from fluidopt.fluid.multiperiod import BacklogJob, plan_fleet
+from fluidopt.plots import save_figure
 from fluidopt.scenario import load_scenario
 from fluidopt.sim.api import simulate
 from fluidopt.sim.workload import Backlog, BacklogWorkload, ClassSpec, Exponential, GammaRenewal, SyntheticWorkload
@@ -79,8 +80,9 @@ def workload(scenario, backlog: int, *, cv: float = 4.0, azure: str | None = Non
                            class_names=scenario.class_names)
 
 
-def run_one(args: tuple) -> dict:
-    policy, seed, backlog, horizon, azure = args
+def run_one(job: dict) -> dict:
+    """One controller on the workflow (job: policy, seed, backlog, horizon, azure)."""
+    policy, seed, backlog, horizon, azure = (job[k] for k in ("policy", "seed", "backlog", "horizon", "azure"))
     sc = scenario_for(azure)
     t0 = time.perf_counter()
     res = simulate(sc, policy, horizon=horizon, seed=seed, service="tokens", workload=workload(sc, backlog, azure=azure),
@@ -138,11 +140,7 @@ def figures(rows: list[dict], out: Path, tag: str) -> list[Path]:
     ax.set_ylabel("instances (incl. starting, draining)")
     ax.set_title(f"Fleet size over time (seed {seed0})")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    p = out / f"orch_fleet{tag}.png"
-    fig.savefig(p, dpi=110)
-    paths.append(p)
-    plt.close(fig)
+    paths.append(save_figure(fig, out / f"orch_fleet{tag}.png", dpi=110))
     fig, ax = plt.subplots(figsize=(7, 3.6))
     for r in rows:
         if r["seed"] == seed0:
@@ -152,11 +150,7 @@ def figures(rows: list[dict], out: Path, tag: str) -> list[Path]:
     ax.set_ylabel("batch requests not done")
     ax.set_title(f"Batch queue over time (seed {seed0}; dotted: the deadline)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    p = out / f"orch_batch_queue{tag}.png"
-    fig.savefig(p, dpi=110)
-    paths.append(p)
-    plt.close(fig)
+    paths.append(save_figure(fig, out / f"orch_batch_queue{tag}.png", dpi=110))
     return paths
 
 
@@ -166,24 +160,26 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--horizon", type=float, default=4200.0, help="s (default 70 min: past the 65-minute deadline)")
     ap.add_argument("--policies", default=",".join(POLICIES))
-    ap.add_argument("--workers", type=int, default=1, help="processes (at most 2 on a shared machine)")
+    add_executor_arguments(ap, workers=1)
     ap.add_argument("--azure", default=None, help="the Azure conversation trace CSV for the interactive arrivals")
     ap.add_argument("--out", default="fluidopt-examples")
     ap.add_argument("--tag", default="")
     a = ap.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    jobs = [(p, s, a.backlog, a.horizon, a.azure) for p in a.policies.split(",") for s in range(1, a.seeds + 1)]
-    if a.workers > 1:
-        with ProcessPoolExecutor(max_workers=min(2, a.workers)) as ex:
-            rows = list(ex.map(run_one, jobs))
-    else:
-        rows = []
-        for j in jobs:
-            rows.append(run_one(j))
-            r = rows[-1]
-            print(f"  {r['policy']:24s} seed {r['seed']}: {r['gpu_hours']:.2f} GPU-h, SLO interactive "
-                  f"{r['slo_interactive']:.4f}, batch {r['slo_batch']:.4f} ({r['wall']:.0f} s)", flush=True)
+    jobs = [{"policy": p, "seed": s, "backlog": a.backlog, "horizon": a.horizon, "azure": a.azure}
+            for p in a.policies.split(",") for s in range(1, a.seeds + 1)]
+
+    def note(job: dict, r: dict) -> str:
+        return (f"{r['policy']} seed {r['seed']}: {r['gpu_hours']:.2f} GPU-h, SLO interactive "
+                f"{r['slo_interactive']:.4f}, batch {r['slo_batch']:.4f}")
+
+    # the runs go through fluidopt.executor: a local pool by default, --dask or --scheduler to scale out
+    with executor_from_args(a) as ex:
+        done, interrupted = run_jobs(run_one, jobs, executor=ex, progress=True, desc="simulations", note=note)
+    if interrupted:
+        raise SystemExit(f"interrupted after {len(done)} of {len(jobs)} runs")
+    rows = [done[k] for k in sorted(done)]
     rate = None
     if a.azure:
         t = np.concatenate([b.time for b in workload(scenario_for(a.azure), 0, azure=a.azure)

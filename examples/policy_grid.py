@@ -46,6 +46,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 from fluidopt import RequestClass, Scenario, default_scenario  # noqa: E402
 from fluidopt.executor import add_executor_arguments, executor_from_args  # noqa: E402
 from fluidopt.model import paper_gpu  # noqa: E402
+from fluidopt.plots import save_figure  # noqa: E402
 
 TRACE = ROOT.parent / "shared" / "data" / "azure-llm-inference-2023" / "AzureLLMInferenceTrace_conv.csv"
 NEW = "backpressure-gate-and-route"
@@ -289,11 +290,7 @@ def figure(df: pd.DataFrame, path: Path) -> None:
         ax.set_title(fam)
         ax.set_ylabel("revenue / R*" if fam != "trace" else "revenue / R*(window)")
     axes[0][0].legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    print(f"figure: {path}")
+    print(f"figure: {save_figure(fig, path, dpi=90)}")
 
 
 # -- main -------------------------------------------------------------------------------------------

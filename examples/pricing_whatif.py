@@ -25,7 +25,7 @@ matplotlib.use("Agg")
 import numpy as np
 
 import fluidopt
-from fluidopt.executor import make_executor
+from fluidopt.executor import add_executor_arguments, executor_from_args
 from fluidopt.pricing import grid_figure, pareto, pareto_figure, price_grid, shadow_prices, simulate_points
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,9 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpus", type=int, default=200, help="fleet for the simulated points")
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--horizon", type=float, default=600.0)
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--dask", action="store_true")
-    ap.add_argument("--scheduler", default=None)
+    add_executor_arguments(ap, workers=2)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", type=Path, default=ROOT / "out" / "examples" / "pricing_whatif")
     a = ap.parse_args(argv)
@@ -70,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\nprice of the TPOT SLI (bundled):")
     print(tpot[tpot["pricing"] == "bundled"][["bound", "revenue_per_gpu"]].iloc[:: max(1, k // 6)].to_string(index=False))
     points = [(0.1, 0.2), (0.3, 0.1), (0.05, 0.4)]
-    with make_executor(a.workers, dask=a.dask, scheduler=a.scheduler) as ex:
+    with executor_from_args(a) as ex:
         sim = simulate_points(sc.with_gpus(a.gpus), points, seeds=range(a.seeds), horizon=a.horizon,
                               warmup=a.horizon / 4, executor=ex, out=a.out / "runs", progress=False)
     print(f"\nGate-and-Route at n = {a.gpus} against the LP's promise (bundled):")

@@ -32,6 +32,7 @@ import fluidopt
 from fluidopt.executor import add_executor_arguments, executor_from_args
 from fluidopt.fluid import solve_fluid
 from fluidopt.harness import Comparison, compare
+from fluidopt.plots import save_figure
 
 ROOT = Path(__file__).resolve().parents[1]
 HORIZON = {20: 8000.0, 50: 6000.0, 200: 3000.0, 500: 2000.0, 2000: 1000.0}
@@ -148,11 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     ax[2].set_ylabel("decode buffer Q_d/n")
     ax[2].set_title(f"Decode buffer path, n = {PATH_N}")
     ax[2].legend(fontsize=7)
-    fig.tight_layout()
-    p = a.fig_dir / "separate_pricing.png"
-    fig.savefig(p, dpi=85)
-    plt.close(fig)
-    print(f"figure: {p}")
+    print(f"figure: {save_figure(fig, a.fig_dir / 'separate_pricing.png', dpi=85)}")
     return 0
 
 

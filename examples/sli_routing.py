@@ -36,6 +36,7 @@ import fluidopt
 from fluidopt.executor import add_executor_arguments, executor_from_args
 from fluidopt.fluid import DecodeFairness, solve_fluid
 from fluidopt.harness import Comparison, compare
+from fluidopt.plots import save_figure
 
 ROOT = Path(__file__).resolve().parents[1]
 HORIZON = {50: 6000.0, 200: 3000.0, 500: 2000.0, 2000: 1000.0}
@@ -181,11 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     ax[2].set_title(f"Paths, n = {PATH_N}")
     if paths:
         ax[2].legend(fontsize=6)
-    fig.tight_layout()
-    p = a.fig_dir / "sli_routing.png"
-    fig.savefig(p, dpi=85)
-    plt.close(fig)
-    print(f"figure: {p}")
+    print(f"figure: {save_figure(fig, a.fig_dir / 'sli_routing.png', dpi=85)}")
     return 0
 
 

@@ -1,7 +1,9 @@
-"""Figures as matplotlib objects the caller can show or save (nothing is written here)."""
+"""Figures as matplotlib objects the caller can show or save; :func:`save_figure` writes one safely."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -13,7 +15,28 @@ if TYPE_CHECKING:  # pragma: no cover
     from fluidopt.harness import Comparison
     from fluidopt.sim.metrics import SimResult
 
-__all__ = ["plot_comparison", "plot_occupancy"]
+__all__ = ["plot_comparison", "plot_occupancy", "save_figure"]
+
+
+def save_figure(fig, path: str | os.PathLike, *, dpi: int = 100) -> Path:
+    """Write ``fig`` to ``path`` (format from the suffix) and close it; return the path.
+
+    Parent folders are created; the file appears whole or not at all (written beside it, then
+    renamed), so an interrupted script never leaves a truncated image. A pyplot figure gets
+    ``tight_layout`` first (one made with a layout engine keeps its own).
+    """
+    from fluidopt._files import atomic_path
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if fig.get_layout_engine() is None:
+        fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=dpi)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path
 
 
 def _figure(ncols: int, width: float = 4.2, height: float = 3.4):

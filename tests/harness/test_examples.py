@@ -18,17 +18,15 @@ from fluidopt.control.protocol import Context
 from fluidopt.control.registry import available, make_controller
 from fluidopt.sim.api import simulate
 
-_load = load_example
-
 
 @pytest.fixture(scope="module")
 def custom():
-    return _load("custom_controller")
+    return load_example("custom_controller")
 
 
 @pytest.fixture(scope="module")
 def router():
-    return _load("real_router")
+    return load_example("real_router")
 
 
 # -- custom_controller.py -----------------------------------------------------------------------------

@@ -10,8 +10,6 @@ import pandas as pd
 import pytest
 from builders import load_example
 
-_load = load_example
-
 
 def _tables(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith("|")]
@@ -27,7 +25,7 @@ def _tables(text: str) -> list[str]:
     ],
 )
 def test_example_runs_through_the_harness_and_replots(name, figures, runs, tmp_path, capsys):
-    mod = _load(name)
+    mod = load_example(name)
     args = ["--out", str(tmp_path / "out"), "--fig-dir", str(tmp_path / "fig")]
     assert mod.main(["--quick", "--workers", "1", *args]) == 0
     first = capsys.readouterr().out
@@ -44,7 +42,7 @@ def test_example_runs_through_the_harness_and_replots(name, figures, runs, tmp_p
 
 @pytest.mark.integration
 def test_sli_routing_runs_both_parts(tmp_path, capsys):
-    mod = _load("sli_routing")
+    mod = load_example("sli_routing")
     args = ["--out", str(tmp_path / "out"), "--fig-dir", str(tmp_path / "fig")]
     assert mod.main(["--quick", "--workers", "1", *args]) == 0
     first = capsys.readouterr().out
@@ -56,3 +54,19 @@ def test_sli_routing_runs_both_parts(tmp_path, capsys):
     assert (part2["lp_bound"] == b["lp_separate"].iloc[0]).all()
     assert mod.main(["--quick", "--replot", *args]) == 0
     assert _tables(capsys.readouterr().out) == _tables(first)
+
+
+@pytest.mark.integration
+def test_orchestration_example_runs_through_the_executor(tmp_path, capsys):
+    """examples/orchestration.py at a tiny size, on two local workers: every controller, the LP bound."""
+    mod = load_example("orchestration")
+    assert mod.main(["--backlog", "500", "--seeds", "1", "--horizon", "400", "--workers", "2",
+                     "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "multi-period LP lower bound" in out
+    table = pd.read_csv(tmp_path / "orch_table.csv")
+    assert set(table["policy"]) == set(mod.POLICIES)
+    # nobody beats the fluid lower bound on GPU-hours
+    assert (table["ratio_to_lp"] >= 1.0).all()
+    for f in ("orch_fleet.png", "orch_batch_queue.png"):
+        assert (tmp_path / f).stat().st_size > 10_000

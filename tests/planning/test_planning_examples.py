@@ -6,11 +6,9 @@ import pandas as pd
 import pytest
 from builders import load_example
 
-_load = load_example
-
 
 def test_capacity_planning_quick(tmp_path, capsys):
-    mod = _load("capacity_planning")
+    mod = load_example("capacity_planning")
     assert mod.main(["--quick", "--workers", "1", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "fluid lower bound" in out and "verified in simulation" in out
@@ -23,7 +21,7 @@ def test_capacity_planning_quick(tmp_path, capsys):
 
 @pytest.mark.integration
 def test_pricing_whatif_quick(tmp_path, capsys):
-    mod = _load("pricing_whatif")
+    mod = load_example("pricing_whatif")
     assert mod.main(["--quick", "--workers", "1", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "LPs (12 x 12 prices" in out and "against the LP's promise" in out
