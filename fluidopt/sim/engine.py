@@ -85,6 +85,38 @@ C_AB_PREFILL, C_AB_DECODE, C_DROPPED = M.C_AB_PREFILL, M.C_AB_DECODE, M.C_DROPPE
 C_PREFILL_TOKENS, C_DONE_PROMPT, C_DONE_OUTPUT = M.C_PREFILL_TOKENS, M.C_DONE_PROMPT, M.C_DONE_OUTPUT
 
 
+# Per-request state: one array per field, indexed by request id (slots are recycled). This table is
+# each field's one definition (name, type, the value of a new slot, meaning); engine.pxd types each
+# as long long[::1] (int) or double[::1] (float), and tests/sim/test_sim_backends.py checks that the
+# two agree. Adding a field: a row here, a name in engine.pxd, then its uses.
+REQUEST_FIELDS: tuple[tuple[str, type, int | float, str], ...] = (
+    ("r_cls", int, 0, "class"),
+    ("r_prompt", int, 0, "original prompt tokens"),
+    ("r_output", int, 0, "output tokens"),
+    ("r_arr", float, 0.0, "arrival time (s)"),
+    ("r_phase", int, _GONE, "phase (action_errors.PHASE_NAMES); GONE for a free slot"),
+    ("r_q", int, -1, "queue it waits in, -1"),
+    ("r_gpu", int, -1, "GPU it runs on, -1"),
+    ("r_next", int, -1, "next request in its queue"),
+    ("r_prev", int, -1, "previous request in its queue"),
+    ("r_seq", int, 0, "FCFS sequence number in its queue"),
+    ("r_pos", int, -1, "index in the waiting / prefill / decode list of its class"),
+    ("r_dpos", int, -1, "index in g_dec of its decode"),
+    ("r_dkey", int, 0, "tokens: its GPU's decode clock when its decode ends"),
+    ("r_tw", float, 0.0, "time the current wait began (s)"),
+    ("r_wp", float, 0.0, "accumulated wait for a prefill (s)"),
+    ("r_wd", float, 0.0, "accumulated wait for a decode (s)"),
+    ("r_ttft", float, NAN, "time of the first prefill completion (NaN before)"),
+    ("r_serial", int, 0, "arrival number (a record's id)"),
+    ("r_gen", int, 0, "output tokens generated before the current decode stint"),
+    ("r_dstart", int, 0, "its GPU's decode clock when the current decode stint joined"),
+    ("r_npre", int, 0, "preemptions"),
+    ("r_pg", int, -1, "GPU of the first prefill"),
+    ("r_dg", int, -1, "GPU of the (last) decode"),
+    ("r_host", int, 0, "1: evicted to host memory (its KV restores instead of a re-prefill)"),
+)
+
+
 # Fleet states of a GPU (g_state; docs/simulator.md section 11). A fixed fleet never leaves ONLINE.
 G_ONLINE, G_STARTING, G_DRAINING, G_OFFLINE = 0, 1, 2, 3
 _GSTATE_NAMES = ("online", "starting", "draining", "offline")
@@ -303,29 +335,8 @@ class Engine:
 
         # -- per-request state (recycled slots) ----------------------------------------------------
         self._free: list[int] = []
-        self.r_cls = _ints(0, 0)
-        self.r_prompt = _ints(0, 0)  # original prompt tokens
-        self.r_output = _ints(0, 0)
-        self.r_arr = _floats(0, 0.0)
-        self.r_phase = _ints(0, 0)
-        self.r_q = _ints(0, 0)  # queue it waits in, -1
-        self.r_gpu = _ints(0, 0)
-        self.r_next = _ints(0, 0)
-        self.r_prev = _ints(0, 0)
-        self.r_seq = _ints(0, 0)
-        self.r_pos = _ints(0, 0)  # index in the waiting / prefill / decode list of its class
-        self.r_dpos = _ints(0, 0)  # index in g_dec of its decode
-        self.r_dkey = _ints(0, 0)  # tokens: g's decode clock when its decode ends
-        self.r_tw = _floats(0, 0.0)  # time the current wait began
-        self.r_wp = _floats(0, 0.0)  # accumulated wait for a prefill
-        self.r_wd = _floats(0, 0.0)  # accumulated wait for a decode
-        self.r_ttft = _floats(0, 0.0)  # time of the first prefill completion (NaN before)
-        self.r_serial = _ints(0, 0)
-        self.r_gen = _ints(0, 0)  # output tokens generated before the current decode stint
-        self.r_dstart = _ints(0, 0)  # GPU decode clock when the current decode stint joined
-        self.r_npre = _ints(0, 0)  # preemptions
-        self.r_pg = _ints(0, 0)  # GPU of the first prefill
-        self.r_dg = _ints(0, 0)  # GPU of the (last) decode
+        for name, kind, _, _ in REQUEST_FIELDS:
+            setattr(self, name, _ints(0, 0) if kind is int else _floats(0, 0.0))
         self._serial = 0
         self._seq_back = 0
         self._seq_front = 0
@@ -374,7 +385,6 @@ class Engine:
         self._fleet_used = fleet is not None
         self._startup = 0.0 if fleet is None else float(fleet.startup_delay)
         self._swap = 0.0 if fleet is None else float(fleet.kv_swap_time_per_token)
-        self.r_host = _ints(0, 0)  # 1: r was evicted to host memory (its KV restores instead of a re-prefill)
         # tokens mode
         self.t_ka = _ints(n, 0)  # anchor boundary index
         self.t_ta = _floats(n, 0.0)  # anchor time
@@ -1360,30 +1370,8 @@ class Engine:
         # at a time.
         r = len(self.r_phase)
         k = max(_ALLOC_BLOCK, r)
-        self.r_cls = _grown(self.r_cls, k, 0)
-        self.r_prompt = _grown(self.r_prompt, k, 0)
-        self.r_output = _grown(self.r_output, k, 0)
-        self.r_arr = _grown(self.r_arr, k, 0.0)
-        self.r_phase = _grown(self.r_phase, k, _GONE)
-        self.r_q = _grown(self.r_q, k, -1)
-        self.r_gpu = _grown(self.r_gpu, k, -1)
-        self.r_next = _grown(self.r_next, k, -1)
-        self.r_prev = _grown(self.r_prev, k, -1)
-        self.r_seq = _grown(self.r_seq, k, 0)
-        self.r_pos = _grown(self.r_pos, k, -1)
-        self.r_dpos = _grown(self.r_dpos, k, -1)
-        self.r_dkey = _grown(self.r_dkey, k, 0)
-        self.r_tw = _grown(self.r_tw, k, 0.0)
-        self.r_wp = _grown(self.r_wp, k, 0.0)
-        self.r_wd = _grown(self.r_wd, k, 0.0)
-        self.r_ttft = _grown(self.r_ttft, k, NAN)
-        self.r_serial = _grown(self.r_serial, k, 0)
-        self.r_gen = _grown(self.r_gen, k, 0)
-        self.r_dstart = _grown(self.r_dstart, k, 0)
-        self.r_npre = _grown(self.r_npre, k, 0)
-        self.r_pg = _grown(self.r_pg, k, -1)
-        self.r_dg = _grown(self.r_dg, k, -1)
-        self.r_host = _grown(self.r_host, k, 0)
+        for name, _, fill, _ in REQUEST_FIELDS:
+            setattr(self, name, _grown(getattr(self, name), k, fill))
         self._free.extend(range(r + k - 1, r, -1))
         return r
 

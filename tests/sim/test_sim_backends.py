@@ -229,6 +229,29 @@ def test_engine_pxd_declares_every_attribute():
                        for t in (n.targets if isinstance(n, ast.Assign) else [n.target])]
             assigned = {a.attr for t in targets for a in ast.walk(t)
                         if isinstance(a, ast.Attribute) and isinstance(a.value, ast.Name) and a.value.id == "self"}
-            assert {"alpha", "beta", "r_cls", "_now"} <= assigned or node.name == "GpuSet"
+            assert {"alpha", "beta", "_now"} <= assigned or node.name == "GpuSet"
             missing = assigned - declared[node.name]
             assert not missing, f"{node.name}: attributes set in engine.py but not declared in engine.pxd: {missing}"
+
+
+def test_request_fields_are_defined_once_and_typed_in_the_pxd():
+    """engine.REQUEST_FIELDS is each per-request field's one definition (set up and grown from it);
+    engine.pxd must type exactly those r_* names, ints as long long[::1] and floats as double[::1]."""
+    import re
+    from pathlib import Path
+
+    from fluidopt.sim.engine import REQUEST_FIELDS
+
+    pxd = (Path(core.__file__).parent / "engine.pxd").read_text(encoding="utf-8")
+    typed: dict[str, str] = {}
+    for line in pxd.splitlines():
+        m = re.match(r"\s+cdef public (long long|double)\[::1\] ([\w, ]+)", line.split("#")[0])
+        if m:
+            for name in (x.strip() for x in m.group(2).split(",")):
+                if name.startswith("r_"):
+                    typed[name] = "int" if m.group(1) == "long long" else "float"
+    names = [f[0] for f in REQUEST_FIELDS]
+    assert len(set(names)) == len(names)
+    assert {f[0]: f[1].__name__ for f in REQUEST_FIELDS} == typed
+    for name, kind, fill, meaning in REQUEST_FIELDS:
+        assert isinstance(fill, kind) and meaning
