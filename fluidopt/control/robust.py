@@ -49,6 +49,13 @@ threshold above comes from the scenario, the LP and the observed state.
 
 :class:`BackpressureSLIGateAndRoute` applies ``caps`` and ``staffing`` to the SLI-aware router (per-pool
 buffers, solo probabilities p_s,i), where the same over-admission breaks the decode-fairness SLI.
+
+:class:`StaffedPrioritizeAndRoute` applies them to Prioritize-and-Route (separate pricing), whose plan
+prefills every arrival and loads the prefill stage critically: ``staffing`` (on) is priced by the
+separate LP (a served arrival is worth the dual of its arrival row; a mixed GPU costs the solo decode
+slot it reserves plus its slower decodes while its prefill slot works), with ``overflow`` and
+``resolve`` on; backpressure, caps and the value order are options, off (a prefill is paid even if
+its decode abandons, so holding prefills back for decode room only loses revenue there).
 """
 
 from __future__ import annotations
