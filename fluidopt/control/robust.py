@@ -217,6 +217,7 @@ class _Mechanisms:
         self._rationed_flags = rat
         self._cap = [float(math.ceil(n * float(self.x[i]) - 1e-9)) if (self.caps and rat[i]) else math.inf
                      for i in range(self.n_classes)]
+        self._uncapped = all(c == math.inf for c in self._cap)
         sol = self._plan_now
         flow = np.asarray(sol.y_mixed, float) + np.asarray(sol.y_solo, float)
         # A class the plan prefills but never decodes (possible only when q_d* > 0, gamma tau < (B-1)/B)
@@ -250,6 +251,8 @@ class _Mechanisms:
         cheap = self._gamma_tau <= 1.0
         self._may_overflow = [cheap or not rat[i] for i in range(self.n_classes)]
         self._overflow_caps = [math.inf if ok else -math.inf for ok in self._may_overflow]
+        self._gate_plan = (self._admissible, self._nx, self._inv_x, self._nqp, self._room, self._ahead_terms,
+                           self._fcfs_buffer, self.backpressure, self._uncapped)
 
     def plan_mixed_gpus(self, n_gpus: int) -> int:
         base = PartitionedController.plan_mixed_gpus(self, n_gpus)
@@ -285,24 +288,38 @@ class _Mechanisms:
     def gate_class(self, ctx: Context, capped: bool = True) -> int:
         """Deviation-index gate over waiting classes with room in the decode buffer (backpressure) and
         below their cap (``capped``; else: the classes allowed to overflow onto solo GPUs); -1 if none."""
-        best, best_dev, best_tie = -1, 0.0, 0.0
-        nx, inv, nqp = self._nx, self._inv_x, self._nqp
-        cap = self._cap if capped else self._overflow_caps
+        # Hot path (called on most events): the plan's constants come in one tuple, the helpers
+        # _decode_slot_free_now and _ahead are inlined with the same arithmetic in the same order (an
+        # empty buffer adds 0 per class, so its per-class lengths are not asked), and an all-infinite
+        # cap list is not consulted. The decisions are those of the plain form, bit for bit.
+        admissible, nx, inv, nqp, room, terms, fcfs, bp, uncapped = self._gate_plan
+        cap = (None if uncapped else self._cap) if capped else self._overflow_caps
         qlen, n_prefill = ctx.qlen, ctx.n_prefill
-        bp = self.backpressure
+        best, best_dev, best_tie = -1, 0.0, 0.0
         free = None  # whether a decode slot is free now: asked once, only if needed
-        for i in self._admissible:
+        waiting = 0  # requests in the decode buffer (asked with free)
+        for i in admissible:
             q = qlen(PREFILL_QUEUE, i)
             if q == 0:
                 continue
             X = n_prefill(i)
-            if X >= cap[i]:
+            if cap is not None and X >= cap[i]:
                 continue
             if bp:
                 if free is None:
-                    free = self._decode_slot_free_now(ctx)
-                if not free and self._ahead(ctx, i) >= self._room[i]:
-                    continue
+                    waiting = qlen(DECODE_QUEUE)
+                    free = not waiting and self._free_decode_slot(ctx)
+                if not free:
+                    if fcfs or not waiting:
+                        tot = float(waiting)
+                        for j, p in terms[i]:
+                            tot += n_prefill(j) * p
+                    else:
+                        tot = 0.0
+                        for j, p in terms[i]:
+                            tot += qlen(DECODE_QUEUE, j) + n_prefill(j) * p
+                    if tot >= room[i]:
+                        continue
             dev = (X - nx[i]) * inv[i]
             tie = q - nqp[i]
             if best < 0 or dev < best_dev or (dev == best_dev and tie > best_tie):
@@ -319,8 +336,10 @@ class _Mechanisms:
         return [self._ahead(ctx, i) for i in range(self._I)]
 
     def _decode_slot_free_now(self, ctx: Context) -> bool:
-        if ctx.qlen(DECODE_QUEUE):
-            return False
+        return not ctx.qlen(DECODE_QUEUE) and self._free_decode_slot(ctx)
+
+    def _free_decode_slot(self, ctx: Context) -> bool:
+        """Some GPU has a free decode slot (the buffer's length aside)."""
         # a fleet too small for a solo (or a mixed) pool declares only the other one
         return bool((self._has_solo and len(ctx.free_decode(SOLO_POOL)))
                     or (self._has_mixed and len(ctx.free_decode(MIXED_POOL))))
@@ -429,8 +448,7 @@ class _MechanismEvents:
     def _pull_decodes(self, ctx: Context, g: int, queue: int) -> None:
         if self.decode_order == "fcfs" and self._all_decodable:
             return PartitionedController._pull_decodes(self, ctx, g, queue)
-        pool = ctx.gpu_pool(g)
-        free = ctx.free_decode(pool)
+        free = ctx.free_decode(MIXED_POOL if g < self.mixed_gpus else SOLO_POOL)
         order = self._decode_order if self._all_decodable else [i for i in self._decode_order if self._decodable[i]]
         while g in free:
             r = -1
@@ -465,17 +483,37 @@ class _MechanismEvents:
             self._greedy_place(ctx, r)
 
     def on_slot_freed(self, ctx: Context, g: int) -> None:
-        pool = ctx.gpu_pool(g)
-        if ctx.qlen(DECODE_QUEUE):
+        qlen = ctx.qlen
+        if qlen(DECODE_QUEUE):
             self._pull_decodes(ctx, g, DECODE_QUEUE)
+        if not qlen(PREFILL_QUEUE):
+            return  # nothing waits for a prefill: the gate would refuse, and no overflow can start
+        mixed = g < self.mixed_gpus  # the pools are the ranges declared at setup
         judged = False
-        if pool == MIXED_POOL and g in ctx.idle_prefill(MIXED_POOL):
+        pending = True  # prefills wait: asked above, and asked again only after one may have started
+        if mixed and g in ctx.idle_prefill(MIXED_POOL):
             judged = not self._admit_on(ctx, g)  # the gate refused this very state: no need to ask again
-        if not judged and self._holding(ctx):
+            pending = judged or bool(qlen(PREFILL_QUEUE))
+        if not judged and pending and self.backpressure and self._has_mixed and len(ctx.idle_prefill(MIXED_POOL)):
             # a freed or drained decode slot may lift the backpressure on reserved slots held idle
             self._admit_all(ctx)
-        if self._max_overflow and pool == SOLO_POOL and ctx.qlen(PREFILL_QUEUE) and g in ctx.idle_prefill(SOLO_POOL):
+            pending = bool(qlen(PREFILL_QUEUE))
+        if self._max_overflow and not mixed and pending and g in ctx.idle_prefill(SOLO_POOL):
             self._try_overflow(ctx, g)
+
+    def _admit_all(self, ctx: Context, pool: int = MIXED_POOL) -> None:
+        # PartitionedController._admit_all with _admit_on inlined (the same GPU draws, the same order)
+        idle = ctx.idle_prefill(pool)
+        kv = self._kv
+        while len(idle):
+            g = idle.choice()
+            i = self.gate_class(ctx)
+            if i < 0:
+                return
+            r = ctx.head(PREFILL_QUEUE, i)
+            if kv and not self._fits(ctx, r, g):
+                return
+            ctx.start_prefill(r, g)
 
     def _holding(self, ctx: Context) -> bool:
         """Backpressure may be holding idle reserved slots while prefills wait."""
@@ -554,11 +592,11 @@ class StaffedPrioritizeAndRoute(_MechanismEvents, _Mechanisms, PrioritizeAndRout
         """Prioritize-and-Route's gate (the waiting class with the largest D_i / P_i) over the classes with
         room in the decode buffer (backpressure) and below their cap (``capped``; else: the classes
         allowed to overflow onto solo GPUs); -1 if none."""
-        cap = self._cap if capped else self._overflow_caps
+        cap = (None if self._uncapped else self._cap) if capped else self._overflow_caps
         qlen, n_prefill = ctx.qlen, ctx.n_prefill
         free = None
         for i in self._order:
-            if not qlen(PREFILL_QUEUE, i) or n_prefill(i) >= cap[i]:
+            if not qlen(PREFILL_QUEUE, i) or (cap is not None and n_prefill(i) >= cap[i]):
                 continue
             if self.backpressure:
                 if free is None:
