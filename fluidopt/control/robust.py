@@ -371,7 +371,7 @@ class _Mechanisms:
             if i < 0:
                 return
             r = ctx.head(PREFILL_QUEUE, i)
-            if not self._fits(ctx, r, h):
+            if self._kv and not self._fits(ctx, r, h):
                 return
             ctx.start_prefill(r, h)
             self._overflowing += 1
@@ -450,13 +450,14 @@ class _MechanismEvents:
             return PartitionedController._pull_decodes(self, ctx, g, queue)
         free = ctx.free_decode(MIXED_POOL if g < self.mixed_gpus else SOLO_POOL)
         order = self._decode_order if self._all_decodable else [i for i in self._decode_order if self._decodable[i]]
+        kv = self._kv
         while g in free:
             r = -1
             for i in order:
                 r = ctx.head(queue, i)
                 if r >= 0:
                     break
-            if r < 0 or not self._fits(ctx, r, g):
+            if r < 0 or (kv and not self._fits(ctx, r, g)):
                 return
             ctx.start_decode(r, g)
 
