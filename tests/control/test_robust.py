@@ -452,6 +452,27 @@ def test_policy_grid_example_quick(tmp_path):
     assert (df["ratio"] > 0.5).all() and (df["ratio"] < 1.1).all()
 
 
+def test_separate_robust_example_quick(tmp_path):
+    # the separate-pricing example's --quick size (paper n = 20, two Dolly instances), in this process
+    import importlib.util
+    from pathlib import Path
+
+    import pandas as pd
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "separate_robust.py"
+    spec = importlib.util.spec_from_file_location("separate_robust", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--quick", "--families", "dolly", "--out", str(tmp_path)]) == 0
+    paper = pd.read_csv(tmp_path / "paper.csv")
+    assert list(paper["variant"]) == list(mod.VARIANTS)
+    base = paper[paper["variant"] == "Prioritize-and-Route"].iloc[0]
+    assert base["diff min"] == base["diff max"] == 0.0
+    assert paper["ratio"].between(0.5, 1.1).all()
+    breadth = pd.read_csv(tmp_path / "breadth.csv")
+    assert len(breadth) == 2 and breadth[["P&R", "staffed"]].stack().between(0.5, 1.1).all()
+
+
 def test_a_one_gpu_fleet_has_no_solo_pool_and_still_runs():
     """Regression (found by the invariants property test): on one GPU the partition has no solo pool,
     and asking that pool for free decode slots failed."""
