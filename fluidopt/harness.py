@@ -117,7 +117,6 @@ class Comparison:
             return pd.DataFrame()
         metrics = ["ratio", "ratio_realised", "revenue", "throughput", "abandoned_fraction", "ttft_mean", "e2e_mean",
                    "e2e_p99"]
-        bound_col = {"ratio": "lp_bound", "ratio_realised": "lp_bound_realised"}
         if "ratio_realised" not in self.runs.columns:  # a table saved before R*(window) was reported
             metrics.remove("ratio_realised")
         rows = []
@@ -132,7 +131,11 @@ class Comparison:
                     # Few seeds: a t interval over seeds is uninformative (t_{0.975,1} = 12.7), so
                     # pool the runs' own batch-means half-widths: hw = sqrt(sum hw_j^2) / k.
                     hw = float(np.sqrt(np.sum(g["revenue_ci"].to_numpy(dtype=float) ** 2)) / k)
-                    row[f"{m}_ci"] = hw / float(g[bound_col[m]].mean()) if m in bound_col else hw
+                    if m == "ratio":
+                        hw /= float(g["lp_bound"].iloc[0])
+                    elif m == "ratio_realised":  # R*(window) may differ between the runs of a seeded workload
+                        hw /= float(g["lp_bound_realised"].mean())
+                    row[f"{m}_ci"] = hw
                 elif k > 1:
                     row[f"{m}_ci"] = float(stats.t.ppf(0.975, k - 1) * row[f"{m}_std"] / math.sqrt(k))
                 else:
