@@ -147,7 +147,6 @@ def case_scenario(case: dict) -> tuple[Scenario, object, float, float]:
 
 def run_family(cases: list[dict], policies: list, options: dict, seeds: list[int], executor, out: Path) -> pd.DataFrame:
     """Every policy on every case of one family through :func:`fluidopt.harness.compare`; one row per run."""
-    from fluidopt.fluid.realised import realised_bound
     from fluidopt.harness import compare
     from fluidopt.sim.workload import TraceWarning
 
@@ -160,17 +159,15 @@ def run_family(cases: list[dict], policies: list, options: dict, seeds: list[int
                     horizon={k: h for k, (_, _, _, h, _) in built.items()},
                     warmup={k: w for k, (_, _, _, _, w) in built.items()},
                     service={k: case["service"] for k, (case, *_) in built.items()}, workloads=workloads)
-    # On a trace the plan's R* is solved at the whole trace's mean rates; revenue is measured over a
-    # window whose realised arrivals differ, so divide by the LP at the window's arrivals instead.
-    window_bound = {k: realised_bound(sc, wl, w, h).objective_per_gpu
-                    for k, (_, sc, wl, h, w) in built.items() if wl is not None}
     x = c.classes.pivot_table(index=["scenario", "policy", "seed"], columns="name", values="x_mean", sort=False)
     registered = dict(p if isinstance(p, tuple) else (p, p) for p in policies)
     rows = []
     for r in c.runs.itertuples(index=False):
         case, sc, wl, _, _ = built[r.scenario]
         plan = c.plans[r.scenario]["bundled"]
-        bound = window_bound.get(r.scenario, r.lp_bound)
+        # On a trace the plan's R* is solved at the whole trace's mean rates while revenue is measured
+        # over a window whose realised arrivals differ: divide by the harness's R*(window) instead.
+        bound = r.lp_bound_realised if wl is not None else r.lp_bound
         xs = x.loc[(r.scenario, r.policy, r.seed), list(sc.class_names)].to_numpy(dtype=float)
         label = r.policy
         rows.append({"family": case["family"], "case": r.scenario, "policy": registered[label],

@@ -73,6 +73,7 @@ CLASS_COLUMNS = (
     "y_solo_mean",
     "q_prefill_mean",
     "q_decode_mean",
+    "arrived",  # arrivals in the measured window: the realised rates of R*(window) for a workload run
 )
 
 
@@ -83,7 +84,10 @@ class Comparison:
     ``runs``: one row per (scenario, policy, seed) with its window (``horizon``, ``warmup``, s) and cluster metrics (rates per GPU per second,
     times in seconds), ``revenue`` (per GPU per second under ``pricing``, with its batch-means 95%
     half-width ``revenue_ci``), the LP bound ``lp_bound`` (R* for ``pricing``) and ``ratio`` =
-    revenue / R*. ``classes``: the per-class metrics of every run (long format).
+    revenue / R*; for a run that replayed a workload also ``lp_bound_realised`` = R*(window), the LP
+    at the arrivals actually in the measured window [warmup, horizon) (:mod:`fluidopt.fluid.realised`),
+    and ``ratio_realised`` = revenue / R*(window) (NaN for Poisson runs, where R* itself is the bound).
+    ``classes``: the per-class metrics of every run (long format).
     ``bounds``: one row per scenario with the bundled and separate LP optima and M.
     ``timeseries``: with ``compare(sample_interval=...)``, every run's sampled state (long format,
     labelled by scenario, policy and seed), else None. ``plans``: each scenario's solved LPs,
@@ -114,7 +118,10 @@ class Comparison:
             raise ScenarioError(f"Comparison.summary: ci: expected 'auto' or 't', got {ci!r}")
         if self.runs.empty:
             return pd.DataFrame()
-        metrics = ["ratio", "revenue", "throughput", "abandoned_fraction", "ttft_mean", "e2e_mean", "e2e_p99"]
+        metrics = ["ratio", "ratio_realised", "revenue", "throughput", "abandoned_fraction", "ttft_mean", "e2e_mean",
+                   "e2e_p99"]
+        if "ratio_realised" not in self.runs.columns:  # a table saved before R*(window) was reported
+            metrics.remove("ratio_realised")
         rows = []
         for (scen, pol), g in self.runs.groupby(["scenario", "policy"], sort=False):
             row: dict[str, Any] = {"scenario": scen, "policy": pol, "seeds": len(g)}
@@ -123,11 +130,15 @@ class Comparison:
                 k = len(v)
                 row[m] = float(np.mean(v))
                 row[f"{m}_std"] = float(np.std(v, ddof=1)) if k > 1 else math.nan
-                if m in ("ratio", "revenue") and k < _MIN_SEEDS_FOR_T and ci == "auto":
+                if m in ("ratio", "ratio_realised", "revenue") and k < _MIN_SEEDS_FOR_T and ci == "auto":
                     # Few seeds: a t interval over seeds is uninformative (t_{0.975,1} = 12.7), so
                     # pool the runs' own batch-means half-widths: hw = sqrt(sum hw_j^2) / k.
                     hw = float(np.sqrt(np.sum(g["revenue_ci"].to_numpy(dtype=float) ** 2)) / k)
-                    row[f"{m}_ci"] = hw / float(g["lp_bound"].iloc[0]) if m == "ratio" else hw
+                    if m == "ratio":
+                        hw /= float(g["lp_bound"].iloc[0])
+                    elif m == "ratio_realised":  # R*(window) may differ between the runs of a seeded workload
+                        hw /= float(g["lp_bound_realised"].mean())
+                    row[f"{m}_ci"] = hw
                 elif k > 1:
                     row[f"{m}_ci"] = float(stats.t.ppf(0.975, k - 1) * row[f"{m}_std"] / math.sqrt(k))
                 else:
@@ -223,6 +234,34 @@ def _workload_fingerprint(wl: Any) -> str:
         return repr(wl)
     digest = pd.util.hash_pandas_object(frame, index=False).to_numpy().tobytes()
     return hashlib.sha256(digest + repr(getattr(wl, "speedup", 1.0)).encode()).hexdigest()[:16]
+
+
+def _is_trace(workload: Any) -> bool:
+    """A replay of fixed arrivals (the same in every run), as opposed to a seeded generator."""
+    return all(hasattr(workload, a) for a in ("time", "cls", "prompt", "output"))
+
+
+def _realised_bound(scenario: Scenario, workload: Any, warmup: float, horizon: float, pricing: str,
+                    arrived: Sequence[float]) -> float:
+    """R*(window) per GPU per second of a run that replayed ``workload`` and measured [warmup, horizon).
+
+    A trace (fixed arrivals with ``time``, ``cls``, ``prompt``, ``output``): the LP at the rates and mean
+    lengths of its arrivals in the window (:func:`fluidopt.fluid.realised.realised_bound`). Any other
+    workload (seeded, e.g. synthetic bursts): the LP at the run's own per-class window counts
+    ``arrived`` with the scenario's lengths. NaN when the counts are unknown (a run stored before they were
+    recorded) or the LP is not optimal.
+    """
+    from fluidopt.fluid import realised
+
+    if warmup >= horizon:
+        return math.nan
+    if _is_trace(workload):
+        sol = realised.realised_bound(scenario, workload, warmup, horizon, pricing=pricing)
+    elif len(arrived) == len(scenario.classes) and np.all(np.isfinite(np.asarray(arrived, float))):
+        sol = realised.realised_bound_from_counts(scenario, arrived, warmup, horizon, pricing=pricing)
+    else:
+        return math.nan
+    return float(sol.objective_per_gpu) if sol.status == "optimal" else math.nan
 
 
 def _run_one(job: dict[str, Any]) -> dict[str, Any]:
@@ -419,6 +458,7 @@ def compare(
         print(f"interrupted: keeping {len(done)} of {len(jobs)} runs", file=sys.stderr, flush=True)
 
     rows, class_rows, series = [], [], []
+    realised_of: dict[tuple, float] = {}
     col = "revenue_per_gpu" if pricing == "bundled" else "revenue_per_gpu_separate"
     for k in sorted(done):
         j = jobs[k]
@@ -427,8 +467,18 @@ def compare(
         r = done[k]["row"]
         rev, rev_ci = r[col], r[f"{col}_ci"]
         bound = bound_of[j["scenario"].name]
+        # R*(window) for a workload run (the plain R* is only a benchmark there); NaN for Poisson runs
+        real = math.nan
+        if j.get("workload") is not None:
+            arrived = [c.get("arrived", math.nan) for c in done[k]["classes"]]
+            wkey = (key["scenario"], j["warmup"], j["horizon"], None if _is_trace(j["workload"]) else k)
+            if wkey not in realised_of:
+                realised_of[wkey] = _realised_bound(j["scenario"], j["workload"], j["warmup"], j["horizon"],
+                                                    pricing, arrived)
+            real = realised_of[wkey]
         rows.append({**key, "lp_bound": bound, "revenue": rev, "revenue_ci": rev_ci,
-                     "ratio": rev / bound if bound > 0 else math.nan, **r})
+                     "ratio": rev / bound if bound > 0 else math.nan, "lp_bound_realised": real,
+                     "ratio_realised": rev / real if real > 0 else math.nan, **r})
         class_rows.extend({**key, **c} for c in done[k]["classes"])
         ts = done[k].get("timeseries")
         if ts is not None:

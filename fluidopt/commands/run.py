@@ -142,6 +142,9 @@ def _report(summ) -> str:
             "policy": r["policy"],
             "revenue/GPU/s": pm(r["revenue"], r["revenue_ci"], 2),
             "vs LP": pm(r["ratio"], r["ratio_ci"], 4),
+            # a trace run: R* of the arrivals in the measured window (the plain R* is only a benchmark)
+            **({"vs LP(window)": pm(r["ratio_realised"], r["ratio_realised_ci"], 4)}
+               if math.isfinite(r.get("ratio_realised", math.nan)) else {}),
             "throughput/GPU/s": f"{r['throughput']:.4f}",
             "abandoned": f"{100 * r['abandoned_fraction']:.2f}%",
             "TTFT mean s": f"{r['ttft_mean']:.3f}",

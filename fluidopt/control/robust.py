@@ -49,6 +49,13 @@ threshold above comes from the scenario, the LP and the observed state.
 
 :class:`BackpressureSLIGateAndRoute` applies ``caps`` and ``staffing`` to the SLI-aware router (per-pool
 buffers, solo probabilities p_s,i), where the same over-admission breaks the decode-fairness SLI.
+
+:class:`StaffedPrioritizeAndRoute` applies them to Prioritize-and-Route (separate pricing), whose plan
+prefills every arrival and loads the prefill stage critically: ``staffing`` (on) is priced by the
+separate LP (a served arrival is worth the dual of its arrival row; a mixed GPU costs the solo decode
+slot it reserves plus its slower decodes while its prefill slot works), with ``overflow`` and
+``resolve`` on; backpressure, caps and the value order are options, off (a prefill is paid even if
+its decode abandons, so holding prefills back for decode room only loses revenue there).
 """
 
 from __future__ import annotations
@@ -65,6 +72,7 @@ from fluidopt.control.gate_and_route import (
     SOLO_POOL,
     GateAndRoute,
     PartitionedController,
+    PrioritizeAndRoute,
     SLIGateAndRoute,
     _check_solution,
 )
@@ -77,6 +85,7 @@ from fluidopt.model import Scenario
 __all__ = [
     "BackpressureGateAndRoute",
     "BackpressureSLIGateAndRoute",
+    "StaffedPrioritizeAndRoute",
     "RESOLVE_ARRIVALS",
     "RESOLVE_SIGMAS",
     "safety_mixed_gpus",
@@ -94,7 +103,7 @@ def _rationed(solution_x: np.ndarray, lam: np.ndarray, mu_p: np.ndarray) -> list
 
 
 def safety_mixed_gpus(n_gpus: int, x: Sequence[float], lam: Sequence[float], mu_p: Sequence[float],
-                      theta: Sequence[float], w: Sequence[float], slot_value: float) -> int:
+                      theta: Sequence[float], w: Sequence[float], slot_value: float, busy_cost: float = 0.0) -> int:
     """Extra mixed GPUs for the critically loaded classes (square-root safety staffing, Erlang A).
 
     The classes served in full (mu_p,i x_i* = lambda_i) share the reserved slots the rationed
@@ -102,8 +111,11 @@ def safety_mixed_gpus(n_gpus: int, x: Sequence[float], lam: Sequence[float], mu_
     into one M/M/c+M queue (arrivals n sum lambda_i per second, mean service the pooled mean, patience
     the arrival-weighted theta), and one server is added at a time while w * arrivals * (P_ab(c) -
     P_ab(c+1)) > ``slot_value`` (revenue per second of the decode slot an extra mixed GPU gives up;
-    the LP's shadow price of solo decode capacity). Returns the number added (0 if no class is
-    served in full), never more than the solo GPUs.
+    the LP's shadow price of solo decode capacity). ``busy_cost``: revenue per second an extra mixed
+    GPU loses while its prefill slot is busy (its decodes run at the mixed rate); that slot is busy for
+    the work it saves, L (P_ab(c) - P_ab(c+1)) / mu slot-seconds per second, so that much is added to
+    the cost (0: the bundled variant's rule). Returns the number added (0 if no class is served in
+    full), never more than the solo GPUs.
     """
     from fluidopt.queueing.closed_forms import erlang_a
 
@@ -129,7 +141,8 @@ def safety_mixed_gpus(n_gpus: int, x: Sequence[float], lam: Sequence[float], mu_
     prev = erlang_a(L, mu, c0, th).p_abandon
     while extra < limit:
         nxt = erlang_a(L, mu, c0 + extra + 1, th).p_abandon
-        if val * L * (prev - nxt) <= slot_value:
+        saved = L * (prev - nxt)  # arrivals per second that no longer abandon
+        if val * saved <= slot_value + busy_cost * saved / mu:
             break
         extra += 1
         prev = nxt
@@ -168,6 +181,11 @@ class _Mechanisms:
         idx = self._w * r.mu_s / np.maximum(r.theta, 1e-12)
         self._decode_order = sorted(range(len(idx)), key=lambda i: (-idx[i], i))
         self._slot_value = max(float(solution.duals.get("solo_decode_capacity", 0.0) or 0.0), 0.0)
+        # the staffing rule's economics: value of one more served arrival per class, cost per second of
+        # one more mixed GPU (the bundled variant: w_i and the solo decode slot's shadow price)
+        self._staff_value = self._w
+        self._staff_cost = self._slot_value
+        self._staff_busy_cost = 0.0
         self._lam_plan = np.asarray(r.lam, float)  # per GPU
         self._gamma_tau = float(scenario.gpu.gamma * scenario.gpu.tau_mix)
         self.resolves = 0  # LP re-solves performed (diagnostics)
@@ -199,6 +217,7 @@ class _Mechanisms:
         self._rationed_flags = rat
         self._cap = [float(math.ceil(n * float(self.x[i]) - 1e-9)) if (self.caps and rat[i]) else math.inf
                      for i in range(self.n_classes)]
+        self._uncapped = all(c == math.inf for c in self._cap)
         sol = self._plan_now
         flow = np.asarray(sol.y_mixed, float) + np.asarray(sol.y_solo, float)
         # A class the plan prefills but never decodes (possible only when q_d* > 0, gamma tau < (B-1)/B)
@@ -232,13 +251,16 @@ class _Mechanisms:
         cheap = self._gamma_tau <= 1.0
         self._may_overflow = [cheap or not rat[i] for i in range(self.n_classes)]
         self._overflow_caps = [math.inf if ok else -math.inf for ok in self._may_overflow]
+        self._gate_plan = (self._admissible, self._nx, self._inv_x, self._nqp, self._room, self._ahead_terms,
+                           self._fcfs_buffer, self.backpressure, self._uncapped)
 
     def plan_mixed_gpus(self, n_gpus: int) -> int:
         base = PartitionedController.plan_mixed_gpus(self, n_gpus)
         if not self.staffing or self.mixed_override is not None:
             return base
         r = self._rates
-        extra = safety_mixed_gpus(n_gpus, self.x, self._lam_plan, r.mu_p, r.theta, self._w, self._slot_value)
+        extra = safety_mixed_gpus(n_gpus, self.x, self._lam_plan, r.mu_p, r.theta, self._staff_value,
+                                  self._staff_cost, self._staff_busy_cost)
         return min(int(n_gpus), base + extra)
 
     def _declare_pools(self, ctx: Context) -> None:
@@ -266,24 +288,38 @@ class _Mechanisms:
     def gate_class(self, ctx: Context, capped: bool = True) -> int:
         """Deviation-index gate over waiting classes with room in the decode buffer (backpressure) and
         below their cap (``capped``; else: the classes allowed to overflow onto solo GPUs); -1 if none."""
-        best, best_dev, best_tie = -1, 0.0, 0.0
-        nx, inv, nqp = self._nx, self._inv_x, self._nqp
-        cap = self._cap if capped else self._overflow_caps
+        # Hot path (called on most events): the plan's constants come in one tuple, the helpers
+        # _decode_slot_free_now and _ahead are inlined with the same arithmetic in the same order (an
+        # empty buffer adds 0 per class, so its per-class lengths are not asked), and an all-infinite
+        # cap list is not consulted. The decisions are those of the plain form, bit for bit.
+        admissible, nx, inv, nqp, room, terms, fcfs, bp, uncapped = self._gate_plan
+        cap = (None if uncapped else self._cap) if capped else self._overflow_caps
         qlen, n_prefill = ctx.qlen, ctx.n_prefill
-        bp = self.backpressure
+        best, best_dev, best_tie = -1, 0.0, 0.0
         free = None  # whether a decode slot is free now: asked once, only if needed
-        for i in self._admissible:
+        waiting = 0  # requests in the decode buffer (asked with free)
+        for i in admissible:
             q = qlen(PREFILL_QUEUE, i)
             if q == 0:
                 continue
             X = n_prefill(i)
-            if X >= cap[i]:
+            if cap is not None and X >= cap[i]:
                 continue
             if bp:
                 if free is None:
-                    free = self._decode_slot_free_now(ctx)
-                if not free and self._ahead(ctx, i) >= self._room[i]:
-                    continue
+                    waiting = qlen(DECODE_QUEUE)
+                    free = not waiting and self._free_decode_slot(ctx)
+                if not free:
+                    if fcfs or not waiting:
+                        tot = float(waiting)
+                        for j, p in terms[i]:
+                            tot += n_prefill(j) * p
+                    else:
+                        tot = 0.0
+                        for j, p in terms[i]:
+                            tot += qlen(DECODE_QUEUE, j) + n_prefill(j) * p
+                    if tot >= room[i]:
+                        continue
             dev = (X - nx[i]) * inv[i]
             tie = q - nqp[i]
             if best < 0 or dev < best_dev or (dev == best_dev and tie > best_tie):
@@ -300,8 +336,10 @@ class _Mechanisms:
         return [self._ahead(ctx, i) for i in range(self._I)]
 
     def _decode_slot_free_now(self, ctx: Context) -> bool:
-        if ctx.qlen(DECODE_QUEUE):
-            return False
+        return not ctx.qlen(DECODE_QUEUE) and self._free_decode_slot(ctx)
+
+    def _free_decode_slot(self, ctx: Context) -> bool:
+        """Some GPU has a free decode slot (the buffer's length aside)."""
         # a fleet too small for a solo (or a mixed) pool declares only the other one
         return bool((self._has_solo and len(ctx.free_decode(SOLO_POOL)))
                     or (self._has_mixed and len(ctx.free_decode(MIXED_POOL))))
@@ -333,7 +371,7 @@ class _Mechanisms:
             if i < 0:
                 return
             r = ctx.head(PREFILL_QUEUE, i)
-            if not self._fits(ctx, r, h):
+            if self._kv and not self._fits(ctx, r, h):
                 return
             ctx.start_prefill(r, h)
             self._overflowing += 1
@@ -396,21 +434,10 @@ class _Mechanisms:
         self._targets()
 
 
-class BackpressureGateAndRoute(_Mechanisms, GateAndRoute):
-    """Gate-and-Route with decode-buffer backpressure, caps, safety staffing, a value-ordered buffer,
-    overflow prefills on free solo slots and rolling LP re-solves (see the module docstring)."""
-
-    name = "backpressure-gate-and-route"
-
-    def __init__(self, scenario: Scenario, solution: FluidSolution, *, backpressure: bool = True, caps: bool = False,
-                 staffing: bool = False, decode_order: str = "value", overflow: bool = True,
-                 max_overflow: int | None = None, resolve: bool = True, mixed_gpus: int | None = None) -> None:
-        _check_solution(solution, type(self).__name__)
-        GateAndRoute.__init__(self, solution.x, solution.q_prefill, mixed_gpus=mixed_gpus,
-                              class_names=solution.class_names)
-        self._init_mechanisms(scenario, solution, backpressure=backpressure, caps=caps, staffing=staffing,
-                              decode_order=decode_order, overflow=overflow, max_overflow=max_overflow,
-                              resolve=resolve)
+class _MechanismEvents:
+    """Event handling of the pipelines with backpressure, the value-ordered buffer and overflow (the
+    bundled and the separate-pricing variant; mixed in before :class:`_Mechanisms`); the gate
+    (``gate_class``) is the subclass's."""
 
     def setup(self, ctx: Context) -> None:
         self._bind(ctx)
@@ -420,17 +447,17 @@ class BackpressureGateAndRoute(_Mechanisms, GateAndRoute):
     # -- decode buffer --------------------------------------------------------------------------
     def _pull_decodes(self, ctx: Context, g: int, queue: int) -> None:
         if self.decode_order == "fcfs" and self._all_decodable:
-            return GateAndRoute._pull_decodes(self, ctx, g, queue)
-        pool = ctx.gpu_pool(g)
-        free = ctx.free_decode(pool)
+            return PartitionedController._pull_decodes(self, ctx, g, queue)
+        free = ctx.free_decode(MIXED_POOL if g < self.mixed_gpus else SOLO_POOL)
         order = self._decode_order if self._all_decodable else [i for i in self._decode_order if self._decodable[i]]
+        kv = self._kv
         while g in free:
             r = -1
             for i in order:
                 r = ctx.head(queue, i)
                 if r >= 0:
                     break
-            if r < 0 or not self._fits(ctx, r, g):
+            if r < 0 or (kv and not self._fits(ctx, r, g)):
                 return
             ctx.start_decode(r, g)
 
@@ -457,17 +484,37 @@ class BackpressureGateAndRoute(_Mechanisms, GateAndRoute):
             self._greedy_place(ctx, r)
 
     def on_slot_freed(self, ctx: Context, g: int) -> None:
-        pool = ctx.gpu_pool(g)
-        if ctx.qlen(DECODE_QUEUE):
+        qlen = ctx.qlen
+        if qlen(DECODE_QUEUE):
             self._pull_decodes(ctx, g, DECODE_QUEUE)
+        if not qlen(PREFILL_QUEUE):
+            return  # nothing waits for a prefill: the gate would refuse, and no overflow can start
+        mixed = g < self.mixed_gpus  # the pools are the ranges declared at setup
         judged = False
-        if pool == MIXED_POOL and g in ctx.idle_prefill(MIXED_POOL):
+        pending = True  # prefills wait: asked above, and asked again only after one may have started
+        if mixed and g in ctx.idle_prefill(MIXED_POOL):
             judged = not self._admit_on(ctx, g)  # the gate refused this very state: no need to ask again
-        if not judged and self._holding(ctx):
+            pending = judged or bool(qlen(PREFILL_QUEUE))
+        if not judged and pending and self.backpressure and self._has_mixed and len(ctx.idle_prefill(MIXED_POOL)):
             # a freed or drained decode slot may lift the backpressure on reserved slots held idle
             self._admit_all(ctx)
-        if self._max_overflow and pool == SOLO_POOL and ctx.qlen(PREFILL_QUEUE) and g in ctx.idle_prefill(SOLO_POOL):
+            pending = bool(qlen(PREFILL_QUEUE))
+        if self._max_overflow and not mixed and pending and g in ctx.idle_prefill(SOLO_POOL):
             self._try_overflow(ctx, g)
+
+    def _admit_all(self, ctx: Context, pool: int = MIXED_POOL) -> None:
+        # PartitionedController._admit_all with _admit_on inlined (the same GPU draws, the same order)
+        idle = ctx.idle_prefill(pool)
+        kv = self._kv
+        while len(idle):
+            g = idle.choice()
+            i = self.gate_class(ctx)
+            if i < 0:
+                return
+            r = ctx.head(PREFILL_QUEUE, i)
+            if kv and not self._fits(ctx, r, g):
+                return
+            ctx.start_prefill(r, g)
 
     def _holding(self, ctx: Context) -> bool:
         """Backpressure may be holding idle reserved slots while prefills wait."""
@@ -490,6 +537,80 @@ class BackpressureGateAndRoute(_Mechanisms, GateAndRoute):
         _Mechanisms.on_tick(self, ctx)
         if self._plan_now is not before and self._has_mixed and ctx.qlen(PREFILL_QUEUE):
             self._admit_all(ctx)  # new targets: the gate may admit now
+
+
+class BackpressureGateAndRoute(_MechanismEvents, _Mechanisms, GateAndRoute):
+    """Gate-and-Route with decode-buffer backpressure, caps, safety staffing, a value-ordered buffer,
+    overflow prefills on free solo slots and rolling LP re-solves (see the module docstring)."""
+
+    name = "backpressure-gate-and-route"
+
+    def __init__(self, scenario: Scenario, solution: FluidSolution, *, backpressure: bool = True, caps: bool = False,
+                 staffing: bool = False, decode_order: str = "value", overflow: bool = True,
+                 max_overflow: int | None = None, resolve: bool = True, mixed_gpus: int | None = None) -> None:
+        _check_solution(solution, type(self).__name__)
+        GateAndRoute.__init__(self, solution.x, solution.q_prefill, mixed_gpus=mixed_gpus,
+                              class_names=solution.class_names)
+        self._init_mechanisms(scenario, solution, backpressure=backpressure, caps=caps, staffing=staffing,
+                              decode_order=decode_order, overflow=overflow, max_overflow=max_overflow,
+                              resolve=resolve)
+
+class StaffedPrioritizeAndRoute(_MechanismEvents, _Mechanisms, PrioritizeAndRoute):
+    """Prioritize-and-Route (separate pricing) with Erlang-A safety staffing priced by the separate LP,
+    overflow prefills on free solo slots and rolling LP re-solves; backpressure, caps and the value
+    order are options, off by default (see the module docstring)."""
+
+    name = "staffed-prioritize-and-route"
+
+    def __init__(self, scenario: Scenario, solution: FluidSolution, *, staffing: bool = True, overflow: bool = True,
+                 max_overflow: int | None = None, resolve: bool = True, backpressure: bool = False,
+                 caps: bool = False, decode_order: str = "fcfs", mixed_gpus: int | None = None) -> None:
+        _check_solution(solution, type(self).__name__)
+        if solution.pricing != "separate":
+            raise ScenarioError(f"{type(self).__name__}: plan: expected a separate-pricing LP solution, "
+                                f"got pricing={solution.pricing!r}")
+        PrioritizeAndRoute.__init__(self, solution.x, [c.decode / c.prompt for c in scenario.classes],
+                                    solution.q_prefill, mixed_gpus=mixed_gpus, class_names=solution.class_names)
+        self._init_mechanisms(scenario, solution, backpressure=backpressure, caps=caps, staffing=staffing,
+                              decode_order=decode_order, overflow=overflow, max_overflow=max_overflow,
+                              resolve=resolve)
+        r = self._rates
+        # Separate pricing: a request's prefill revenue is earned when its prefill completes, so the decode
+        # buffer is ordered by decode revenue per slot-second over the abandonment rate.
+        idx = np.asarray(r.decode_reward, float) * r.mu_s / np.maximum(r.theta, 1e-12)
+        self._decode_order = sorted(range(len(idx)), key=lambda i: (-idx[i], i))
+        # Staffing: one more served arrival of class i is worth the separate LP's dual of its arrival row
+        # (prefill balance); one more mixed GPU costs, at the LP's prices, the decode slot it reserves
+        # (v_s) and, while its prefill slot is busy, the slower decodes of its other B - 1 slots
+        # (v_s - v_m each).
+        d = solution.duals
+        self._staff_value = np.array([max(float(d.get(f"prefill_balance[{nm}]", 0.0) or 0.0), 0.0)
+                                      for nm in scenario.class_names])
+        v_m = max(float(d.get("mixed_decode_capacity", 0.0) or 0.0), 0.0)
+        self._staff_busy_cost = (int(scenario.gpu.batch) - 1) * max(self._slot_value - v_m, 0.0)
+
+    def gate_class(self, ctx: Context, capped: bool = True) -> int:
+        """Prioritize-and-Route's gate (the waiting class with the largest D_i / P_i) over the classes with
+        room in the decode buffer (backpressure) and below their cap (``capped``; else: the classes
+        allowed to overflow onto solo GPUs); -1 if none."""
+        cap = (None if self._uncapped else self._cap) if capped else self._overflow_caps
+        qlen, n_prefill = ctx.qlen, ctx.n_prefill
+        free = None
+        for i in self._order:
+            if not qlen(PREFILL_QUEUE, i) or (cap is not None and n_prefill(i) >= cap[i]):
+                continue
+            if self.backpressure:
+                if free is None:
+                    free = self._decode_slot_free_now(ctx)
+                if not free and self._ahead(ctx, i) >= self._room[i]:
+                    continue
+            return i
+        return -1
+
+    def _apply(self, sol: FluidSolution, lam_per_gpu: np.ndarray) -> None:
+        _Mechanisms._apply(self, sol, lam_per_gpu)
+        pr = self.priority
+        self._order = sorted(self._admissible, key=lambda i: (-pr[i], i))  # a re-solve may move x_i* to or from 0
 
 
 class BackpressureSLIGateAndRoute(_Mechanisms, SLIGateAndRoute):
@@ -517,19 +638,19 @@ class BackpressureSLIGateAndRoute(_Mechanisms, SLIGateAndRoute):
 
 
 # -- registry ---------------------------------------------------------------------------------------
-def _plan(scenario: Scenario, plan: Any, slis: Any, who: str) -> FluidSolution:
+def _plan(scenario: Scenario, plan: Any, slis: Any, who: str, pricing: str = "bundled") -> FluidSolution:
     if isinstance(plan, dict):
-        plan = plan.get("bundled")
+        plan = plan.get(pricing)
     if plan is None:
         from fluidopt.fluid.lp import solve_fluid
 
-        return solve_fluid(scenario, "bundled", slis)
+        return solve_fluid(scenario, pricing, slis)
     if slis is not None:
         raise ScenarioError(f"{who}: give either slis or a solved plan (whose LP already holds its SLIs), not both")
     if not isinstance(plan, FluidSolution):
         raise ScenarioError(f"{who}: plan: expected a FluidSolution, got {type(plan).__name__}")
-    if plan.pricing != "bundled":
-        raise ScenarioError(f"{who}: plan: expected a bundled-pricing LP solution, got pricing={plan.pricing!r}")
+    if plan.pricing != pricing:
+        raise ScenarioError(f"{who}: plan: expected a {pricing}-pricing LP solution, got pricing={plan.pricing!r}")
     return plan
 
 
@@ -557,3 +678,18 @@ def make_backpressure_sli_gate_and_route(
     """SLI-aware variant from the scenario's LP with its SLIs (or the given ``plan``)."""
     sol = _plan(scenario, plan, slis, "backpressure-sli-gate-and-route")
     return BackpressureSLIGateAndRoute(scenario, sol, caps=caps, staffing=staffing, mixed_gpus=mixed_gpus)
+
+
+@register("staffed-prioritize-and-route", description=(
+    "Prioritize-and-Route (separate pricing) for finite fleets: Erlang-A safety staffing priced by the "
+    "separate LP, overflow prefills, rolling LP re-solve"))
+def make_staffed_prioritize_and_route(
+    scenario: Scenario, *, staffing: bool = True, overflow: bool = True, max_overflow: int | None = None,
+    resolve: bool = True, backpressure: bool = False, caps: bool = False, decode_order: str = "fcfs",
+    mixed_gpus: int | None = None, plan: FluidSolution | None = None,
+) -> StaffedPrioritizeAndRoute:
+    """Staffed Prioritize-and-Route from the scenario's separate-pricing LP (or the given ``plan``)."""
+    sol = _plan(scenario, plan, None, "staffed-prioritize-and-route", pricing="separate")
+    return StaffedPrioritizeAndRoute(scenario, sol, staffing=staffing, overflow=overflow, max_overflow=max_overflow,
+                                     resolve=resolve, backpressure=backpressure, caps=caps,
+                                     decode_order=decode_order, mixed_gpus=mixed_gpus)

@@ -30,7 +30,7 @@ import numpy as np
 from fluidopt.errors import ScenarioError, UsageError
 from fluidopt.model import RequestClass, Scenario
 
-__all__ = ["realised_bound", "realised_classes", "window_counts"]
+__all__ = ["realised_bound", "realised_bound_from_counts", "realised_classes", "window_counts"]
 
 
 def _arrays(arrivals: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -106,4 +106,24 @@ def realised_bound(scenario: Scenario, arrivals: Any, start: float, end: float, 
 
     sc = replace(scenario, classes=realised_classes(scenario, arrivals, start, end, lengths=lengths),
                  name=f"{scenario.name}@[{start:g},{end:g})")
+    return solve_fluid(sc, pricing, slis)
+
+
+def realised_bound_from_counts(scenario: Scenario, counts: Any, start: float, end: float, *,
+                               pricing: str = "bundled", slis: Any = None):
+    """The fluid LP at per-class rates ``counts`` / (end - start) (whole cluster, per second).
+
+    For a run whose arrivals are not a fixed trace (a seeded synthetic workload, e.g. bursts), where
+    only the run's own per-class arrival counts in ``[start, end)`` are known: lengths, patience and
+    prices stay the scenario's (``lengths="plan"`` of :func:`realised_classes`).
+    """
+    from fluidopt.fluid.lp import solve_fluid
+
+    start, end = _window(start, end)
+    k = np.asarray(counts, float).reshape(-1)
+    if k.size != len(scenario.classes) or not np.all(np.isfinite(k)) or np.any(k < 0):
+        raise UsageError(f"counts: expected {len(scenario.classes)} finite arrival counts >= 0 (one per class), "
+                         f"got {k.tolist()}")
+    classes = tuple(replace(rc, rate=max(float(v) / (end - start), 1e-12)) for rc, v in zip(scenario.classes, k))
+    sc = replace(scenario, classes=classes, name=f"{scenario.name}@[{start:g},{end:g})")
     return solve_fluid(sc, pricing, slis)

@@ -21,6 +21,7 @@ from fluidopt.control.robust import (
     RESOLVE_ARRIVALS,
     BackpressureGateAndRoute,
     BackpressureSLIGateAndRoute,
+    StaffedPrioritizeAndRoute,
     safety_mixed_gpus,
 )
 from fluidopt.control.snapshot import ClusterSnapshot
@@ -268,6 +269,81 @@ def test_sli_variant_caps_the_rationed_class():
     assert snap.n_prefill(SHORT) == cap
 
 
+# -- separate pricing: staffed Prioritize-and-Route -------------------------------------------------
+def _staffed(n: int = 20, **kw) -> tuple[StaffedPrioritizeAndRoute, ClusterSnapshot]:
+    s = fluidopt.default_scenario().with_gpus(n)
+    opts = {"staffing": False, "resolve": False, "overflow": False, **kw}
+    c = make_controller("staffed-prioritize-and-route", s, plan=solve_fluid(s, "separate"), **opts)
+    snap = ClusterSnapshot(n, s.gpu.batch, s.class_names, seed=1)
+    snap.setup(c)
+    return c, snap
+
+
+def test_staffed_prioritize_and_route_staffing_prices_a_mixed_gpu_by_the_separate_lp():
+    s = fluidopt.default_scenario().with_gpus(50)
+    sol = solve_fluid(s, "separate")
+    r = s.rates()
+    c = make_controller("staffed-prioritize-and-route", s, plan=sol)
+    assert isinstance(c, StaffedPrioritizeAndRoute) and "staffed-prioritize-and-route" in available()
+    # by hand: both classes are prefilled in full by the separate LP, so they pool into one M/M/c+M
+    # queue on all M reserved slots; a served arrival is worth its prefill-balance dual; a mixed GPU
+    # costs the solo decode slot v_s, plus (B - 1)(v_s - v_m) per second while its prefill slot works,
+    # which is the saved work L dP / mu
+    d = sol.duals
+    value = np.array([d[f"prefill_balance[{nm}]"] for nm in s.class_names])
+    v_s, v_m, B = d["solo_decode_capacity"], d["mixed_decode_capacity"], s.gpu.batch
+    M = math.ceil(50 * float(np.sum(sol.x)) - 1e-9)
+    L, a = 50 * float(np.sum(r.lam)), 50 * float(np.sum(sol.x))
+    w = float(r.lam @ value / r.lam.sum())
+    extra = 0
+    while True:
+        saved = L * (erlang_a(L, L / a, M + extra, 0.1).p_abandon - erlang_a(L, L / a, M + extra + 1, 0.1).p_abandon)
+        if w * saved <= v_s + (B - 1) * (v_s - v_m) * saved / (L / a):
+            break
+        extra += 1
+    assert extra >= 1
+    assert c.plan_mixed_gpus(50) == M + extra
+    snap = ClusterSnapshot(50, B, s.class_names, seed=1)
+    snap.setup(c)
+    assert c.mixed_gpus == M + extra and len(snap.idle_prefill(0)) == M + extra
+    # the busy cost counts only for the work an extra GPU saves: a prohibitive one staffs none
+    assert safety_mixed_gpus(50, sol.x, r.lam, r.mu_p, r.theta, value, v_s, busy_cost=1e9) == 0
+    assert make_controller("staffed-prioritize-and-route", s, plan=sol, staffing=False).plan_mixed_gpus(50) == M
+
+
+def test_staffed_prioritize_and_route_gate_and_overflow_on_a_hand_built_state():
+    c, snap = _staffed(overflow=True)
+    M = c.mixed_gpus
+    assert c._may_overflow == [True, True]  # both classes are prefilled in full by the separate LP
+    for g in range(M - 1):  # all reserved slots but one run long-prompt prefills
+        snap.start_prefill(snap.add_request(LONG, 3000, 10), g)
+    _fill_decodes(snap, range(M, snap.n_gpus - 1))  # one solo GPU keeps free slots
+    snap.outbox.clear()
+    long_r = snap.add_request(LONG, 3000, 10)
+    snap.enqueue(long_r, PREFILL_QUEUE)
+    short_r = snap.add_request(SHORT, 300, 10)
+    c.on_arrival(snap, short_r)
+    # Prioritize-and-Route's gate: the last reserved slot goes to the largest D/P (short prompt), though
+    # the long-prompt request waited first
+    assert snap.req_gpu(short_r) == M - 1
+    # the long-prompt request overflows onto the free solo slot, and only there
+    c._try_overflow(snap)
+    assert snap.req_gpu(long_r) == snap.n_gpus - 1 and c._overflowing == 1
+    assert [a[2] for a in _started(snap, "prefill")] == [M - 1, snap.n_gpus - 1]
+
+
+def test_staffed_prioritize_and_route_with_every_mechanism_off_is_prioritize_and_route():
+    s = fluidopt.default_scenario().with_gpus(20)
+    sol = solve_fluid(s, "separate")
+    base = simulate(s, "prioritize-and-route", horizon=120.0, warmup=20.0, seed=4)
+    off = simulate(s, make_controller("staffed-prioritize-and-route", s, plan=sol, staffing=False, overflow=False,
+                                      resolve=False), horizon=120.0, warmup=20.0, seed=4)
+    assert off.events == base.events
+    assert off.cluster["revenue_per_gpu_separate"] == base.cluster["revenue_per_gpu_separate"]
+    with pytest.raises(ScenarioError, match="separate"):
+        make_controller("staffed-prioritize-and-route", s, plan=solve_fluid(s))
+
+
 # -- options ----------------------------------------------------------------------------------------
 def test_bad_options_name_the_field():
     s, sol = _paper(5)
@@ -312,12 +388,16 @@ def test_realised_classes_and_bound_from_a_window():
 
 # -- engine invariants under hypothesis -------------------------------------------------------------
 @st.composite
-def cases(draw):
+def cases(draw, policies=("backpressure-gate-and-route", "backpressure-sli-gate-and-route")):
     s, service = random_fleet(draw)
     classes = s.classes
-    policy = draw(st.sampled_from(("backpressure-gate-and-route", "backpressure-sli-gate-and-route")))
+    policy = draw(st.sampled_from(policies))
     opts: dict = {}
-    if policy == "backpressure-gate-and-route":
+    if policy == "staffed-prioritize-and-route":
+        opts = {"backpressure": draw(st.booleans()), "caps": draw(st.booleans()), "staffing": draw(st.booleans()),
+                "decode_order": draw(st.sampled_from(("value", "fcfs"))), "overflow": draw(st.booleans()),
+                "resolve": draw(st.booleans())}
+    elif policy == "backpressure-gate-and-route":
         opts = {"backpressure": draw(st.booleans()), "caps": draw(st.booleans()), "staffing": draw(st.booleans()),
                 "decode_order": draw(st.sampled_from(("value", "fcfs"))), "overflow": draw(st.booleans()),
                 "resolve": draw(st.booleans())}
@@ -346,6 +426,14 @@ def test_robust_controllers_keep_engine_invariants(case):
         assert 0 <= ctrl._overflowing <= ctrl._max_overflow
 
 
+@settings(max_examples=30, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@pytest.mark.integration
+@given(cases(policies=("staffed-prioritize-and-route",)))
+def test_staffed_prioritize_and_route_keeps_engine_invariants(case):
+    test_robust_controllers_keep_engine_invariants.hypothesis.inner_test(case)
+
+
 def test_policy_grid_example_quick(tmp_path):
     # the example's --quick size, the paper family only, in this process: every policy runs and the
     # table's inputs are written
@@ -357,6 +445,27 @@ def test_policy_grid_example_quick(tmp_path):
     df = pd.read_csv(tmp_path / "runs.csv")
     assert set(df["policy"]) == set(mod.POLICIES)
     assert (df["ratio"] > 0.5).all() and (df["ratio"] < 1.1).all()
+
+
+def test_separate_robust_example_quick(tmp_path):
+    # the separate-pricing example's --quick size (paper n = 20, two Dolly instances), in this process
+    import importlib.util
+    from pathlib import Path
+
+    import pandas as pd
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "separate_robust.py"
+    spec = importlib.util.spec_from_file_location("separate_robust", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--quick", "--families", "dolly", "--out", str(tmp_path)]) == 0
+    paper = pd.read_csv(tmp_path / "paper.csv")
+    assert list(paper["variant"]) == list(mod.VARIANTS)
+    base = paper[paper["variant"] == "Prioritize-and-Route"].iloc[0]
+    assert base["diff min"] == base["diff max"] == 0.0
+    assert paper["ratio"].between(0.5, 1.1).all()
+    breadth = pd.read_csv(tmp_path / "breadth.csv")
+    assert len(breadth) == 2 and breadth[["P&R", "staffed"]].stack().between(0.5, 1.1).all()
 
 
 def test_a_one_gpu_fleet_has_no_solo_pool_and_still_runs():

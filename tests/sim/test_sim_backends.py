@@ -253,5 +253,5 @@ def test_request_fields_are_defined_once_and_typed_in_the_pxd():
     names = [f[0] for f in REQUEST_FIELDS]
     assert len(set(names)) == len(names)
     assert {f[0]: f[1].__name__ for f in REQUEST_FIELDS} == typed
-    for name, kind, fill, meaning in REQUEST_FIELDS:
+    for _name, kind, fill, meaning in REQUEST_FIELDS:
         assert isinstance(fill, kind) and meaning
