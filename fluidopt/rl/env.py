@@ -96,6 +96,7 @@ class RouterEnv(gym.Env):
         self.t_max = float(self.max_time) if self.max_time is not None else last + 3600.0
         self.core = RouterCore(self.scenario.gpu, predictor=NoisyOracle(self.accuracy, seed=es),
                                reward=self.reward_cfg, pin=self.pin)
+        self.core.precompute(wl)  # the episode's predictions in one vectorised pass
         if self.eng is not None and not self.eng._finished:
             self.eng.finish()
         self.eng = make_engine(self.scenario, self.core, horizon=self.t_max + 1.0, service="tokens", seed=es,
