@@ -61,6 +61,7 @@ STATE_LAYOUT = "fluidopt-rl-state-v1"
 """Name of the state layout above; shipped weights record it and loading checks it."""
 EST_SCALE = 10.0  # s: earliest-completion normaliser
 VARIANTS = ("baseline", "wa", "wg")
+OBJECTIVES = ("latency", "revenue")
 
 
 def obs_dim(m: int) -> int:
@@ -76,6 +77,10 @@ class RewardConfig:
     ``"wg"`` (+ guidance with weight gamma e^(-beta_d k) and discount gamma (1 - e^(-beta_d k)) in
     training episode k). ``grad1`` s per token (prefill cost), ``grad2`` per token (1 / KV capacity),
     ``eps`` s (prompt-latency threshold), ``alpha`` (prompt vs decode weight of the mixing estimate).
+    ``objective``: ``"latency"`` (the paper's progress penalty + ``completion_reward`` per completion)
+    or ``"revenue"`` (the prefill/decode paper's objective: c_p x prompt + c_d x output tokens of each
+    completed request, in price units, with the class's prices; no progress penalty, no completion
+    reward); the guidance term is the same in both.
     """
 
     variant: str = "wg"
@@ -86,10 +91,13 @@ class RewardConfig:
     eps: float = 1.0
     gamma: float = 0.99
     beta_d: float = 0.5
+    objective: str = "latency"
 
     def __post_init__(self):
         if self.variant not in VARIANTS:
             raise ScenarioError(f"reward: variant: expected one of {', '.join(VARIANTS)}, got {self.variant!r}")
+        if self.objective not in OBJECTIVES:
+            raise ScenarioError(f"reward: objective: expected one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
 
     def guidance_weight(self, k: int) -> float:
         """Weight of the guidance term h in training episode k (0-based)."""
@@ -137,6 +145,7 @@ class RouterCore(InstanceScheduler):
         self.pause_on_decision = False
         self.pause_at_resolved = -1
         self.predicted: list[int] | None = None  # buckets by arrival index (see precompute)
+        self.prices: tuple | None = None  # per-class (c_p, c_d): set to count revenue (the revenue objective)
 
     def precompute(self, workload) -> None:
         """Predict every request of a replayed trace in bulk, once (the predictor's ``predict_many``,
@@ -185,6 +194,8 @@ class RouterCore(InstanceScheduler):
         self.resolved = 0
         self.arrivals = 0
         self.router_wait = 0.0  # seconds requests spent in the router queue (summed at dispatch)
+        self.revenue = 0.0  # price units of completed requests (only with ``prices``)
+        self._w: dict[int, float] = {}  # r -> its revenue on completion (only with ``prices``)
         self._ctx = ctx
         # The state vector, filled in place: the four count entries of instance g change only with
         # the counters above (dispatch, prefill done, gone, preempt), which mark g dirty; free
@@ -208,6 +219,9 @@ class RouterCore(InstanceScheduler):
         invT = 1.0 / self._ideal_time(ctx.req_prompt(r), d)
         self.held[r] = (b, d, invT)
         self.sum_invT += invT
+        if self.prices is not None:  # read now: r is not to be used once it has left
+            c = ctx.req_class(r)
+            self._w[r] = self.prices[0][c] * ctx.req_prompt(r) + self.prices[1][c] * ctx.req_output(r)
         return self.pin.get(idx)
 
     def on_tick(self, ctx: Context) -> None:
@@ -319,11 +333,26 @@ class RouterCore(InstanceScheduler):
     def on_decode_done(self, ctx: Context, r: int, g: int) -> None:
         self._gone(r)
         self.completed += 1
+        if self.prices is not None:
+            self.revenue += self._w.pop(r)
         if self.resolved == self.pause_at_resolved:
             ctx.pause()
 
     def on_drop(self, ctx: Context, r: int, g: int) -> None:
         self._gone(r)
+        self._w.pop(r, None)
+        if self.resolved == self.pause_at_resolved:
+            ctx.pause()
+
+    def on_abandon(self, ctx: Context, r: int, q: int) -> None:
+        # scenarios with patience: r left from the router queue (never dispatched) or an instance queue
+        held = self.held.pop(r, None)
+        if held is not None:
+            self.sum_invT -= held[2]
+            self.resolved += 1
+        else:
+            self._gone(r)
+        self._w.pop(r, None)
         if self.resolved == self.pause_at_resolved:
             ctx.pause()
 

@@ -25,7 +25,8 @@ from fluidopt.rl.core import episode_seed, episode_workload, in_system
 from fluidopt.rl.predictors import BucketTokens, NoisyOracle
 from fluidopt.sim.workload import TraceWarning
 
-__all__ = ["GATE_AND_ROUTE_POLICIES", "PAPER_POLICIES", "PAPER_IMPROVEMENT", "evaluate", "run_episode", "summarize", "trace_episodes"]
+__all__ = ["GATE_AND_ROUTE_POLICIES", "PAPER_POLICIES", "PAPER_IMPROVEMENT", "evaluate", "policy_options", "run_episode",
+           "summarize", "trace_episodes"]
 
 PAPER_POLICIES = ("round-robin", "random", "least-requests", "jsq", "max-capacity", "min-min", "decode-balancer",
                   "small-large", "baseline-rl", "wa-rl", "wg-rl")
@@ -49,6 +50,12 @@ def _options(policy: str, seed: int, accuracy: float, extra: dict | None) -> dic
         opts.setdefault("predictor_seed", seed)
         opts.setdefault("accuracy", accuracy)
     return opts
+
+
+def policy_options(policy: str, seed: int, *, accuracy: float = 0.79, extra: dict | None = None) -> dict:
+    """Controller options that give ``policy`` the noisy-oracle predictions seeded with ``seed`` (the
+    same for every router that predicts: JSQ, Min-Min, Small-Large and the RL routers), plus ``extra``."""
+    return _options(policy, seed, accuracy, extra)
 
 
 def run_episode(scenario: Scenario, policy, workload, *, seed: int, options: dict | None = None,

@@ -1,4 +1,5 @@
-"""Head to head (c): trace windows as episodes, and the Azure example on a tiny slice (skips without the trace)."""
+"""Head to head: trace windows as episodes and the Azure example on a tiny slice (c; skips without the trace),
+the revenue example (b) at a small size."""
 
 from __future__ import annotations
 
@@ -52,8 +53,8 @@ def test_evaluate_replays_given_windows_for_every_router():
 AZURE_EXAMPLE = ROOT / "examples" / "rl_azure_head_to_head.py"
 
 
-def _example():
-    spec = importlib.util.spec_from_file_location("fluidopt_example_rl_azure", AZURE_EXAMPLE)
+def _example(path=AZURE_EXAMPLE):
+    spec = importlib.util.spec_from_file_location(f"fluidopt_example_{path.stem}", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -71,3 +72,18 @@ def test_azure_head_to_head_on_a_small_slice():
     assert r[2.0] == pytest.approx(2 * r[1.0])
     rr = df[df.policy == "round-robin"].set_index(["speedup", "episode"]).e2e_mean
     assert (rr > 0).all()
+
+
+def test_revenue_head_to_head_at_two_gpus():
+    mod = _example(ROOT / "examples" / "rl_revenue_head_to_head.py")
+    df = mod.run([2], seeds=2, policies=("round-robin", "least-requests"), gate_and_route=("gate-and-route",),
+                 windows={2: (50.0, 350.0)})
+    assert len(df) == 2 * 3 and set(df.gpus) == {2}
+    from fluidopt.fluid import solve_fluid
+
+    r_star = solve_fluid(mod.load_scenario(mod.SCENARIO).with_gpus(2)).revenue_per_gpu
+    assert df.r_star.eq(r_star).all() and r_star == pytest.approx(297.70, abs=0.01)  # the paper instance's R*
+    assert ((df.ratio > 0.3) & (df.ratio < 1.2)).all()
+    assert df.ratio.to_numpy() == pytest.approx((df.revenue_per_gpu / r_star).to_numpy())
+    s = mod.summarize(df)
+    assert len(s) == 3 and (s.seeds == 2).all()
