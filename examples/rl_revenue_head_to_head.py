@@ -25,7 +25,6 @@ import math
 import time
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from fluidopt.fluid import solve_fluid
