@@ -135,7 +135,7 @@ def figure(table: Path, out: Path) -> None:
     ax.set_ylim(0.4, 1.02)
     ax.set_xticks(range(len(pols)), pols, rotation=60, ha="right", fontsize=8)
     ax.set_ylabel("revenue / R*")
-    ax.set_title("Two-class paper instance, tokens service: revenue / R* (5 seeds, 95% CIs); WG-RL trained at 4 GPUs only",
+    ax.set_title("Two-class paper instance, tokens service: revenue / R* (5 seeds, 95% CIs); WG-RL trained at 4 and 16 GPUs",
                  fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()

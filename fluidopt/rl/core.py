@@ -350,7 +350,7 @@ class RouterCore(InstanceScheduler):
         if held is not None:
             self.sum_invT -= held[2]
             self.resolved += 1
-        else:
+        elif r in self.rec:
             self._gone(r)
         self._w.pop(r, None)
         if self.resolved == self.pause_at_resolved:
