@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from fluidopt.rl.evaluate import GATE_AND_ROUTE_POLICIES as GATE_AND_ROUTE
 from fluidopt.rl.evaluate import PAPER_POLICIES, evaluate, summarize
 from fluidopt.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
-GATE_AND_ROUTE = ("gate-and-route", "prioritize-and-route", "sli-gate-and-route", "fi-wsp", "fg-sp", "gi-wsp", "gf-wsp")
 
 
 def main() -> None:

@@ -33,6 +33,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=0, help="seed: same seed, same weights bit for bit (default 0)")
     t.add_argument("--eps-episodes", type=int, default=20, help="episodes of epsilon-greedy exploration (default 20)")
     t.add_argument("--train-every", type=int, default=1, help="environment steps per gradient update (default 1)")
+    t.add_argument("--objective", choices=("latency", "revenue"), default="latency",
+                   help="reward: the RL paper's latency reward (default) or revenue in price units")
     t.add_argument("--out", required=True, metavar="FILE", help="weight file to write (.npz)")
     t.add_argument("--curves", default=None, metavar="CSV", help="write the per-episode training curves")
     t.add_argument("--checkpoint", default=None, metavar="FILE", help="torch checkpoint after every episode")
@@ -67,11 +69,11 @@ def _train(args) -> int:
         raise UsageError(f"--seed: expected an integer >= 0, got {args.seed}")
     scenario = load_scenario(args.scenario)
     cfg = DQNConfig(variant=args.variant, episodes=args.episodes, n_requests=args.requests, seed=args.seed,
-                    eps_episodes=args.eps_episodes, train_every=args.train_every)
+                    eps_episodes=args.eps_episodes, train_every=args.train_every, objective=args.objective)
     res = train(scenario, cfg, checkpoint=args.checkpoint, progress=args.progress)
     cmd = (f"fluidopt rl train {args.scenario} --variant {args.variant} --episodes {args.episodes} "
            f"--requests {args.requests} --seed {args.seed} --eps-episodes {args.eps_episodes} "
-           f"--train-every {args.train_every} --out {args.out}")
+           f"--train-every {args.train_every}{' --objective revenue' if args.objective == 'revenue' else ''} --out {args.out}")
     path = save_weights(args.out, res.net, command=cmd)
     if args.curves:
         res.curves.to_csv(args.curves, index=False)

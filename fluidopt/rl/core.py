@@ -61,6 +61,7 @@ STATE_LAYOUT = "fluidopt-rl-state-v1"
 """Name of the state layout above; shipped weights record it and loading checks it."""
 EST_SCALE = 10.0  # s: earliest-completion normaliser
 VARIANTS = ("baseline", "wa", "wg")
+OBJECTIVES = ("latency", "revenue")
 
 
 def obs_dim(m: int) -> int:
@@ -76,6 +77,10 @@ class RewardConfig:
     ``"wg"`` (+ guidance with weight gamma e^(-beta_d k) and discount gamma (1 - e^(-beta_d k)) in
     training episode k). ``grad1`` s per token (prefill cost), ``grad2`` per token (1 / KV capacity),
     ``eps`` s (prompt-latency threshold), ``alpha`` (prompt vs decode weight of the mixing estimate).
+    ``objective``: ``"latency"`` (the paper's progress penalty + ``completion_reward`` per completion)
+    or ``"revenue"`` (the prefill/decode paper's objective: c_p x prompt + c_d x output tokens of each
+    completed request, in price units, with the class's prices; no progress penalty, no completion
+    reward); the guidance term is the same in both.
     """
 
     variant: str = "wg"
@@ -86,10 +91,13 @@ class RewardConfig:
     eps: float = 1.0
     gamma: float = 0.99
     beta_d: float = 0.5
+    objective: str = "latency"
 
     def __post_init__(self):
         if self.variant not in VARIANTS:
             raise ScenarioError(f"reward: variant: expected one of {', '.join(VARIANTS)}, got {self.variant!r}")
+        if self.objective not in OBJECTIVES:
+            raise ScenarioError(f"reward: objective: expected one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
 
     def guidance_weight(self, k: int) -> float:
         """Weight of the guidance term h in training episode k (0-based)."""
@@ -136,6 +144,22 @@ class RouterCore(InstanceScheduler):
         self.pin = dict(pin or {})
         self.pause_on_decision = False
         self.pause_at_resolved = -1
+        self.predicted: list[int] | None = None  # buckets by arrival index (see precompute)
+        self.prices: tuple | None = None  # per-class (c_p, c_d): set to count revenue (the revenue objective)
+
+    def precompute(self, workload) -> None:
+        """Predict every request of a replayed trace in bulk, once (the predictor's ``predict_many``,
+        bit-identical to asking per request); ``route`` uses it for the arrival with the same index,
+        arrival time and output length, and asks the predictor otherwise."""
+        from fluidopt.sim.workload import TraceWorkload
+
+        pm = getattr(self.predictor, "predict_many", None)
+        if pm is None or not isinstance(workload, TraceWorkload):
+            self.predicted = None
+            return
+        self._pre_t = workload.time.tolist()
+        self._pre_o = workload.output.tolist()
+        self.predicted = pm(workload.time, workload.cls, workload.prompt, workload.output).tolist()
 
     # -- setup and bookkeeping -------------------------------------------------------------------
     def setup(self, ctx: Context) -> None:
@@ -170,7 +194,14 @@ class RouterCore(InstanceScheduler):
         self.resolved = 0
         self.arrivals = 0
         self.router_wait = 0.0  # seconds requests spent in the router queue (summed at dispatch)
+        self.revenue = 0.0  # price units of completed requests (only with ``prices``)
+        self._w: dict[int, float] = {}  # r -> its revenue on completion (only with ``prices``)
         self._ctx = ctx
+        # The state vector, filled in place: the four count entries of instance g change only with
+        # the counters above (dispatch, prefill done, gone, preempt), which mark g dirty; free
+        # capacity and earliest completion move with every decode iteration and are refilled each call.
+        self._vals = [0.0] * obs_dim(m)
+        self._dirty = [True] * m
 
     def _ideal_time(self, p: int, d: float) -> float:
         gpu = self.gpu
@@ -179,11 +210,18 @@ class RouterCore(InstanceScheduler):
     def route(self, ctx: Context, r: int) -> int | None:
         idx = self.arrivals
         self.arrivals = idx + 1
-        b = self.predictor.bucket(ctx, r)
+        pre = self.predicted
+        if pre is not None and idx < len(pre) and ctx.req_arrival(r) == self._pre_t[idx] and ctx.req_output(r) == self._pre_o[idx]:
+            b = pre[idx]
+        else:
+            b = self.predictor.bucket(ctx, r)
         d = BUCKET_TOKENS[b]
         invT = 1.0 / self._ideal_time(ctx.req_prompt(r), d)
         self.held[r] = (b, d, invT)
         self.sum_invT += invT
+        if self.prices is not None:  # read now: r is not to be used once it has left
+            c = ctx.req_class(r)
+            self._w[r] = self.prices[0][c] * ctx.req_prompt(r) + self.prices[1][c] * ctx.req_output(r)
         return self.pin.get(idx)
 
     def on_tick(self, ctx: Context) -> None:
@@ -195,6 +233,7 @@ class RouterCore(InstanceScheduler):
         p = ctx.req_prompt(r)
         self.router_wait += ctx.now - ctx.req_arrival(r)
         self.rec[r] = [g, b, d, invT, p, p, 0.0]
+        self._dirty[g] = True
         self.n_prompt[g] += 1
         self.cnt[g][b] += 1
         self.load[g] += p + d
@@ -204,6 +243,7 @@ class RouterCore(InstanceScheduler):
     def on_prefill_done(self, ctx: Context, r: int, g: int) -> None:
         rec = self.rec[r]
         h = rec[0]
+        self._dirty[h] = True
         self.n_prompt[h] -= 1
         self.qtok[h] -= rec[5]
         rec[5] = 0
@@ -258,6 +298,13 @@ class RouterCore(InstanceScheduler):
         """V_g now, after moving requests that reached their predicted output to the saturated sum."""
         V = self._V(ctx, g)
         h = self.heap[g]
+        if h and h[0][0] <= V:
+            self._saturate(g, V)
+        return V
+
+    def _saturate(self, g: int, V: float) -> None:
+        """Move g's decoding requests whose threshold c + d is at most V to the saturated sum."""
+        h = self.heap[g]
         dec = self.dec[g]
         while h and h[0][0] <= V:
             _, serial, r = heapq.heappop(h)
@@ -267,11 +314,11 @@ class RouterCore(InstanceScheduler):
                 self.sat[g] += e[1]
                 self.A[g] -= e[2]
                 self.C[g] -= e[2] * e[3]
-        return V
 
     def _gone(self, r: int) -> None:
         rec = self.rec.pop(r)
         g = rec[0]
+        self._dirty[g] = True
         if rec[5]:
             self.n_prompt[g] -= 1
             self.qtok[g] -= rec[5]
@@ -286,17 +333,33 @@ class RouterCore(InstanceScheduler):
     def on_decode_done(self, ctx: Context, r: int, g: int) -> None:
         self._gone(r)
         self.completed += 1
+        if self.prices is not None:
+            self.revenue += self._w.pop(r)
         if self.resolved == self.pause_at_resolved:
             ctx.pause()
 
     def on_drop(self, ctx: Context, r: int, g: int) -> None:
         self._gone(r)
+        self._w.pop(r, None)
+        if self.resolved == self.pause_at_resolved:
+            ctx.pause()
+
+    def on_abandon(self, ctx: Context, r: int, q: int) -> None:
+        # scenarios with patience: r left from the router queue (never dispatched) or an instance queue
+        held = self.held.pop(r, None)
+        if held is not None:
+            self.sum_invT -= held[2]
+            self.resolved += 1
+        elif r in self.rec:
+            self._gone(r)
+        self._w.pop(r, None)
         if self.resolved == self.pause_at_resolved:
             ctx.pause()
 
     def on_preempt(self, ctx: Context, r: int, g: int) -> None:
         rec = self.rec[r]
         h = rec[0]
+        self._dirty[h] = True
         gen = ctx.req_generated(r)
         pend = rec[4] + gen
         if rec[5]:
@@ -323,10 +386,17 @@ class RouterCore(InstanceScheduler):
 
     def mixing(self, ctx: Context, r: int) -> list[float]:
         """r_mix(l) for sending waiting request r to each instance l."""
-        b, d, _ = self.held[r]
+        d = self.held[r][1]
         p = ctx.req_prompt(r)
-        rm = self.reward.r_mix
-        return [rm(self.load[g], p, d) for g in range(self.n)]
+        # RewardConfig.r_mix inlined over the instances (the same arithmetic in the same order)
+        rc = self.reward
+        g1, eps, g2, al = rc.grad1, rc.eps, rc.grad2, rc.alpha
+        be = 1.0 - al
+        out = []
+        for load in self.load:
+            tp = g1 * (p + load)
+            out.append(al * (1.0 if tp <= eps else 1.0 - tp / eps) + be * (-g2 * (load + p + d)))
+        return out
 
     def guidance(self, ctx: Context, r: int, a: int) -> float:
         """h = r_mix(a) - max_l r_mix(l) (<= 0) for action a; 0 for 'wait' (a == m)."""
@@ -348,44 +418,61 @@ class RouterCore(InstanceScheduler):
         kvt = gpu.kv_time_per_token or 0.0
         inst = ctx.instance_requests
         kvused = ctx.gpu_kv_used
+        gen = ctx.req_generated
+        vals = self._vals
+        dirty = self._dirty
+        qtok = self.qtok
+        decs, heaps, refs = self.dec, self.heap, self.ref
+        sat, A, C = self.sat, self.A, self.C
         done = self.banked
-        vals = []
-        add = vals.extend
+        i = 0
         for g in range(self.n):
-            c = self.cnt[g]
+            if dirty[g]:  # the count entries change only with the counters (see setup)
+                dirty[g] = False
+                c = self.cnt[g]
+                npf = self.n_prompt[g] / B
+                c0 = c[0] / B
+                c1 = c[1] / B
+                c2 = c[2] / B
+                vals[i] = npf if npf < 1.0 else 1.0
+                vals[i + 1] = c0 if c0 < 1.0 else 1.0
+                vals[i + 2] = c1 if c1 < 1.0 else 1.0
+                vals[i + 3] = c2 if c2 < 1.0 else 1.0
             free = (B - inst(g)) / B
             kvu = kvused(g)
             if K is not None:
-                k = (K - kvu - self.qtok[g]) / K
+                k = (K - kvu - qtok[g]) / K
                 if k < free:
                     free = k
+            vals[i + 4] = 0.0 if free < 0.0 else (1.0 if free > 1.0 else free)
             est = 0.0
-            dec = self.dec[g]
+            dec = decs[g]
             if dec:
-                V = self._settle(ctx, g)
-                done += self.sat[g] + V * self.A[g] - self.C[g]
-                h = self.heap[g]
+                ref = refs[g]
+                V = gen(ref) + dec[ref][3]  # _settle, inlined
+                h = heaps[g]
+                if h and h[0][0] <= V:
+                    self._saturate(g, V)
+                done += sat[g] + V * A[g] - C[g]
                 while h:  # drop stale entries (requests gone) from the top
-                    e = dec.get(h[0][2])
-                    if e is not None and e[0] == h[0][1]:
+                    top = h[0]
+                    e = dec.get(top[2])
+                    if e is not None and e[0] == top[1]:
+                        est = (top[0] - V) * (tau0 + kvt * kvu) / EST_SCALE
                         break
                     heapq.heappop(h)
-                if h:
-                    est = (h[0][0] - V) * (tau0 + kvt * kvu) / EST_SCALE
-            npf = self.n_prompt[g] / B
-            c0 = c[0] / B
-            c1 = c[1] / B
-            c2 = c[2] / B
-            add((npf if npf < 1.0 else 1.0, c0 if c0 < 1.0 else 1.0, c1 if c1 < 1.0 else 1.0, c2 if c2 < 1.0 else 1.0,
-                 0.0 if free < 0.0 else (1.0 if free > 1.0 else free), est if est < 1.0 else 1.0))
+            vals[i + 5] = est if est < 1.0 else 1.0
+            i += 6
         q = self.router_queue
         ql = ctx.qlen(q)
         if ql:
             hd = ctx.head(q)
             lp = math.log2(1.0 + ctx.req_prompt(hd)) / 12.0
-            add((ql / QUEUE_CAP if ql < QUEUE_CAP else 1.0, lp if lp < 1.0 else 1.0, self.held[hd][0] / 2.0))
+            vals[i] = ql / QUEUE_CAP if ql < QUEUE_CAP else 1.0
+            vals[i + 1] = lp if lp < 1.0 else 1.0
+            vals[i + 2] = self.held[hd][0] / 2.0
         else:
-            add((0.0, 0.0, 0.0))
+            vals[i] = vals[i + 1] = vals[i + 2] = 0.0
         return np.array(vals, dtype=np.float32), self.sum_invT - done
 
 

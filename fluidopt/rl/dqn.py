@@ -58,6 +58,7 @@ class DQNConfig:
     accuracy: float = 0.79
     gamma: float = 0.99
     max_steps: int | None = None  # stop after this many environment steps in all (tests)
+    objective: str = "latency"  # or "revenue" (RewardConfig.objective)
 
 
 @dataclass
@@ -100,7 +101,7 @@ def train(scenario, config: DQNConfig = DQNConfig(), *, env: RouterEnv | None = 
     torch.set_num_threads(1)
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
-    reward = RewardConfig(variant=cfg.variant, gamma=cfg.gamma)
+    reward = RewardConfig(variant=cfg.variant, gamma=cfg.gamma, objective=cfg.objective)
     if env is None:
         env = RouterEnv(scenario, variant=cfg.variant, n_requests=cfg.n_requests, accuracy=cfg.accuracy,
                         reward=reward, reward_scale=cfg.reward_scale)
@@ -194,6 +195,7 @@ def train(scenario, config: DQNConfig = DQNConfig(), *, env: RouterEnv | None = 
             "guidance": ep_h, "epsilon": eps, "discount": gamma_k, "guidance_weight": w_k,
             "wait_fraction": waits / max(1, n_steps),
             "e2e_mean": float(res.cluster["e2e_mean"]) if res is not None else math.nan,
+            "revenue_per_gpu": float(res.cluster.get("revenue_per_gpu", math.nan)) if res is not None else math.nan,
             "loss": float(np.mean(losses)) if losses else math.nan, "wall_seconds": time.perf_counter() - t0,
         })
         _progress(f"{cfg.variant}-rl episode {k + 1}/{cfg.episodes}: reward {ep_r:,.0f}, "

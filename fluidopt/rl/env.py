@@ -9,7 +9,8 @@ epochs cost nothing. An episode is ``n_requests`` arrivals of the scenario's wor
 terminates when all of them are resolved and is truncated at ``max_time`` seconds.
 
 Reward of a step (docs/rl.md section 2): ``-(P_before + P_after) / 2 x epochs elapsed
-+ r_w x completions + w_k x h``, where P is the progress penalty (:meth:`RouterCore.progress_penalty`),
++ r_w x completions + w_k x h`` (with ``RewardConfig(objective="revenue")``: the revenue of the
+step's completions, c_p x prompt + c_d x output tokens at the class's prices, + w_k x h), where P is the progress penalty (:meth:`RouterCore.progress_penalty`),
 r_w = 60, h the mixing guidance of the action and w_k the variant's guidance weight in the current
 episode k (0-based count of resets since the last seeded reset). ``reward_scale`` multiplies it all.
 A step spans ``last_epochs`` decision epochs (1 after a wait; more when the environment skipped
@@ -96,6 +97,10 @@ class RouterEnv(gym.Env):
         self.t_max = float(self.max_time) if self.max_time is not None else last + 3600.0
         self.core = RouterCore(self.scenario.gpu, predictor=NoisyOracle(self.accuracy, seed=es),
                                reward=self.reward_cfg, pin=self.pin)
+        self.core.precompute(wl)  # the episode's predictions in one vectorised pass
+        self._revenue = self.reward_cfg.objective == "revenue"
+        if self._revenue:
+            self.core.prices = self.scenario.class_prices()
         if self.eng is not None and not self.eng._finished:
             self.eng.finish()
         self.eng = make_engine(self.scenario, self.core, horizon=self.t_max + 1.0, service="tokens", seed=es,
@@ -138,11 +143,15 @@ class RouterEnv(gym.Env):
             core.dispatch(eng, r, a)
         self.last_guidance = h
         c0 = core.completed
+        v0 = core.revenue
         self._to_decision()
         obs, p = core.observe_with_penalty(eng)
         t = eng.now
-        rew = (-0.5 * (self._p + p) * ((t - self._t) / EPOCH) + self.reward_cfg.completion_reward * (core.completed - c0)
-               + self._w * h)
+        if self._revenue:
+            rew = (core.revenue - v0) + self._w * h
+        else:
+            rew = (-0.5 * (self._p + p) * ((t - self._t) / EPOCH) + self.reward_cfg.completion_reward * (core.completed - c0)
+                   + self._w * h)
         self.last_epochs = (t - self._t) / EPOCH
         self._p = p
         self._t = t

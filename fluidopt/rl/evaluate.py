@@ -25,10 +25,14 @@ from fluidopt.rl.core import episode_seed, episode_workload, in_system
 from fluidopt.rl.predictors import BucketTokens, NoisyOracle
 from fluidopt.sim.workload import TraceWarning
 
-__all__ = ["PAPER_POLICIES", "PAPER_IMPROVEMENT", "evaluate", "run_episode", "summarize"]
+__all__ = ["GATE_AND_ROUTE_POLICIES", "PAPER_POLICIES", "PAPER_IMPROVEMENT", "evaluate", "policy_options", "run_episode",
+           "summarize", "trace_episodes"]
 
 PAPER_POLICIES = ("round-robin", "random", "least-requests", "jsq", "max-capacity", "min-min", "decode-balancer",
                   "small-large", "baseline-rl", "wa-rl", "wg-rl")
+GATE_AND_ROUTE_POLICIES = ("gate-and-route", "prioritize-and-route", "sli-gate-and-route", "fi-wsp", "fg-sp", "gi-wsp",
+                           "gf-wsp")
+"""The gate-and-route family and the prefill/decode paper's baselines (they need prices: the fluid LP)."""
 PAPER_IMPROVEMENT = {"wg-rl": 11.43, "wa-rl": 7.79, "baseline-rl": 4.35, "jsq": 0.46, "max-capacity": 2.60,
                      "min-min": 1.50}
 """Improvement of mean end-to-end latency over round robin reported by Jain et al. (percent)."""
@@ -46,6 +50,12 @@ def _options(policy: str, seed: int, accuracy: float, extra: dict | None) -> dic
         opts.setdefault("predictor_seed", seed)
         opts.setdefault("accuracy", accuracy)
     return opts
+
+
+def policy_options(policy: str, seed: int, *, accuracy: float = 0.79, extra: dict | None = None) -> dict:
+    """Controller options that give ``policy`` the noisy-oracle predictions seeded with ``seed`` (the
+    same for every router that predicts: JSQ, Min-Min, Small-Large and the RL routers), plus ``extra``."""
+    return _options(policy, seed, accuracy, extra)
 
 
 def run_episode(scenario: Scenario, policy, workload, *, seed: int, options: dict | None = None,
@@ -71,15 +81,51 @@ def run_episode(scenario: Scenario, policy, workload, *, seed: int, options: dic
     return res
 
 
+def trace_episodes(trace, n_requests: int, *, speedup: float = 1.0, max_episodes: int | None = None) -> list:
+    """A recorded trace cut into episodes: window k is rows [k N, (k + 1) N) (N = ``n_requests``; a
+    shorter tail is dropped), its times shifted so its first arrival is at 0 and divided by
+    ``speedup`` (on top of any speed-up the trace already has). Returns TraceWorkloads, at most
+    ``max_episodes``; the same trace and arguments give the same episodes to every router."""
+    from fluidopt.sim.workload import TraceWorkload
+
+    if not isinstance(trace, TraceWorkload):
+        raise ScenarioError(f"trace_episodes: expected a TraceWorkload, got {type(trace).__name__}")
+    if isinstance(n_requests, bool) or not isinstance(n_requests, int) or n_requests < 1:
+        raise ScenarioError(f"trace_episodes: n_requests: expected an integer >= 1, got {n_requests!r}")
+    if isinstance(speedup, bool) or not isinstance(speedup, (int, float)) or not (speedup > 0 and math.isfinite(speedup)):
+        raise ScenarioError(f"trace_episodes: speedup: expected a number > 0, got {speedup!r}")
+    k_max = trace.n_requests // n_requests
+    if k_max == 0:
+        raise ScenarioError(f"trace_episodes: n_requests = {n_requests}: the trace has only {trace.n_requests} requests")
+    if max_episodes is not None:
+        k_max = min(k_max, int(max_episodes))
+    out = []
+    for k in range(k_max):
+        a, b = k * n_requests, (k + 1) * n_requests
+        frame = pd.DataFrame({"time": trace.time[a:b] - trace.time[a], "prompt": trace.prompt[a:b],
+                              "output": trace.output[a:b], "cls": trace.cls[a:b]})
+        out.append(TraceWorkload(frame, trace.class_names, speedup=float(speedup), name=f"{trace.name}-window-{k}"))
+    return out
+
+
 def evaluate(scenario: Scenario, policies: Sequence[str], *, episodes: int = 20, n_requests: int = 2000,
-             seed: int = 0, accuracy: float = 0.79, options: dict | None = None, progress=None) -> pd.DataFrame:
-    """One row per (policy, episode): e2e/TTFT/TPOT means (s), preemptions, router wait (RL, s)."""
+             seed: int = 0, accuracy: float = 0.79, options: dict | None = None, progress=None,
+             workloads: Sequence | None = None) -> pd.DataFrame:
+    """One row per (policy, episode): e2e/TTFT/TPOT means (s), preemptions, router wait (RL, s).
+
+    ``workloads``: replay these episodes (e.g. :func:`trace_episodes`) instead of drawing
+    ``episodes`` x ``n_requests`` from the scenario; episode k's predictions still use
+    ``episode_seed(seed, k)``."""
     if not isinstance(scenario, Scenario):
         raise ScenarioError(f"evaluate: expected a Scenario, got {type(scenario).__name__}")
+    if workloads is not None:
+        workloads = list(workloads)
+        episodes = len(workloads)
     rows = []
     for k in range(episodes):
         es = episode_seed(seed, k)
-        wl = episode_workload(scenario, n_requests, es)
+        wl = episode_workload(scenario, n_requests, es) if workloads is None else workloads[k]
+        n_wl = int(wl.n_requests)
         for pol in policies:
             t0 = time.perf_counter()
             res = run_episode(scenario, pol, wl, seed=es,
@@ -90,7 +136,7 @@ def evaluate(scenario: Scenario, policies: Sequence[str], *, episodes: int = 20,
             rw = getattr(ctrl, "router_wait", math.nan)
             rows.append({"policy": pol, "episode": k, "seed": es, "e2e_mean": c["e2e_mean"], "ttft_mean": c["ttft_mean"],
                          "tpot_mean": c["tpot_mean"], "e2e_p99": c["e2e_p99"], "preemptions": c["preemptions"],
-                         "router_wait_mean": rw / n_requests if not math.isnan(rw) else math.nan,
+                         "router_wait_mean": rw / n_wl if not math.isnan(rw) else math.nan,
                          "completed": done, "t_end": res.t_end, "wall_seconds": time.perf_counter() - t0})
             if progress:
                 progress(rows[-1])

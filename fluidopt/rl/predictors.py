@@ -75,6 +75,29 @@ def _uniform(seed: int, t: float, c: int, p: int, o: int) -> float:
     return (h >> 11) * (1.0 / (1 << 53))
 
 
+_U64 = np.uint64
+
+
+def _mix_many(x: np.ndarray) -> np.ndarray:
+    """:func:`_mix` over a uint64 array (numpy's uint64 arithmetic wraps modulo 2^64, as the mask does)."""
+    x = x + _U64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> _U64(30))) * _U64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> _U64(27))) * _U64(0x94D049BB133111EB)
+    return x ^ (x >> _U64(31))
+
+
+def _uniform_many(seed: int, t, c, p, o) -> np.ndarray:
+    """:func:`_uniform` over arrays of request attributes (the same bits, in bulk)."""
+    h0 = _U64(_mix(seed & _MASK))
+    tb = np.ascontiguousarray(t, dtype=np.float64).view(np.uint64)
+    c = np.asarray(c, dtype=np.int64).astype(np.uint64)
+    p = np.asarray(p, dtype=np.int64).astype(np.uint64)
+    o = np.asarray(o, dtype=np.int64).astype(np.uint64)
+    h = _mix_many(h0 ^ tb)
+    h = _mix_many(h ^ ((c & _U64(0xFFFF)) << _U64(48)) ^ ((p & _U64(0xFFFFFF)) << _U64(24)) ^ (o & _U64(0xFFFFFF)))
+    return (h >> _U64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
 class NoisyOracle:
     """The paper's bucket classifier as a noisy oracle: ``bucket(ctx, r)`` (0..2).
 
@@ -107,6 +130,19 @@ class NoisyOracle:
         if true == N_BUCKETS - 1:
             return N_BUCKETS - 2
         return true - 1 if v < 0.5 else true + 1
+
+    def predict_many(self, t, c, p, o) -> np.ndarray:
+        """:meth:`predict` over arrays (arrival times s, classes, prompt and output tokens): the same
+        buckets, computed in bulk (the environment does this once per episode)."""
+        o = np.asarray(o, dtype=np.int64)
+        c = np.asarray(c, dtype=np.int64)
+        true = np.where(o < BUCKET_EDGES[0], 0, np.where(o < BUCKET_EDGES[1], 1, 2))
+        acc = np.asarray(self.accuracy, dtype=np.float64)[c] if len(self.accuracy) > 1 else np.full(o.shape, self.accuracy[0])
+        u = _uniform_many(self.seed, t, c, p, o)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            v = np.where(acc < 1.0, (u - acc) / (1.0 - acc), 0.0)
+        wrong = np.where(true == 0, 1, np.where(true == N_BUCKETS - 1, N_BUCKETS - 2, np.where(v < 0.5, true - 1, true + 1)))
+        return np.where(u < acc, true, wrong).astype(np.int64)
 
     def bucket(self, ctx, r: int) -> int:
         """The predicted bucket of request r in a running simulation (ctx: the cluster view)."""

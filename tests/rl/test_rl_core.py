@@ -163,8 +163,48 @@ def test_o1_progress_and_state_match_brute_force_under_preemption():
                 if rem:
                     tau = sc.gpu.tau_solo + sc.gpu.kv_time_per_token * eng.gpu_kv_used(g)
                     assert obs[6 * g + 5] == pytest.approx(min(1.0, min(rem) * tau / 10.0), rel=1e-5)
+            # the count entries are cached between events (refilled for instances marked dirty):
+            # they equal the engine's own queues and instances, by predicted bucket
+            B = float(eng.batch)
+            for g in range(core.n):
+                queued = eng.queue_requests(eng.instance_queue(g))
+                on_gpu = eng.gpu_requests(g)
+                pre = eng.gpu_prefill(g)
+                counts = [0, 0, 0]
+                for r in queued + on_gpu:
+                    counts[core.rec[r][1]] += 1
+                want = [len(queued) + (pre >= 0)] + counts
+                assert obs[6 * g: 6 * g + 4].tolist() == [np.float32(min(1.0, x / B)) for x in want]
+            core._dirty = [True] * core.n  # a full refill gives the same vector, bit for bit
+            again, P2 = core.observe_with_penalty(eng)
+            assert np.array_equal(again, obs) and P2 == P
             checked += 1
             r = eng.head(core.router_queue)
             core.dispatch(eng, r, int(rng.integers(core.n)))
     res = eng.finish()
     assert checked >= 300 and res.cluster["preemptions"] > 0 and core.resolved == 300
+
+
+@pytest.mark.parametrize("same", [True, False])
+def test_bulk_predictions_are_the_predictors_own(tiny, same):
+    # RouterCore.precompute predicts a trace in bulk; route uses that only for the arrival with the
+    # same index, time and output, so a stale table (another trace) falls back to the predictor
+    wl = episode_workload(tiny, 150, 4)
+    other = episode_workload(tiny, 150, 5)
+    orc = NoisyOracle(0.6, seed=9)
+    core = RouterCore(tiny.gpu, predictor=orc)
+    core.precompute(wl if same else other)
+    assert core.predicted is not None
+    core.pause_on_decision = True
+    core.pause_at_resolved = 150
+    eng = _engine(tiny, wl, core, horizon=500.0)
+    seen = set()
+    while core.resolved < 150 and not eng.done:
+        eng.advance(499.0)
+        for r in eng.queue_requests(core.router_queue):
+            assert core.held[r][0] == orc.bucket(eng, r)
+            seen.add((eng.req_arrival(r), r))
+        if eng.qlen(core.router_queue):
+            core.dispatch(eng, eng.head(core.router_queue), len(seen) % 2)
+    eng.finish()
+    assert len(seen) >= 150

@@ -54,3 +54,17 @@ def test_training_is_deterministic_bit_for_bit():
     assert a.curves.drop(columns="wall_seconds").equals(b.curves.drop(columns="wall_seconds"))
     c = train(None, DQNConfig(seed=4, **{**TINY, "episodes": 2, "eps_episodes": 1}), env=_blocked_env())
     assert not np.array_equal(a.net.layers[0][0], c.net.layers[0][0])
+
+
+@pytest.mark.integration
+def test_training_on_revenue_records_it():
+    import json
+
+    from fluidopt.model import paper_scenario
+
+    cfg = DQNConfig(seed=1, objective="revenue", n_requests=120, **{**TINY, "episodes": 2, "eps_episodes": 1})
+    res = train(paper_scenario(gpus=2), cfg)
+    assert json.loads(res.net.config)["objective"] == "revenue"
+    # with the revenue objective the episode reward (without guidance) is the episode's revenue
+    assert (res.curves.revenue_per_gpu > 0).all()
+    assert (res.curves.reward_without_guidance > 1000).all()  # 230-380 price units per completed request

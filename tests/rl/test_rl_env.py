@@ -61,6 +61,33 @@ def test_an_episode_resolves_every_request_and_counts_rewards():
     assert 0 < total < 300 * 60
 
 
+def test_revenue_reward_is_the_simulators_revenue_with_abandonment():
+    # the prefill/decode paper's instance: patience 0.1/s, so requests abandon from the router queue and
+    # the instance queues; the revenue reward (without guidance) sums to the simulator's own revenue
+    from fluidopt.model import paper_scenario
+    from fluidopt.rl.core import RewardConfig
+
+    sc = paper_scenario(gpus=2)
+    env = RouterEnv(sc, reward=RewardConfig(variant="baseline", objective="revenue"), n_requests=300)
+    env.reset(seed=2)
+    total, done, steps = 0.0, False, 0
+    while not done:
+        _, r, term, trunc, info = env.step(0 if steps % 3 else 2)  # instance 0, and a wait every third step
+        total += r
+        steps += 1
+        done = term or trunc
+    core = env.core
+    res = env.result()
+    assert term and core.resolved == 300 and res.totals["abandoned"] > 0
+    assert res.totals["completed"] + res.totals["abandoned"] == 300
+    assert not core.held and not core.rec and core.sum_invT == pytest.approx(0.0, abs=1e-9)
+    assert total == pytest.approx(res.cluster["revenue_per_gpu"] * 2 * (res.t_end - res.warmup), rel=1e-9)
+    cp, cd = sc.class_prices()
+    assert 0 < total < 300 * max(cp[i] * c.prompt + cd[i] * c.decode for i, c in enumerate(sc.classes)) * 5
+    with pytest.raises(Exception, match="objective"):
+        RewardConfig(objective="profit")
+
+
 def test_pinned_background_load_never_asks_the_agent():
     env = RouterEnv(tiny_scenario(), workload=blocked_workload(n_short=10), pin={i: 0 for i in range(8)})
     env.reset(seed=0)

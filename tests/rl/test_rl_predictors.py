@@ -38,6 +38,24 @@ def test_noisy_oracle_accuracy_and_neighbours():
     assert [other.predict(t[i], 0, int(p[i]), int(o[i])) for i in range(500)] != list(pred[:500])
 
 
+@pytest.mark.parametrize("accuracy,seed", [(0.79, 7), ([0.5, 0.9, 1.0, 0.0], 3), (1.0, 0), (0.0, 2**64 - 1)])
+def test_predict_many_equals_predict_bit_for_bit(accuracy, seed):
+    # the environment predicts a whole episode in bulk; it must give every request the bucket that the
+    # per-request hash gives (including 64-bit wrap-around, masked prompt/output bits, class accuracy)
+    rng = np.random.default_rng(1)
+    n = 3000
+    t = np.cumsum(rng.exponential(0.05, n))
+    t[:2] = (0.0, 1e-300)
+    c = rng.integers(0, 4, n)
+    p = rng.integers(1, 1 << 26, n)
+    o = rng.integers(1, 6000, n)
+    o[2:9] = (255, 256, 2047, 2048, 1 << 24, (1 << 24) + 5, 1)
+    orc = NoisyOracle(accuracy, seed=seed)
+    many = orc.predict_many(t, c, p, o)
+    one = [orc.predict(float(t[i]), int(c[i]), int(p[i]), int(o[i])) for i in range(n)]
+    assert many.tolist() == one
+
+
 def test_noisy_oracle_extremes_and_errors():
     assert NoisyOracle(1.0).predict(1.0, 0, 10, 300) == 1
     assert NoisyOracle(0.0).predict(1.0, 0, 10, 100) == 1  # always wrong: the only neighbour of bucket 0
