@@ -44,13 +44,28 @@ class QNetwork:
     config: str = "{}"
 
     def q(self, obs: np.ndarray) -> np.ndarray:
-        x = np.asarray(obs, dtype=np.float32)
-        last = len(self.layers) - 1
-        for i, (W, b) in enumerate(self.layers):
-            x = x @ W + b
-            if i < last:
+        """Q-values (float64) of one observation, the same bit for bit on every machine.
+
+        A BLAS matrix-vector product (``x @ W``) sums in an order that depends on the CPU's kernel,
+        and an argmax between near-equal Q-values then differs between machines. Here each product
+        of two float32 numbers is exact in float64 and the sums run in index order (numpy reduces
+        the rows of a C-ordered array one after another), so routing decisions reproduce anywhere.
+        """
+        x = np.asarray(obs, dtype=np.float32).astype(np.float64)
+        for i, (W, b) in enumerate(self._layers64):
+            x = (x[:, None] * W).sum(axis=0) + b
+            if i < len(self._layers64) - 1:
                 np.maximum(x, 0.0, out=x)
         return x
+
+    @property
+    def _layers64(self) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+        cached = self.__dict__.get("_layers64_cache")
+        if cached is None:
+            cached = tuple((np.ascontiguousarray(W, dtype=np.float64), np.asarray(b, dtype=np.float64))
+                           for W, b in self.layers)
+            object.__setattr__(self, "_layers64_cache", cached)
+        return cached
 
     def act(self, obs: np.ndarray) -> int:
         return int(np.argmax(self.q(obs)))

@@ -35,6 +35,31 @@ def test_numpy_forward_matches_a_hand_computation(tmp_path):
     assert np.array_equal(back.q(x), net.q(x)) and back.n_instances == 2 and back.variant == "wg"
 
 
+def _python_forward(net: QNetwork, obs) -> list[float]:
+    """The network in plain Python floats: each unit's products summed in index order."""
+    x = [float(v) for v in np.asarray(obs, dtype=np.float32)]
+    for k, (W, b) in enumerate(net.layers):
+        W, b = W.astype(float).tolist(), b.astype(float).tolist()
+        y = []
+        for j in range(len(b)):
+            s = 0.0
+            for i in range(len(x)):
+                s += x[i] * W[i][j]
+            y.append(s + b[j])
+        x = [max(v, 0.0) for v in y] if k < len(net.layers) - 1 else y
+    return x
+
+
+def test_forward_is_exact_in_index_order_so_every_machine_routes_alike():
+    """Q-values equal the plain Python loop bit for bit: they depend on no BLAS kernel (whose
+    summation order varies with the CPU), so routing decisions reproduce on any machine."""
+    net = _net(4, h=64, seed=3)
+    rng = np.random.default_rng(7)
+    for _ in range(10):
+        obs = rng.random(obs_dim(4)).astype(np.float32)
+        assert net.q(obs).tolist() == _python_forward(net, obs)
+
+
 @pytest.mark.parametrize("variant", ["baseline", "wa", "wg"])
 def test_shipped_weights_load_and_are_small(variant):
     p = shipped_weights_path(variant, 4)
