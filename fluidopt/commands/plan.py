@@ -223,7 +223,7 @@ def _run_day(args: argparse.Namespace) -> int:
     print(f"fluidopt plan --day: {scenario.name}, {d.slots} slots of {d.slot:g} s ({d.slots * d.slot / 3600:g} h), "
           f"interactive {d.rates.min():.3g}-{d.rates.max():.3g} requests/s, "
           f"{sum(j.n for j in d.backlogs):,.0f} batch requests")
-    print(f"GPU-hours: {d.gpu_hours:.2f} ({kind}); whole GPUs per slot: {d.gpu_hours_int:.2f}; peak {d.peak_gpus} GPUs")
+    print(f"GPU-hours: {d.gpu_hours:.2f} ({kind}); {d.gpu_hours_int:.2f} with whole GPUs in every slot; peak {d.peak_gpus} GPUs")
     if price is not None:
         print(f"cost at {price:g} per GPU-hour: {d.cost:.2f} (whole GPUs: {d.cost_int:.2f})")
     else:
