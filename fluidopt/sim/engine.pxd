@@ -110,6 +110,11 @@ cdef class Engine:
     cpdef req_phase(self, Py_ssize_t r)
     cpdef req_gpu(self, Py_ssize_t r)
     cpdef instance_requests(self, Py_ssize_t g)
+    # tokens mode: the KV and output-token reads (load balancers and the RL state call them per event)
+    @cython.locals(t=double, m=Py_ssize_t)
+    cpdef gpu_kv_used(self, Py_ssize_t g)
+    @cython.locals(g=Py_ssize_t, now=double, dc=Py_ssize_t, k=Py_ssize_t)
+    cpdef req_generated(self, Py_ssize_t r)
 
     # -- internal ---------------------------------------------------------------------------------
     @cython.locals(g_pre="long long[::1]", gc="long long[::1]", r_phase="long long[::1]", t=double, c=Py_ssize_t, markov=bint, cnt="long long[::1]",
@@ -166,6 +171,12 @@ cdef class Engine:
     cdef _abandon(self, Py_ssize_t r, double t)
 
     # tokens mode: a GPU's clock (the KV branches call untyped helpers)
+    @cython.locals(m=Py_ssize_t, d=Py_ssize_t)
+    cpdef double _time_at(self, Py_ssize_t g, Py_ssize_t k)
+
+    @cython.locals(ta=double, itl=double, m=Py_ssize_t, a=double, bq=double, x=double, ka=Py_ssize_t)
+    cpdef Py_ssize_t _boundary_after(self, Py_ssize_t g, double t)
+
     @cython.locals(ta=double, itl=double, m=Py_ssize_t)
     cdef _join(self, Py_ssize_t g, double t)
 
