@@ -39,6 +39,7 @@ HORIZON = {20: 8000.0, 50: 6000.0, 200: 3000.0, 500: 2000.0, 2000: 1000.0}
 WARMUP = 300.0
 PATH_N = 2000
 POLICY = {"bundled": "gate-and-route", "separate": "prioritize-and-route"}
+PRICING_OF = {p: pr for pr, p in POLICY.items()}  # each policy is paid under its own pricing
 
 
 def fleet(n: int) -> fluidopt.Scenario:
@@ -48,7 +49,7 @@ def fleet(n: int) -> fluidopt.Scenario:
 
 def own_ratio(c: Comparison) -> pd.DataFrame:
     """Each run's revenue under its policy's own pricing, over that pricing's LP optimum."""
-    pricing = c.runs["policy"].map({p: pr for pr, p in POLICY.items()})
+    pricing = c.runs["policy"].map(PRICING_OF)
     bounds = c.bounds.set_index("scenario")
     bound = [bounds.loc[s, f"lp_{pr}"] for s, pr in zip(c.runs["scenario"], pricing)]
     rev = np.where(pricing == "bundled", c.runs["revenue_per_gpu"], c.runs["revenue_per_gpu_separate"])
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     if c.timeseries is not None:
         for pol, g in c.timeseries[(c.timeseries["seed"] == 0) & (c.timeseries["scenario"] == f"n={PATH_N}")].groupby("policy"):
             qd = sum(g[f"q_decode[{nm}]"] for nm in fluidopt.default_scenario().class_names) / PATH_N
-            paths[{p: pr for pr, p in POLICY.items()}[pol]] = pd.DataFrame({"time": g["time"], "Qd/n": qd})
+            paths[PRICING_OF[pol]] = pd.DataFrame({"time": g["time"], "Qd/n": qd})
     base = fluidopt.default_scenario()
     sols = {pr: solve_fluid(base, pr) for pr in POLICY}
     names = base.class_names

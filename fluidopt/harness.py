@@ -81,8 +81,8 @@ CLASS_COLUMNS = (
 class Comparison:
     """Outcome of :func:`compare`.
 
-    ``runs``: one row per (scenario, policy, seed) with its window (``horizon``, ``warmup``, s) and cluster metrics (rates per GPU per second,
-    times in seconds), ``revenue`` (per GPU per second under ``pricing``, with its batch-means 95%
+    ``runs``: one row per (scenario, policy, seed) with its window (``horizon``, ``warmup``, s) and
+    cluster metrics (rates per GPU per second, times in seconds), ``revenue`` (per GPU per second under ``pricing``, with its batch-means 95%
     half-width ``revenue_ci``), the LP bound ``lp_bound`` (R* for ``pricing``) and ``ratio`` =
     revenue / R*; for a run that replayed a workload also ``lp_bound_realised`` = R*(window), the LP
     at the arrivals actually in the measured window [warmup, horizon) (:mod:`fluidopt.fluid.realised`),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import zipfile
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -58,14 +59,11 @@ class QNetwork:
                 np.maximum(x, 0.0, out=x)
         return x
 
-    @property
+    @cached_property
     def _layers64(self) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
-        cached = self.__dict__.get("_layers64_cache")
-        if cached is None:
-            cached = tuple((np.ascontiguousarray(W, dtype=np.float64), np.asarray(b, dtype=np.float64))
-                           for W, b in self.layers)
-            object.__setattr__(self, "_layers64_cache", cached)
-        return cached
+        """The layers in float64, converted once (the frozen dataclass keeps its float32 fields)."""
+        return tuple((np.ascontiguousarray(W, dtype=np.float64), np.asarray(b, dtype=np.float64))
+                     for W, b in self.layers)
 
     def act(self, obs: np.ndarray) -> int:
         return int(np.argmax(self.q(obs)))
