@@ -2,9 +2,11 @@
 #
 # setup.py compiles a copy of engine.py with these declarations into fluidopt.sim._cengine; see
 # fluidopt/sim/backend.py and docs/simulator.md section 9. Keep every attribute that engine.py sets on
-# Engine or GpuSet declared here (a cdef class has no __dict__). Types are chosen so that the compiled
-# core computes exactly what the Python engine computes: the state that engine.py keeps in lists
-# (_ints, _floats) is typed arrays in the core (64-bit integers, doubles), declared here as C arrays;
+# Engine or GpuSet, or that its cold modules (engine_setup, view, fleet, bookkeeping) set on an engine,
+# declared here and public (a cdef class has no __dict__; tests/sim/test_sim_backends.py checks). Types
+# are chosen so that the compiled core computes exactly what the Python engine computes: the state that
+# engine.py keeps in lists (state.ints, state.floats) is typed arrays in the core (64-bit integers,
+# doubles), declared here as C arrays;
 # typed locals are Py_ssize_t or double (what a Python int in range and a Python float are); all
 # else stays a Python object.
 #
@@ -13,7 +15,7 @@
 
 cimport cython
 
-# the counter layouts (engine.py binds them from fluidopt.sim.metrics): C integers in the core
+# the counter layouts (engine.py binds them from fluidopt.sim.metrics) and state.py's constants: C integers
 cdef Py_ssize_t NQ, Q_WP, Q_X, Q_WD, Q_YM, Q_YS, NC, C_ARRIVED, C_PREFILLED, C_COMPLETED, C_PREEMPTED
 cdef Py_ssize_t C_AB_PREFILL, C_AB_DECODE, C_DROPPED, C_PREFILL_TOKENS, C_DONE_PROMPT, C_DONE_OUTPUT, _NREC
 cdef Py_ssize_t RACE_WAIT, RACE_PREFILL, RACE_DECODE
@@ -32,7 +34,7 @@ cdef class GpuSet:
     @cython.locals(n=Py_ssize_t)
     cpdef _add(self, Py_ssize_t g)
 
-    @cython.locals(pos="long long[::1]", items="long long[::1]", p=Py_ssize_t, last=Py_ssize_t, n=Py_ssize_t)
+    @cython.locals(pos="long long[::1]", p=Py_ssize_t, last=Py_ssize_t, n=Py_ssize_t)
     cpdef _discard(self, Py_ssize_t g)
 
 
@@ -40,6 +42,7 @@ cdef class GpuSet:
 cdef class Engine:
     cdef public object scenario, controller, workload, _service, seed, _class_names, engine_name
     cdef public double horizon, warmup, alpha, beta, tau_mix, tau_solo, kap, _now, _lam, _t_race, _lam_race, _t_sample, _t_tick, _wall0
+    cdef public double _next_report
     cdef public Py_ssize_t n, B, I, C, kvcap, _gbase, _n_pools, _serial, _seq_back, _seq_front, _ai, _arrival_chunk, _bi
     cdef public Py_ssize_t _exp_i, _uni_i, _events, _nd
     cdef public bint check, markov, chunked, progress, _in_setup, _interrupted, _stop, _started, _done, _pause, _finished
@@ -47,7 +50,7 @@ cdef class Engine:
     cdef public object _work_rng, _np_rng, _ctrl_rng, _arr_iter, collector, sample_interval, tick_interval, _records
     cdef public object _qindex
     cdef public object _cb_arrival, _cb_pdone, _cb_ddone, _cb_abandon, _cb_preempt, _cb_drop, _cb_freed
-    cdef public double[::1] _exp_block, _uni_block, theta, mu_p, mu_m, mu_s, mbar  # engine._doubles, _block
+    cdef public double[::1] _exp_block, _uni_block, theta, mu_p, mu_m, mu_s, mbar, _rrate  # state.doubles, block
     cdef public list _cp, _cd, _mean_prompt, _mean_output
     cdef public list _free
     # per-request state (recycled slots): typed arrays in the core, replaced when they grow
@@ -81,8 +84,7 @@ cdef class Engine:
 
     cpdef start_decode(self, r, g)
 
-    @cython.locals(q_tot="long long[::1]", r_q="long long[::1]", old=Py_ssize_t, c=Py_ssize_t, lst=list, k=Py_ssize_t, s=Py_ssize_t,
-                   q_tail="long long[::1]", tl=Py_ssize_t)
+    @cython.locals(old=Py_ssize_t, c=Py_ssize_t)
     cpdef enqueue(self, r, q, front=*)
 
     @cython.locals(I=Py_ssize_t, qh="long long[::1]", a=Py_ssize_t, b=Py_ssize_t, seq="long long[::1]", best=Py_ssize_t,
@@ -117,25 +119,48 @@ cdef class Engine:
     cpdef req_generated(self, Py_ssize_t r)
 
     # -- internal ---------------------------------------------------------------------------------
-    @cython.locals(g_pre="long long[::1]", gc="long long[::1]", r_phase="long long[::1]", t=double, c=Py_ssize_t, markov=bint, cnt="long long[::1]",
-                   acc="double[::1]", k=Py_ssize_t, n0=Py_ssize_t, n1=Py_ssize_t, gb=Py_ssize_t, p=Py_ssize_t, s=GpuSet,
-                   lst=list, ka=Py_ssize_t)
+    @cython.locals(t=double, c=Py_ssize_t, markov=bint, n0=Py_ssize_t, ptok=Py_ssize_t, ka=Py_ssize_t)
     cdef _start_prefill(self, Py_ssize_t r, Py_ssize_t g)
 
-    @cython.locals(r_phase="long long[::1]", gc="long long[::1]", g_ndec="long long[::1]", g_maxd="long long[::1]", t=double, c=Py_ssize_t, markov=bint,
-                   cnt="long long[::1]", acc="double[::1]", k=Py_ssize_t, n0=Py_ssize_t, n1=Py_ssize_t, nd=Py_ssize_t, gb=Py_ssize_t,
-                   full=bint, p=Py_ssize_t, s=GpuSet, lst=list, dca=Py_ssize_t)
+    @cython.locals(t=double, c=Py_ssize_t, markov=bint, n0=Py_ssize_t, nd=Py_ssize_t, k=Py_ssize_t)
     cdef _start_decode(self, Py_ssize_t r, Py_ssize_t g)
 
-    @cython.locals(r_q="long long[::1]", q=Py_ssize_t, k=Py_ssize_t, rn="long long[::1]", rp="long long[::1]", p=Py_ssize_t, nx=Py_ssize_t, lst=list,
-                   r_pos="long long[::1]", j=Py_ssize_t, last=Py_ssize_t)
-    cdef _dequeue(self, Py_ssize_t r, Py_ssize_t c)
+    # (cpdef: also called from the cold modules, fleet.py and view.py)
+    @cython.locals(c=Py_ssize_t, markov=bint, back=Py_ssize_t, gen=Py_ssize_t)
+    cpdef _evict(self, Py_ssize_t r, Py_ssize_t g, double t, bint host)
 
-    @cython.locals(c=Py_ssize_t, lst=list, k=Py_ssize_t, s=Py_ssize_t, q_tail="long long[::1]", tl=Py_ssize_t)
+    cdef _bump(self, Py_ssize_t k, Py_ssize_t d, double t)
+    cdef _touch(self, Py_ssize_t g)
+
+    @cython.locals(g=Py_ssize_t)
+    cdef _reschedule(self)
+
+    cdef _prefill_leaves(self, Py_ssize_t r, Py_ssize_t g, Py_ssize_t c, double t)
+
+    @cython.locals(nd=Py_ssize_t)
+    cdef _decode_leaves(self, Py_ssize_t r, Py_ssize_t g, Py_ssize_t c, double t)
+
+    @cython.locals(n1=Py_ssize_t)
+    cdef _slot_left(self, Py_ssize_t g, double t)
+
+    @cython.locals(base=Py_ssize_t, c=Py_ssize_t, d=Py_ssize_t)
+    cdef _switch_mode(self, Py_ssize_t g, bint mixed, double t)
+
+    @cython.locals(p=Py_ssize_t, room=bint, s=GpuSet)
+    cpdef _refresh(self, Py_ssize_t g)
+
+    @cython.locals(k=Py_ssize_t, h=Py_ssize_t, tl=Py_ssize_t)
+    cdef _q_push(self, Py_ssize_t r, Py_ssize_t q, bint front)
+
+    @cython.locals(k=Py_ssize_t, p=Py_ssize_t, nx=Py_ssize_t)
+    cdef _q_remove(self, Py_ssize_t r, Py_ssize_t q)
+
+    @cython.locals(c=Py_ssize_t)
     cdef _enqueue_new(self, Py_ssize_t r, Py_ssize_t q)
 
-    @cython.locals(gb=Py_ssize_t)
-    cdef _gpu_emptied(self, Py_ssize_t g, double t)
+    cdef _dequeue(self, Py_ssize_t r, Py_ssize_t c)
+
+    cdef _leave_wait(self, Py_ssize_t r, Py_ssize_t c, double t, Py_ssize_t qk)
 
     @cython.locals(n=Py_ssize_t)
     cdef _race_add(self, Py_ssize_t r, Py_ssize_t s)
@@ -143,65 +168,52 @@ cdef class Engine:
     @cython.locals(rs="long long[::1]", b=Py_ssize_t, n=Py_ssize_t, j=Py_ssize_t, last=Py_ssize_t)
     cdef _race_remove(self, Py_ssize_t r, Py_ssize_t s)
 
-    @cython.locals(k=Py_ssize_t)
-    cdef _leave_wait(self, Py_ssize_t r, Py_ssize_t c, double t, Py_ssize_t qk)
-
-    @cython.locals(cnt="long long[::1]", acc="double[::1]", dcl="long long[::1]", base=Py_ssize_t, c=Py_ssize_t, d=Py_ssize_t, a=Py_ssize_t, b=Py_ssize_t, dt=double)
-    cdef _switch_mode(self, Py_ssize_t g, bint mixed, double t)
-
     @cython.locals(rec="double[::1]", k=Py_ssize_t)
     cdef _record(self, Py_ssize_t r, Py_ssize_t c, Py_ssize_t outcome, double t)
 
     cdef _resolve(self, Py_ssize_t r, Py_ssize_t outcome, double t)
 
-    @cython.locals(free=list, r=Py_ssize_t, s=Py_ssize_t, r_phase="long long[::1]", k=Py_ssize_t)
+    @cython.locals(free=list, r=Py_ssize_t, s=Py_ssize_t, r_phase="long long[::1]")
     cdef _arrive(self, double t, Py_ssize_t c, Py_ssize_t prompt, Py_ssize_t output)
 
-    @cython.locals(c=Py_ssize_t, cnt="long long[::1]", acc="double[::1]", k=Py_ssize_t, gc="long long[::1]", n1=Py_ssize_t, gb=Py_ssize_t, lst=list,
-                   r_pos="long long[::1]", j=Py_ssize_t, last=Py_ssize_t, r_ttft="double[::1]", ttft=double, ctr="long long[::1]", r_phase="long long[::1]",
-                   p=Py_ssize_t, s=GpuSet)
+    @cython.locals(c=Py_ssize_t, r_phase="long long[::1]")
     cdef _prefill_done(self, Py_ssize_t r, Py_ssize_t g, double t)
 
-    @cython.locals(c=Py_ssize_t, cnt="long long[::1]", acc="double[::1]", pre=Py_ssize_t, k=Py_ssize_t, g_ndec="long long[::1]", nd=Py_ssize_t,
-                   gc="long long[::1]", n1=Py_ssize_t, gb=Py_ssize_t, out=Py_ssize_t, prompt=Py_ssize_t, lst=list, r_pos="long long[::1]",
-                   j=Py_ssize_t, last=Py_ssize_t, ctr="long long[::1]", p=Py_ssize_t, s=GpuSet, g_dec="long long[::1]")
+    @cython.locals(c=Py_ssize_t, out=Py_ssize_t, prompt=Py_ssize_t, ctr="long long[::1]", k=Py_ssize_t)
     cdef _decode_done(self, Py_ssize_t r, Py_ssize_t g, double t)
 
     @cython.locals(c=Py_ssize_t, q=Py_ssize_t, ph=Py_ssize_t)
     cdef _abandon(self, Py_ssize_t r, double t)
 
-    # tokens mode: a GPU's clock (the KV branches call untyped helpers)
-    @cython.locals(m=Py_ssize_t, d=Py_ssize_t)
+    # tokens mode: a GPU's clock
+    @cython.locals(m=Py_ssize_t)
     cpdef double _time_at(self, Py_ssize_t g, Py_ssize_t k)
 
     @cython.locals(ta=double, itl=double, m=Py_ssize_t, a=double, bq=double, x=double, ka=Py_ssize_t)
     cpdef Py_ssize_t _boundary_after(self, Py_ssize_t g, double t)
 
-    @cython.locals(ta=double, itl=double, m=Py_ssize_t)
-    cdef _join(self, Py_ssize_t g, double t)
+    @cython.locals(m=Py_ssize_t)
+    cdef _anchor(self, Py_ssize_t g, Py_ssize_t k)
+
+    cpdef _join(self, Py_ssize_t g, double t)
 
     cdef _join_with(self, Py_ssize_t g, double t, Py_ssize_t tokens, Py_ssize_t r, bint prefill)
 
-    @cython.locals(ka=Py_ssize_t, kb=Py_ssize_t, kd=Py_ssize_t, nd=Py_ssize_t, ko=Py_ssize_t, te=double,
-                   v=Py_ssize_t)
+    @cython.locals(ka=Py_ssize_t, kb=Py_ssize_t, kd=Py_ssize_t, nd=Py_ssize_t, ko=Py_ssize_t, te=double)
     cdef _schedule(self, Py_ssize_t g)
 
     @cython.locals(lam=double)
     cdef _draw_race(self)
 
-    @cython.locals(old=double, i=Py_ssize_t)
-    cdef _hset(self, Py_ssize_t g, double te)
+    @cython.locals(i=Py_ssize_t)
+    cpdef _hset(self, Py_ssize_t g, double te)
 
-    @cython.locals(i=Py_ssize_t, hq="long long[::1]", n=Py_ssize_t, last=Py_ssize_t)
-    cdef _hremove(self, Py_ssize_t g)
-
-    @cython.locals(hq="long long[::1]", pos="long long[::1]", pte="double[::1]", g=Py_ssize_t, t=double, p=Py_ssize_t,
-                   h=Py_ssize_t, th=double)
-    cdef _hup(self, Py_ssize_t i)
+    @cython.locals(i=Py_ssize_t, n=Py_ssize_t, last=Py_ssize_t)
+    cpdef _hremove(self, Py_ssize_t g)
 
     @cython.locals(hq="long long[::1]", pos="long long[::1]", pte="double[::1]", n=Py_ssize_t, g=Py_ssize_t, t=double,
-                   c=Py_ssize_t, h=Py_ssize_t, th=double, h2=Py_ssize_t, t2=double)
-    cdef _hdown(self, Py_ssize_t i)
+                   i0=Py_ssize_t, p=Py_ssize_t, c=Py_ssize_t, h=Py_ssize_t, th=double, h2=Py_ssize_t, t2=double)
+    cdef _hsift(self, Py_ssize_t i)
 
     @cython.locals(dec="long long[::1]", j=Py_ssize_t, b=Py_ssize_t, last=Py_ssize_t)
     cdef _dremove(self, Py_ssize_t g, Py_ssize_t r, Py_ssize_t nd)
@@ -213,12 +225,13 @@ cdef class Engine:
     @cython.locals(m=Py_ssize_t, dc=Py_ssize_t, b=Py_ssize_t, r=Py_ssize_t, guard=Py_ssize_t)
     cdef _gpu_event(self, Py_ssize_t g, Py_ssize_t kb, double t)
 
-    @cython.locals(hq="long long[::1]", pte="double[::1]", t_house=double, markov=bint, dirty=list, isdirty="long long[::1]", check=bint, next_report=double,
-                   report_every=Py_ssize_t, uni_block="double[::1]", ui=Py_ssize_t,
+    # (cpdef: bookkeeping.advance calls it)
+    @cython.locals(hq="long long[::1]", pte="double[::1]", t_house=double, check=bint, uni_block="double[::1]", ui=Py_ssize_t,
                    ev=Py_ssize_t, pkb="long long[::1]", rng_block=Py_ssize_t, I=Py_ssize_t, rs="long long[::1]", rsn="long long[::1]",
-                   cap=Py_ssize_t, s=Py_ssize_t, mu_p="double[::1]", mbar="double[::1]", mu_m="double[::1]", mu_s="double[::1]", theta="double[::1]", g_pre="long long[::1]",
+                   cap=Py_ssize_t, s=Py_ssize_t, rate="double[::1]", mu_m="double[::1]", mu_s="double[::1]", o0=Py_ssize_t, o=Py_ssize_t,
+                   g_pre="long long[::1]",
                    arr_t="double[::1]", arr_c="long long[::1]", arr_p="long long[::1]", arr_o="long long[::1]", ai=Py_ssize_t, na=Py_ssize_t, tr=double,
                    nd=Py_ssize_t, ta=double, tg=double, t=double, done=bint, ticked=bint, k=Py_ssize_t, u=double,
-                   c=Py_ssize_t, lst=list, nl=Py_ssize_t, a=double, j=Py_ssize_t, r=Py_ssize_t, m=double, x=double,
-                   g=Py_ssize_t, tt=double, v=Py_ssize_t, kb=Py_ssize_t, lam=double, now=double, partial=bint, wall0=double)
-    cdef _loop(self, double stop)
+                   c=Py_ssize_t, nl=Py_ssize_t, a=double, j=Py_ssize_t, r=Py_ssize_t, m=double, x=double,
+                   g=Py_ssize_t, tt=double, kb=Py_ssize_t, partial=bint)
+    cpdef _loop(self, double stop)

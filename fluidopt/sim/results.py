@@ -3,6 +3,7 @@ of the event kernel."""
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 
@@ -102,9 +103,12 @@ def assemble_result(eng, wall: float) -> M.SimResult:
         pc["deadline_infeasible"] = col.slo_infeasible
         bad = [(nm, int(k)) for nm, k in zip(eng._class_names, col.slo_infeasible) if k]
         if bad:
+            level, f, here = 1, sys._getframe(0), os.path.dirname(__file__)
+            while f.f_back is not None and os.path.dirname(f.f_code.co_filename) == here:
+                f, level = f.f_back, level + 1  # point the warning at the caller of fluidopt.sim
             warnings.warn(
                 "deadline shorter than the request's own service time (counted as missed): "
-                + ", ".join(f"{k} requests of class {nm!r}" for nm, k in bad), SLOWarning, stacklevel=2)
+                + ", ".join(f"{k} requests of class {nm!r}" for nm, k in bad), SLOWarning, stacklevel=level)
     return res
 
 

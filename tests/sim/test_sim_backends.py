@@ -204,9 +204,14 @@ def test_cli_backend_flag(capsys):
     assert out["engine"] == "python" and out["requests"] > 0
 
 
+# the plain modules that set an Engine's attributes from outside the kernel (its cold code)
+COLD_MODULES = ("engine_setup.py", "fleet.py", "view.py", "bookkeeping.py")
+
+
 def test_engine_pxd_declares_every_attribute():
-    """A compiled class has no __dict__: every attribute engine.py sets on Engine or GpuSet must be
-    declared in engine.pxd (checked statically, so it fails even where the core is not built)."""
+    """A compiled class has no __dict__: every attribute that engine.py sets on Engine or GpuSet, or
+    that the cold modules set on an engine (``eng.x = ...``), must be declared in engine.pxd (checked
+    statically, so it fails even where the core is not built)."""
     import ast
     import re
     from pathlib import Path
@@ -223,15 +228,35 @@ def test_engine_pxd_declares_every_attribute():
             if m:
                 names |= {x.strip() for x in m.group(1).split(",")}
         declared[name] = names
+
+    def assigned_to(node, obj: str) -> set[str]:
+        targets = [t for n in ast.walk(node) if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign))
+                   for t in (n.targets if isinstance(n, ast.Assign) else [n.target])]
+        return {a.attr for t in targets for a in ast.walk(t)
+                if isinstance(a, ast.Attribute) and isinstance(a.value, ast.Name) and a.value.id == obj}
+
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name in ("Engine", "GpuSet"):
-            targets = [t for n in ast.walk(node) if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign))
-                       for t in (n.targets if isinstance(n, ast.Assign) else [n.target])]
-            assigned = {a.attr for t in targets for a in ast.walk(t)
-                        if isinstance(a, ast.Attribute) and isinstance(a.value, ast.Name) and a.value.id == "self"}
-            assert {"alpha", "beta", "_now"} <= assigned or node.name == "GpuSet"
+            assigned = assigned_to(node, "self")
+            assert {"_now", "_lam"} <= assigned or node.name == "GpuSet"
             missing = assigned - declared[node.name]
             assert not missing, f"{node.name}: attributes set in engine.py but not declared in engine.pxd: {missing}"
+    for mod in COLD_MODULES:
+        assigned = assigned_to(ast.parse((here / mod).read_text(encoding="utf-8")), "eng")
+        assert assigned, mod
+        missing = assigned - declared["Engine"]
+        assert not missing, f"{mod}: attributes set on the engine but not declared in engine.pxd: {missing}"
+    setup = assigned_to(ast.parse((here / "engine_setup.py").read_text(encoding="utf-8")), "eng")
+    assert {"alpha", "beta", "g_pre"} <= setup
+
+
+def test_kernel_stays_small():
+    """The kernel (state, actions, the event loop) is at most 1,000 lines, comments included; cold
+    code goes to the plain modules (docs/simulator.md section 9)."""
+    from pathlib import Path
+
+    lines = (Path(core.__file__).parent / "engine.py").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 1000, f"fluidopt/sim/engine.py has {len(lines)} lines; move cold code out (limit 1,000)"
 
 
 def test_request_fields_are_defined_once_and_typed_in_the_pxd():

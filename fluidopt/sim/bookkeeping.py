@@ -1,0 +1,286 @@
+"""The event kernel's bookkeeping around the event loop (cold code: per call, per batch of arrivals,
+per measurement instant, never per event): starting and finishing a run, the stepping API's
+``advance`` (docs/simulator.md section 10), loading workload batches, snapshots, samples and ticks,
+folding finished requests into the metrics. The kernel binds these functions as methods of
+``Engine`` (``eng`` is the engine).
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import signal
+import sys
+import threading
+import time
+
+import numpy as np
+
+from fluidopt.errors import ActionError, ScenarioError
+from fluidopt.sim import metrics as M
+from fluidopt.sim import state as S
+from fluidopt.sim.action_errors import GONE
+from fluidopt.sim.results import assemble_result, progress_line
+from fluidopt.sim.state import RACE_DECODE, RACE_PREFILL, RACE_WAIT
+
+__all__ = ["advance", "finish", "run", "start"]
+
+INF = math.inf
+ALLOC_BLOCK = 1024  # fewest request slots added at a time
+
+
+def run(eng) -> M.SimResult:
+    """The whole run: ``start``, ``advance`` to the horizon, ``finish``."""
+    start(eng)
+    advance(eng)
+    return finish(eng)
+
+
+def done(eng) -> bool:
+    """True once the horizon is reached or the run was interrupted: ``advance`` does nothing more."""
+    return eng._done or eng._interrupted
+
+
+def pause(eng) -> None:
+    """Ask the engine to return from ``advance`` after the event being handled (for a controller
+    that wants its driver to decide now, e.g. a learned router's decision epoch)."""
+    eng._pause = True
+
+
+def start(eng) -> None:
+    """Set the run up (the controller's ``setup``, the first arrivals); idempotent."""
+    if eng._started:
+        return
+    eng._started = True
+    eng._wall0 = time.perf_counter()
+    eng._in_setup = True
+    try:
+        eng.controller.setup(eng)
+    finally:
+        eng._in_setup = False
+    eng._arr_iter = iter(eng.workload.batches(eng._work_rng, eng.horizon, eng._arrival_chunk))
+    next_arrivals(eng)
+    refill_exp(eng)
+    refill_uni(eng)
+
+
+def advance(eng, until: float | None = None) -> float:
+    """Process events until simulated time ``until`` (seconds; default: the horizon), a
+    controller's ``pause()``, or Ctrl-C; return the simulated time reached.
+
+    Events at times before ``until`` are processed, events at ``until`` are not: afterwards
+    ``now == until`` and the state is the state just before that instant, so a caller may act
+    (through the engine's actions) at time ``until`` before the events there happen. After a
+    ``pause()``, ``now`` is the time of the event whose handler paused.
+    """
+    if not eng._started:
+        start(eng)
+    if eng._finished:
+        raise ActionError("advance: this run is already finished; make a new engine")
+    if eng._done or eng._interrupted:
+        return eng._now
+    stop = eng.horizon if until is None else float(until)
+    if stop != stop:
+        raise ScenarioError("advance: until: expected a time in seconds, got NaN")
+    if stop <= eng._now:
+        return eng._now
+    # Ctrl-C: the first SIGINT asks the loop to stop between two events (so no state or records
+    # chunk is left half-done); a second one interrupts at once.
+    old_handler = None
+    if eng.handle_sigint and threading.current_thread() is threading.main_thread():
+        cur = signal.getsignal(signal.SIGINT)
+        if cur is not signal.SIG_IGN:
+            old_handler = signal.signal(signal.SIGINT, eng._on_sigint)
+    # The loop allocates many short-lived tuples and no reference cycles: the cyclic garbage
+    # collector would only rescan the live state (about 7% of the run); pause it, as timeit does.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        eng._loop(stop)
+    except KeyboardInterrupt:
+        eng._interrupted = True
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+        if old_handler is not None:
+            signal.signal(signal.SIGINT, old_handler)
+        if eng.progress:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+    return eng._now
+
+
+def every_1024(eng, ev: int) -> bool:
+    """Every 1,024 events of the loop: True to stop after a Ctrl-C; the progress line (once a second)."""
+    if eng._stop:
+        eng._interrupted = True
+        return True
+    if not ev & 0x3FFF:
+        eng._events = ev
+        if eng.progress:
+            now = time.perf_counter()
+            if now >= eng._next_report:
+                eng._next_report = now + 1.0
+                progress_line(eng, now - eng._wall0)
+    return False
+
+
+def on_sigint(eng, signum, frame) -> None:
+    if eng._stop:
+        raise KeyboardInterrupt
+    eng._stop = True
+
+
+def finish(eng) -> M.SimResult:
+    """Close the run at the time reached and return its result (a run stopped before the
+    horizon is measured up to ``now``); call once."""
+    start(eng)
+    if eng._finished:
+        raise ActionError("finish: this run is already finished (its result was returned); make a new engine")
+    eng._finished = True
+    if not eng._done:
+        t = eng._now
+        flush(eng)
+        eng.collector.snapshot(t, areas(eng, t), np.array(eng._ctr, dtype=float))
+    result = assemble_result(eng, time.perf_counter() - eng._wall0)
+    result.meta["engine"] = eng.engine_name
+    return result
+
+
+def next_arrivals(eng) -> bool:
+    """Load the next arrival batch; False when the workload is exhausted."""
+    if eng._arr_iter is None:
+        return False
+    typed = eng.engine_name == "compiled"
+    for b in eng._arr_iter:
+        if len(b.time) == 0:
+            continue
+        cls = np.asarray(b.cls)
+        if cls.min() < 0 or cls.max() >= eng.I:
+            bad = int(cls[(cls < 0) | (cls >= eng.I)][0])
+            raise ScenarioError(f"workload: class index {bad} out of range 0..{eng.I - 1}")
+        eng._arr_t = S.block(np.ascontiguousarray(b.time, dtype=np.float64), typed)
+        eng._arr_c = S.int_block(cls, typed)
+        eng._arr_p = S.int_block(S.token_counts("prompt", b.prompt), typed)
+        eng._arr_o = S.int_block(S.token_counts("output", b.output), typed)
+        eng._ai = 0
+        return True
+    eng._arr_iter = None
+    eng._arr_t = S.floats(0, 0.0, typed)
+    eng._ai = 0
+    return False
+
+
+def areas(eng, t: float) -> np.ndarray:
+    return np.array(eng._cnt, dtype=float) * t - np.array(eng._acc, dtype=float)
+
+
+def flush(eng) -> None:
+    """Fold the buffered finished requests into the metrics (and the records file)."""
+    n = eng._nrec
+    if not n:
+        return
+    eng._nrec = 0
+    rec = eng._rec
+    buf = rec.base if eng.engine_name == "compiled" else rec  # (the compiled core's view has the array as base)
+    fold(eng, np.array(buf[: n * M.N_RECORD_FIELDS], dtype=float).reshape(n, M.N_RECORD_FIELDS))
+
+
+def fold(eng, A: np.ndarray) -> None:
+    """Rows of finished requests (metrics.RECORD_FIELDS, as floats) into the metrics."""
+    ints = M.RECORD_INT_FIELDS
+    a = {nm: A[:, j].astype(np.int64) if nm in ints else A[:, j] for j, nm in enumerate(M.RECORD_FIELDS)}
+    eng.collector.add_requests(a)
+    if eng._records is not None:
+        eng._records.write(a)
+
+
+def housekeeping(eng, t: float) -> tuple[bool, bool]:
+    """Snapshots, samples and ticks due at time t: (horizon reached, controller ticked).
+
+    Measurement (snapshots, samples) does not touch the dynamics, so runs that differ only in
+    warm-up, batches or sample interval follow the same sample path.
+    """
+    done = False
+    ticked = False
+    bounds = eng._bounds
+    while eng._bi < len(bounds) and bounds[eng._bi] <= t:
+        flush(eng)
+        eng.collector.snapshot(t, areas(eng, t), np.array(eng._ctr, dtype=float))
+        eng._bi += 1
+        if eng._bi == len(bounds):
+            done = True
+    if eng._t_sample <= t:
+        eng._samples.append([t] + [float(x) for x in eng._cnt] + [float(x) for x in eng._ctr])
+        eng._t_sample += eng.sample_interval
+        if eng._t_sample >= eng.horizon:
+            eng._t_sample = INF
+    if not done and eng._t_tick <= t:
+        eng.controller.on_tick(eng)
+        eng._t_tick += eng.tick_interval
+        ticked = True
+    return done, ticked
+
+
+def t_house(eng) -> float:
+    """The next instant of housekeeping: a batch boundary, a sample or a tick."""
+    tb = eng._bounds[eng._bi] if eng._bi < len(eng._bounds) else INF
+    return min(tb, eng._t_sample, eng._t_tick)
+
+
+def exact_lam(eng) -> float:
+    """The race's total rate recounted from its sets (the kernel keeps it incrementally)."""
+    lam = 0.0
+    rsn = eng._rsn
+    I = eng.I
+    for c in range(I):
+        lam += eng.theta[c] * rsn[RACE_WAIT * I + c]
+        if eng.markov:
+            lam += eng.mu_p[c] * rsn[RACE_PREFILL * I + c] + eng.mbar[c] * rsn[RACE_DECODE * I + c]
+    return lam
+
+
+def in_system(eng) -> list[int]:
+    """The requests in the system (slots in use), by id."""
+    ph = eng.r_phase
+    return [r for r in range(len(ph)) if ph[r] != GONE]
+
+
+def refill_exp(eng) -> None:
+    """The next block of standard exponentials for the race clock."""
+    eng._exp_block = S.block(eng._np_rng.standard_exponential(S.RNG_BLOCK), eng.engine_name == "compiled")
+    eng._exp_i = 0
+
+
+def refill_uni(eng) -> None:
+    """The next block of uniforms for the race's selection."""
+    eng._uni_block = S.block(eng._np_rng.random(S.RNG_BLOCK), eng.engine_name == "compiled")
+    eng._uni_i = 0
+
+
+def alloc(eng) -> int:
+    """A new request slot when none is free. The per-request arrays grow by a block of slots
+    (doubling: amortised O(1) per request); they are replaced, not extended in place (the compiled
+    core holds their buffers), so no kernel method keeps one in a local across an arrival. The new
+    ids go onto the free stack in reverse, so they are handed out in increasing order and only after
+    every id freed in the meantime: the same ids, in the same order, as growing one slot at a time."""
+    typed = eng.engine_name == "compiled"
+    r = len(eng.r_phase)
+    k = max(ALLOC_BLOCK, r)
+    for name, _, fill, _ in S.REQUEST_FIELDS:
+        setattr(eng, name, S.grown(getattr(eng, name), k, fill, typed))
+    eng._free.extend(range(r + k - 1, r, -1))
+    return r
+
+
+def race_grow(eng) -> None:
+    """Double every race segment's capacity (a new array: nothing keeps the old one in a local)."""
+    cap = eng._rscap
+    rsn = eng._rsn
+    new = S.ints(2 * cap * len(rsn), -1, eng.engine_name == "compiled")
+    old = eng._rs
+    for s in range(len(rsn)):
+        for k in range(rsn[s]):
+            new[2 * cap * s + k] = old[cap * s + k]
+    eng._rs = new
+    eng._rscap = 2 * cap

@@ -1,0 +1,110 @@
+"""The event kernel's state layout (docs/simulator.md section 9): the per-request fields, the fleet
+states, and the containers the state lives in.
+
+The kernel (fluidopt/sim/engine.py) keeps its state in flat arrays: lists in the Python engine
+(Python indexes them fastest), typed arrays (``array.array``, numpy buffers) in the compiled core,
+where engine.pxd reads them as C arrays. The helpers below build either, by ``typed``.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+
+import numpy as np
+
+from fluidopt.errors import ScenarioError
+from fluidopt.sim.action_errors import GONE
+
+__all__ = ["REQUEST_FIELDS", "GSTATE_NAMES", "ints", "floats", "doubles", "grown", "block", "int_block",
+           "token_counts"]
+
+# Per-request state: one array per field, indexed by request id (slots are recycled). This table is
+# each field's one definition (name, type, the value of a new slot, meaning); engine.pxd types each
+# as long long[::1] (int) or double[::1] (float), and tests/sim/test_sim_backends.py checks that the
+# two agree. Adding a field: a row here, a name in engine.pxd, then its uses.
+REQUEST_FIELDS: tuple[tuple[str, type, int | float, str], ...] = (
+    ("r_cls", int, 0, "class"),
+    ("r_prompt", int, 0, "original prompt tokens"),
+    ("r_output", int, 0, "output tokens"),
+    ("r_arr", float, 0.0, "arrival time (s)"),
+    ("r_phase", int, GONE, "phase (action_errors.PHASE_NAMES); GONE for a free slot"),
+    ("r_q", int, -1, "queue it waits in, -1"),
+    ("r_gpu", int, -1, "GPU it runs on, -1"),
+    ("r_next", int, -1, "next request in its queue"),
+    ("r_prev", int, -1, "previous request in its queue"),
+    ("r_seq", int, 0, "FCFS sequence number in its queue"),
+    ("r_pos", int, -1, "index in the waiting / prefill / decode list of its class"),
+    ("r_dpos", int, -1, "index in g_dec of its decode"),
+    ("r_dkey", int, 0, "tokens: its GPU's decode clock when its decode ends"),
+    ("r_tw", float, 0.0, "time the current wait began (s)"),
+    ("r_wp", float, 0.0, "accumulated wait for a prefill (s)"),
+    ("r_wd", float, 0.0, "accumulated wait for a decode (s)"),
+    ("r_ttft", float, math.nan, "time of the first prefill completion (NaN before)"),
+    ("r_serial", int, 0, "arrival number (a record's id)"),
+    ("r_gen", int, 0, "output tokens generated before the current decode stint"),
+    ("r_dstart", int, 0, "its GPU's decode clock when the current decode stint joined"),
+    ("r_npre", int, 0, "preemptions"),
+    ("r_pg", int, -1, "GPU of the first prefill"),
+    ("r_dg", int, -1, "GPU of the (last) decode"),
+    ("r_host", int, 0, "1: evicted to host memory (its KV restores instead of a re-prefill)"),
+)
+
+# Fleet states of a GPU (g_state; docs/simulator.md section 11). A fixed fleet never leaves ONLINE.
+G_ONLINE, G_STARTING, G_DRAINING, G_OFFLINE = 0, 1, 2, 3
+GSTATE_NAMES = ("online", "starting", "draining", "offline")
+STARTUP = -2  # t_pkb of a starting GPU: its pending heap event is its start-up completion
+
+# The exponential race's request sets, one segment per (kind, class): segment s = kind * I + class
+RACE_WAIT, RACE_PREFILL, RACE_DECODE = 0, 1, 2
+
+FLUSH = 8192  # finished requests buffered before folding into the metrics
+RNG_BLOCK = 65536  # random numbers drawn at a time
+
+
+def ints(n: int, v: int, typed: bool) -> list[int] | array:
+    """n integers equal to v: per-GPU and per-request state, counters (signed 64-bit when typed)."""
+    return array("q", [v]) * n if typed else [v] * n
+
+
+def floats(n: int, v: float, typed: bool) -> list[float] | array:
+    """n doubles equal to v: times and time integrals."""
+    return array("d", [v]) * n if typed else [v] * n
+
+
+def doubles(values, typed: bool) -> list[float] | array:
+    """Per-class rates as doubles."""
+    vals = [float(x) for x in values]
+    return array("d", vals) if typed else vals
+
+
+def grown(old, k: int, v: int | float, typed: bool) -> list | array:
+    """A copy of ``old`` (from :func:`ints` or :func:`floats`) with k more elements equal to v."""
+    if not typed:
+        return old + [v] * k
+    a = old.base[:]  # the compiled core's view of an array has the array as its base
+    a.extend(array("d" if isinstance(v, float) else "q", [v]) * k)
+    return a
+
+
+def block(a: np.ndarray, typed: bool) -> list[float] | np.ndarray:
+    """A block of doubles (random numbers, arrival times): the float64 array itself when typed."""
+    return a if typed else a.tolist()
+
+
+def int_block(a: np.ndarray, typed: bool) -> list[int] | np.ndarray:
+    """Integers of a workload batch: a C long long array when typed."""
+    a = np.ascontiguousarray(a, dtype=np.longlong)
+    return a if typed else a.tolist()
+
+
+def token_counts(what: str, values) -> np.ndarray:
+    """A workload batch's token counts as int64 (whole numbers >= 0 required)."""
+    a = np.asarray(values)
+    if a.dtype.kind not in "iu":
+        if a.dtype.kind != "f" or not np.all(np.isfinite(a)) or np.any(a != np.floor(a)):
+            bad = a[~(np.isfinite(a) & (a == np.floor(a)))][0] if a.dtype.kind == "f" else a.flat[0]
+            raise ScenarioError(f"workload: {what} tokens: expected whole numbers, got {bad!r} ({a.dtype})")
+    if a.size and a.min() < 0:
+        raise ScenarioError(f"workload: {what} tokens: expected >= 0, got {a.min()!r}")
+    return a.astype(np.int64)
