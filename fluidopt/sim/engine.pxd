@@ -119,7 +119,7 @@ cdef class Engine:
     cpdef req_generated(self, Py_ssize_t r)
 
     # -- internal ---------------------------------------------------------------------------------
-    @cython.locals(t=double, c=Py_ssize_t, markov=bint, n0=Py_ssize_t, ptok=Py_ssize_t, ka=Py_ssize_t)
+    @cython.locals(t=double, c=Py_ssize_t, markov=bint, n0=Py_ssize_t, ptok=Py_ssize_t, ka=Py_ssize_t, s=GpuSet)
     cdef _start_prefill(self, Py_ssize_t r, Py_ssize_t g)
 
     @cython.locals(t=double, c=Py_ssize_t, markov=bint, n0=Py_ssize_t, nd=Py_ssize_t, k=Py_ssize_t)

@@ -65,10 +65,8 @@ class GpuSet:
     __slots__ = ("_items", "_pos", "_rand", "_len")
 
     def __init__(self, n: int, rand: Callable[[], float]):
-        self._items = S.ints(n, -1, _COMPILED)
-        self._pos = S.ints(n, -1, _COMPILED)
-        self._len = 0
-        self._rand = rand
+        self._items, self._pos = S.ints(n, -1, _COMPILED), S.ints(n, -1, _COMPILED)
+        self._len, self._rand = 0, rand
 
     def __len__(self) -> int: return self._len
     def __bool__(self) -> bool: return self._len > 0
@@ -240,7 +238,10 @@ class Engine:
         self.r_phase[r] = PREFILL
         if self.r_pg[r] < 0:
             self.r_pg[r] = g
-        self._refresh(g)
+        s = self._ip[self.g_pool[g]]
+        s._discard(g)  # the idle-prefill set; the free-decode set changes only if g is now full
+        if n0 + 1 >= self.B:
+            self._refresh(g)
         if markov:
             self._race_add(r, RACE_PREFILL * self.I + c)
             self._lam += self.mu_p[c]
@@ -287,7 +288,8 @@ class Engine:
         self.r_gpu[r] = g
         self.r_dg[r] = g
         self.r_phase[r] = DECODE
-        self._refresh(g)
+        if nd >= self.g_maxd[g] or n0 + 1 >= self.B:  # (only then does a set change: fewer cache misses)
+            self._refresh(g)
         k = g * self.B + nd - 1  # r's place in g's decode segment
         self.g_dec[k] = r
         self.r_dpos[r] = k
@@ -879,11 +881,9 @@ class Engine:
     def _loop(self, stop: float) -> None:
         """The event loop, up to (not including) time ``stop`` or the horizon; locals saved on return."""
         hq, pte, pkb, g_pre = self._hq, self.t_pte, self.t_pkb, self.g_pre
-        check = self.check
-        partial = stop < self.horizon
+        check, partial = self.check, stop < self.horizon
         uni_block, ui, rng_block = self._uni_block, self._uni_i, _RNG_BLOCK
-        I = self.I
-        rate, mu_m, mu_s = self._rrate, self.mu_m, self.mu_s
+        I, rate, mu_m, mu_s = self.I, self._rrate, self.mu_m, self.mu_s
         o0 = 0 if self.markov else 2 * I  # the race's order: prefills, decodes (markov only), waits; by class
         arr_t, arr_c, arr_p, arr_o = self._arr_t, self._arr_c, self._arr_p, self._arr_o
         na = len(arr_t)
