@@ -33,9 +33,10 @@ cdef enum:
     R_GREEDY = 0  # PartitionedController's on_arrival / on_prefill_done / on_slot_freed
     R_SLI = 1  # SLIGateAndRoute's on_prefill_done / on_slot_freed, PartitionedController's on_arrival
     R_ROBUST = 2  # robust._MechanismEvents
+    R_FIWSP = 3  # paper_baselines.FIWSP (FCFS, decode in place; no gate)
     G_DEVIATION = 0  # PartitionedController.gate_class / robust._Mechanisms.gate_class
     G_PRIORITY = 1  # PrioritizeAndRoute.gate_class / robust.StaffedPrioritizeAndRoute.gate_class
-ROUTE_GREEDY, ROUTE_SLI, ROUTE_ROBUST = R_GREEDY, R_SLI, R_ROBUST
+ROUTE_GREEDY, ROUTE_SLI, ROUTE_ROBUST, ROUTE_FIWSP = R_GREEDY, R_SLI, R_ROBUST, R_FIWSP
 GATE_DEVIATION, GATE_PRIORITY = G_DEVIATION, G_PRIORITY
 
 # The Python methods each fast path transcribes, and the SHA-256 of their source (fastpath.mirror_digest).
@@ -47,6 +48,7 @@ _GREEDY_METHODS = ("on_arrival", "on_prefill_done", "on_slot_freed", "gate_class
 _SLI_METHODS = _GREEDY_METHODS + ("_pool_for", "_prefill_slot_idle")
 _ROBUST_METHODS = _GREEDY_METHODS + ("on_abandon", "on_preempt", "on_drop", "_holding", "_try_overflow",
                                      "_free_decode_slot", "_decode_slot_free_now", "_ahead")
+_FIWSP_METHODS = ("setup", "on_arrival", "on_prefill_done", "on_slot_freed", "_fits")
 MIRRORS = {
     # class name: (routing, gate, methods, digest)
     "GateAndRoute": (ROUTE_GREEDY, GATE_DEVIATION, _GREEDY_METHODS, "de9825318d7c23adba9cf03d01ee5b98823c3c748dfa5d7e9ad267121188b12a"),
@@ -54,8 +56,13 @@ MIRRORS = {
     "SLIGateAndRoute": (ROUTE_SLI, GATE_DEVIATION, _SLI_METHODS, "64abd9046b099cfb8ed52b6482a342a0db3bf8588b7ddf4a3f748196d950c3ee"),
     "BackpressureGateAndRoute": (ROUTE_ROBUST, GATE_DEVIATION, _ROBUST_METHODS, "4c93dc31ad7bc99bf4ef05e258daa9f78250c34c3ee2d960fe40ebdc45b8b286"),
     "StaffedPrioritizeAndRoute": (ROUTE_ROBUST, GATE_PRIORITY, _ROBUST_METHODS, "da9adf61de0cfd12c136728908666fc305c036bb5f9655443e15ad106fb5b9b1"),
+    "FIWSP": (ROUTE_FIWSP, GATE_DEVIATION, _FIWSP_METHODS, "5c8feded22496a6c709640830819ee64dee0e76ad5d01bf70a2ed9e6cf8f8be4"),
     "BackpressureSLIGateAndRoute": (ROUTE_SLI, GATE_DEVIATION, _SLI_METHODS, "6aead48fb454e8da103c88beb5d8560bd01cd131b94fb7c5e1cabe92ac0961d8"),
 }
+
+
+def _gone():
+    return None
 
 
 cdef double[::1] _dbl(values):
@@ -97,6 +104,7 @@ cdef class FastGate:
     cdef double[::1] nx, inv, nqp
     # robust options and plan
     cdef bint mech, bp, uncapped, fcfs, all_decodable, value_order, resolve
+    cdef bint bp_events  # robust._MechanismEvents' self.backpressure (bp: the gate's)
     cdef Py_ssize_t max_overflow
     cdef double[::1] cap, ovcap, room
     cdef long long[::1] t_off, t_j  # the backpressure terms of class i: t_j/t_p[t_off[i]:t_off[i+1]]
@@ -115,20 +123,28 @@ cdef class FastGate:
         self.sync()
 
     def __reduce__(self):
-        raise TypeError("a FastGate belongs to one run; the controller drops it when copied")
+        return _gone, ()  # a copy or a pickle of the controller leaves the run's fast path behind
+
+    def __deepcopy__(self, memo):
+        return None
 
     def sync(self):
         """Read the controller's plan (after setup, and after every change of plan: robust re-solves)."""
         c = self.ctrl
+        self.kv = bool(c._kv)
+        if self.route == R_FIWSP:
+            return
         self.I = int(c.n_classes)
         self.n = int(c.n_gpus)
         self.M = int(c.mixed_gpus)
         self.has_mixed = bool(c._has_mixed)
         self.has_solo = bool(c._has_solo)
-        self.kv = bool(c._kv)
         self.mech = self.route == R_ROBUST or hasattr(c, "_gate_plan")
         if self.mech:
             admissible, nx, inv, nqp, room, terms, fcfs, bp, uncapped = c._gate_plan
+            if self.gate == G_PRIORITY:  # StaffedPrioritizeAndRoute.gate_class and _ahead read these
+                room, terms, fcfs, bp, uncapped = (c._room, c._ahead_terms, c._fcfs_buffer, c.backpressure,
+                                                   c._uncapped)
             self.room = _dbl(room)
             self.fcfs = bool(fcfs)
             self.bp = bool(bp)
@@ -165,6 +181,7 @@ cdef class FastGate:
             self.may_ovf = _lng([1 if v else 0 for v in c._may_overflow])
             self.max_overflow = int(c._max_overflow)
             self.resolve = bool(c.resolve)
+            self.bp_events = bool(c.backpressure)
         if self.route == R_SLI:
             self.p_solo = _dbl(c._p)
             self.buf = _lng(c._buf)
@@ -371,7 +388,26 @@ cdef class FastGate:
 
     # -- the handlers the engine calls (fastpath.bind installs them in place of the bound methods) -----
     def on_arrival(self, Engine e, Py_ssize_t r):
-        cdef Py_ssize_t i
+        cdef Py_ssize_t i, g, h
+        cdef GpuSet idle
+        if self.route == R_FIWSP:
+            # paper_baselines.FIWSP.on_arrival
+            idle = <GpuSet>e._ip[0]
+            if e.q_tot[PREFILL_QUEUE] == 0:
+                g = idle.choice()
+                if g >= 0 and (not self.kv or self._fits(e, r, g)):
+                    e.start_prefill(r, g)
+                return
+            e.enqueue(r, PREFILL_QUEUE)
+            while idle._len:
+                h = e.head(PREFILL_QUEUE, -1)
+                g = idle.choice()
+                if not self._fits(e, h, g):
+                    break
+                e.start_prefill(h, g)
+                if e.q_tot[PREFILL_QUEUE] == 0:
+                    break
+            return
         if self.route != R_ROBUST:
             # PartitionedController.on_arrival
             e.enqueue(r, PREFILL_QUEUE)
@@ -397,6 +433,9 @@ cdef class FastGate:
         if self.route == R_GREEDY:
             # PartitionedController.on_prefill_done
             self._greedy_place(e, r)
+        elif self.route == R_FIWSP:
+            # paper_baselines.FIWSP.on_prefill_done
+            e.start_decode(r, g)
         elif self.route == R_ROBUST:
             # robust._MechanismEvents.on_prefill_done
             if g >= self.M:
@@ -426,6 +465,14 @@ cdef class FastGate:
 
     def on_slot_freed(self, Engine e, Py_ssize_t g):
         cdef bint mixed, judged, pending
+        cdef Py_ssize_t r
+        if self.route == R_FIWSP:
+            # paper_baselines.FIWSP.on_slot_freed
+            if (<GpuSet>e._ip[0])._pos[g] >= 0:
+                r = e.head(PREFILL_QUEUE, -1)
+                if r >= 0 and (not self.kv or self._fits(e, r, g)):
+                    e.start_prefill(r, g)
+            return
         if self.route == R_GREEDY:
             # PartitionedController.on_slot_freed
             if (<GpuSet>e._ip[e.g_pool[g]])._pos[g] >= 0:
@@ -450,7 +497,7 @@ cdef class FastGate:
         if mixed and (<GpuSet>e._ip[MIXED_POOL])._pos[g] >= 0:
             judged = not self._admit_on(e, g)
             pending = judged or e.q_tot[PREFILL_QUEUE] != 0
-        if not judged and pending and self.bp and self.has_mixed and (<GpuSet>e._ip[MIXED_POOL])._len:
+        if not judged and pending and self.bp_events and self.has_mixed and (<GpuSet>e._ip[MIXED_POOL])._len:
             self._admit_all(e, MIXED_POOL)
             pending = e.q_tot[PREFILL_QUEUE] != 0
         if self.max_overflow and not mixed and pending and (<GpuSet>e._ip[SOLO_POOL])._pos[g] >= 0:
@@ -458,7 +505,7 @@ cdef class FastGate:
 
     def on_abandon(self, Engine e, Py_ssize_t r, Py_ssize_t q):
         # robust._MechanismEvents.on_abandon with _holding
-        if (q == DECODE_QUEUE and self.bp and self.has_mixed and e.q_tot[PREFILL_QUEUE]
+        if (q == DECODE_QUEUE and self.bp_events and self.has_mixed and e.q_tot[PREFILL_QUEUE]
                 and (<GpuSet>e._ip[MIXED_POOL])._len):
             self._admit_all(e, MIXED_POOL)
 

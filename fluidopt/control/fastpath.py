@@ -3,7 +3,7 @@
 ``fluidopt.control._cgate`` (built by setup.py next to the compiled engine core, from
 ``fluidopt/control/_cgate.pyx``) holds transcriptions of the Python handlers of the gate-and-route
 family (Gate-and-Route, Prioritize-and-Route, SLI-aware Gate-and-Route and the robust variants of
-:mod:`fluidopt.control.robust`) that read the compiled engine's state as typed arrays and call its
+:mod:`fluidopt.control.robust`) and of the FI-WSP baseline that read the compiled engine's state as typed arrays and call its
 actions at C level. :func:`bind`, called at the end of the controllers' ``setup``, installs them as
 the engine's event callbacks when all of these hold:
 
@@ -39,7 +39,7 @@ __all__ = ["bind", "enabled", "mirror_digest", "status"]
 # handler name -> the engine attribute that holds its callback (fluidopt/sim/engine.pxd)
 _CALLBACKS = (("on_arrival", "_cb_arrival"), ("on_prefill_done", "_cb_pdone"), ("on_slot_freed", "_cb_freed"),
               ("on_abandon", "_cb_abandon"), ("on_preempt", "_cb_preempt"), ("on_drop", "_cb_drop"))
-_BUILTIN_MODULES = ("fluidopt.control.gate_and_route", "fluidopt.control.robust")
+_BUILTIN_MODULES = ("fluidopt.control.gate_and_route", "fluidopt.control.robust", "fluidopt.control.paper_baselines")
 
 
 def enabled() -> bool:

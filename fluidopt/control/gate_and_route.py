@@ -186,12 +186,6 @@ class PartitionedController(Controller):
         if self._fast is not None:
             self._fast.sync()
 
-    def __getstate__(self) -> dict[str, Any]:
-        # copies and pickles leave the fast path of the run behind (the next setup binds a new one)
-        state = self.__dict__.copy()
-        state.pop("_fast", None)
-        return state
-
     def _bind(self, ctx: Context) -> None:
         """Check the fleet's classes and scale the per-GPU targets to its size n."""
         if ctx.n_classes != self.n_classes:

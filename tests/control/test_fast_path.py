@@ -32,6 +32,7 @@ needs_fast = pytest.mark.skipif(not FAST, reason=f"compiled core's controller fa
 
 # (registered policy, options): every class with a fast path, the robust ones with several option sets
 POLICIES = [
+    ("fi-wsp", {}),
     ("gate-and-route", {}),
     ("prioritize-and-route", {}),
     ("sli-gate-and-route", {}),
@@ -154,10 +155,10 @@ def test_fast_path_on_random_fleets(monkeypatch, tmp_path, case):
 def test_transcribed_python_methods_are_the_recorded_ones():
     """_cgate.pyx transcribes these Python methods; editing one must come with editing the transcription
     (and recording the new digest in _cgate.MIRRORS), else the fast path stays off for that class."""
-    from fluidopt.control import _cgate, gate_and_route, robust
+    from fluidopt.control import _cgate, gate_and_route, paper_baselines, robust
 
     for name, (_route, _gate, methods, digest) in _cgate.MIRRORS.items():
-        cls = getattr(gate_and_route, name, None) or getattr(robust, name)
+        cls = getattr(gate_and_route, name, None) or getattr(robust, name, None) or getattr(paper_baselines, name)
         assert fastpath.mirror_digest(cls, methods) == digest, (
             f"{name}: one of {', '.join(methods)} changed since fluidopt/control/_cgate.pyx transcribed it: "
             "update the transcription there and its digest in MIRRORS")
