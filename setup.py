@@ -6,9 +6,9 @@ it, with the static types of fluidopt/sim/engine.pxd, into the extension ``fluid
 engine.pxd it was built from, so that an edited engine is never shadowed by a stale build:
 fluidopt.sim.backend then falls back to engine.py with a warning.
 
-Next to it, ``fluidopt.control._cgate`` (from fluidopt/control/_cgate.pyx, compiled against the core's
+Next to it, ``fluidopt.sim._cgate`` (from fluidopt/sim/_cgate.pyx, compiled against the core's
 declarations) holds the built-in gate-and-route controllers' fast path; it carries the SHA-256 of its
-source and of the core it was built against (fluidopt.control.fastpath checks both).
+source and of the core it was built against (fluidopt.sim.controller_fastpath checks both).
 
 No compiler, no Cython, or ``FLUIDOPT_PURE_PYTHON=1`` in the environment: the install goes on
 without the extension and the simulator runs engine.py (a notice is printed; nothing else changes),
@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent
 ENGINE = ROOT / "fluidopt" / "sim" / "engine.py"
 TYPES = ROOT / "fluidopt" / "sim" / "engine.pxd"
 GEN = ROOT / "build" / "cengine"  # generated sources (ignored by git), laid out as the package
-CGATE = ROOT / "fluidopt" / "control" / "_cgate.pyx"  # the controllers' fast path (cimports the core)
+CGATE = ROOT / "fluidopt" / "sim" / "_cgate.pyx"  # the controllers' fast path (cimports the core)
 
 
 def _required() -> bool:
@@ -95,11 +95,9 @@ def _extensions() -> list[Extension]:
 
 
 def _controller_extensions(cythonize, engine_digest: str) -> list[Extension]:
-    """fluidopt.control._cgate: a copy of _cgate.pyx with the digests it is checked by at run time."""
+    """fluidopt.sim._cgate: a copy of _cgate.pyx with the digests it is checked by at run time."""
     src = CGATE.read_bytes()
-    pkg = GEN / "fluidopt" / "control"
-    pkg.mkdir(parents=True, exist_ok=True)
-    (pkg / "__init__.py").touch()
+    pkg = GEN / "fluidopt" / "sim"
     pyx = pkg / "_cgate.pyx"
     text = src.decode("utf-8") + (
         "\n\n# Added by setup.py: the _cgate.pyx this module was built from, and the engine core it was built against.\n"
@@ -109,7 +107,7 @@ def _controller_extensions(cythonize, engine_digest: str) -> list[Extension]:
     if not pyx.exists() or pyx.read_text(encoding="utf-8") != text:
         pyx.write_text(text, encoding="utf-8")
     ext = Extension(
-        "fluidopt.control._cgate",
+        "fluidopt.sim._cgate",
         [str(pyx.relative_to(ROOT))],
         # the same rounding as the Python controllers: no fused multiply-add
         extra_compile_args=["-O2", "-ffp-contract=off"] if os.name != "nt" else [],

@@ -24,7 +24,7 @@ The controllers only use the :mod:`fluidopt.control.protocol` view and actions, 
 drive them from its own event loop. Every decision costs O(I) (I = number of classes): GPUs are
 picked from the view's ``idle_prefill`` / ``free_decode`` sets, never by scanning the fleet. On the
 compiled engine core the built-in classes run a compiled transcription of the same handlers
-(:mod:`fluidopt.control.fastpath`; same decisions bit for bit).
+(:mod:`fluidopt.control.fastpath`, installed by the simulator; same decisions bit for bit).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The compiled fast path of the gate-and-route family (fluidopt.control.fastpath, _cgate.pyx).
+"""The compiled fast path of the gate-and-route family (fluidopt.sim.controller_fastpath, _cgate.pyx).
 
 Differential: every run is made twice on the compiled engine, with the compiled handlers and with
 the Python ones (``FLUIDOPT_FAST_CONTROLLERS=0``), and must give the same events, totals, per-class
@@ -21,10 +21,10 @@ from hypothesis import strategies as st
 
 import fluidopt
 from fluidopt import GPUProfile, RequestClass, Scenario
-from fluidopt.control import fastpath
 from fluidopt.control.gate_and_route import GateAndRoute
 from fluidopt.control.registry import make_controller
 from fluidopt.control.snapshot import ClusterSnapshot
+from fluidopt.sim import controller_fastpath as fastpath
 from fluidopt.sim.api import simulate
 
 FAST, WHY = fastpath.status()
@@ -155,12 +155,13 @@ def test_fast_path_on_random_fleets(monkeypatch, tmp_path, case):
 def test_transcribed_python_methods_are_the_recorded_ones():
     """_cgate.pyx transcribes these Python methods; editing one must come with editing the transcription
     (and recording the new digest in _cgate.MIRRORS), else the fast path stays off for that class."""
-    from fluidopt.control import _cgate, gate_and_route, paper_baselines, robust
+    from fluidopt.control import gate_and_route, paper_baselines, robust
+    from fluidopt.sim import _cgate
 
     for name, (_route, _gate, methods, digest) in _cgate.MIRRORS.items():
         cls = getattr(gate_and_route, name, None) or getattr(robust, name, None) or getattr(paper_baselines, name)
         assert fastpath.mirror_digest(cls, methods) == digest, (
-            f"{name}: one of {', '.join(methods)} changed since fluidopt/control/_cgate.pyx transcribed it: "
+            f"{name}: one of {', '.join(methods)} changed since fluidopt/sim/_cgate.pyx transcribed it: "
             "update the transcription there and its digest in MIRRORS")
 
 
@@ -209,7 +210,7 @@ def test_fast_path_only_where_it_is_exact(monkeypatch):
 
 @needs_fast
 def test_an_edited_handler_or_a_stale_build_switches_the_fast_path_off(monkeypatch):
-    from fluidopt.control import _cgate
+    from fluidopt.sim import _cgate
 
     monkeypatch.delenv("FLUIDOPT_FAST_CONTROLLERS", raising=False)
     sc = _paper(20)

@@ -9,7 +9,7 @@ robust.py): the same decisions in the same order, the same GPU draws from the co
 same floating-point arithmetic in the same order (compiled without fused multiply-adds), so a run gives
 the same numbers bit for bit with or without them (tests/control/test_fast_path.py).
 
-fluidopt.control.fastpath decides when they run: only on the compiled engine, only for the exact
+fluidopt.sim.controller_fastpath decides when they run: only on the compiled engine, only for the exact
 built-in classes listed in ``MIRRORS``, and only while the source of the Python methods they
 transcribe hashes to the digest recorded there (an edited Python handler switches the fast path off
 until this file is updated). Everything else (the pure-Python engine, a router's snapshot, a user's
@@ -39,7 +39,8 @@ cdef enum:
 ROUTE_GREEDY, ROUTE_SLI, ROUTE_ROBUST, ROUTE_FIWSP = R_GREEDY, R_SLI, R_ROBUST, R_FIWSP
 GATE_DEVIATION, GATE_PRIORITY = G_DEVIATION, G_PRIORITY
 
-# The Python methods each fast path transcribes, and the SHA-256 of their source (fastpath.mirror_digest).
+# The Python methods each fast path transcribes, and the SHA-256 of their source
+# (controller_fastpath.mirror_digest).
 # Edit a listed method and its digest changes: the fast path then stays off for that class (the
 # Python controller runs, same numbers, slower) and tests/control/test_fast_path.py fails until this
 # file transcribes the new code and records the new digest.
