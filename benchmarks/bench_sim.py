@@ -11,6 +11,9 @@ Not a test. Run from the repository root:
     python benchmarks/bench_sim.py all                # speed, scaling, memory, erlang
     python benchmarks/bench_sim.py compare --before /tmp/fluidopt_before
                                                       # engine BEFORE vs AFTER (this tree), one run
+    python benchmarks/bench_sim.py controller-cost    # the gate-and-route family's CPU per request against
+                                                      # gate-and-route's (n = 500), compiled fast path
+                                                      # and Python handlers, one run
 
 Prints markdown tables; the recorded numbers are in docs/benchmarks-sim.md. Speed is reported per
 wall second and per CPU second of this process (the benchmark machine is shared: CPU time excludes
@@ -668,10 +671,60 @@ def _compare(a, snaps: list) -> int:
     return 1 if error else 0
 
 
+# the robust variants and the plain controller each is measured against (docs/robust-control.md "Cost")
+_PLAIN_OF = {"backpressure-gate-and-route": "gate-and-route", "staffed-prioritize-and-route": "prioritize-and-route",
+             "backpressure-sli-gate-and-route": "sli-gate-and-route"}
+
+
+def controller_cost(a) -> int:
+    """CPU us per simulated request (steady state, run_fleet) of each policy, and its ratio to
+    gate-and-route's and to its plain counterpart's, same service; every run in a fresh interpreter of
+    this tree, the policies alternating in order, best of ``--reps``; with ``--python-handlers`` each
+    policy is also run with ``FLUIDOPT_FAST_CONTROLLERS=0`` (the Python handlers on the compiled engine)."""
+    pols = list(dict.fromkeys(["gate-and-route", *a.policies]))
+    modes = ["fast", "python"] if a.python_handlers else ["fast"]
+    keys = [(p, s, m) for s in a.services for p in pols for m in modes]
+    runs: dict = {k: [] for k in keys}
+    t0 = time.perf_counter()
+    for rep in range(a.reps):
+        for k in (keys if rep % 2 == 0 else keys[::-1]):
+            pol, svc, mode = k
+            old = os.environ.get("FLUIDOPT_FAST_CONTROLLERS")
+            os.environ["FLUIDOPT_FAST_CONTROLLERS"] = "1" if mode == "fast" else "0"
+            try:
+                row = _run_child({"kind": "fleet", "policy": pol, "service": svc, "gpus": a.gpus[0],
+                                  "requests": a.requests, "fill": a.fill}, REPO)
+            finally:
+                if old is None:
+                    os.environ.pop("FLUIDOPT_FAST_CONTROLLERS", None)
+                else:
+                    os.environ["FLUIDOPT_FAST_CONTROLLERS"] = old
+            if row["engine"] != "compiled":
+                raise SystemExit(f"bench_sim controller-cost: {pol} {svc}: the {row['engine']} engine ran")
+            runs[k].append(row)
+            print(json.dumps({"policy": pol, "service": svc, "handlers": mode, "rep": rep,
+                              "elapsed_s": round(time.perf_counter() - t0, 1),
+                              **{x: v for x, v in row.items() if x not in ("fluidopt", "compiled_status")}}), flush=True)
+    us = {k: 1e6 / max(r["req_per_cpu_s"] for r in v) for k, v in runs.items()}
+    print(f"\n# n = {a.gpus[0]:,}, {a.fill:g} s fill, then ~{a.requests:,.0f} requests; CPU us per request in the "
+          f"steady state, best of {a.reps}, alternating; fast = compiled fast path, python = "
+          f"FLUIDOPT_FAST_CONTROLLERS=0; load {os.getloadavg()[0]:.1f}\n")
+    print("| policy | service | handlers | CPU us / request | ratio to gate-and-route (fast) | ratio to its plain "
+          "counterpart (same handlers) | revenue / GPU / s |\n|---|---|---|---:|---:|---:|---:|")
+    for pol, svc, mode in keys:
+        plain = _PLAIN_OF.get(pol)
+        ref = us.get((plain, svc, mode)) if plain else None
+        print(f"| {pol} | {svc} | {mode} | {us[(pol, svc, mode)]:.2f} | "
+              f"{us[(pol, svc, mode)] / us[('gate-and-route', svc, 'fast')]:.2f} | "
+              f"{'-' if ref is None else format(us[(pol, svc, mode)] / ref, '.2f')} | "
+              f"{runs[(pol, svc, mode)][0]['revenue_per_gpu']:.3f} |", flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("what", choices=("speed", "scaling", "memory", "erlang", "erlang-speed", "compare", "all",
-                                    "_memory_child", "_case"))
+                                    "controller-cost", "_memory_child", "_case"))
     p.add_argument("--horizon", type=float, default=600.0, help="speed: simulated seconds (n = 500: 500 req/s)")
     p.add_argument("--policies", nargs="+", default=["fi-wsp", "gate-and-route", "backpressure-gate-and-route"])
     p.add_argument("--services", nargs="+", default=["markov", "tokens"])
@@ -705,6 +758,9 @@ def main(argv=None) -> int:
     g.add_argument("--only", nargs="+", choices=("speed", "scaling", "erlang", "memory"), help="a subset of cases")
     g.add_argument("--allow-python", action="store_true", help="measure a tree whose compiled core is missing/stale")
     g.add_argument("--json", help="also write every run to this JSON file")
+    g = p.add_argument_group("controller-cost")
+    g.add_argument("--python-handlers", action="store_true",
+                   help="also run every policy with its Python handlers (FLUIDOPT_FAST_CONTROLLERS=0)")
     p.add_argument("--spec", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.what == "_memory_child":
@@ -715,6 +771,13 @@ def main(argv=None) -> int:
         return 0
     print(f"# fluidopt {fluidopt.__version__} ({Path(fluidopt.__file__).parent}), Python {platform.python_version()}, "
           f"{platform.machine()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}", flush=True)
+    if a.what == "controller-cost":
+        a.requests = 2e5 if a.requests is None else a.requests
+        if a.policies == p.get_default("policies"):
+            a.policies = ["gate-and-route", *_PLAIN_OF.values(), *_PLAIN_OF]
+        if a.gpus == p.get_default("gpus"):
+            a.gpus = [500]
+        return controller_cost(a)
     if a.what == "compare":
         a.requests = 2e5 if a.requests is None else a.requests
         a.customers = 300_000 if a.customers is None else a.customers

@@ -22,7 +22,9 @@ the router (where a finished prefill's decode goes):
 
 The controllers only use the :mod:`fluidopt.control.protocol` view and actions, so a real router can
 drive them from its own event loop. Every decision costs O(I) (I = number of classes): GPUs are
-picked from the view's ``idle_prefill`` / ``free_decode`` sets, never by scanning the fleet.
+picked from the view's ``idle_prefill`` / ``free_decode`` sets, never by scanning the fleet. On the
+compiled engine core the built-in classes run a compiled transcription of the same handlers
+(:mod:`fluidopt.control.fastpath`, installed by the simulator; same decisions bit for bit).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from fluidopt.control import fastpath
 from fluidopt.control.protocol import DECODE_QUEUE, PREFILL_QUEUE, Context, Controller
 from fluidopt.control.registry import register
 from fluidopt.errors import ScenarioError
@@ -116,6 +119,7 @@ class PartitionedController(Controller):
 
     name = "partitioned"
     chunked_prefill = True
+    _fast: Any = None  # the compiled fast path bound by setup (fluidopt.control.fastpath), or None
 
     def __init__(
         self,
@@ -175,6 +179,12 @@ class PartitionedController(Controller):
         self._bind(ctx)
         self._declare_pools(ctx)
         self._setup_queues(ctx)
+        self._fast = fastpath.bind(self, ctx)
+
+    def _sync_fast(self) -> None:
+        """Tell the compiled fast path (if bound) that the plan changed (robust re-solves)."""
+        if self._fast is not None:
+            self._fast.sync()
 
     def _bind(self, ctx: Context) -> None:
         """Check the fleet's classes and scale the per-GPU targets to its size n."""

@@ -34,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from fluidopt.control import fastpath
 from fluidopt.control.gate_and_route import MIXED_POOL, GateAndRoute
 from fluidopt.control.protocol import DECODE_QUEUE, PREFILL_QUEUE, Context, Controller
 from fluidopt.control.registry import register
@@ -51,10 +52,12 @@ class FIWSP(Controller):
     """
 
     name = "fi-wsp"
+    _fast: Any = None  # the compiled fast path bound by setup (fluidopt.control.fastpath), or None
 
     def setup(self, ctx: Context) -> None:
         self._idle = ctx.idle_prefill(0)
         self._kv = ctx.gpu_kv_free(0) != float("inf")
+        self._fast = fastpath.bind(self, ctx)  # compiled handlers on the compiled engine (same decisions)
 
     def _fits(self, ctx: Context, r: int, g: int) -> bool:
         return not self._kv or ctx.gpu_kv_free(g) >= ctx.req_prompt(r) + ctx.req_generated(r)

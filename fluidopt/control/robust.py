@@ -67,6 +67,7 @@ from typing import Any
 
 import numpy as np
 
+from fluidopt.control import fastpath
 from fluidopt.control.gate_and_route import (
     MIXED_POOL,
     SOLO_POOL,
@@ -432,6 +433,7 @@ class _Mechanisms:
         self._lam_now = lam_per_gpu
         self._plan_now = sol
         self._targets()
+        self._sync_fast()  # the compiled fast path reads the new plan
 
 
 class _MechanismEvents:
@@ -443,6 +445,7 @@ class _MechanismEvents:
         self._bind(ctx)
         self._declare_pools(ctx)
         self._bind_mechanisms(ctx)
+        self._fast = fastpath.bind(self, ctx)  # compiled handlers on the compiled engine (same decisions)
 
     # -- decode buffer --------------------------------------------------------------------------
     def _pull_decodes(self, ctx: Context, g: int, queue: int) -> None:
@@ -635,6 +638,7 @@ class BackpressureSLIGateAndRoute(_Mechanisms, SLIGateAndRoute):
         self._declare_pools(ctx)
         self._setup_queues(ctx)
         self._bind_mechanisms(ctx)
+        self._fast = fastpath.bind(self, ctx)  # compiled handlers on the compiled engine (same decisions)
 
 
 # -- registry ---------------------------------------------------------------------------------------

@@ -1,0 +1,519 @@
+# cython: language_level=3, boundscheck=True, wraparound=False, initializedcheck=True, binding=False
+"""Compiled fast path of the built-in gate-and-route controllers (docs/simulator.md section 9).
+
+Built by setup.py next to the compiled engine core (``fluidopt.sim._cengine``) and against its
+declarations (engine.pxd): the handlers below read the engine's state as typed C arrays and call its
+actions at C level, instead of crossing the controller protocol in Python on every event. They are
+line-for-line transcriptions of the Python handlers named in each comment (gate_and_route.py and
+robust.py): the same decisions in the same order, the same GPU draws from the controller's stream, the
+same floating-point arithmetic in the same order (compiled without fused multiply-adds), so a run gives
+the same numbers bit for bit with or without them (tests/control/test_fast_path.py).
+
+fluidopt.sim.controller_fastpath decides when they run: only on the compiled engine, only for the exact
+built-in classes listed in ``MIRRORS``, and only while the source of the Python methods they
+transcribe hashes to the digest recorded there (an edited Python handler switches the fast path off
+until this file is updated). Everything else (the pure-Python engine, a router's snapshot, a user's
+subclass) runs the Python controller, which stays the reference.
+
+The controller object stays the owner of its mutable state: the arrival counts of the rolling re-solve
+(``_counts``) and the overflow count (``_overflowing``) are read and written on it, so Python handlers
+(``on_tick``) and the fast ones share them.
+"""
+
+from fluidopt.sim._cengine cimport Engine, GpuSet
+
+# the protocol's constants (fluidopt.control.protocol, fluidopt.control.gate_and_route)
+cdef Py_ssize_t PREFILL_QUEUE = 0
+cdef Py_ssize_t DECODE_QUEUE = 1
+cdef Py_ssize_t MIXED_POOL = 0
+cdef Py_ssize_t SOLO_POOL = 1
+
+# which Python handlers a FastGate stands in for
+cdef enum:
+    R_GREEDY = 0  # PartitionedController's on_arrival / on_prefill_done / on_slot_freed
+    R_SLI = 1  # SLIGateAndRoute's on_prefill_done / on_slot_freed, PartitionedController's on_arrival
+    R_ROBUST = 2  # robust._MechanismEvents
+    R_FIWSP = 3  # paper_baselines.FIWSP (FCFS, decode in place; no gate)
+    G_DEVIATION = 0  # PartitionedController.gate_class / robust._Mechanisms.gate_class
+    G_PRIORITY = 1  # PrioritizeAndRoute.gate_class / robust.StaffedPrioritizeAndRoute.gate_class
+ROUTE_GREEDY, ROUTE_SLI, ROUTE_ROBUST, ROUTE_FIWSP = R_GREEDY, R_SLI, R_ROBUST, R_FIWSP
+GATE_DEVIATION, GATE_PRIORITY = G_DEVIATION, G_PRIORITY
+
+# The Python methods each fast path transcribes, and the SHA-256 of their source
+# (controller_fastpath.mirror_digest).
+# Edit a listed method and its digest changes: the fast path then stays off for that class (the
+# Python controller runs, same numbers, slower) and tests/control/test_fast_path.py fails until this
+# file transcribes the new code and records the new digest.
+_GREEDY_METHODS = ("on_arrival", "on_prefill_done", "on_slot_freed", "gate_class", "_admit_on", "_admit_all",
+                   "_fits", "_greedy_place", "_pull_decodes")
+_SLI_METHODS = _GREEDY_METHODS + ("_pool_for", "_prefill_slot_idle")
+_ROBUST_METHODS = _GREEDY_METHODS + ("on_abandon", "on_preempt", "on_drop", "_holding", "_try_overflow",
+                                     "_free_decode_slot", "_decode_slot_free_now", "_ahead")
+_FIWSP_METHODS = ("setup", "on_arrival", "on_prefill_done", "on_slot_freed", "_fits")
+MIRRORS = {
+    # class name: (routing, gate, methods, digest)
+    "GateAndRoute": (ROUTE_GREEDY, GATE_DEVIATION, _GREEDY_METHODS, "de9825318d7c23adba9cf03d01ee5b98823c3c748dfa5d7e9ad267121188b12a"),
+    "PrioritizeAndRoute": (ROUTE_GREEDY, GATE_PRIORITY, _GREEDY_METHODS, "d2ebdc43887ca48b34cb47a52bce6cbe25c15a74cc26d85ab8acd5e135530648"),
+    "SLIGateAndRoute": (ROUTE_SLI, GATE_DEVIATION, _SLI_METHODS, "64abd9046b099cfb8ed52b6482a342a0db3bf8588b7ddf4a3f748196d950c3ee"),
+    "BackpressureGateAndRoute": (ROUTE_ROBUST, GATE_DEVIATION, _ROBUST_METHODS, "4c93dc31ad7bc99bf4ef05e258daa9f78250c34c3ee2d960fe40ebdc45b8b286"),
+    "StaffedPrioritizeAndRoute": (ROUTE_ROBUST, GATE_PRIORITY, _ROBUST_METHODS, "da9adf61de0cfd12c136728908666fc305c036bb5f9655443e15ad106fb5b9b1"),
+    "FIWSP": (ROUTE_FIWSP, GATE_DEVIATION, _FIWSP_METHODS, "5c8feded22496a6c709640830819ee64dee0e76ad5d01bf70a2ed9e6cf8f8be4"),
+    "BackpressureSLIGateAndRoute": (ROUTE_SLI, GATE_DEVIATION, _SLI_METHODS, "6aead48fb454e8da103c88beb5d8560bd01cd131b94fb7c5e1cabe92ac0961d8"),
+}
+
+
+def _gone():
+    return None
+
+
+cdef double[::1] _dbl(values):
+    cdef double[::1] out = _array_d(len(values))
+    cdef Py_ssize_t k
+    for k in range(len(values)):
+        out[k] = float(values[k])
+    return out
+
+
+cdef long long[::1] _lng(values):
+    cdef long long[::1] out = _array_q(max(len(values), 1))
+    cdef Py_ssize_t k
+    for k in range(len(values)):
+        out[k] = int(values[k])
+    return out
+
+
+def _array_d(n):
+    from array import array
+    return array("d", [0.0]) * max(int(n), 1)
+
+
+def _array_q(n):
+    from array import array
+    return array("q", [0]) * max(int(n), 1)
+
+
+cdef class FastGate:
+    """The fast handlers of one controller for runs on the compiled engine (see the module docstring)."""
+
+    cdef readonly object ctrl
+    cdef readonly int route, gate
+    cdef Py_ssize_t I, NQ, QX, n, M
+    cdef bint has_mixed, has_solo, kv
+    # gate plan
+    cdef Py_ssize_t nadm
+    cdef long long[::1] adm  # deviation gate: the admissible classes; priority gate: its order
+    cdef double[::1] nx, inv, nqp
+    # robust options and plan
+    cdef bint mech, bp, uncapped, fcfs, all_decodable, value_order, resolve
+    cdef bint bp_events  # robust._MechanismEvents' self.backpressure (bp: the gate's)
+    cdef Py_ssize_t max_overflow
+    cdef double[::1] cap, ovcap, room
+    cdef long long[::1] t_off, t_j  # the backpressure terms of class i: t_j/t_p[t_off[i]:t_off[i+1]]
+    cdef double[::1] t_p
+    cdef long long[::1] may_ovf, decodable, dorder
+    cdef Py_ssize_t ndorder
+    # SLI routing
+    cdef double[::1] p_solo
+    cdef long long[::1] buf
+
+    def __init__(self, ctrl, int route, int gate, metrics_layout):
+        self.ctrl = ctrl
+        self.route = route
+        self.gate = gate
+        self.NQ, self.QX = metrics_layout
+        self.sync()
+
+    def __reduce__(self):
+        return _gone, ()  # a copy or a pickle of the controller leaves the run's fast path behind
+
+    def __deepcopy__(self, memo):
+        return None
+
+    def sync(self):
+        """Read the controller's plan (after setup, and after every change of plan: robust re-solves)."""
+        c = self.ctrl
+        self.kv = bool(c._kv)
+        if self.route == R_FIWSP:
+            return
+        self.I = int(c.n_classes)
+        self.n = int(c.n_gpus)
+        self.M = int(c.mixed_gpus)
+        self.has_mixed = bool(c._has_mixed)
+        self.has_solo = bool(c._has_solo)
+        self.mech = self.route == R_ROBUST or hasattr(c, "_gate_plan")
+        if self.mech:
+            admissible, nx, inv, nqp, room, terms, fcfs, bp, uncapped = c._gate_plan
+            if self.gate == G_PRIORITY:  # StaffedPrioritizeAndRoute.gate_class and _ahead read these
+                room, terms, fcfs, bp, uncapped = (c._room, c._ahead_terms, c._fcfs_buffer, c.backpressure,
+                                                   c._uncapped)
+            self.room = _dbl(room)
+            self.fcfs = bool(fcfs)
+            self.bp = bool(bp)
+            self.uncapped = bool(uncapped)
+            self.cap = _dbl(c._cap)
+            self.ovcap = _dbl(c._overflow_caps)
+            off, js, ps = [0], [], []
+            for i in range(self.I):
+                for j, p in terms[i]:
+                    js.append(j)
+                    ps.append(p)
+                off.append(len(js))
+            self.t_off, self.t_j, self.t_p = _lng(off), _lng(js), _dbl(ps)
+        else:
+            admissible, nx, inv, nqp = c._admissible, c._nx, c._inv_x, c._nqp
+            self.bp = False
+            self.uncapped = True
+            self.fcfs = True
+            self.room = _dbl([0.0] * self.I)
+            self.cap = self.ovcap = _dbl([float("inf")] * self.I)
+            self.t_off, self.t_j, self.t_p = _lng([0] * (self.I + 1)), _lng([]), _dbl([])
+        if self.gate == G_PRIORITY:
+            admissible = c._order
+        self.nadm = len(admissible)
+        self.adm = _lng(admissible)
+        self.nx, self.inv, self.nqp = _dbl(nx), _dbl(inv), _dbl(nqp)
+        if self.route == R_ROBUST:
+            self.all_decodable = bool(c._all_decodable)
+            self.decodable = _lng([1 if d else 0 for d in c._decodable])
+            self.value_order = not (c.decode_order == "fcfs" and c._all_decodable)
+            order = c._decode_order if c._all_decodable else [i for i in c._decode_order if c._decodable[i]]
+            self.ndorder = len(order)
+            self.dorder = _lng(order)
+            self.may_ovf = _lng([1 if v else 0 for v in c._may_overflow])
+            self.max_overflow = int(c._max_overflow)
+            self.resolve = bool(c.resolve)
+            self.bp_events = bool(c.backpressure)
+        if self.route == R_SLI:
+            self.p_solo = _dbl(c._p)
+            self.buf = _lng(c._buf)
+
+    # -- the view, typed ------------------------------------------------------------------------
+    cdef inline Py_ssize_t _qlen(self, Engine e, Py_ssize_t q, Py_ssize_t i):
+        return e.q_cnt[q * e.I + i]
+
+    cdef inline Py_ssize_t _n_prefill(self, Engine e, Py_ssize_t i):
+        return e._cnt[self.NQ * i + self.QX]
+
+    cdef inline Py_ssize_t _head(self, Engine e, Py_ssize_t q, Py_ssize_t i):
+        return e.head(q, i)
+
+    cdef bint _fits(self, Engine e, Py_ssize_t r, Py_ssize_t g):
+        # PartitionedController._fits: not kv or gpu_kv_free(g) >= req_prompt(r) + req_generated(r)
+        if not self.kv:
+            return True
+        return e.gpu_kv_free(g) >= e.r_prompt[r] + e.req_generated(r)
+
+    # -- gates ------------------------------------------------------------------------------------
+    cdef bint _free_decode_slot(self, Engine e):
+        # robust._Mechanisms._free_decode_slot
+        return ((self.has_solo and (<GpuSet>e._fd[SOLO_POOL])._len > 0)
+                or (self.has_mixed and (<GpuSet>e._fd[MIXED_POOL])._len > 0))
+
+    cdef double _ahead(self, Engine e, Py_ssize_t i):
+        # robust._Mechanisms._ahead
+        cdef double tot
+        cdef Py_ssize_t k, j
+        if self.fcfs:
+            tot = <double>e.q_tot[DECODE_QUEUE]
+            for k in range(self.t_off[i], self.t_off[i + 1]):
+                j = self.t_j[k]
+                tot += <double>self._n_prefill(e, j) * self.t_p[k]
+        else:
+            tot = 0.0
+            for k in range(self.t_off[i], self.t_off[i + 1]):
+                j = self.t_j[k]
+                tot += <double>self._qlen(e, DECODE_QUEUE, j) + <double>self._n_prefill(e, j) * self.t_p[k]
+        return tot
+
+    cdef Py_ssize_t _gate_deviation(self, Engine e, bint capped):
+        # PartitionedController.gate_class (no options) and robust._Mechanisms.gate_class
+        cdef Py_ssize_t best = -1, i, k, q, X, j, kk, waiting = 0
+        cdef double best_dev = 0.0, best_tie = 0.0, dev, tie, tot
+        cdef int free = -1  # -1: not asked yet
+        cdef bint use_cap
+        cdef double[::1] cap
+        if capped:
+            use_cap = not self.uncapped
+            cap = self.cap
+        else:
+            use_cap = True
+            cap = self.ovcap
+        for k in range(self.nadm):
+            i = self.adm[k]
+            q = self._qlen(e, PREFILL_QUEUE, i)
+            if q == 0:
+                continue
+            X = self._n_prefill(e, i)
+            if use_cap and <double>X >= cap[i]:
+                continue
+            if self.bp:
+                if free < 0:
+                    waiting = e.q_tot[DECODE_QUEUE]
+                    free = 1 if (waiting == 0 and self._free_decode_slot(e)) else 0
+                if not free:
+                    if self.fcfs or not waiting:
+                        tot = <double>waiting
+                        for kk in range(self.t_off[i], self.t_off[i + 1]):
+                            tot += <double>self._n_prefill(e, self.t_j[kk]) * self.t_p[kk]
+                    else:
+                        tot = 0.0
+                        for kk in range(self.t_off[i], self.t_off[i + 1]):
+                            j = self.t_j[kk]
+                            tot += <double>self._qlen(e, DECODE_QUEUE, j) + <double>self._n_prefill(e, j) * self.t_p[kk]
+                    if tot >= self.room[i]:
+                        continue
+            dev = (<double>X - self.nx[i]) * self.inv[i]
+            tie = <double>q - self.nqp[i]
+            if best < 0 or dev < best_dev or (dev == best_dev and tie > best_tie):
+                best = i
+                best_dev = dev
+                best_tie = tie
+        return best
+
+    cdef Py_ssize_t _gate_priority(self, Engine e, bint capped):
+        # PrioritizeAndRoute.gate_class (no options) and robust.StaffedPrioritizeAndRoute.gate_class
+        cdef Py_ssize_t i, k
+        cdef int free = -1
+        cdef bint use_cap
+        cdef double[::1] cap
+        if capped:
+            use_cap = not self.uncapped
+            cap = self.cap
+        else:
+            use_cap = True
+            cap = self.ovcap
+        for k in range(self.nadm):
+            i = self.adm[k]
+            if not self._qlen(e, PREFILL_QUEUE, i) or (use_cap and <double>self._n_prefill(e, i) >= cap[i]):
+                continue
+            if self.bp:
+                if free < 0:
+                    free = 1 if (not e.q_tot[DECODE_QUEUE] and self._free_decode_slot(e)) else 0
+                if not free and self._ahead(e, i) >= self.room[i]:
+                    continue
+            return i
+        return -1
+
+    cdef inline Py_ssize_t _gate(self, Engine e, bint capped):
+        if self.gate == G_DEVIATION:
+            return self._gate_deviation(e, capped)
+        return self._gate_priority(e, capped)
+
+    # -- admission and placement ------------------------------------------------------------------
+    cdef bint _admit_on(self, Engine e, Py_ssize_t g):
+        # PartitionedController._admit_on
+        cdef Py_ssize_t i = self._gate(e, True), r
+        if i < 0:
+            return False
+        r = self._head(e, PREFILL_QUEUE, i)
+        if self.kv and not self._fits(e, r, g):
+            return False
+        e.start_prefill(r, g)
+        return True
+
+    cdef _admit_all(self, Engine e, Py_ssize_t pool):
+        # PartitionedController._admit_all (and robust._MechanismEvents._admit_all: the same draws)
+        cdef GpuSet idle = <GpuSet>e._ip[pool]
+        while idle._len:
+            if not self._admit_on(e, <Py_ssize_t>idle.choice()):
+                return
+
+    cdef _pull_decodes_fcfs(self, Engine e, Py_ssize_t g, Py_ssize_t queue):
+        # PartitionedController._pull_decodes
+        cdef GpuSet free
+        cdef Py_ssize_t r
+        cdef Py_ssize_t pool = e.g_pool[g]
+        while (<GpuSet>e._fd[pool])._pos[g] >= 0:
+            r = e.head(queue, -1)
+            if r < 0 or (self.kv and not self._fits(e, r, g)):
+                return
+            e.start_decode(r, g)
+
+    cdef _pull_decodes_robust(self, Engine e, Py_ssize_t g, Py_ssize_t queue):
+        # robust._MechanismEvents._pull_decodes
+        cdef GpuSet free
+        cdef Py_ssize_t r, k
+        if not self.value_order:
+            self._pull_decodes_fcfs(e, g, queue)
+            return
+        free = <GpuSet>e._fd[MIXED_POOL if g < self.M else SOLO_POOL]
+        while free._pos[g] >= 0:
+            r = -1
+            for k in range(self.ndorder):
+                r = self._head(e, queue, self.dorder[k])
+                if r >= 0:
+                    break
+            if r < 0 or (self.kv and not self._fits(e, r, g)):
+                return
+            e.start_decode(r, g)
+
+    cdef bint _greedy_place(self, Engine e, Py_ssize_t r):
+        # PartitionedController._greedy_place
+        cdef Py_ssize_t g
+        if self.has_solo:
+            g = (<GpuSet>e._fd[SOLO_POOL]).choice()
+            if g >= 0 and (not self.kv or self._fits(e, r, g)):
+                e.start_decode(r, g)
+                return True
+        if self.has_mixed:
+            g = (<GpuSet>e._fd[MIXED_POOL]).choice()
+            if g >= 0 and (not self.kv or self._fits(e, r, g)):
+                e.start_decode(r, g)
+                return True
+        return False
+
+    cdef _try_overflow(self, Engine e, Py_ssize_t g):
+        # robust._Mechanisms._try_overflow
+        cdef GpuSet idle
+        cdef Py_ssize_t h, i, r
+        c = self.ctrl
+        cdef Py_ssize_t over = c._overflowing
+        if over >= self.max_overflow:
+            return
+        idle = <GpuSet>e._ip[SOLO_POOL]
+        while over < self.max_overflow:
+            h = g if g >= 0 else idle.choice()
+            if h < 0 or not (h < idle._pos.shape[0] and idle._pos[h] >= 0):
+                return
+            i = self._gate(e, False)
+            if i < 0:
+                return
+            r = self._head(e, PREFILL_QUEUE, i)
+            if self.kv and not self._fits(e, r, h):
+                return
+            e.start_prefill(r, h)
+            over += 1
+            c._overflowing = over
+            if g >= 0:
+                return
+
+    # -- the handlers the engine calls (fastpath.bind installs them in place of the bound methods) -----
+    def on_arrival(self, Engine e, Py_ssize_t r):
+        cdef Py_ssize_t i, g, h
+        cdef GpuSet idle
+        if self.route == R_FIWSP:
+            # paper_baselines.FIWSP.on_arrival
+            idle = <GpuSet>e._ip[0]
+            if e.q_tot[PREFILL_QUEUE] == 0:
+                g = idle.choice()
+                if g >= 0 and (not self.kv or self._fits(e, r, g)):
+                    e.start_prefill(r, g)
+                return
+            e.enqueue(r, PREFILL_QUEUE)
+            while idle._len:
+                h = e.head(PREFILL_QUEUE, -1)
+                g = idle.choice()
+                if not self._fits(e, h, g):
+                    break
+                e.start_prefill(h, g)
+                if e.q_tot[PREFILL_QUEUE] == 0:
+                    break
+            return
+        if self.route != R_ROBUST:
+            # PartitionedController.on_arrival
+            e.enqueue(r, PREFILL_QUEUE)
+            if self.has_mixed:
+                self._admit_all(e, MIXED_POOL)
+            return
+        # robust._MechanismEvents.on_arrival
+        i = e.r_cls[r]
+        if self.resolve:
+            counts = self.ctrl._counts
+            counts[i] += 1
+        e.enqueue(r, PREFILL_QUEUE)
+        if self._qlen(e, PREFILL_QUEUE, i) > 1:
+            return
+        if self.has_mixed:
+            self._admit_all(e, MIXED_POOL)
+        if self.max_overflow and self.may_ovf[i] and self._qlen(e, PREFILL_QUEUE, i):
+            self._try_overflow(e, -1)
+
+    def on_prefill_done(self, Engine e, Py_ssize_t r, Py_ssize_t g):
+        cdef Py_ssize_t pool, h
+        cdef double p
+        if self.route == R_GREEDY:
+            # PartitionedController.on_prefill_done
+            self._greedy_place(e, r)
+        elif self.route == R_FIWSP:
+            # paper_baselines.FIWSP.on_prefill_done
+            e.start_decode(r, g)
+        elif self.route == R_ROBUST:
+            # robust._MechanismEvents.on_prefill_done
+            if g >= self.M:
+                c = self.ctrl
+                c._overflowing -= 1
+            if self.all_decodable or self.decodable[e.r_cls[r]]:
+                self._greedy_place(e, r)
+        else:
+            # SLIGateAndRoute.on_prefill_done with SLIGateAndRoute._pool_for
+            if not self.has_solo:
+                pool = MIXED_POOL
+            elif not self.has_mixed:
+                pool = SOLO_POOL
+            else:
+                p = self.p_solo[e.r_cls[r]]
+                if p >= 1.0:
+                    pool = SOLO_POOL
+                elif p <= 0.0:
+                    pool = MIXED_POOL
+                else:
+                    pool = SOLO_POOL if e._ctrl_rng.random() < p else MIXED_POOL
+            h = (<GpuSet>e._fd[pool]).choice()
+            if h >= 0 and self._fits(e, r, h):
+                e.start_decode(r, h)
+            else:
+                e.enqueue(r, self.buf[pool])
+
+    def on_slot_freed(self, Engine e, Py_ssize_t g):
+        cdef bint mixed, judged, pending
+        cdef Py_ssize_t r
+        if self.route == R_FIWSP:
+            # paper_baselines.FIWSP.on_slot_freed
+            if (<GpuSet>e._ip[0])._pos[g] >= 0:
+                r = e.head(PREFILL_QUEUE, -1)
+                if r >= 0 and (not self.kv or self._fits(e, r, g)):
+                    e.start_prefill(r, g)
+            return
+        if self.route == R_GREEDY:
+            # PartitionedController.on_slot_freed
+            if (<GpuSet>e._ip[e.g_pool[g]])._pos[g] >= 0:
+                self._admit_on(e, g)
+            if e.q_tot[DECODE_QUEUE]:
+                self._pull_decodes_fcfs(e, g, DECODE_QUEUE)
+            return
+        if self.route == R_SLI:
+            # SLIGateAndRoute.on_slot_freed with PartitionedController._prefill_slot_idle
+            if e.g_pok[g] and e.g_pre[g] < 0 and e.B - e.g_cnt[g] > 0:
+                self._admit_on(e, g)
+            self._pull_decodes_fcfs(e, g, self.buf[e.g_pool[g]])
+            return
+        # robust._MechanismEvents.on_slot_freed
+        if e.q_tot[DECODE_QUEUE]:
+            self._pull_decodes_robust(e, g, DECODE_QUEUE)
+        if not e.q_tot[PREFILL_QUEUE]:
+            return
+        mixed = g < self.M
+        judged = False
+        pending = True
+        if mixed and (<GpuSet>e._ip[MIXED_POOL])._pos[g] >= 0:
+            judged = not self._admit_on(e, g)
+            pending = judged or e.q_tot[PREFILL_QUEUE] != 0
+        if not judged and pending and self.bp_events and self.has_mixed and (<GpuSet>e._ip[MIXED_POOL])._len:
+            self._admit_all(e, MIXED_POOL)
+            pending = e.q_tot[PREFILL_QUEUE] != 0
+        if self.max_overflow and not mixed and pending and (<GpuSet>e._ip[SOLO_POOL])._pos[g] >= 0:
+            self._try_overflow(e, g)
+
+    def on_abandon(self, Engine e, Py_ssize_t r, Py_ssize_t q):
+        # robust._MechanismEvents.on_abandon with _holding
+        if (q == DECODE_QUEUE and self.bp_events and self.has_mixed and e.q_tot[PREFILL_QUEUE]
+                and (<GpuSet>e._ip[MIXED_POOL])._len):
+            self._admit_all(e, MIXED_POOL)
+
+    def on_preempt(self, Engine e, Py_ssize_t r, Py_ssize_t g):
+        # robust._MechanismEvents.on_preempt (= on_drop)
+        cdef Py_ssize_t h, k = 0
+        for h in range(self.M, self.n):
+            if e.g_pre[h] >= 0:
+                k += 1
+        self.ctrl._overflowing = k

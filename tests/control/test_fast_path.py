@@ -1,0 +1,235 @@
+"""The compiled fast path of the gate-and-route family (fluidopt.sim.controller_fastpath, _cgate.pyx).
+
+Differential: every run is made twice on the compiled engine, with the compiled handlers and with
+the Python ones (``FLUIDOPT_FAST_CONTROLLERS=0``), and must give the same events, totals, per-class
+table, batches, time series and per-request records, bit for bit: the paper instance and a
+two-class fleet with abandonment, ``markov``, ``tokens`` and ``tokens`` with a KV cache and its time
+term (preemptions, drops), every policy with a fast path and the robust variants' option sets, the
+rolling re-solve (plan off the real rates) included; plus random fleets under hypothesis. Also: when
+the fast path must not run (pure-Python engine, a router's snapshot, a user's subclass, an edited
+Python handler, a stale build), and that the transcribed Python methods are the ones recorded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import fluidopt
+from fluidopt import GPUProfile, RequestClass, Scenario
+from fluidopt.control.gate_and_route import GateAndRoute
+from fluidopt.control.registry import make_controller
+from fluidopt.control.snapshot import ClusterSnapshot
+from fluidopt.sim import controller_fastpath as fastpath
+from fluidopt.sim.api import simulate
+
+FAST, WHY = fastpath.status()
+needs_fast = pytest.mark.skipif(not FAST, reason=f"compiled core's controller fast path not usable: {WHY}")
+
+# (registered policy, options): every class with a fast path, the robust ones with several option sets
+POLICIES = [
+    ("fi-wsp", {}),
+    ("gate-and-route", {}),
+    ("prioritize-and-route", {}),
+    ("sli-gate-and-route", {}),
+    ("backpressure-gate-and-route", {}),
+    ("backpressure-gate-and-route", {"caps": True, "staffing": True, "decode_order": "fcfs"}),
+    ("backpressure-gate-and-route", {"backpressure": False, "overflow": False, "resolve": False}),
+    ("backpressure-gate-and-route", {"max_overflow": 1, "decode_order": "fcfs", "caps": True}),
+    ("staffed-prioritize-and-route", {}),
+    ("staffed-prioritize-and-route", {"backpressure": True, "caps": True, "decode_order": "value"}),
+    ("staffed-prioritize-and-route", {"staffing": False, "overflow": False}),
+    ("backpressure-sli-gate-and-route", {}),
+    ("backpressure-sli-gate-and-route", {"caps": False, "staffing": False}),
+]
+
+
+def _two_class(n: int = 12, *, kv: float | None = None, kv_time: float = 0.0) -> Scenario:
+    gpu = GPUProfile.from_gamma(alpha=0.0174, beta=6.2e-5, gamma=45.45, chunk=256, batch=6, kv_capacity=kv,
+                                kv_time_per_token=kv_time)
+    classes = (RequestClass("short", prompt=300, decode=120, rate=0.5 * n, patience=0.4),
+               RequestClass("long", prompt=1800, decode=60, rate=0.25 * n, patience=0.3))
+    return Scenario(gpu=gpu, gpus=n, classes=classes, prefill_price=0.02, decode_price=0.1, name="fast-path")
+
+
+def _paper(n: int = 40, *, kv: float | None = None) -> Scenario:
+    s = fluidopt.default_scenario(gpus=n)
+    return s if kv is None else replace(s, gpu=replace(s.gpu, kv_capacity=kv, kv_time_per_token=1e-7))
+
+
+def _run(monkeypatch, fast: bool, sc: Scenario, policy: str, opts: dict, service: str, tmp_path, *,
+         plan_scenario: Scenario | None = None, horizon: float = 40.0, seed: int = 5, tick: float | None = None):
+    monkeypatch.setenv("FLUIDOPT_FAST_CONTROLLERS", "1" if fast else "0")
+    ctrl = make_controller(policy, plan_scenario or sc, **opts)
+    if tick is not None and getattr(ctrl, "tick_interval", None):
+        ctrl.tick_interval = tick
+    rec = tmp_path / f"{'fast' if fast else 'python'}.csv"
+    res = simulate(sc, ctrl, horizon=horizon, warmup=horizon / 10, seed=seed, service=service, backend="compiled",
+                   batches=4, sample_interval=horizon / 8, records=rec, progress=False)
+    assert (ctrl._fast is not None) == fast, f"{policy}: fast path bound: {ctrl._fast is not None}, expected {fast}"
+    return res, rec.read_bytes(), ctrl
+
+
+def _same(a, b, what: str) -> None:
+    ra, fa, ca = a
+    rb, fb, cb = b
+    assert ra.events == rb.events, what
+    assert ra.totals == rb.totals, what
+    assert ra.t_end == rb.t_end, what
+    pd.testing.assert_frame_equal(ra.per_class, rb.per_class, check_exact=True, obj=what)
+    pd.testing.assert_frame_equal(ra.batches, rb.batches, check_exact=True, obj=what)
+    pd.testing.assert_frame_equal(ra.timeseries, rb.timeseries, check_exact=True, obj=what)
+    assert fa == fb, f"{what}: per-request records differ"
+    for attr in ("_overflowing", "resolves", "_counts"):
+        assert getattr(ca, attr, None) == getattr(cb, attr, None), f"{what}: controller state {attr}"
+
+
+def _both(monkeypatch, tmp_path, sc, policy, opts, service, **kw):
+    a = _run(monkeypatch, True, sc, policy, opts, service, tmp_path, **kw)
+    b = _run(monkeypatch, False, sc, policy, opts, service, tmp_path, **kw)
+    _same(a, b, f"{policy} {opts} {service}")
+    return a
+
+
+@pytest.mark.integration
+@needs_fast
+@pytest.mark.parametrize("policy,opts", POLICIES, ids=[f"{p}-{i}" for i, (p, _) in enumerate(POLICIES)])
+@pytest.mark.parametrize("case", ["paper-markov", "paper-tokens", "paper-tokens-kv", "two-markov", "two-tokens-kv"])
+def test_fast_path_gives_the_python_handlers_numbers(monkeypatch, tmp_path, policy, opts, case):
+    sc = {"paper-markov": _paper(), "paper-tokens": _paper(), "paper-tokens-kv": _paper(kv=30000.0),
+          "two-markov": _two_class(), "two-tokens-kv": _two_class(kv=3000.0, kv_time=2e-7)}[case]
+    service = "markov" if case.endswith("markov") else "tokens"
+    res = _both(monkeypatch, tmp_path, sc, policy, opts, service)[0]
+    assert res.totals["completed"] > 0
+    if case == "two-tokens-kv":
+        assert res.totals["preemptions"] > 0 and res.totals["dropped"] > 0  # the KV branches ran
+
+
+@pytest.mark.integration
+@needs_fast
+@pytest.mark.parametrize("policy", ["backpressure-gate-and-route", "staffed-prioritize-and-route"])
+@pytest.mark.parametrize("service", ["markov", "tokens"])
+def test_fast_path_follows_rolling_re_solves(monkeypatch, tmp_path, policy, service):
+    """The plan is solved at 60% of the real rates: windows re-solve the LP, and the fast path reads
+    each new plan (the Python handlers read it directly)."""
+    sc = _paper(60)
+    low = replace(sc, classes=tuple(replace(c, rate=0.6 * c.rate) for c in sc.classes))
+    _, _, ctrl = _both(monkeypatch, tmp_path, sc, policy, {}, service, plan_scenario=low, horizon=60.0, tick=6.0)
+    assert ctrl.resolves > 0
+
+
+@st.composite
+def _fleets(draw):
+    n = draw(st.integers(1, 24))
+    service = draw(st.sampled_from(("markov", "tokens")))
+    kv = float(draw(st.integers(1500, 9000))) if service == "tokens" and draw(st.booleans()) else None
+    gpu = GPUProfile.from_gamma(alpha=draw(st.floats(0.005, 0.03)), beta=draw(st.floats(1e-6, 2e-4)),
+                                gamma=draw(st.floats(10.0, 60.0)), chunk=draw(st.sampled_from((32, 256))),
+                                batch=draw(st.integers(2, 8)), kv_capacity=kv)
+    classes = tuple(RequestClass(f"c{i}", prompt=draw(st.floats(20.0, 1500.0)), decode=draw(st.floats(5.0, 500.0)),
+                                 rate=n * draw(st.floats(0.1, 1.5)), patience=draw(st.floats(0.05, 1.0)))
+                    for i in range(draw(st.integers(1, 3))))
+    sc = Scenario(gpu=gpu, gpus=n, classes=classes, prefill_price=draw(st.floats(0.0, 0.2)), decode_price=0.1,
+                  name="random")
+    policy, opts = draw(st.sampled_from(POLICIES))
+    horizon = float(min(60.0, 300.0 / sum(c.rate for c in classes)))
+    return sc, policy, opts, service, horizon, draw(st.integers(0, 2**16))
+
+
+@needs_fast
+@settings(max_examples=30, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                 HealthCheck.function_scoped_fixture])
+@pytest.mark.integration
+@given(_fleets())
+def test_fast_path_on_random_fleets(monkeypatch, tmp_path, case):
+    sc, policy, opts, service, horizon, seed = case
+    _both(monkeypatch, tmp_path, sc, policy, opts, service, horizon=horizon, seed=seed)
+
+
+@needs_fast
+def test_transcribed_python_methods_are_the_recorded_ones():
+    """_cgate.pyx transcribes these Python methods; editing one must come with editing the transcription
+    (and recording the new digest in _cgate.MIRRORS), else the fast path stays off for that class."""
+    from fluidopt.control import gate_and_route, paper_baselines, robust
+    from fluidopt.sim import _cgate
+
+    for name, (_route, _gate, methods, digest) in _cgate.MIRRORS.items():
+        cls = getattr(gate_and_route, name, None) or getattr(robust, name, None) or getattr(paper_baselines, name)
+        assert fastpath.mirror_digest(cls, methods) == digest, (
+            f"{name}: one of {', '.join(methods)} changed since fluidopt/sim/_cgate.pyx transcribed it: "
+            "update the transcription there and its digest in MIRRORS")
+
+
+@needs_fast
+def test_fast_path_only_where_it_is_exact(monkeypatch):
+    sc = _paper(20)
+    monkeypatch.delenv("FLUIDOPT_FAST_CONTROLLERS", raising=False)
+    # the compiled engine and a built-in class: on
+    ctrl = make_controller("gate-and-route", sc)
+    simulate(sc, ctrl, horizon=5.0, seed=1, backend="compiled", progress=False)
+    assert ctrl._fast is not None
+    # the pure-Python engine: off (same numbers: tests/sim/test_sim_backends.py)
+    simulate(sc, ctrl, horizon=5.0, seed=1, backend="python", progress=False)
+    assert ctrl._fast is None
+
+    # a user's subclass may override anything: it runs the Python handlers, its overrides included
+    class Counting(GateAndRoute):
+        calls = 0
+
+        def gate_class(self, ctx):
+            Counting.calls += 1
+            return super().gate_class(ctx)
+
+    sub = Counting.from_scenario(sc)
+    simulate(sc, sub, horizon=5.0, seed=1, backend="compiled", progress=False)
+    assert sub._fast is None and Counting.calls > 0
+
+    # a router's snapshot: the Python handlers
+    snap = ClusterSnapshot(sc.gpus, sc.gpu.batch, sc.class_names, seed=1)
+    snap.setup(ctrl)
+    assert ctrl._fast is None
+
+    # copies leave the run's fast path behind
+    import copy
+    import pickle
+
+    simulate(sc, ctrl, horizon=5.0, seed=1, backend="compiled", progress=False)
+    assert ctrl._fast is not None
+    assert copy.deepcopy(ctrl)._fast is None and pickle.loads(pickle.dumps(ctrl))._fast is None
+
+    # switched off
+    monkeypatch.setenv("FLUIDOPT_FAST_CONTROLLERS", "0")
+    simulate(sc, ctrl, horizon=5.0, seed=1, backend="compiled", progress=False)
+    assert ctrl._fast is None
+
+
+@needs_fast
+def test_an_edited_handler_or_a_stale_build_switches_the_fast_path_off(monkeypatch):
+    from fluidopt.sim import _cgate
+
+    monkeypatch.delenv("FLUIDOPT_FAST_CONTROLLERS", raising=False)
+    sc = _paper(20)
+    # the transcribed source no longer matches: a warning, and the Python handlers
+    fastpath._spec.cache_clear()
+    route, gate, methods, _ = _cgate.MIRRORS["GateAndRoute"]
+    monkeypatch.setitem(_cgate.MIRRORS, "GateAndRoute", (route, gate, methods, "0" * 64))
+    ctrl = make_controller("gate-and-route", sc)
+    with pytest.warns(RuntimeWarning, match="differ from the ones the compiled fast path transcribes"):
+        simulate(sc, ctrl, horizon=5.0, seed=1, backend="compiled", progress=False)
+    assert ctrl._fast is None
+    monkeypatch.undo()
+    fastpath._spec.cache_clear()
+    # a build from another _cgate.pyx, or against another engine core: not usable
+    for attr in ("SOURCE_SHA256", "ENGINE_SHA256"):
+        fastpath._module.cache_clear()
+        monkeypatch.setattr(_cgate, attr, "0" * 64)
+        ok, why = fastpath.status()
+        assert not ok and "reinstall" in why
+        monkeypatch.undo()
+    fastpath._module.cache_clear()
+    assert fastpath.status()[0]
