@@ -154,9 +154,9 @@ class _Mechanisms:
 
     def _init_mechanisms(self, scenario: Scenario, solution: FluidSolution, *, backpressure: bool, caps: bool,
                          staffing: bool, decode_order: str, overflow: bool, max_overflow: int | None,
-                         resolve: bool) -> None:
+                         resolve: bool, elastic: bool = False) -> None:
         for name, v in (("backpressure", backpressure), ("caps", caps), ("staffing", staffing),
-                        ("overflow", overflow), ("resolve", resolve)):
+                        ("overflow", overflow), ("resolve", resolve), ("elastic", elastic)):
             if not isinstance(v, (bool, np.bool_)):
                 raise ScenarioError(f"{self.name}: {name}: expected true or false, got {v!r}")
         if decode_order not in DECODE_ORDERS:
@@ -174,6 +174,9 @@ class _Mechanisms:
         self.overflow = bool(overflow)
         self.max_overflow_option = max_overflow
         self.resolve = bool(resolve)
+        self.elastic = bool(elastic)
+        self._elastic_on = False  # set by _targets: the plan rations every admitted class (see _elastic_plan)
+        self._float_classes: list[bool] = []
         r = scenario.rates()
         self._rates = r
         self._w = np.asarray(r.w, float)
@@ -251,8 +254,62 @@ class _Mechanisms:
         cheap = self._gamma_tau <= 1.0
         self._may_overflow = [cheap or not rat[i] for i in range(self.n_classes)]
         self._overflow_caps = [math.inf if ok else -math.inf for ok in self._may_overflow]
+        self._elastic_plan()
         self._gate_plan = (self._admissible, self._nx, self._inv_x, self._nqp, self._room, self._ahead_terms,
                            self._fcfs_buffer, self.backpressure, self._uncapped)
+
+    def _elastic_plan(self) -> None:
+        """Elastic prefill capacity for a plan that rations every class it admits (``elastic``).
+
+        Where some admitted class is served in full, overflow already gives the prefill stage elastic
+        capacity (that class's waiting requests may start on free solo slots). Where every admitted
+        class is rationed and a mixed iteration slows decodes (gamma tau > 1), none may overflow, so the
+        M = ceil(n sum x*) reserved slots are the whole prefill capacity: they must produce prefills at
+        the decode pool's completion rate with about 1/sqrt(M) to spare, and every decode slot that frees
+        while they are busy stays idle (the decode stage is the one the LP fills exactly). Then:
+
+        * one *floating* GPU: a rationed class may start a prefill on a free solo slot while no other
+          solo GPU runs one (the partition's rounding unit, moved to where decode capacity idles), if
+          the request is worth more than the mixed iteration costs at the LP's prices:
+          w_i > (B - 1)(v_s - v_m) / mu_p,i (its B - 1 decodes slowed from solo to mixed for one prefill);
+        * in-flight prefills that are no longer than a class-i prefill on average (mu_p,j >= mu_p,i)
+          count in full in class i's backpressure sum (each is expected to want its decode slot before
+          the new one), so the floating capacity refills idle decode slots instead of the buffer.
+
+        Elsewhere nothing changes (the plan has elastic capacity, or mixing is cheap and every class may
+        overflow).
+        """
+        n_cls = self.n_classes
+        self._float_classes = [False] * n_cls
+        self._elastic_on = False
+        if not (self.elastic and self.overflow) or self.n_gpus <= self.mixed_gpus:
+            return
+        rat = self._rationed_flags
+        admitted = [i for i in range(n_cls) if float(self.x[i]) > 0]
+        if not admitted or any(self._may_overflow[i] for i in admitted):
+            return
+        r = self._rates
+        d = self._plan_now.duals
+        v_s = max(float(d.get("solo_decode_capacity", 0.0) or 0.0), 0.0)
+        v_m = max(float(d.get("mixed_decode_capacity", 0.0) or 0.0), 0.0)
+        mu_p = [float(v) for v in r.mu_p]
+        B = int(self.batch)
+        self._float_classes = [bool(rat[i] and float(self.x[i]) > 0
+                                    and float(self._w[i]) > (B - 1) * max(v_s - v_m, 0.0) / mu_p[i])
+                               for i in range(n_cls)]
+        if not any(self._float_classes):
+            return
+        self._elastic_on = True
+        self._ahead_terms = [[(j, 1.0 if mu_p[j] >= mu_p[i] else p) for j, p in row]
+                             for i, row in enumerate(self._ahead_terms)]
+        self._may_overflow = [ok or fl for ok, fl in zip(self._may_overflow, self._float_classes)]
+
+    def _elastic_caps(self) -> list[float]:
+        """Overflow caps with the floating GPU: the floating classes may overflow only while no solo GPU
+        runs a prefill (their static overflow cap is -inf: gamma tau > 1 and rationed)."""
+        if self._overflowing >= 1:
+            return self._overflow_caps
+        return [math.inf if fl else c for fl, c in zip(self._float_classes, self._overflow_caps)]
 
     def plan_mixed_gpus(self, n_gpus: int) -> int:
         base = PartitionedController.plan_mixed_gpus(self, n_gpus)
@@ -367,7 +424,13 @@ class _Mechanisms:
                 return
             # A free solo slot means the decode pool has room now: the caps (which keep the rationed
             # classes from over-filling a full decode pool) do not apply; backpressure does.
-            i = self.gate_class(ctx, capped=False)
+            if self._elastic_on:
+                saved = self._overflow_caps
+                self._overflow_caps = self._elastic_caps()
+                i = self.gate_class(ctx, capped=False)
+                self._overflow_caps = saved
+            else:
+                i = self.gate_class(ctx, capped=False)
             if i < 0:
                 return
             r = ctx.head(PREFILL_QUEUE, i)
@@ -547,13 +610,14 @@ class BackpressureGateAndRoute(_MechanismEvents, _Mechanisms, GateAndRoute):
 
     def __init__(self, scenario: Scenario, solution: FluidSolution, *, backpressure: bool = True, caps: bool = False,
                  staffing: bool = False, decode_order: str = "value", overflow: bool = True,
-                 max_overflow: int | None = None, resolve: bool = True, mixed_gpus: int | None = None) -> None:
+                 max_overflow: int | None = None, resolve: bool = True, elastic: bool = True,
+                 mixed_gpus: int | None = None) -> None:
         _check_solution(solution, type(self).__name__)
         GateAndRoute.__init__(self, solution.x, solution.q_prefill, mixed_gpus=mixed_gpus,
                               class_names=solution.class_names)
         self._init_mechanisms(scenario, solution, backpressure=backpressure, caps=caps, staffing=staffing,
                               decode_order=decode_order, overflow=overflow, max_overflow=max_overflow,
-                              resolve=resolve)
+                              resolve=resolve, elastic=elastic)
 
 class StaffedPrioritizeAndRoute(_MechanismEvents, _Mechanisms, PrioritizeAndRoute):
     """Prioritize-and-Route (separate pricing) with Erlang-A safety staffing priced by the separate LP,
@@ -660,13 +724,13 @@ def _plan(scenario: Scenario, plan: Any, slis: Any, who: str, pricing: str = "bu
 def make_backpressure_gate_and_route(
     scenario: Scenario, *, backpressure: bool = True, caps: bool = False, staffing: bool = False,
     decode_order: str = "value", overflow: bool = True, max_overflow: int | None = None, resolve: bool = True,
-    mixed_gpus: int | None = None, plan: FluidSolution | None = None,
+    elastic: bool = True, mixed_gpus: int | None = None, plan: FluidSolution | None = None,
 ) -> BackpressureGateAndRoute:
     """Backpressure Gate-and-Route from the scenario's bundled LP (or the given ``plan``)."""
     sol = _plan(scenario, plan, None, "backpressure-gate-and-route")
     return BackpressureGateAndRoute(scenario, sol, backpressure=backpressure, caps=caps, staffing=staffing,
                                     decode_order=decode_order, overflow=overflow, max_overflow=max_overflow,
-                                    resolve=resolve, mixed_gpus=mixed_gpus)
+                                    resolve=resolve, elastic=elastic, mixed_gpus=mixed_gpus)
 
 
 @register("backpressure-sli-gate-and-route", description=(
