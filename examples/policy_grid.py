@@ -59,8 +59,10 @@ LABEL = {"gate-and-route": "GG-SP", "fi-wsp": "FI-WSP (FCFS)", "gi-wsp": "GI-WSP
 DOLLY = (("brainstorming", 61, 331, 1764), ("classification", 123, 142, 2136), ("closed-qa", 992, 182, 1738),
          ("creative-writing", 89, 915, 699), ("general-qa", 69, 572, 2187), ("info-extraction", 1139, 273, 1462),
          ("open-qa", 45, 293, 3739), ("summarization", 1177, 436, 1150))
-_ALL = dict(backpressure=True, caps=False, staffing=True, decode_order="value", overflow=True, resolve=True)
-_NONE = dict(backpressure=False, caps=False, staffing=False, decode_order="fcfs", overflow=False, resolve=False)
+_ALL = dict(backpressure=True, caps=False, staffing=True, decode_order="value", overflow=True, resolve=True,
+            elastic=True)
+_NONE = dict(backpressure=False, caps=False, staffing=False, decode_order="fcfs", overflow=False, resolve=False,
+             elastic=False)
 ABLATION = {  # name -> options of backpressure-gate-and-route (explicit, independent of the defaults)
     "none (= GG-SP)": _NONE,
     "backpressure": {**_NONE, "backpressure": True},
@@ -68,14 +70,17 @@ ABLATION = {  # name -> options of backpressure-gate-and-route (explicit, indepe
     "staffing": {**_NONE, "staffing": True},
     "value order": {**_NONE, "decode_order": "value"},
     "overflow": {**_NONE, "overflow": True},
+    "overflow + elastic": {**_NONE, "overflow": True, "elastic": True},
     "resolve": {**_NONE, "resolve": True},
-    "all five": _ALL,
-    "all five - backpressure": {**_ALL, "backpressure": False},
-    "all five - staffing (= default)": {**_ALL, "staffing": False},
-    "all five - value order": {**_ALL, "decode_order": "fcfs"},
-    "all five - overflow": {**_ALL, "overflow": False},
-    "all five - resolve": {**_ALL, "resolve": False},
-    "all five + caps": {**_ALL, "caps": True},
+    "all six": _ALL,
+    "all six - backpressure": {**_ALL, "backpressure": False},
+    "all six - staffing (= default)": {**_ALL, "staffing": False},
+    "all six - value order": {**_ALL, "decode_order": "fcfs"},
+    "all six - overflow": {**_ALL, "overflow": False},
+    "all six - elastic": {**_ALL, "elastic": False},
+    "all six - staffing - elastic": {**_ALL, "staffing": False, "elastic": False},
+    "all six - resolve": {**_ALL, "resolve": False},
+    "all six + caps": {**_ALL, "caps": True},
 }
 
 

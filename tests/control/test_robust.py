@@ -30,6 +30,7 @@ from fluidopt.fluid import solve_fluid
 from fluidopt.fluid.realised import realised_bound, realised_classes, window_counts
 from fluidopt.queueing.closed_forms import erlang_a
 from fluidopt.sim.api import simulate
+from fluidopt.sim.check import check_controller
 
 SHORT, LONG = 0, 1  # paper instance: class 0 (300, 1000) is rationed, class 1 (3000, 400) served in full
 
@@ -259,7 +260,8 @@ def test_resolve_only_when_rates_leave_the_plan():
 # -- SLI variant ----------------------------------------------------------------------------------
 def test_sli_variant_caps_the_rationed_class():
     s, _ = _paper(20)
-    c = make_controller("backpressure-sli-gate-and-route", s, slis=["decode_fairness=0.5"], staffing=False)
+    c = make_controller("backpressure-sli-gate-and-route", s, slis=["decode_fairness=0.5"], staffing=False,
+                        average_caps=False)
     assert isinstance(c, BackpressureSLIGateAndRoute)
     snap = ClusterSnapshot(20, s.gpu.batch, s.class_names, seed=1)
     snap.setup(c)
@@ -267,6 +269,137 @@ def test_sli_variant_caps_the_rationed_class():
     for _ in range(cap + 2):
         c.on_arrival(snap, snap.add_request(SHORT, 300, 10))
     assert snap.n_prefill(SHORT) == cap
+
+
+# -- elastic prefill capacity (a plan that rations every class it admits) ----------------------------
+def _all_rationed(n: int = 20) -> tuple[Scenario, object]:
+    """Random grid instance 01's parameters: gamma tau = 11 (a mixed iteration is 11x slower), class 1
+    rationed (served fraction 0.55), class 2 not admitted at all (x_2* = 0)."""
+    gpu = GPUProfile(alpha=0.016491513836777848, beta=0.0008588640020112191, tau_solo=0.021370258211973255,
+                     chunk=256, batch=16, name="draw1")
+    classes = (RequestClass("class1", prompt=1980.4382516050239, decode=2307.6498718214425,
+                            rate=0.37878842408058794 * n, patience=0.1),
+               RequestClass("class2", prompt=2512.506723451596, decode=1455.465527120289,
+                            rate=0.3347031133284405 * n, patience=0.1))
+    s = Scenario(gpu=gpu, gpus=n, classes=classes, prefill_price=0.1, decode_price=0.2, name="all-rationed")
+    return s, solve_fluid(s)
+
+
+def _elastic_ctrl(n: int = 20, **kw) -> tuple[BackpressureGateAndRoute, ClusterSnapshot]:
+    s, sol = _all_rationed(n)
+    opts = {"resolve": False, **kw}
+    c = make_controller("backpressure-gate-and-route", s, plan=sol, **opts)
+    snap = ClusterSnapshot(n, s.gpu.batch, s.class_names, seed=1)
+    snap.setup(c)
+    return c, snap
+
+
+def test_elastic_is_on_only_where_every_admitted_class_is_rationed_and_mixing_is_costly():
+    s, sol = _all_rationed()
+    r = s.rates()
+    assert sol.x[1] == 0 and r.mu_p[0] * sol.x[0] < 0.6 * r.lam[0]  # class 1 rationed, class 2 not admitted
+    assert s.gpu.gamma * s.gpu.tau_mix > 10
+    c, _ = _elastic_ctrl()
+    d = sol.duals
+    cost = (s.gpu.batch - 1) * (d["solo_decode_capacity"] - d["mixed_decode_capacity"]) / r.mu_p[0]
+    assert r.w[0] > cost  # the request is worth more than the mixed iteration at the LP's prices
+    assert c._elastic_on and c._float_classes == [True, False]
+    # its own in-flight prefills count in full in the backpressure sum (elastic off: 1 - exp(-1))
+    assert dict(c._ahead_terms[0])[0] == 1.0
+    off, _ = _elastic_ctrl(elastic=False)
+    assert not off._elastic_on and dict(off._ahead_terms[0])[0] == pytest.approx(1 - math.exp(-1.0))
+    # the paper instance serves its long-prompt class in full (overflow already gives it elastic
+    # capacity): nothing changes there
+    p, _ = _ctrl(overflow=True, backpressure=True)
+    q, _ = _ctrl(overflow=True, backpressure=True, elastic=False)
+    assert not p._elastic_on and p._ahead_terms == q._ahead_terms and p._may_overflow == q._may_overflow
+
+
+@pytest.mark.parametrize("elastic, expected", [(True, 1), (False, 0)])
+def test_elastic_floats_one_solo_gpu_while_every_reserved_slot_is_busy(elastic, expected):
+    c, snap = _elastic_ctrl(elastic=elastic)
+    M = c.mixed_gpus
+    for g in range(M):  # every reserved slot runs a class-1 prefill
+        snap.start_prefill(snap.add_request(0, 2000, 10), g)
+    _fill_decodes(snap, range(M, snap.n_gpus - 2), cls=0)  # two solo GPUs keep free slots
+    snap.outbox.clear()
+    for _ in range(3):
+        c.on_arrival(snap, snap.add_request(0, 2000, 10))
+    pre = _started(snap, "prefill")
+    assert len(pre) == expected  # one floating GPU at most, however many solo slots are free
+    if expected:
+        assert pre[0][2] >= M and c._overflowing == 1
+        r, g = pre[0][1], pre[0][2]
+        snap.prefill_finished(r)
+        c.on_prefill_done(snap, r, g)
+        assert c._overflowing == 0
+        # the floating GPU is free again: the next waiting class-1 request may use it
+        snap.outbox.clear()
+        c.on_slot_freed(snap, snap.n_gpus - 1)
+        assert len(_started(snap, "prefill")) == 1
+
+
+def test_elastic_keeps_the_engine_invariants_on_an_all_rationed_plan():
+    # protocol, invariants, conservation, liveness and determinism in both services (the snapshot drive
+    # expects every request served, and this plan never admits class 2)
+    s, _ = _all_rationed(20)
+    rep = check_controller("backpressure-gate-and-route", s, horizon=30.0, snapshot=False)
+    assert "determinism (tokens)" in rep.checks
+
+
+# -- time-averaged caps (SLI-aware variant) -----------------------------------------------------------
+def _sli_ctrl(n: int = 20, **kw) -> tuple[BackpressureSLIGateAndRoute, ClusterSnapshot]:
+    s, _ = _paper(n)
+    c = make_controller("backpressure-sli-gate-and-route", s, slis=["decode_fairness=0.5"], **kw)
+    snap = ClusterSnapshot(n, s.gpu.batch, s.class_names, seed=1)
+    snap.setup(c)
+    return c, snap
+
+
+def test_average_cap_admits_the_fractional_slot_only_while_the_occupancy_integral_is_negative():
+    c, snap = _sli_ctrl(20)
+    nx = 20 * float(c.x[SHORT])
+    assert 0 < nx < 1  # n x_1* = 0.25: the integer cap would be 1, the floor 0
+    snap.now = 0.0
+    c.on_arrival(snap, snap.add_request(SHORT, 300, 10))
+    assert snap.n_prefill(SHORT) == 0  # integral 0: no credit yet
+    snap.now = 2.0  # two seconds at X_1 = 0: integral -0.5 slot-seconds, bounded below by one mean
+    # class-1 prefill of the target (n x_1* / mu_p,1 = 0.0096 slot-seconds)
+    floor = -nx / float(c._rates.mu_p[SHORT])
+    c.on_arrival(snap, snap.add_request(SHORT, 300, 10))
+    assert snap.n_prefill(SHORT) == 1
+    assert c._avg_int[SHORT] == pytest.approx(max(-2.0 * nx, floor)) == pytest.approx(floor)
+    # one second later, after the prefill ran at X_1 = 1: integral floor + 0.75 > 0, no second slot
+    # even though the first is done
+    snap.now = 3.0
+    r = snap.head(PREFILL_QUEUE, SHORT)
+    first = [a for a in snap.outbox if a[0] == "prefill"][0][1]
+    snap.prefill_finished(first)
+    c.on_prefill_done(snap, first, [a for a in snap.outbox if a[0] == "prefill"][0][2])
+    assert c._avg_int[SHORT] == pytest.approx(floor + (1 - nx))
+    c.on_arrival(snap, snap.add_request(SHORT, 300, 10))
+    assert snap.n_prefill(SHORT) == 0 and r >= 0
+    # the credit is bounded below: a long idle spell banks at most one mean prefill of the target
+    snap.now = 1e6
+    c.on_arrival(snap, snap.add_request(SHORT, 300, 10))
+    assert c._avg_int[SHORT] == pytest.approx(floor)
+
+
+@pytest.mark.integration
+def test_average_caps_hold_the_rationed_class_at_its_target_and_close_the_fairness_gap():
+    # paper instance with decode fairness 0.5 (y_s* = (4.9, 4.4)), n = 200, 800 s: the time average of
+    # X_1/n is x_1* (the integer cap runs 20% above), and the y_s gap is much closer to the SLI's 0.5
+    s, _ = _paper(200)
+    sol = solve_fluid(s, "bundled", ["decode_fairness=0.5"])
+    out = {}
+    for avg in (True, False):
+        c = make_controller("backpressure-sli-gate-and-route", s, plan=sol, average_caps=avg)
+        res = simulate(s, c, horizon=800.0, warmup=200.0, seed=0)
+        pc = res.per_class
+        out[avg] = (float(pc["x_mean"].iloc[SHORT]), float(np.ptp(pc["y_solo_mean"].to_numpy())))
+    assert out[True][0] == pytest.approx(float(sol.x[SHORT]), rel=0.02)
+    assert out[False][0] > 1.1 * float(sol.x[SHORT])
+    assert out[True][1] < 0.85 < 1.5 < out[False][1]
 
 
 # -- separate pricing: staffed Prioritize-and-Route -------------------------------------------------
@@ -400,9 +533,11 @@ def cases(draw, policies=("backpressure-gate-and-route", "backpressure-sli-gate-
     elif policy == "backpressure-gate-and-route":
         opts = {"backpressure": draw(st.booleans()), "caps": draw(st.booleans()), "staffing": draw(st.booleans()),
                 "decode_order": draw(st.sampled_from(("value", "fcfs"))), "overflow": draw(st.booleans()),
-                "resolve": draw(st.booleans())}
-    elif draw(st.booleans()):
-        opts["slis"] = ["decode_fairness=0.5"]
+                "resolve": draw(st.booleans()), "elastic": draw(st.booleans())}
+    else:
+        opts = {"average_caps": draw(st.booleans()), "staffing": draw(st.booleans())}
+        if draw(st.booleans()):
+            opts["slis"] = ["decode_fairness=0.5"]
     horizon = float(min(300.0, 150.0 / sum(c.rate for c in classes)))
     return s, policy, opts, service, horizon, draw(st.integers(0, 2**16))
 
