@@ -73,4 +73,7 @@ def main(out: str) -> int:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 2 or (len(sys.argv) == 2 and sys.argv[1].startswith("-")):
+        print(__doc__.strip())  # -h / --help (and anything else that is not one output path): the usage
+        sys.exit(0 if sys.argv[1:] in (["-h"], ["--help"]) else 2)
     sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "controller_fingerprint.json"))

@@ -17,7 +17,11 @@ subclass) runs the Python controller, which stays the reference.
 
 The controller object stays the owner of its mutable state: the arrival counts of the rolling re-solve
 (``_counts``) and the overflow count (``_overflowing``) are read and written on it, so Python handlers
-(``on_tick``) and the fast ones share them.
+(``on_tick``) and the fast ones share them. One exception: the SLI variant's time-averaged caps
+(robust._AverageCaps: the caps, the integrals of X_i - n x_i*, the last counts and time) are read from
+the controller once, at bind, and then live in the fast object, whose handlers stand in for every
+Python method that updates them (gate_class, on_prefill_done, on_preempt, on_drop); the controller's
+copy keeps its values from setup.
 """
 
 from fluidopt.sim._cengine cimport Engine, GpuSet
@@ -48,17 +52,21 @@ _GREEDY_METHODS = ("on_arrival", "on_prefill_done", "on_slot_freed", "gate_class
                    "_fits", "_greedy_place", "_pull_decodes")
 _SLI_METHODS = _GREEDY_METHODS + ("_pool_for", "_prefill_slot_idle")
 _ROBUST_METHODS = _GREEDY_METHODS + ("on_abandon", "on_preempt", "on_drop", "_holding", "_try_overflow",
-                                     "_free_decode_slot", "_decode_slot_free_now", "_ahead")
+                                     "_free_decode_slot", "_decode_slot_free_now", "_ahead", "_elastic_caps")
+# robust.BackpressureSLIGateAndRoute: _AverageCaps wraps gate_class and on_prefill_done ("Owner.method":
+# the wrapped method, found on the class's MRO) and handles on_preempt / on_drop
+_SLI_AVG_METHODS = _SLI_METHODS + ("_Mechanisms.gate_class", "SLIGateAndRoute.on_prefill_done", "on_preempt",
+                                   "on_drop", "setup", "_init_average_caps", "_avg_cap")
 _FIWSP_METHODS = ("setup", "on_arrival", "on_prefill_done", "on_slot_freed", "_fits")
 MIRRORS = {
     # class name: (routing, gate, methods, digest)
     "GateAndRoute": (ROUTE_GREEDY, GATE_DEVIATION, _GREEDY_METHODS, "de9825318d7c23adba9cf03d01ee5b98823c3c748dfa5d7e9ad267121188b12a"),
     "PrioritizeAndRoute": (ROUTE_GREEDY, GATE_PRIORITY, _GREEDY_METHODS, "d2ebdc43887ca48b34cb47a52bce6cbe25c15a74cc26d85ab8acd5e135530648"),
     "SLIGateAndRoute": (ROUTE_SLI, GATE_DEVIATION, _SLI_METHODS, "64abd9046b099cfb8ed52b6482a342a0db3bf8588b7ddf4a3f748196d950c3ee"),
-    "BackpressureGateAndRoute": (ROUTE_ROBUST, GATE_DEVIATION, _ROBUST_METHODS, "4c93dc31ad7bc99bf4ef05e258daa9f78250c34c3ee2d960fe40ebdc45b8b286"),
-    "StaffedPrioritizeAndRoute": (ROUTE_ROBUST, GATE_PRIORITY, _ROBUST_METHODS, "da9adf61de0cfd12c136728908666fc305c036bb5f9655443e15ad106fb5b9b1"),
+    "BackpressureGateAndRoute": (ROUTE_ROBUST, GATE_DEVIATION, _ROBUST_METHODS, "d6b13c506a5d13510e6e0f8b849cb80f98f3a148db77cfe3899c34d64f48c758"),
+    "StaffedPrioritizeAndRoute": (ROUTE_ROBUST, GATE_PRIORITY, _ROBUST_METHODS, "b96c994f5a309b2f3449599f7e127c8d8202fda7592f35f2ee6f2b0cf07f5bcc"),
     "FIWSP": (ROUTE_FIWSP, GATE_DEVIATION, _FIWSP_METHODS, "5c8feded22496a6c709640830819ee64dee0e76ad5d01bf70a2ed9e6cf8f8be4"),
-    "BackpressureSLIGateAndRoute": (ROUTE_SLI, GATE_DEVIATION, _SLI_METHODS, "6aead48fb454e8da103c88beb5d8560bd01cd131b94fb7c5e1cabe92ac0961d8"),
+    "BackpressureSLIGateAndRoute": (ROUTE_SLI, GATE_DEVIATION, _SLI_AVG_METHODS, "fc6b61167b7aaafac716a0357c9af3504dd0dbbeb29f92c07f882c1afc7ede99"),
 }
 
 
@@ -112,6 +120,15 @@ cdef class FastGate:
     cdef double[::1] t_p
     cdef long long[::1] may_ovf, decodable, dorder
     cdef Py_ssize_t ndorder
+    # robust._Mechanisms._elastic_plan / _elastic_caps: the overflow caps with the floating GPU
+    cdef bint elastic_on
+    cdef double[::1] ovcap_el
+    # robust._AverageCaps (the SLI variant's time-averaged caps): its state lives here during a run
+    cdef readonly bint avg
+    cdef Py_ssize_t navg
+    cdef long long[::1] avg_cls, avg_is, avg_lo, avg_x
+    cdef double[::1] avg_floor, avg_int
+    cdef double avg_t
     # SLI routing
     cdef double[::1] p_solo
     cdef long long[::1] buf
@@ -183,6 +200,25 @@ cdef class FastGate:
             self.max_overflow = int(c._max_overflow)
             self.resolve = bool(c.resolve)
             self.bp_events = bool(c.backpressure)
+            # _elastic_caps: while no solo GPU runs a prefill, the floating classes' overflow cap is inf
+            self.elastic_on = bool(getattr(c, "_elastic_on", False))
+            if self.elastic_on:
+                self.ovcap_el = _dbl([float("inf") if fl else cp for fl, cp in zip(c._float_classes, c._overflow_caps)])
+            else:
+                self.ovcap_el = self.ovcap
+        self.avg = False
+        if self.route == R_SLI and self.mech and getattr(c, "_avg", None):
+            # robust._AverageCaps (set up by _init_average_caps before fastpath.bind)
+            avg = list(c._avg)
+            self.avg = True
+            self.navg = len(avg)
+            self.avg_cls = _lng(avg)
+            self.avg_is = _lng([1 if i in c._avg_x else 0 for i in range(self.I)])
+            self.avg_lo = _lng([c._avg_lo.get(i, 0) for i in range(self.I)])
+            self.avg_x = _lng([c._avg_x.get(i, 0) for i in range(self.I)])
+            self.avg_floor = _dbl([c._avg_floor.get(i, 0.0) for i in range(self.I)])
+            self.avg_int = _dbl([c._avg_int.get(i, 0.0) for i in range(self.I)])
+            self.avg_t = float(c._avg_t)
         if self.route == R_SLI:
             self.p_solo = _dbl(c._p)
             self.buf = _lng(c._buf)
@@ -294,8 +330,32 @@ cdef class FastGate:
             return i
         return -1
 
+    cdef _avg_cap(self, Engine e):
+        # robust._AverageCaps._avg_cap
+        cdef double now = e._now, dt, v
+        cdef Py_ssize_t k, i, lo
+        dt = now - self.avg_t
+        self.avg_t = now
+        for k in range(self.navg):
+            i = self.avg_cls[k]
+            v = self.avg_int[i] + (<double>self.avg_x[i] - self.nx[i]) * dt
+            if self.avg_floor[i] > v:  # max(v, floor): v unless floor is larger
+                v = self.avg_floor[i]
+            self.avg_int[i] = v
+            self.avg_x[i] = self._n_prefill(e, i)
+            lo = self.avg_lo[i]
+            self.cap[i] = <double>(lo + 1 if (v < 0 and <double>lo < self.nx[i]) else lo)
+
     cdef inline Py_ssize_t _gate(self, Engine e, bint capped):
+        cdef Py_ssize_t i
         if self.gate == G_DEVIATION:
+            if self.avg and capped:
+                # robust._AverageCaps.gate_class
+                self._avg_cap(e)
+                i = self._gate_deviation(e, capped)
+                if i >= 0 and self.avg_is[i]:
+                    self.avg_x[i] += 1  # the caller starts it now: X_i is one higher from here on
+                return i
             return self._gate_deviation(e, capped)
         return self._gate_priority(e, capped)
 
@@ -366,6 +426,7 @@ cdef class FastGate:
         # robust._Mechanisms._try_overflow
         cdef GpuSet idle
         cdef Py_ssize_t h, i, r
+        cdef double[::1] saved
         c = self.ctrl
         cdef Py_ssize_t over = c._overflowing
         if over >= self.max_overflow:
@@ -375,7 +436,14 @@ cdef class FastGate:
             h = g if g >= 0 else idle.choice()
             if h < 0 or not (h < idle._pos.shape[0] and idle._pos[h] >= 0):
                 return
-            i = self._gate(e, False)
+            if self.elastic_on and over < 1:
+                # the floating GPU (robust._Mechanisms._elastic_caps: no solo GPU runs a prefill)
+                saved = self.ovcap
+                self.ovcap = self.ovcap_el
+                i = self._gate(e, False)
+                self.ovcap = saved
+            else:
+                i = self._gate(e, False)
             if i < 0:
                 return
             r = self._head(e, PREFILL_QUEUE, i)
@@ -445,7 +513,10 @@ cdef class FastGate:
             if self.all_decodable or self.decodable[e.r_cls[r]]:
                 self._greedy_place(e, r)
         else:
-            # SLIGateAndRoute.on_prefill_done with SLIGateAndRoute._pool_for
+            # SLIGateAndRoute.on_prefill_done with SLIGateAndRoute._pool_for (after
+            # robust._AverageCaps.on_prefill_done's _avg_cap)
+            if self.avg:
+                self._avg_cap(e)
             if not self.has_solo:
                 pool = MIXED_POOL
             elif not self.has_mixed:
@@ -511,9 +582,17 @@ cdef class FastGate:
             self._admit_all(e, MIXED_POOL)
 
     def on_preempt(self, Engine e, Py_ssize_t r, Py_ssize_t g):
-        # robust._MechanismEvents.on_preempt (= on_drop)
+        # robust._MechanismEvents.on_preempt (= on_drop); the SLI variant: robust._AverageCaps.on_preempt
         cdef Py_ssize_t h, k = 0
+        if self.route == R_SLI:
+            if self.avg:
+                self._avg_cap(e)
+            return
         for h in range(self.M, self.n):
             if e.g_pre[h] >= 0:
                 k += 1
         self.ctrl._overflowing = k
+
+    def on_drop(self, Engine e, Py_ssize_t r, Py_ssize_t g):
+        # robust._MechanismEvents.on_drop and robust._AverageCaps.on_drop: both are on_preempt
+        self.on_preempt(e, r, g)

@@ -78,10 +78,16 @@ def status() -> tuple[bool, str]:
 
 
 def mirror_digest(cls: type, methods: tuple[str, ...]) -> str:
-    """SHA-256 of the source of ``cls``'s methods ``methods`` (as resolved on ``cls``)."""
+    """SHA-256 of the source of ``cls``'s methods ``methods`` (as resolved on ``cls``; ``"Owner.name"``:
+    the method ``name`` of the class ``Owner`` on ``cls``'s MRO, for a method a mixin wraps)."""
     h = hashlib.sha256()
     for name in methods:
-        fn = inspect.unwrap(getattr(cls, name))
+        if "." in name:
+            owner, attr = name.split(".", 1)
+            base = next(k for k in cls.__mro__ if k.__name__ == owner)
+            fn = inspect.unwrap(base.__dict__[attr])
+        else:
+            fn = inspect.unwrap(getattr(cls, name))
         h.update(f"{name}\0{inspect.getsource(fn)}\0".encode())
     return h.hexdigest()
 
@@ -95,7 +101,7 @@ def _spec(cls: type) -> tuple[int, int] | None:
     route, gate, methods, digest = mod.MIRRORS[cls.__name__]
     try:
         now = mirror_digest(cls, methods)
-    except (OSError, TypeError, AttributeError):
+    except (OSError, TypeError, AttributeError, KeyError, StopIteration):
         return None  # no source to check against: the Python handlers run
     if now != digest:
         warnings.warn(f"fluidopt: {cls.__name__}: the Python handlers differ from the ones the compiled fast "
@@ -122,7 +128,9 @@ def bind(ctrl: Any, ctx: Any) -> Any:
         handler = getattr(fast, name, None)
         if handler is not None and getattr(ctx, attr) == getattr(ctrl, name, None):
             if name in ("on_abandon", "on_preempt", "on_drop") and spec[0] != mod.ROUTE_ROBUST:
-                continue
+                # the SLI variant's time-averaged caps keep their state in the fast object
+                if not (name != "on_abandon" and spec[0] == mod.ROUTE_SLI and fast.avg):
+                    continue
             setattr(ctx, attr, handler)
     return fast
 

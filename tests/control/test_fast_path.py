@@ -45,6 +45,9 @@ POLICIES = [
     ("staffed-prioritize-and-route", {"staffing": False, "overflow": False}),
     ("backpressure-sli-gate-and-route", {}),
     ("backpressure-sli-gate-and-route", {"caps": False, "staffing": False}),
+    ("backpressure-sli-gate-and-route", {"average_caps": False, "staffing": True}),
+    ("backpressure-sli-gate-and-route", {"staffing": True}),
+    ("backpressure-gate-and-route", {"elastic": False}),
 ]
 
 
@@ -120,6 +123,54 @@ def test_fast_path_follows_rolling_re_solves(monkeypatch, tmp_path, policy, serv
     low = replace(sc, classes=tuple(replace(c, rate=0.6 * c.rate) for c in sc.classes))
     _, _, ctrl = _both(monkeypatch, tmp_path, sc, policy, {}, service, plan_scenario=low, horizon=60.0, tick=6.0)
     assert ctrl.resolves > 0
+
+
+def _grid01(n: int = 20) -> Scenario:
+    """Random grid instance 01 (tests/control/test_robust.py::_all_rationed): the plan rations every
+    class it admits and gamma tau = 11, so BP-GR's elastic mechanism (the floating GPU) is on."""
+    gpu = GPUProfile(alpha=0.016491513836777848, beta=0.0008588640020112191, tau_solo=0.021370258211973255,
+                     chunk=256, batch=16, name="draw1")
+    classes = (RequestClass("class1", prompt=1980.4382516050239, decode=2307.6498718214425,
+                            rate=0.37878842408058794 * n, patience=0.1),
+               RequestClass("class2", prompt=2512.506723451596, decode=1455.465527120289,
+                            rate=0.3347031133284405 * n, patience=0.1))
+    return Scenario(gpu=gpu, gpus=n, classes=classes, prefill_price=0.1, decode_price=0.2, name="grid-01")
+
+
+@pytest.mark.integration
+@needs_fast
+@pytest.mark.parametrize("opts", [{}, {"resolve": False}, {"caps": True, "decode_order": "fcfs"}, {"elastic": False}])
+@pytest.mark.parametrize("case", ["markov", "tokens", "tokens-kv"])
+def test_fast_path_with_the_elastic_mechanism(monkeypatch, tmp_path, opts, case):
+    """BP-GR on grid-01, where the elastic plan is active (floating GPU, full in-flight counts in the
+    backpressure sum): fast path and Python handlers agree, and elastic changes the run."""
+    sc = _grid01(20)
+    if case == "tokens-kv":
+        sc = replace(sc, gpu=replace(sc.gpu, kv_capacity=60000.0, kv_time_per_token=1e-7))
+    service = "markov" if case == "markov" else "tokens"
+    res, _, ctrl = _both(monkeypatch, tmp_path, sc, "backpressure-gate-and-route", opts, service, horizon=120.0)
+    assert ctrl._elastic_on == opts.get("elastic", True)
+    assert res.totals["completed"] > 0
+    if ctrl._elastic_on:
+        off = _run(monkeypatch, True, sc, "backpressure-gate-and-route", {**opts, "elastic": False}, service,
+                   tmp_path, horizon=120.0)
+        assert off[1] != _run(monkeypatch, True, sc, "backpressure-gate-and-route", opts, service, tmp_path,
+                              horizon=120.0)[1], "the floating GPU never started a prefill"
+
+
+@pytest.mark.integration
+@needs_fast
+@pytest.mark.parametrize("opts", [{}, {"staffing": True}])
+@pytest.mark.parametrize("case", ["paper-markov", "paper-tokens", "paper-tokens-kv"])
+def test_fast_path_with_average_caps(monkeypatch, tmp_path, opts, case):
+    """The SLI variant's time-averaged caps (their state in the fast object, updated on gate calls,
+    prefill completions, preemptions and drops): same runs as the Python handlers."""
+    sc = _paper(60, kv=12000.0) if case == "paper-tokens-kv" else _paper(60)
+    service = "markov" if case.endswith("markov") else "tokens"
+    res, _, ctrl = _both(monkeypatch, tmp_path, sc, "backpressure-sli-gate-and-route", opts, service, horizon=80.0)
+    assert ctrl._avg and ctrl._fast.avg  # the paper instance's SLI plan rations class 1: averaged caps
+    if case == "paper-tokens-kv":
+        assert res.totals["preemptions"] > 0 and res.totals["dropped"] > 0  # on_preempt / on_drop ran
 
 
 @st.composite
