@@ -2,7 +2,9 @@
 
 Each is a :class:`~fluidopt.rl.core.RouterCore` that decides every 0.02 s (``on_tick``): when the
 router queue holds a request, the greedy action of the trained Q-network (numpy inference, no
-torch) sends its head to an instance or waits. Weights ship in ``fluidopt/rl/weights/`` as
+torch) sends its head to an instance or waits. Weights trained with multi-dispatch epochs
+(``dispatch = "multi"`` in the file) decide again for the new head after each dispatch, in the same
+tick, until the network chooses "wait" or the router queue is empty (docs/rl.md section 2). Weights ship in ``fluidopt/rl/weights/`` as
 ``<variant>-rl-<m>.npz`` (m = instances); ``weights=PATH`` loads another file. Options:
 ``weights`` (path), ``accuracy`` (the noisy oracle's bucket accuracy, default 0.79) and
 ``predictor_seed`` (the oracle's seed; the same seed gives every router the same predictions).
@@ -15,7 +17,7 @@ from fluidopt.control.registry import register
 from fluidopt.errors import ScenarioError
 from fluidopt.model import Scenario
 from fluidopt.rl.core import RouterCore
-from fluidopt.rl.mlp import QNetwork, load_weights, shipped_weights_path, train_command
+from fluidopt.rl.mlp import QNetwork, SharedQNetwork, load_weights, shipped_weights_path, train_command
 from fluidopt.rl.predictors import NoisyOracle
 
 __all__ = ["RLRouter", "make_rl_router"]
@@ -25,28 +27,33 @@ class RLRouter(RouterCore):
     """A trained Q-network routing the head of the router queue every ``EPOCH`` seconds."""
 
 
-    def __init__(self, scenario: Scenario, net: QNetwork, *, predictor=None, name: str = "rl"):
+    def __init__(self, scenario: Scenario, net: QNetwork | SharedQNetwork, *, predictor=None, name: str = "rl"):
         super().__init__(scenario.gpu, predictor=predictor)
         self.net = net
         self.name = name
+        self.multi = net.dispatch == "multi"
         self.decisions = 0
         self.waits = 0
 
     def setup(self, ctx: Context) -> None:
         super().setup(ctx)
-        if ctx.n_gpus != self.net.n_instances:
+        self.sent = [0] * self.n  # dispatches per instance (the action histogram)
+        if not self.net.fits(ctx.n_gpus):
             raise ScenarioError(f"{self.name}: weights for {self.net.n_instances} instances, the scenario has {ctx.n_gpus}")
 
     def on_tick(self, ctx: Context) -> None:
         q = self.router_queue
-        if ctx.qlen(q) == 0:
-            return
-        a = self.net.act(self.observe(ctx))
-        self.decisions += 1
-        if a < self.n:
+        act = self.net.act
+        while ctx.qlen(q):
+            a = act(self.observe(ctx))
+            self.decisions += 1
+            if a >= self.n:
+                self.waits += 1
+                return
+            self.sent[a] += 1
             self.dispatch(ctx, ctx.head(q), a)
-        else:
-            self.waits += 1
+            if not self.multi:
+                return
 
 
 def make_rl_router(variant: str, scenario: Scenario, *, weights: str | None = None, accuracy: float = 0.79,
@@ -56,7 +63,7 @@ def make_rl_router(variant: str, scenario: Scenario, *, weights: str | None = No
         raise ScenarioError(f"{variant}-rl: expected a Scenario, got {type(scenario).__name__}")
     m = scenario.gpus
     path = weights if weights is not None else shipped_weights_path(variant, m)
-    net = load_weights(path, n_instances=m, hint=train_command(variant, m))
+    net = load_weights(path, n_instances=m, hint=train_command(variant, m))  # a shared network fits any m
     return RLRouter(scenario, net, predictor=NoisyOracle(accuracy, seed=predictor_seed), name=f"{variant}-rl")
 
 
