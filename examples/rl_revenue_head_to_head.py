@@ -13,7 +13,7 @@ optimum per GPU per second (`solve_fluid`).
 
 `--train` first trains WG-RL with the revenue reward (`RewardConfig(objective="revenue")`) at
 `--train-gpus` instances (default 4) and writes `examples/weights/wg-rl-revenue-paper-<n>.npz`
-(`wg-rl-shared-revenue-paper-<n>.npz` with `--arch shared`, the table's `wg-rl-shared` rows) and the
+(`<variant>-rl-shared-revenue-paper-<n>.npz` with `--arch shared`, the table's `baseline-rl-shared` rows) and the
 curves; without it the script uses that file when present (WG-RL is left out at sizes without one).
 The RL paper's MDP dispatches at most one request per 0.02 s epoch (50 per second): at 64 GPUs
 (64 requests per second) an RL router cannot keep up whatever it learned; `--multi-dispatch`
@@ -43,9 +43,15 @@ BALANCERS = ("round-robin", "random", "least-requests", "jsq", "max-capacity", "
 WINDOWS = {4: (500.0, 5500.0), 16: (500.0, 5500.0), 64: (300.0, 2300.0)}
 
 
-RL_ROWS = {"wg-rl": "wg-rl-revenue-paper-{n}.npz", "wg-rl-shared": "wg-rl-shared-revenue-paper-{n}.npz"}
-"""Table label -> weight file (run as the registered wg-rl router with ``weights=``): the paper's flat MLP
-and MDP trained on revenue, and the shared-weights network with multi-dispatch epochs (docs/rl.md)."""
+RL_ROWS = {"wg-rl": "wg-rl-revenue-paper-{n}.npz", "baseline-rl-shared": "baseline-rl-shared-revenue-paper-{n}.npz"}
+"""Table label -> weight file (run as the registered RL router with ``weights=``; the variant only names
+the training reward): WG-RL with the paper's flat MLP and MDP trained on revenue, and Baseline RL with
+the shared-weights network and multi-dispatch epochs trained on lost revenue (docs/rl.md)."""
+
+
+def _router(label: str) -> str:
+    """The registered router a table label runs ("baseline-rl-shared" -> "baseline-rl")."""
+    return label.removesuffix("-shared") if label in RL_ROWS else label
 
 
 def weights_path(n: int, label: str = "wg-rl") -> Path:
@@ -54,13 +60,14 @@ def weights_path(n: int, label: str = "wg-rl") -> Path:
 
 def train_revenue(n: int, *, episodes: int, requests: int, eps_episodes: int, train_every: int, gamma: float,
                   seed: int, curves: Path | None, arch: str = "mlp", multi_dispatch: bool = False,
-                  batch_size: int = 512, reward_scale: float = 0.01, objective: str = "revenue") -> tuple[Path, float]:
+                  batch_size: int = 512, reward_scale: float = 0.01, objective: str = "revenue",
+                  variant: str = "wg") -> tuple[Path, float]:
     """Train WG-RL on revenue at n instances; returns (weight file, CPU seconds)."""
     from fluidopt.rl.dqn import DQNConfig, train
     from fluidopt.rl.mlp import save_weights
 
     sc = load_scenario(SCENARIO).with_gpus(n)
-    cfg = DQNConfig(variant="wg", objective=objective, episodes=episodes, n_requests=requests, seed=seed,
+    cfg = DQNConfig(variant=variant, objective=objective, episodes=episodes, n_requests=requests, seed=seed,
                     eps_episodes=eps_episodes, train_every=train_every, gamma=gamma, arch=arch,
                     multi_dispatch=multi_dispatch, batch_size=batch_size, reward_scale=reward_scale)
     c0 = time.process_time()
@@ -72,8 +79,9 @@ def train_revenue(n: int, *, episodes: int, requests: int, eps_episodes: int, tr
            f"--train-seed {seed}" + (f" --arch {arch}" if arch != "mlp" else "")
            + (" --multi-dispatch" if multi_dispatch else "") + (f" --batch-size {batch_size}" if batch_size != 512 else "")
            + (f" --reward-scale {reward_scale}" if reward_scale != 0.01 else "")
-           + (f" --objective {objective}" if objective != "revenue" else ""))
-    path = save_weights(weights_path(n, "wg-rl-shared" if arch == "shared" else "wg-rl"), res.net, command=cmd)
+           + (f" --objective {objective}" if objective != "revenue" else "") + (f" --variant {variant}" if variant != "wg" else ""))
+    label = f"{variant}-rl-shared" if arch == "shared" else f"{variant}-rl"
+    path = save_weights(WEIGHTS / RL_ROWS.get(label, label + "-revenue-paper-{n}.npz").format(n=n), res.net, command=cmd)
     if curves is not None:
         res.curves.to_csv(curves, index=False)
     return path, cpu
@@ -96,8 +104,8 @@ def run(gpus: list[int], *, seeds: int, seed0: int = 2000, policies=BALANCERS, g
             for pol in pols:
                 extra = {"weights": str(weights_path(n, pol))} if pol in RL_ROWS else None
                 c0 = time.process_time()
-                res = simulate(sc, "wg-rl" if pol in RL_ROWS else pol, horizon=hor, warmup=warm, seed=s, service="tokens", progress=False,
-                               controller_options=policy_options("wg-rl" if pol in RL_ROWS else pol, s, extra=extra))
+                res = simulate(sc, _router(pol), horizon=hor, warmup=warm, seed=s, service="tokens", progress=False,
+                               controller_options=policy_options(_router(pol), s, extra=extra))
                 rev = float(res.cluster["revenue_per_gpu"])
                 tot = res.totals
                 rows.append({"gpus": n, "policy": pol, "seed": s, "revenue_per_gpu": rev, "r_star": r_star,
@@ -173,6 +181,7 @@ def main() -> None:
     ap.add_argument("--multi-dispatch", action="store_true")
     ap.add_argument("--batch-size", type=int, default=512)
     ap.add_argument("--reward-scale", type=float, default=0.01)
+    ap.add_argument("--variant", choices=("baseline", "wa", "wg"), default="wg", help="reward variant for --train")
     ap.add_argument("--objective", choices=("revenue", "lost-revenue"), default="revenue",
                     help="training reward (docs/rl.md section 2); evaluation is always revenue / R*")
     ap.add_argument("--train-only", action="store_true", help="train, then stop (no evaluation)")
@@ -192,7 +201,7 @@ def main() -> None:
                                   train_every=a.train_every, gamma=a.gamma, seed=a.train_seed,
                                   curves=out / f"rl_revenue_curves_{a.train_gpus}.csv", arch=a.arch,
                                   multi_dispatch=a.multi_dispatch, batch_size=a.batch_size, reward_scale=a.reward_scale,
-                                  objective=a.objective)
+                                  objective=a.objective, variant=a.variant)
         print(f"trained {path} in {cpu:.0f} CPU s")
         if a.train_only:
             return

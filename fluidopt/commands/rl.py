@@ -139,12 +139,13 @@ def _evaluate(args) -> int:
     else:
         print(f"{scenario.name}: {args.episodes} episodes x {args.requests} requests, seed {args.seed}")
         print(f"{'policy':18s} {'e2e mean (s)':>18s} {'vs RR %':>14s} {'paper %':>8s} {'TTFT (s)':>9s} "
-              f"{'TPOT (s)':>9s} {'preempt':>8s}")
+              f"{'TPOT (s)':>9s} {'preempt':>8s} {'done %':>7s}")
         for _, r in s.iterrows():
             imp = f"{r.get('improvement_pct', float('nan')):6.2f}+-{r.get('improvement_ci', float('nan')):.2f}"
             pap = "" if r["paper_improvement_pct"] != r["paper_improvement_pct"] else f"{r['paper_improvement_pct']:.2f}"
             print(f"{r['policy']:18s} {r['e2e_mean']:9.3f}+-{r['e2e_mean_ci']:<7.3f} {imp:>14s} {pap:>8s} "
-                  f"{r['ttft_mean']:9.3f} {r['tpot_mean']:9.4f} {r['preemptions']:8.1f}")
+                  f"{r['ttft_mean']:9.3f} {r['tpot_mean']:9.4f} {r['preemptions']:8.1f} "
+                  f"{100 * r.get('completed_share', float('nan')):7.1f}")
     return 0
 
 

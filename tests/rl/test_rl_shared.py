@@ -244,3 +244,27 @@ def test_lost_revenue_reward_sums_to_revenue_minus_the_arrivals_revenue():
     revenue = res.cluster["revenue_per_gpu"] * 2 * (res.t_end - res.warmup)
     assert total == pytest.approx(revenue - arrivals, rel=1e-9)
     assert total < 0
+
+
+def test_max_wait_guard_dispatches_a_head_kept_waiting():
+    from fluidopt.control.snapshot import ClusterSnapshot
+    from fluidopt.rl.policies import RLRouter
+
+    sc = tiny_scenario()
+    net = _const_net("multi")
+    scorer, wait = net.scorer, net.wait
+    always_wait = SharedQNetwork(scorer, wait[:1] + ((wait[1][0], np.array([1.0], np.float32)),), 2, "wg", "{}", "multi")
+    for max_wait, expect_sent in ((0, 0), (3, 1)):
+        ctrl = RLRouter(sc, always_wait, name="wg-rl", max_wait=max_wait)
+        snap = ClusterSnapshot(sc.gpus, sc.gpu.batch, sc.class_names, seed=0, service="tokens")
+        snap.setup(ctrl)
+        for _ in range(2):
+            ctrl.on_arrival(snap, snap.add_request(0, 50, 20))
+        for k in range(4):
+            snap.now = 0.02 * (k + 1)
+            ctrl.on_tick(snap)
+        # without the guard it waits for ever; with max_wait=3 the 4th tick sends the head, and the next
+        # head (its wait count restarted) is decided by the network again: it waits
+        assert sum(ctrl.sent) == expect_sent and ctrl.forced == expect_sent
+    with pytest.raises(ScenarioError, match="max_wait: expected an integer >= 0"):
+        RLRouter(sc, always_wait, name="wg-rl", max_wait=-1)
