@@ -88,7 +88,7 @@ def train_revenue(n: int, *, episodes: int, requests: int, eps_episodes: int, tr
 
 
 def run(gpus: list[int], *, seeds: int, seed0: int = 2000, policies=BALANCERS, gate_and_route=GATE_AND_ROUTE_POLICIES,
-        windows: dict | None = None, progress: bool = False) -> pd.DataFrame:
+        windows: dict | None = None, progress: bool = False, rl=tuple(RL_ROWS)) -> pd.DataFrame:
     """One row per (n, policy, seed): revenue per GPU per second, its ratio to R*, abandonment, latency."""
     base = load_scenario(SCENARIO)
     windows = windows or WINDOWS
@@ -97,7 +97,7 @@ def run(gpus: list[int], *, seeds: int, seed0: int = 2000, policies=BALANCERS, g
         sc = base.with_gpus(n)
         r_star = solve_fluid(sc).revenue_per_gpu
         pols = list(policies) + list(gate_and_route)
-        pols += [lab for lab in RL_ROWS if weights_path(n, lab).is_file()]
+        pols += [lab for lab in rl if weights_path(n, lab).is_file()]
         warm, hor = windows[n]
         for k in range(seeds):
             s = seed0 + k
@@ -155,7 +155,7 @@ def figure(table: Path, out: Path) -> None:
     ax.set_ylim(0.4, 1.02)
     ax.set_xticks(range(len(pols)), pols, rotation=60, ha="right", fontsize=8)
     ax.set_ylabel("revenue / R*")
-    ax.set_title("Two-class paper instance, tokens service: revenue / R* (5 seeds, 95% CIs); WG-RL trained at 4 and 16 GPUs",
+    ax.set_title("Two-class paper instance, tokens service: revenue / R* (95% CIs over seeds); RL agents trained at each size",
                  fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -168,6 +168,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gpus", default="4,16,64")
     ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--first-seed", type=int, default=2000, help="seeds first-seed .. first-seed + seeds - 1")
     ap.add_argument("--out", default="fluidopt-examples/data")
     ap.add_argument("--train", action="store_true", help="train WG-RL on revenue first (see the module doc)")
     ap.add_argument("--train-gpus", type=int, default=4)
@@ -209,14 +210,13 @@ def main() -> None:
     gpus = [int(x) for x in a.gpus.split(",")]
     if a.policies:
         chosen = [p.strip() for p in a.policies.split(",") if p.strip()]
-        df = run(gpus, seeds=a.seeds, progress=True, policies=[p for p in chosen if p in BALANCERS],
-                 gate_and_route=[p for p in chosen if p in GATE_AND_ROUTE_POLICIES])
-        df = df[~df.policy.isin([lab for lab in RL_ROWS if lab not in chosen])]
+        df = run(gpus, seeds=a.seeds, seed0=a.first_seed, progress=True, policies=[p for p in chosen if p in BALANCERS],
+                 gate_and_route=[p for p in chosen if p in GATE_AND_ROUTE_POLICIES], rl=[p for p in chosen if p in RL_ROWS])
     else:
-        df = run(gpus, seeds=a.seeds, progress=True)
+        df = run(gpus, seeds=a.seeds, seed0=a.first_seed, progress=True)
     if a.update and (out / "rl_revenue_runs.csv").is_file():
         old = pd.read_csv(out / "rl_revenue_runs.csv")
-        keep = ~(old.gpus.isin(gpus) & old.policy.isin(set(df.policy)))
+        keep = ~(old.gpus.isin(gpus) & old.policy.isin(set(df.policy)) & old.seed.isin(set(df.seed)))
         rank = {p: i for i, p in enumerate(list(BALANCERS) + list(GATE_AND_ROUTE_POLICIES) + list(RL_ROWS))}
         df = pd.concat([old[keep], df], ignore_index=True)
         df = df.assign(_r=df.policy.map(rank)).sort_values(["gpus", "_r", "seed"], kind="stable").drop(columns="_r")
