@@ -167,7 +167,7 @@ def test_multi_dispatch_router_empties_the_queue_in_one_tick_and_balances():
         ctrl = RLRouter(sc, _const_net(dispatch), name="wg-rl")
         snap = ClusterSnapshot(sc.gpus, sc.gpu.batch, sc.class_names, seed=0, service="tokens")
         snap.setup(ctrl)
-        for k in range(5):
+        for _ in range(5):
             ctrl.on_arrival(snap, snap.add_request(0, 50, 20))
         snap.now = 0.02
         ctrl.on_tick(snap)
