@@ -63,13 +63,19 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1000)
     ap.add_argument("--episodes", type=int, default=None, help="at most this many windows per speed-up")
     ap.add_argument("--out", default="fluidopt-examples/data")
+    ap.add_argument("--policies", default=None, help="comma-separated routers (default: all of the table)")
     a = ap.parse_args()
     if not Path(a.trace).is_file():
         print(f"rl_azure_head_to_head: trace file {a.trace!r}: no such file (the Azure conversation trace)", file=sys.stderr)
         sys.exit(2)
     t0 = time.time()
+    kw = {}
+    if a.policies:
+        chosen = [p.strip() for p in a.policies.split(",") if p.strip()]
+        kw = {"policies": [p for p in chosen if p not in GATE_AND_ROUTE_POLICIES],
+              "gate_and_route": [p for p in chosen if p in GATE_AND_ROUTE_POLICIES]}
     df = run(Path(a.trace), requests=a.requests, speedups=[float(x) for x in a.speedups.split(",")], seed=a.seed,
-             max_episodes=a.episodes)
+             max_episodes=a.episodes, **kw)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     df.to_csv(out / "rl_azure_table_episodes.csv", index=False)

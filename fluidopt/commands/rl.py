@@ -12,6 +12,7 @@ from fluidopt.errors import UsageError
 EPILOG = """\
 examples:
   fluidopt rl train examples/scenarios/rl-router-v100.toml --variant wg --out wg-rl-4.npz
+  fluidopt rl train examples/scenarios/rl-router-v100-8.toml --arch shared --multi-dispatch --out wg-rl-8.npz
   fluidopt rl evaluate examples/scenarios/rl-router-v100.toml --policies round-robin,jsq,wg-rl --episodes 5
   fluidopt rl evaluate examples/scenarios/rl-router-v100.toml --policies wg-rl --option wg-rl:weights=wg-rl-4.npz
 
@@ -33,8 +34,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=0, help="seed: same seed, same weights bit for bit (default 0)")
     t.add_argument("--eps-episodes", type=int, default=20, help="episodes of epsilon-greedy exploration (default 20)")
     t.add_argument("--train-every", type=int, default=1, help="environment steps per gradient update (default 1)")
-    t.add_argument("--objective", choices=("latency", "revenue"), default="latency",
-                   help="reward: the RL paper's latency reward (default) or revenue in price units")
+    t.add_argument("--objective", choices=("latency", "revenue", "lost-revenue"), default="latency",
+                   help="reward: the RL paper's latency reward (default), revenue in price units, or minus the "
+                        "revenue of abandoned requests (docs/rl.md section 2)")
+    t.add_argument("--arch", choices=("mlp", "shared"), default="mlp",
+                   help="Q-network: the paper's MLP (default; fixed instance count) or the per-instance "
+                        "shared-weights scorer (any instance count)")
+    t.add_argument("--multi-dispatch", action="store_true",
+                   help="decide again at the same epoch after a dispatch, until 'wait' or an empty router queue "
+                        "(default: the paper's one decision per 0.02 s epoch)")
+    t.add_argument("--hidden", type=int, default=None, help="hidden width (default: 64 m / 4 for mlp, 32 for shared)")
+    t.add_argument("--batch-size", type=int, default=512, help="replay batch (default 512)")
+    t.add_argument("--gamma", type=float, default=0.99, help="discount per 0.02 s epoch (default 0.99)")
+    t.add_argument("--reward-scale", type=float, default=0.01, help="reward multiplier for the optimiser (default 0.01)")
     t.add_argument("--out", required=True, metavar="FILE", help="weight file to write (.npz)")
     t.add_argument("--curves", default=None, metavar="CSV", help="write the per-episode training curves")
     t.add_argument("--checkpoint", default=None, metavar="FILE", help="torch checkpoint after every episode")
@@ -62,18 +74,31 @@ def _train(args) -> int:
     from fluidopt.rl.mlp import save_weights
     from fluidopt.scenario import load_scenario
 
-    for name in ("episodes", "requests", "train_every"):
+    for name in ("episodes", "requests", "train_every", "batch_size"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')}: expected an integer >= 1, got {getattr(args, name)}")
     if args.seed < 0:
         raise UsageError(f"--seed: expected an integer >= 0, got {args.seed}")
+    if args.hidden is not None and args.hidden < 1:
+        raise UsageError(f"--hidden: expected an integer >= 1, got {args.hidden}")
+    if not 0.0 < args.gamma <= 1.0:
+        raise UsageError(f"--gamma: expected a number in (0, 1], got {args.gamma}")
+    if not args.reward_scale > 0.0:
+        raise UsageError(f"--reward-scale: expected a number > 0, got {args.reward_scale}")
     scenario = load_scenario(args.scenario)
     cfg = DQNConfig(variant=args.variant, episodes=args.episodes, n_requests=args.requests, seed=args.seed,
-                    eps_episodes=args.eps_episodes, train_every=args.train_every, objective=args.objective)
+                    eps_episodes=args.eps_episodes, train_every=args.train_every, objective=args.objective,
+                    arch=args.arch, multi_dispatch=args.multi_dispatch, hidden=args.hidden, batch_size=args.batch_size,
+                    gamma=args.gamma, reward_scale=args.reward_scale)
     res = train(scenario, cfg, checkpoint=args.checkpoint, progress=args.progress)
     cmd = (f"fluidopt rl train {args.scenario} --variant {args.variant} --episodes {args.episodes} "
            f"--requests {args.requests} --seed {args.seed} --eps-episodes {args.eps_episodes} "
-           f"--train-every {args.train_every}{' --objective revenue' if args.objective == 'revenue' else ''} --out {args.out}")
+           f"--train-every {args.train_every}{f' --objective {args.objective}' if args.objective != 'latency' else ''}"
+           + (f" --arch {args.arch}" if args.arch != "mlp" else "") + (" --multi-dispatch" if args.multi_dispatch else "")
+           + (f" --hidden {args.hidden}" if args.hidden is not None else "")
+           + (f" --batch-size {args.batch_size}" if args.batch_size != 512 else "")
+           + (f" --gamma {args.gamma}" if args.gamma != 0.99 else "")
+           + (f" --reward-scale {args.reward_scale}" if args.reward_scale != 0.01 else "") + f" --out {args.out}")
     path = save_weights(args.out, res.net, command=cmd)
     if args.curves:
         res.curves.to_csv(args.curves, index=False)
@@ -114,12 +139,13 @@ def _evaluate(args) -> int:
     else:
         print(f"{scenario.name}: {args.episodes} episodes x {args.requests} requests, seed {args.seed}")
         print(f"{'policy':18s} {'e2e mean (s)':>18s} {'vs RR %':>14s} {'paper %':>8s} {'TTFT (s)':>9s} "
-              f"{'TPOT (s)':>9s} {'preempt':>8s}")
+              f"{'TPOT (s)':>9s} {'preempt':>8s} {'done %':>7s}")
         for _, r in s.iterrows():
             imp = f"{r.get('improvement_pct', float('nan')):6.2f}+-{r.get('improvement_ci', float('nan')):.2f}"
             pap = "" if r["paper_improvement_pct"] != r["paper_improvement_pct"] else f"{r['paper_improvement_pct']:.2f}"
             print(f"{r['policy']:18s} {r['e2e_mean']:9.3f}+-{r['e2e_mean_ci']:<7.3f} {imp:>14s} {pap:>8s} "
-                  f"{r['ttft_mean']:9.3f} {r['tpot_mean']:9.4f} {r['preemptions']:8.1f}")
+                  f"{r['ttft_mean']:9.3f} {r['tpot_mean']:9.4f} {r['preemptions']:8.1f} "
+                  f"{100 * r.get('completed_share', float('nan')):7.1f}")
     return 0
 
 

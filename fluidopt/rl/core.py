@@ -61,7 +61,7 @@ STATE_LAYOUT = "fluidopt-rl-state-v1"
 """Name of the state layout above; shipped weights record it and loading checks it."""
 EST_SCALE = 10.0  # s: earliest-completion normaliser
 VARIANTS = ("baseline", "wa", "wg")
-OBJECTIVES = ("latency", "revenue")
+OBJECTIVES = ("latency", "revenue", "lost-revenue")
 
 
 def obs_dim(m: int) -> int:
@@ -80,7 +80,11 @@ class RewardConfig:
     ``objective``: ``"latency"`` (the paper's progress penalty + ``completion_reward`` per completion)
     or ``"revenue"`` (the prefill/decode paper's objective: c_p x prompt + c_d x output tokens of each
     completed request, in price units, with the class's prices; no progress penalty, no completion
-    reward); the guidance term is the same in both.
+    reward), or ``"lost-revenue"`` (minus the revenue c_p x prompt + c_d x output of each request
+    that abandons or is dropped: over an episode, whose requests all resolve, its sum is the
+    episode's revenue minus the revenue of all its arrivals, a constant, so it ranks policies as
+    ``"revenue"`` does, but charges a loss when it happens instead of crediting a completion
+    9-25 s after the decision; docs/rl.md section 2); the guidance term is the same in all three.
     """
 
     variant: str = "wg"
@@ -195,6 +199,7 @@ class RouterCore(InstanceScheduler):
         self.arrivals = 0
         self.router_wait = 0.0  # seconds requests spent in the router queue (summed at dispatch)
         self.revenue = 0.0  # price units of completed requests (only with ``prices``)
+        self.lost = 0.0  # price units of requests that abandoned or were dropped (only with ``prices``)
         self._w: dict[int, float] = {}  # r -> its revenue on completion (only with ``prices``)
         self._ctx = ctx
         # The state vector, filled in place: the four count entries of instance g change only with
@@ -340,7 +345,7 @@ class RouterCore(InstanceScheduler):
 
     def on_drop(self, ctx: Context, r: int, g: int) -> None:
         self._gone(r)
-        self._w.pop(r, None)
+        self.lost += self._w.pop(r, 0.0)
         if self.resolved == self.pause_at_resolved:
             ctx.pause()
 
@@ -352,7 +357,7 @@ class RouterCore(InstanceScheduler):
             self.resolved += 1
         elif r in self.rec:
             self._gone(r)
-        self._w.pop(r, None)
+        self.lost += self._w.pop(r, 0.0)
         if self.resolved == self.pause_at_resolved:
             ctx.pause()
 

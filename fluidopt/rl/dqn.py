@@ -10,6 +10,11 @@ to 0.05 over them, greedy afterwards. Double DQN target:
 discount per decision epoch in episode k (0.99; WG-RL: 0.99 (1 - e^(-0.5 k))) and e the epochs
 (0.02 s) the step spanned (the environment skips epochs with an empty router queue).
 
+``arch="shared"`` replaces the MLP by the per-instance shared-weights scorer plus a wait head
+(:class:`SharedQ`, :class:`~fluidopt.rl.mlp.SharedQNetwork`; hidden width 32 by default, whatever
+m), and ``multi_dispatch=True`` trains in the environment's multi-dispatch epochs (a step after a
+dispatch at the same epoch spans e = 0 epochs: no discount).
+
 Deterministic bit for bit from ``seed`` on one CPU thread: the network's initialisation comes from
 ``torch.manual_seed(seed)``, exploration and replay sampling from a numpy Generator seeded with
 ``seed``, episodes from :func:`fluidopt.rl.env.episode_seed`.
@@ -31,9 +36,9 @@ from torch import nn
 
 from fluidopt.rl.core import RewardConfig
 from fluidopt.rl.env import RouterEnv
-from fluidopt.rl.mlp import QNetwork
+from fluidopt.rl.mlp import GLOBAL_FEATURES, INST_FEATURES, SCORER_IN, WAIT_IN, QNetwork, SharedQNetwork
 
-__all__ = ["DQNConfig", "TrainResult", "build_qnet", "to_numpy_net", "train"]
+__all__ = ["DQNConfig", "SharedQ", "TrainResult", "build_qnet", "to_numpy_net", "train"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,8 @@ class DQNConfig:
     gamma: float = 0.99
     max_steps: int | None = None  # stop after this many environment steps in all (tests)
     objective: str = "latency"  # or "revenue" (RewardConfig.objective)
+    arch: str = "mlp"  # or "shared" (SharedQ)
+    multi_dispatch: bool = False  # the environment's multi-dispatch epochs (RouterEnv)
 
 
 @dataclass
@@ -74,12 +81,50 @@ def build_qnet(n_in: int, hidden: int, n_out: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(n_in, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, n_out))
 
 
-def to_numpy_net(q: nn.Sequential, m: int, variant: str, config: str = "{}") -> QNetwork:
-    layers = []
-    for mod in q:
-        if isinstance(mod, nn.Linear):
-            layers.append((mod.weight.detach().numpy().T.copy(), mod.bias.detach().numpy().copy()))
-    return QNetwork(tuple(layers), m, variant, config)
+class SharedQ(nn.Module):
+    """The shared-weights Q-network in torch (the numpy twin: :class:`~fluidopt.rl.mlp.SharedQNetwork`).
+
+    ``scorer`` (21 -> H -> H -> 1) scores each instance from [its 6 entries, mean and max of the
+    6 entries over the instances, the 3 global entries]; ``wait`` (15 -> H -> H -> 1) gives the
+    wait action's advantage over the mean instance score from [mean, max, global]:
+    Q(s, wait) = mean_g f(x_g, ctx) + w(ctx). Output: m + 1 Q-values (m from the input length).
+    """
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.scorer = build_qnet(SCORER_IN, hidden, 1)
+        self.wait = build_qnet(WAIT_IN, hidden, 1)
+
+    @staticmethod
+    def _inputs(x: torch.Tensor):
+        m = (x.shape[1] - GLOBAL_FEATURES) // INST_FEATURES
+        inst = x[:, : INST_FEATURES * m].reshape(-1, m, INST_FEATURES)
+        ctx = torch.cat([inst.mean(1), inst.amax(1), x[:, INST_FEATURES * m:]], 1)
+        return torch.cat([inst, ctx.unsqueeze(1).expand(-1, m, -1)], 2), ctx, m
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        one = x.dim() == 1
+        if one:
+            x = x.unsqueeze(0)
+        X, ctx, _ = self._inputs(x)
+        f = self.scorer(X).squeeze(2)
+        q = torch.cat([f, f.mean(1, keepdim=True) + self.wait(ctx)], 1)
+        return q[0] if one else q
+
+    def q_sa(self, x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        """Q(s, a) for a batch (a: actions)."""
+        return self.forward(x).gather(1, a.unsqueeze(1)).squeeze(1)
+
+
+def _linears(q: nn.Module) -> tuple:
+    return tuple((mod.weight.detach().numpy().T.copy(), mod.bias.detach().numpy().copy())
+                 for mod in q if isinstance(mod, nn.Linear))
+
+
+def to_numpy_net(q: nn.Module, m: int, variant: str, config: str = "{}", dispatch: str = "single"):
+    if isinstance(q, SharedQ):
+        return SharedQNetwork(_linears(q.scorer), _linears(q.wait), m, variant, config, dispatch)
+    return QNetwork(_linears(q), m, variant, config, dispatch)
 
 
 def _progress(msg: str, enabled: bool) -> None:
@@ -104,15 +149,23 @@ def train(scenario, config: DQNConfig = DQNConfig(), *, env: RouterEnv | None = 
     reward = RewardConfig(variant=cfg.variant, gamma=cfg.gamma, objective=cfg.objective)
     if env is None:
         env = RouterEnv(scenario, variant=cfg.variant, n_requests=cfg.n_requests, accuracy=cfg.accuracy,
-                        reward=reward, reward_scale=cfg.reward_scale)
+                        reward=reward, reward_scale=cfg.reward_scale, multi_dispatch=cfg.multi_dispatch)
     else:
         env.reward_cfg = reward
         env.reward_scale = cfg.reward_scale
+        env.multi_dispatch = cfg.multi_dispatch
     m = env.m
     n_in = env.observation_space.shape[0]
-    hidden = cfg.hidden or max(8, int(round(64 * m / 4)))
-    online = build_qnet(n_in, hidden, m + 1)
-    target = build_qnet(n_in, hidden, m + 1)
+    if cfg.arch == "shared":
+        hidden = cfg.hidden or 32
+        online, target = SharedQ(hidden), SharedQ(hidden)
+    elif cfg.arch == "mlp":
+        hidden = cfg.hidden or max(8, int(round(64 * m / 4)))
+        online = build_qnet(n_in, hidden, m + 1)
+        target = build_qnet(n_in, hidden, m + 1)
+    else:
+        raise ValueError(f"DQNConfig.arch: expected 'mlp' or 'shared', got {cfg.arch!r}")
+    q_sa = online.q_sa if cfg.arch == "shared" else (lambda s, a: online(s).gather(1, a.unsqueeze(1)).squeeze(1))
     target.load_state_dict(online.state_dict())
     opt = torch.optim.Adam(online.parameters(), lr=cfg.lr)
     loss_fn = nn.SmoothL1Loss()
@@ -141,6 +194,7 @@ def train(scenario, config: DQNConfig = DQNConfig(), *, env: RouterEnv | None = 
         w_k = reward.guidance_weight(k)
         ep_r = ep_h = 0.0
         n_steps = waits = 0
+        sent = np.zeros(m, dtype=np.int64)
         losses = []
         done = False
         while not done:
@@ -162,6 +216,8 @@ def train(scenario, config: DQNConfig = DQNConfig(), *, env: RouterEnv | None = 
             ep_h += env.last_guidance * w_k
             n_steps += 1
             waits += a == m
+            if a < m:
+                sent[a] += 1
             steps += 1
             obs = obs2
             done = term or trunc
@@ -174,7 +230,7 @@ def train(scenario, config: DQNConfig = DQNConfig(), *, env: RouterEnv | None = 
                     q2 = target(s2).gather(1, a2).squeeze(1)
                     disc = torch.from_numpy(np.power(gamma_k, G[idx], dtype=np.float32))
                     y = torch.from_numpy(R[idx]) + disc * (1.0 - torch.from_numpy(D[idx])) * q2
-                q = online(s).gather(1, torch.from_numpy(A[idx]).unsqueeze(1)).squeeze(1)
+                q = q_sa(s, torch.from_numpy(A[idx]))
                 loss = loss_fn(q, y)
                 opt.zero_grad()
                 loss.backward()
@@ -194,6 +250,8 @@ def train(scenario, config: DQNConfig = DQNConfig(), *, env: RouterEnv | None = 
             "episode": k, "steps": n_steps, "reward": ep_r, "reward_without_guidance": ep_r - ep_h,
             "guidance": ep_h, "epsilon": eps, "discount": gamma_k, "guidance_weight": w_k,
             "wait_fraction": waits / max(1, n_steps),
+            # the busiest instance's share of the episode's dispatches (1 / m when balanced): a collapse shows here
+            "max_instance_share": float(sent.max() / max(1, sent.sum())),
             "e2e_mean": float(res.cluster["e2e_mean"]) if res is not None else math.nan,
             "revenue_per_gpu": float(res.cluster.get("revenue_per_gpu", math.nan)) if res is not None else math.nan,
             "loss": float(np.mean(losses)) if losses else math.nan, "wall_seconds": time.perf_counter() - t0,
@@ -208,6 +266,7 @@ def train(scenario, config: DQNConfig = DQNConfig(), *, env: RouterEnv | None = 
     if progress:
         sys.stderr.write("\n")
     env.close()
-    net = to_numpy_net(online, m, cfg.variant, json.dumps(asdict(cfg), sort_keys=True))
+    net = to_numpy_net(online, m, cfg.variant, json.dumps(asdict(cfg), sort_keys=True),
+                       "multi" if cfg.multi_dispatch else "single")
     return TrainResult(net, pd.DataFrame(rows), cfg, time.perf_counter() - t0,
                        {"online": online, "steps": steps, "updates": updates})

@@ -10,13 +10,21 @@ terminates when all of them are resolved and is truncated at ``max_time`` second
 
 Reward of a step (docs/rl.md section 2): ``-(P_before + P_after) / 2 x epochs elapsed
 + r_w x completions + w_k x h`` (with ``RewardConfig(objective="revenue")``: the revenue of the
-step's completions, c_p x prompt + c_d x output tokens at the class's prices, + w_k x h), where P is the progress penalty (:meth:`RouterCore.progress_penalty`),
+step's completions, c_p x prompt + c_d x output tokens at the class's prices, + w_k x h; with
+``"lost-revenue"``: minus the revenue of the requests that abandoned or were dropped in the step,
++ w_k x h), where P is the progress penalty (:meth:`RouterCore.progress_penalty`),
 r_w = 60, h the mixing guidance of the action and w_k the variant's guidance weight in the current
 episode k (0-based count of resets since the last seeded reset). ``reward_scale`` multiplies it all.
 A step spans ``last_epochs`` decision epochs (1 after a wait; more when the environment skipped
 epochs with an empty router queue): an agent discounts the next state by ``gamma ** last_epochs``,
 which makes the skip equivalent to the paper's one decision per epoch (gamma per epoch). Without
 it, waiting would look cheap: it would postpone, in steps, penalties that accrue per second.
+
+``multi_dispatch=True`` (an extension of the paper's MDP, docs/rl.md section 2): after a dispatch
+that leaves requests in the router queue the environment does not advance; the next step decides
+for the new head at the same epoch (``last_epochs`` 0, so no discount and no progress penalty
+between the two), until the agent chooses "wait" or the queue is empty. The paper's MDP (the
+default) dispatches at most one request per epoch, 50 per second.
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ class RouterEnv(gym.Env):
     (``baseline``, ``wa``, ``wg``). ``accuracy``: the noisy oracle's bucket accuracy. ``pin``:
     {arrival index: instance} routed without asking the agent (scripted background load).
     ``workload``: a fixed workload for every episode instead of fresh draws (e.g. a trace).
+    ``multi_dispatch``: decide again at the same epoch after a dispatch (module doc).
     """
 
     metadata = {"render_modes": []}
@@ -49,7 +58,7 @@ class RouterEnv(gym.Env):
     def __init__(self, scenario: Scenario | str, *, variant: str = "wg", n_requests: int = 2000,
                  accuracy: float = 0.79, reward: RewardConfig | None = None, pin: dict | None = None,
                  workload=None, max_time: float | None = None, reward_scale: float = 1.0,
-                 backend: str = "auto", seed: int | None = None):
+                 backend: str = "auto", seed: int | None = None, multi_dispatch: bool = False):
         if not isinstance(scenario, Scenario):
             from fluidopt.scenario import load_scenario
 
@@ -64,6 +73,7 @@ class RouterEnv(gym.Env):
         self.max_time = max_time
         self.reward_scale = float(reward_scale)
         self.backend = backend
+        self.multi_dispatch = bool(multi_dispatch)
         self.action_space = gym.spaces.Discrete(self.m + 1)
         self.observation_space = gym.spaces.Box(0.0, 1.0, shape=(obs_dim(self.m),), dtype=np.float32)
         self._base = 0 if seed is None else int(seed)
@@ -99,7 +109,8 @@ class RouterEnv(gym.Env):
                                reward=self.reward_cfg, pin=self.pin)
         self.core.precompute(wl)  # the episode's predictions in one vectorised pass
         self._revenue = self.reward_cfg.objective == "revenue"
-        if self._revenue:
+        self._lost = self.reward_cfg.objective == "lost-revenue"
+        if self._revenue or self._lost:
             self.core.prices = self.scenario.class_prices()
         if self.eng is not None and not self.eng._finished:
             self.eng.finish()
@@ -144,11 +155,15 @@ class RouterEnv(gym.Env):
         self.last_guidance = h
         c0 = core.completed
         v0 = core.revenue
-        self._to_decision()
+        l0 = core.lost
+        if not (self.multi_dispatch and a < self.m and eng.qlen(core.router_queue)):
+            self._to_decision()  # else: another decision for the new head at the same epoch
         obs, p = core.observe_with_penalty(eng)
         t = eng.now
         if self._revenue:
             rew = (core.revenue - v0) + self._w * h
+        elif self._lost:
+            rew = -(core.lost - l0) + self._w * h
         else:
             rew = (-0.5 * (self._p + p) * ((t - self._t) / EPOCH) + self.reward_cfg.completion_reward * (core.completed - c0)
                    + self._w * h)

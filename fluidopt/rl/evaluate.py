@@ -137,7 +137,7 @@ def evaluate(scenario: Scenario, policies: Sequence[str], *, episodes: int = 20,
             rows.append({"policy": pol, "episode": k, "seed": es, "e2e_mean": c["e2e_mean"], "ttft_mean": c["ttft_mean"],
                          "tpot_mean": c["tpot_mean"], "e2e_p99": c["e2e_p99"], "preemptions": c["preemptions"],
                          "router_wait_mean": rw / n_wl if not math.isnan(rw) else math.nan,
-                         "completed": done, "t_end": res.t_end, "wall_seconds": time.perf_counter() - t0})
+                         "completed": done, "requests": n_wl, "t_end": res.t_end, "wall_seconds": time.perf_counter() - t0})
             if progress:
                 progress(rows[-1])
     return pd.DataFrame(rows)
@@ -167,6 +167,9 @@ def summarize(df: pd.DataFrame, *, baseline: str = "round-robin") -> pd.DataFram
             imp = 100.0 * (1.0 - e[common].to_numpy() / base[common].to_numpy())
             row["improvement_pct"] = 100.0 * (1.0 - e[common].mean() / base[common].mean())
             row["improvement_ci"] = _ci(imp)
+        if "requests" in g:
+            # latency means cover completed requests only: an episode a router never finishes shows here
+            row["completed_share"] = float((g["completed"] / g["requests"]).mean())
         row["paper_improvement_pct"] = PAPER_IMPROVEMENT.get(pol, math.nan)
         out.append(row)
     return pd.DataFrame(out)

@@ -1,10 +1,24 @@
-"""The Q-network's inference in numpy, and the shipped weight files (no torch needed).
+"""The Q-networks' inference in numpy, and the shipped weight files (no torch needed).
+
+Two architectures (docs/rl.md section 4):
+
+* ``mlp`` (:class:`QNetwork`, the paper's): ``obs -> ReLU(W0) -> ReLU(W1) -> W2 -> Q-values``
+  (m instances + wait); its shapes fix the number of instances.
+* ``shared`` (:class:`SharedQNetwork`): one small MLP scores every instance from its own 6 state
+  entries, the mean and the max of the 6 entries over the fleet and the 3 global entries
+  (``Q(s, send to g) = f(x_g, mean_x, max_x, global)``, 21 inputs), a second MLP gives the wait
+  action's advantage over the mean instance score from the pooled and global entries (15 inputs):
+  ``Q(s, wait) = mean_g f(x_g, ...) + w(mean_x, max_x, global)``, so the large value common to
+  every action is learnt by the scorer from every transition. The same weights serve any number of
+  instances, and the Q-values are permutation-equivariant (no instance is favoured by its index).
 
 A weight file is a numpy ``.npz`` with arrays ``W0, b0, W1, b1, W2, b2`` (float32; ``W`` is
-in x out, the transpose of torch's ``Linear.weight``) and metadata arrays: ``layout`` (the state
-layout's name, :data:`~fluidopt.rl.core.STATE_LAYOUT`), ``n_instances``, ``variant``, ``command``
-(the command that trains it) and ``config`` (the training configuration as JSON). The network is
-``obs -> ReLU(W0) -> ReLU(W1) -> W2 -> Q-values`` (m instances + wait).
+in x out, the transpose of torch's ``Linear.weight``; for ``shared``: the scorer, and ``U0, c0,
+...`` the wait head) and metadata arrays: ``layout`` (the state layout's name,
+:data:`~fluidopt.rl.core.STATE_LAYOUT`), ``n_instances`` (the fleet it was trained on), ``variant``,
+``arch`` (``mlp`` when missing), ``dispatch`` (``single``: one decision per epoch, the paper's MDP;
+``multi``: decisions for the head until "wait" or an empty queue; ``single`` when missing),
+``command`` (the command that trains it) and ``config`` (the training configuration as JSON).
 """
 
 from __future__ import annotations
@@ -20,7 +34,14 @@ import numpy as np
 from fluidopt.errors import ScenarioError
 from fluidopt.rl.core import STATE_LAYOUT, obs_dim
 
-__all__ = ["QNetwork", "load_weights", "save_weights", "shipped_weights_path"]
+__all__ = ["QNetwork", "SharedQNetwork", "load_weights", "save_weights", "shipped_weights_path"]
+
+INST_FEATURES = 6  # state entries per instance (fluidopt-rl-state-v1)
+GLOBAL_FEATURES = 3
+SCORER_IN = 3 * INST_FEATURES + GLOBAL_FEATURES  # own + mean + max + global
+WAIT_IN = 2 * INST_FEATURES + GLOBAL_FEATURES  # mean + max + global
+ARCHS = ("mlp", "shared")
+DISPATCH = ("single", "multi")
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 
@@ -30,9 +51,15 @@ def shipped_weights_path(variant: str, m: int) -> Path:
     return WEIGHTS_DIR / f"{variant}-rl-{m}.npz"
 
 
+SHIPPED_8 = ("--episodes 30 --requests 2000 --seed 0 --eps-episodes 20 --train-every 4 --arch shared "
+             "--multi-dispatch")
+"""Training options of the shipped 8-instance weights (docs/rl.md section 5; examples/rl_train_all.sh)."""
+
+
 def train_command(variant: str, m: int) -> str:
     scen = {4: "examples/scenarios/rl-router-v100.toml", 8: "examples/scenarios/rl-router-v100-8.toml"}.get(m, "SCENARIO")
-    return f"fluidopt rl train {scen} --variant {variant} --out fluidopt/rl/weights/{variant}-rl-{m}.npz"
+    extra = f" {SHIPPED_8}" if m == 8 else ""
+    return f"fluidopt rl train {scen} --variant {variant}{extra} --out fluidopt/rl/weights/{variant}-rl-{m}.npz"
 
 
 @dataclass(frozen=True)
@@ -43,6 +70,8 @@ class QNetwork:
     n_instances: int
     variant: str = ""
     config: str = "{}"
+    dispatch: str = "single"
+    arch = "mlp"
 
     def q(self, obs: np.ndarray) -> np.ndarray:
         """Q-values (float64) of one observation, the same bit for bit on every machine.
@@ -68,26 +97,115 @@ class QNetwork:
     def act(self, obs: np.ndarray) -> int:
         return int(np.argmax(self.q(obs)))
 
+    def fits(self, m: int) -> bool:
+        """Whether the network serves a fleet of m instances (an MLP: only the one it was built for)."""
+        return m == self.n_instances
+
+
+def _in_order(X: np.ndarray, W: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """X @ W + b for a batch X (rows x in), each unit's products summed in index order (float64).
+
+    The products form an in x rows x out array laid out in C order (forced: with the transposed X
+    numpy would otherwise put the input axis innermost and sum it pairwise); numpy reduces its
+    first axis slice after slice, so every sum runs in index order whatever the CPU (see
+    ``QNetwork.q``)."""
+    P = np.multiply(np.ascontiguousarray(X.T)[:, :, None], W[:, None, :], order="C")
+    return P.sum(axis=0) + b
+
+
+def pooled_inputs(obs: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """(scorer inputs, m x 21; wait-head inputs, 15) of one state vector, in float64."""
+    x = np.asarray(obs, dtype=np.float32).astype(np.float64)
+    inst = x[: INST_FEATURES * m].reshape(m, INST_FEATURES)
+    glob = x[INST_FEATURES * m:]
+    mean = inst.sum(axis=0) / m  # rows added one after another (index order)
+    mx = inst.max(axis=0)
+    ctx = np.concatenate([mean, mx, glob])
+    return np.concatenate([inst, np.broadcast_to(ctx, (m, ctx.size))], axis=1), ctx
+
+
+@dataclass(frozen=True)
+class SharedQNetwork:
+    """Per-instance shared-weights scorer plus a wait head (module doc): any number of instances."""
+
+    scorer: tuple[tuple[np.ndarray, np.ndarray], ...]
+    wait: tuple[tuple[np.ndarray, np.ndarray], ...]
+    n_instances: int
+    variant: str = ""
+    config: str = "{}"
+    dispatch: str = "single"
+    arch = "shared"
+
+    @property
+    def layers(self) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+        return self.scorer + self.wait
+
+    @cached_property
+    def _layers64(self):
+        f = lambda ls: tuple((np.ascontiguousarray(W, dtype=np.float64), np.asarray(b, dtype=np.float64)) for W, b in ls)  # noqa: E731
+        return f(self.scorer), f(self.wait)
+
+    def q(self, obs: np.ndarray) -> np.ndarray:
+        """Q-values (float64, m + 1) of one observation of an m-instance fleet (m from its length),
+        the same bit for bit on every machine (sums in index order, as ``QNetwork.q``)."""
+        obs = np.asarray(obs)
+        m = (obs.shape[-1] - GLOBAL_FEATURES) // INST_FEATURES
+        X, ctx = pooled_inputs(obs, m)
+        sc, wt = self._layers64
+        out = np.empty(m + 1)
+        for i, (W, b) in enumerate(sc):
+            X = _in_order(X, W, b)
+            if i < len(sc) - 1:
+                np.maximum(X, 0.0, out=X)
+        out[:m] = X[:, 0]
+        mean_f = 0.0  # Q(wait) = mean instance score + the wait head; summed in index order
+        for v in X[:, 0].tolist():
+            mean_f += v
+        mean_f /= m
+        y = ctx[None, :]
+        for i, (W, b) in enumerate(wt):
+            y = _in_order(y, W, b)
+            if i < len(wt) - 1:
+                np.maximum(y, 0.0, out=y)
+        out[m] = mean_f + y[0, 0]
+        return out
+
+    def act(self, obs: np.ndarray) -> int:
+        return int(np.argmax(self.q(obs)))
+
+    def fits(self, m: int) -> bool:
+        return m >= 1
+
 
 def save_weights(path: str | Path, net: QNetwork, *, command: str = "") -> Path:
     """Write ``net`` as a weight file (see the module doc)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     arrays = {}
-    for i, (W, b) in enumerate(net.layers):
+    main = net.scorer if net.arch == "shared" else net.layers
+    for i, (W, b) in enumerate(main):
         arrays[f"W{i}"] = np.asarray(W, dtype=np.float32)
         arrays[f"b{i}"] = np.asarray(b, dtype=np.float32)
+    meta = {}
+    if net.arch == "shared":
+        for i, (W, b) in enumerate(net.wait):
+            arrays[f"U{i}"] = np.asarray(W, dtype=np.float32)
+            arrays[f"c{i}"] = np.asarray(b, dtype=np.float32)
+        meta["arch"] = np.array("shared")
+    if net.dispatch != "single":  # files of the paper's MDP stay as they were
+        meta["dispatch"] = np.array(net.dispatch)
     with open(path, "wb") as f:
         np.savez_compressed(f, layout=np.array(STATE_LAYOUT), n_instances=np.array(net.n_instances),
                             variant=np.array(net.variant), config=np.array(net.config),
-                            command=np.array(command), **arrays)
+                            command=np.array(command), **meta, **arrays)
     return path
 
 
-def load_weights(path: str | Path, *, n_instances: int | None = None, hint: str = "") -> QNetwork:
+def load_weights(path: str | Path, *, n_instances: int | None = None, hint: str = "") -> QNetwork | SharedQNetwork:
     """Read a weight file; every problem is one :class:`ScenarioError` line naming the file.
 
-    ``n_instances``: the fleet the weights must be for. ``hint``: the command that makes the file.
+    ``n_instances``: the fleet the weights must be for (an ``mlp`` network serves only the fleet
+    it was built for; a ``shared`` one serves any). ``hint``: the command that makes the file.
     """
     path = Path(path)
     again = f"; train them with: {hint}" if hint else ""
@@ -101,12 +219,47 @@ def load_weights(path: str | Path, *, n_instances: int | None = None, hint: str 
     layout = str(data.get("layout", ""))
     if layout != STATE_LAYOUT:
         raise ScenarioError(f"RL weights {path}: state layout {layout or 'missing'!r}, expected {STATE_LAYOUT!r}{again}")
+    arch = str(data.get("arch", "mlp"))
+    if arch not in ARCHS:
+        raise ScenarioError(f"RL weights {path}: architecture {arch!r}, expected one of {', '.join(ARCHS)}{again}")
+    dispatch = str(data.get("dispatch", "single"))
+    if dispatch not in DISPATCH:
+        raise ScenarioError(f"RL weights {path}: dispatch {dispatch!r}, expected one of {', '.join(DISPATCH)}{again}")
+    layers = _read_layers(data, "W", "b", path, again)
+    try:
+        m = int(data["n_instances"])
+    except (KeyError, ValueError, TypeError):
+        raise ScenarioError(f"RL weights {path}: n_instances missing{again}") from None
+    cfg = str(data.get("config", "{}"))
+    try:
+        json.loads(cfg)
+    except ValueError:
+        cfg = "{}"
+    variant = str(data.get("variant", ""))
+    if arch == "shared":
+        wait = _read_layers(data, "U", "c", path, again)
+        for name, ls, n_in in (("scorer", layers, SCORER_IN), ("wait head", wait, WAIT_IN)):
+            if ls[0][0].shape[0] != n_in or ls[-1][0].shape[1] != 1:
+                raise ScenarioError(f"RL weights {path}: the {name} maps {ls[0][0].shape[0]} -> {ls[-1][0].shape[1]}, "
+                                    f"expected {n_in} -> 1{again}")
+        # instance-count independent: n_instances only records the fleet it was trained on
+        return SharedQNetwork(tuple(layers), tuple(wait), m, variant, cfg, dispatch)
+    if layers[0][0].shape[0] != obs_dim(m) or layers[-1][0].shape[1] != m + 1:
+        raise ScenarioError(f"RL weights {path}: the network maps {layers[0][0].shape[0]} -> {layers[-1][0].shape[1]}, "
+                            f"expected {obs_dim(m)} -> {m + 1} for {m} instances{again}")
+    if n_instances is not None and m != n_instances:
+        raise ScenarioError(f"RL weights {path}: trained for {m} instances, the scenario has {n_instances}; "
+                            f"train weights for it{again or ' with: fluidopt rl train SCENARIO --out FILE'}")
+    return QNetwork(tuple(layers), m, variant, cfg, dispatch)
+
+
+def _read_layers(data: dict, wk: str, bk: str, path: Path, again: str) -> list:
     layers = []
     i = 0
-    while f"W{i}" in data:
-        if f"b{i}" not in data:
-            raise ScenarioError(f"RL weights {path}: W{i} without b{i}{again}")
-        W, b = data[f"W{i}"].astype(np.float32), data[f"b{i}"].astype(np.float32)
+    while f"{wk}{i}" in data:
+        if f"{bk}{i}" not in data:
+            raise ScenarioError(f"RL weights {path}: {wk}{i} without {bk}{i}{again}")
+        W, b = data[f"{wk}{i}"].astype(np.float32), data[f"{bk}{i}"].astype(np.float32)
         if W.ndim != 2 or b.shape != (W.shape[1],) or (layers and layers[-1][0].shape[1] != W.shape[0]):
             raise ScenarioError(f"RL weights {path}: layer {i} has shapes {W.shape} and {b.shape}, which do not chain{again}")
         if not (np.isfinite(W).all() and np.isfinite(b).all()):
@@ -114,20 +267,5 @@ def load_weights(path: str | Path, *, n_instances: int | None = None, hint: str 
         layers.append((W, b))
         i += 1
     if not layers:
-        raise ScenarioError(f"RL weights {path}: no layers (W0, b0, ...){again}")
-    try:
-        m = int(data["n_instances"])
-    except (KeyError, ValueError, TypeError):
-        raise ScenarioError(f"RL weights {path}: n_instances missing{again}") from None
-    if layers[0][0].shape[0] != obs_dim(m) or layers[-1][0].shape[1] != m + 1:
-        raise ScenarioError(f"RL weights {path}: the network maps {layers[0][0].shape[0]} -> {layers[-1][0].shape[1]}, "
-                            f"expected {obs_dim(m)} -> {m + 1} for {m} instances{again}")
-    if n_instances is not None and m != n_instances:
-        raise ScenarioError(f"RL weights {path}: trained for {m} instances, the scenario has {n_instances}; "
-                            f"train weights for it{again or ' with: fluidopt rl train SCENARIO --out FILE'}")
-    cfg = str(data.get("config", "{}"))
-    try:
-        json.loads(cfg)
-    except ValueError:
-        cfg = "{}"
-    return QNetwork(tuple(layers), m, str(data.get("variant", "")), cfg)
+        raise ScenarioError(f"RL weights {path}: no layers ({wk}0, {bk}0, ...){again}")
+    return layers

@@ -2,10 +2,17 @@
 
 Each is a :class:`~fluidopt.rl.core.RouterCore` that decides every 0.02 s (``on_tick``): when the
 router queue holds a request, the greedy action of the trained Q-network (numpy inference, no
-torch) sends its head to an instance or waits. Weights ship in ``fluidopt/rl/weights/`` as
+torch) sends its head to an instance or waits. Weights trained with multi-dispatch epochs
+(``dispatch = "multi"`` in the file) decide again for the new head after each dispatch, in the same
+tick, until the network chooses "wait" or the router queue is empty (docs/rl.md section 2). Weights ship in ``fluidopt/rl/weights/`` as
 ``<variant>-rl-<m>.npz`` (m = instances); ``weights=PATH`` loads another file. Options:
-``weights`` (path), ``accuracy`` (the noisy oracle's bucket accuracy, default 0.79) and
-``predictor_seed`` (the oracle's seed; the same seed gives every router the same predictions).
+``weights`` (path), ``accuracy`` (the noisy oracle's bucket accuracy, default 0.79),
+``predictor_seed`` (the oracle's seed; the same seed gives every router the same predictions) and
+``max_wait`` (epochs; 0, the default, means none): once the head of the router queue has been kept
+waiting that many consecutive decisions, the router sends it to the instance with the highest
+Q-value instead of waiting again. A guard at inference only, not part of training: a greedy policy
+whose wait value exceeds every dispatch in a state that waiting does not change (an idle fleet)
+would otherwise wait for ever (docs/rl.md section 5).
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ from fluidopt.control.registry import register
 from fluidopt.errors import ScenarioError
 from fluidopt.model import Scenario
 from fluidopt.rl.core import RouterCore
-from fluidopt.rl.mlp import QNetwork, load_weights, shipped_weights_path, train_command
+from fluidopt.rl.mlp import QNetwork, SharedQNetwork, load_weights, shipped_weights_path, train_command
 from fluidopt.rl.predictors import NoisyOracle
 
 __all__ = ["RLRouter", "make_rl_router"]
@@ -25,54 +32,75 @@ class RLRouter(RouterCore):
     """A trained Q-network routing the head of the router queue every ``EPOCH`` seconds."""
 
 
-    def __init__(self, scenario: Scenario, net: QNetwork, *, predictor=None, name: str = "rl"):
+    def __init__(self, scenario: Scenario, net: QNetwork | SharedQNetwork, *, predictor=None, name: str = "rl",
+                 max_wait: int = 0):
         super().__init__(scenario.gpu, predictor=predictor)
+        if isinstance(max_wait, bool) or not isinstance(max_wait, int) or max_wait < 0:
+            raise ScenarioError(f"{name}: max_wait: expected an integer >= 0 (epochs; 0 = no limit), got {max_wait!r}")
+        self.max_wait = max_wait
+        self.forced = 0  # waits overridden by max_wait
+        self._head_waits = 0
         self.net = net
         self.name = name
+        self.multi = net.dispatch == "multi"
         self.decisions = 0
         self.waits = 0
 
     def setup(self, ctx: Context) -> None:
         super().setup(ctx)
-        if ctx.n_gpus != self.net.n_instances:
+        self.sent = [0] * self.n  # dispatches per instance (the action histogram)
+        if not self.net.fits(ctx.n_gpus):
             raise ScenarioError(f"{self.name}: weights for {self.net.n_instances} instances, the scenario has {ctx.n_gpus}")
 
     def on_tick(self, ctx: Context) -> None:
         q = self.router_queue
-        if ctx.qlen(q) == 0:
-            return
-        a = self.net.act(self.observe(ctx))
-        self.decisions += 1
-        if a < self.n:
+        act = self.net.act
+        while ctx.qlen(q):
+            if self.max_wait and self._head_waits >= self.max_wait:
+                a = int(self.net.q(self.observe(ctx))[: self.n].argmax())
+                self.forced += 1
+            else:
+                a = act(self.observe(ctx))
+            self.decisions += 1
+            if a >= self.n:
+                self.waits += 1
+                self._head_waits += 1
+                return
+            self._head_waits = 0
+            self.sent[a] += 1
             self.dispatch(ctx, ctx.head(q), a)
-        else:
-            self.waits += 1
+            if not self.multi:
+                return
 
 
 def make_rl_router(variant: str, scenario: Scenario, *, weights: str | None = None, accuracy: float = 0.79,
-                   predictor_seed: int = 0) -> RLRouter:
+                   predictor_seed: int = 0, max_wait: int = 0) -> RLRouter:
     """Build the ``<variant>-rl`` router for ``scenario`` from its weights."""
     if not isinstance(scenario, Scenario):
         raise ScenarioError(f"{variant}-rl: expected a Scenario, got {type(scenario).__name__}")
     m = scenario.gpus
     path = weights if weights is not None else shipped_weights_path(variant, m)
-    net = load_weights(path, n_instances=m, hint=train_command(variant, m))
-    return RLRouter(scenario, net, predictor=NoisyOracle(accuracy, seed=predictor_seed), name=f"{variant}-rl")
+    net = load_weights(path, n_instances=m, hint=train_command(variant, m))  # a shared network fits any m
+    return RLRouter(scenario, net, predictor=NoisyOracle(accuracy, seed=predictor_seed), name=f"{variant}-rl",
+                    max_wait=max_wait)
 
 
 @register("baseline-rl", description="RL router (Double DQN), reward: progress + completions (Jain et al.)")
 def make_baseline_rl(scenario: Scenario, *, weights: str | None = None, accuracy: float = 0.79,
-                     predictor_seed: int = 0) -> RLRouter:
-    return make_rl_router("baseline", scenario, weights=weights, accuracy=accuracy, predictor_seed=predictor_seed)
+                     predictor_seed: int = 0, max_wait: int = 0) -> RLRouter:
+    return make_rl_router("baseline", scenario, weights=weights, accuracy=accuracy, predictor_seed=predictor_seed,
+                          max_wait=max_wait)
 
 
 @register("wa-rl", description="workload-aware RL router: + fixed mixing penalty (Jain et al.)")
 def make_wa_rl(scenario: Scenario, *, weights: str | None = None, accuracy: float = 0.79,
-               predictor_seed: int = 0) -> RLRouter:
-    return make_rl_router("wa", scenario, weights=weights, accuracy=accuracy, predictor_seed=predictor_seed)
+               predictor_seed: int = 0, max_wait: int = 0) -> RLRouter:
+    return make_rl_router("wa", scenario, weights=weights, accuracy=accuracy, predictor_seed=predictor_seed,
+                          max_wait=max_wait)
 
 
 @register("wg-rl", description="workload-guided RL router: annealed mixing guidance (Jain et al.)")
 def make_wg_rl(scenario: Scenario, *, weights: str | None = None, accuracy: float = 0.79,
-               predictor_seed: int = 0) -> RLRouter:
-    return make_rl_router("wg", scenario, weights=weights, accuracy=accuracy, predictor_seed=predictor_seed)
+               predictor_seed: int = 0, max_wait: int = 0) -> RLRouter:
+    return make_rl_router("wg", scenario, weights=weights, accuracy=accuracy, predictor_seed=predictor_seed,
+                          max_wait=max_wait)
