@@ -477,6 +477,11 @@ def replay(path: PathLike, scenario: Scenario, *, speedup: float = 1.0) -> tuple
         frame = pd.DataFrame({"time": df["time"].to_numpy(), "prompt": df["prompt"].to_numpy(),
                               "output": df["output"].to_numpy(), "cls": np.zeros(len(df), dtype=np.int64)})
         return scenario, TraceWorkload(frame, names, speedup=speedup, name=_label(p), notes=df.attrs.get("notes", ()))
+    t = df["time"].to_numpy()
+    if len(t) and float(t.max() - t.min()) <= 0.0:
+        raise TraceError(f"trace file {str(p)!r}: all {len(t)} request(s) arrive at the same instant, so per-class "
+                         "rates cannot be derived from it; give a trace spanning more than 0 s, a 'class' column "
+                         "naming the scenario's classes, or a single-class scenario")
     work = _workload(df, "thresholds", speedup=speedup, max_requests=None, name=_label(p))
     patience = float(np.mean([c.patience for c in scenario.classes]))
     classes = tuple(classes_from_trace(work, patience=patience))

@@ -63,9 +63,12 @@ def assert_clean(argv: list[str], code: int, err: str) -> None:
     assert "Traceback" not in err, f"{argv}: traceback:\n{err}"
     assert code in (0, 2, 130), f"{argv}: exit {code}\n{err}"
     if code == 2:
+        # one error line, last; warnings about the input (one line each) may come before it
         lines = [ln for ln in err.splitlines() if ln.strip()]
-        assert len(lines) == 1, f"{argv}: expected one error line, got {len(lines)}:\n{err}"
-        assert lines[0].startswith("fluidopt"), f"{argv}: {lines[0]!r}"
+        errors = [ln for ln in lines if ": warning: " not in ln]
+        assert len(errors) == 1, f"{argv}: expected one error line, got {len(errors)}:\n{err}"
+        assert lines[-1] == errors[0] and errors[0].startswith("fluidopt"), f"{argv}: {err!r}"
+        assert all(ln.startswith("fluidopt") for ln in lines), f"{argv}: {err!r}"
 
 
 # -- scenario files ---------------------------------------------------------------------------------
@@ -210,3 +213,17 @@ def test_unwritable_output_folder(tmp_path, capsys):
         assert code == 2 and "not writable" in err
     finally:
         d.chmod(0o700)
+
+
+def test_trace_with_no_time_span(tmp_path, capsys):
+    """Found by test_trace_files: a multi-class scenario cannot take its rates from a trace whose
+    requests all arrive at once; the CLI says so in one error line after its input warnings."""
+    f = tmp_path / "t.csv"
+    f.write_text("time,prompt_tokens,output_tokens\n0,0,0\n")
+    argv = ["simulate", "--trace", str(f), "--service", "tokens", "--gpus", "2", "--horizon", "5",
+            "--policy", "round-robin", "--no-progress"]
+    code, out, err = run_cli(argv, capsys)
+    assert code == 2
+    assert_clean(argv, code, err)
+    assert "arrive at the same instant" in err.splitlines()[-1]
+    assert sum(": warning: " in ln for ln in err.splitlines()) == 2
