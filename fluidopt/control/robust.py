@@ -343,7 +343,8 @@ class _Mechanisms:
             ctx.set_pool(range(M, n), SOLO_POOL, prefill=self.overflow, max_decodes=B)
         self._overflowing = 0
         mo = self.max_overflow_option
-        self._max_overflow = ((n - M) if mo is None else int(mo)) if self.overflow else 0
+        # never more than the solo GPUs (each hosts at most one prefill): with no solo pool, no overflow
+        self._max_overflow = ((n - M) if mo is None else min(int(mo), n - M)) if self.overflow else 0
 
     def _bind_mechanisms(self, ctx: Context) -> None:
         self._apply(self.solution, self._lam_plan.copy())  # a reused controller starts from its plan

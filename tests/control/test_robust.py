@@ -616,3 +616,21 @@ def test_a_one_gpu_fleet_has_no_solo_pool_and_still_runs():
                    controller_options={"overflow": False, "resolve": False})
     t = res.totals
     assert t["completed"] > 0 and t["requests"] == t["completed"] + t["abandoned"] + t["dropped"] + t["in_system"]
+
+
+@pytest.mark.parametrize("backend", ["python", "compiled"])
+def test_max_overflow_with_no_solo_pool(backend):
+    """Found by the fast-path property test: one GPU, all of it mixed, and max_overflow=1 asked for a
+    solo pool that does not exist. Overflow is capped at the solo GPUs (none here)."""
+    from fluidopt.sim.api import simulate
+
+    sc = Scenario(gpu=GPUProfile(alpha=0.015625, beta=0.00013370452253268737, tau_solo=0.1, chunk=32, batch=2),
+                  gpus=1, classes=(RequestClass(name="c0", prompt=20.0, decode=5.0, rate=1.0, patience=1.0),),
+                  prefill_price=0.0, decode_price=0.1, name="random")
+    if backend == "compiled":
+        pytest.importorskip("fluidopt.sim._cengine")
+    ctrl = make_controller("backpressure-gate-and-route", sc, max_overflow=1, decode_order="fcfs", caps=True)
+    assert ctrl.plan_mixed_gpus(1) == 1  # no solo pool
+    res = simulate(sc, ctrl, horizon=60.0, warmup=6.0, seed=0, service="markov", backend=backend)
+    s = res.summary()
+    assert s["requests"] > 0 and s["completed"] > 0
