@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-__all__ = ["ROOT", "hand_scenario", "random_fleet", "replay_trace", "run_cli"]
+__all__ = ["ROOT", "grid01_scenario", "hand_scenario", "random_fleet", "replay_trace", "run_cli"]
 
 
 
@@ -65,10 +65,10 @@ def run_cli(*argv: str, cwd: Path = ROOT, timeout: float = 300) -> subprocess.Co
                           env=env, timeout=timeout, check=False)
 
 
-def random_fleet(draw):
+def random_fleet(draw, max_gpus: int = 6):
     """Inside a ``hypothesis.strategies.composite``: a random small fleet and service for invariant tests.
 
-    1-6 GPUs, batch 2-8, markov or tokens (tokens sometimes with a KV cache), 1-3 classes loaded
+    1-``max_gpus`` GPUs, batch 2-8, markov or tokens (tokens sometimes with a KV cache), 1-3 classes loaded
     0.05-1.5 requests per GPU per second with patience, a near-zero decode price sometimes so that the
     LP leaves a class out (x* = 0). Returns (scenario, service); the draws come in a fixed order, so
     derandomized tests see the same examples whichever test asks.
@@ -77,7 +77,7 @@ def random_fleet(draw):
 
     from fluidopt.model import GPUProfile, RequestClass, Scenario
 
-    n = draw(st.integers(1, 6))
+    n = draw(st.integers(1, max_gpus))
     B = draw(st.integers(2, 8))
     service = draw(st.sampled_from(("markov", "tokens")))
     kv = None
@@ -110,3 +110,18 @@ def load_example(name: str):
     sys.modules[key] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+def grid01_scenario(n: int = 20, name: str = "grid-01"):
+    """Random grid instance 01 (docs/results.md section 5) on ``n`` GPUs: gamma tau = 11 (a mixed
+    iteration is 11x slower than a solo one), class 1 rationed, class 2 not admitted (x_2* = 0), so the
+    plan rations every class it admits and BP-GR's elastic mechanism is on."""
+    from fluidopt.model import GPUProfile, RequestClass, Scenario
+
+    gpu = GPUProfile(alpha=0.016491513836777848, beta=0.0008588640020112191, tau_solo=0.021370258211973255,
+                     chunk=256, batch=16, name="draw1")
+    classes = (RequestClass("class1", prompt=1980.4382516050239, decode=2307.6498718214425,
+                            rate=0.37878842408058794 * n, patience=0.1),
+               RequestClass("class2", prompt=2512.506723451596, decode=1455.465527120289,
+                            rate=0.3347031133284405 * n, patience=0.1))
+    return Scenario(gpu=gpu, gpus=n, classes=classes, prefill_price=0.1, decode_price=0.2, name=name)

@@ -16,6 +16,7 @@ from dataclasses import replace
 
 import pandas as pd
 import pytest
+from builders import grid01_scenario, random_fleet
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -125,18 +126,6 @@ def test_fast_path_follows_rolling_re_solves(monkeypatch, tmp_path, policy, serv
     assert ctrl.resolves > 0
 
 
-def _grid01(n: int = 20) -> Scenario:
-    """Random grid instance 01 (tests/control/test_robust.py::_all_rationed): the plan rations every
-    class it admits and gamma tau = 11, so BP-GR's elastic mechanism (the floating GPU) is on."""
-    gpu = GPUProfile(alpha=0.016491513836777848, beta=0.0008588640020112191, tau_solo=0.021370258211973255,
-                     chunk=256, batch=16, name="draw1")
-    classes = (RequestClass("class1", prompt=1980.4382516050239, decode=2307.6498718214425,
-                            rate=0.37878842408058794 * n, patience=0.1),
-               RequestClass("class2", prompt=2512.506723451596, decode=1455.465527120289,
-                            rate=0.3347031133284405 * n, patience=0.1))
-    return Scenario(gpu=gpu, gpus=n, classes=classes, prefill_price=0.1, decode_price=0.2, name="grid-01")
-
-
 @pytest.mark.integration
 @needs_fast
 @pytest.mark.parametrize("opts", [{}, {"resolve": False}, {"caps": True, "decode_order": "fcfs"}, {"elastic": False}])
@@ -144,7 +133,7 @@ def _grid01(n: int = 20) -> Scenario:
 def test_fast_path_with_the_elastic_mechanism(monkeypatch, tmp_path, opts, case):
     """BP-GR on grid-01, where the elastic plan is active (floating GPU, full in-flight counts in the
     backpressure sum): fast path and Python handlers agree, and elastic changes the run."""
-    sc = _grid01(20)
+    sc = grid01_scenario(20)  # the plan rations every class it admits: elastic is on
     if case == "tokens-kv":
         sc = replace(sc, gpu=replace(sc.gpu, kv_capacity=60000.0, kv_time_per_token=1e-7))
     service = "markov" if case == "markov" else "tokens"
@@ -175,19 +164,9 @@ def test_fast_path_with_average_caps(monkeypatch, tmp_path, opts, case):
 
 @st.composite
 def _fleets(draw):
-    n = draw(st.integers(1, 24))
-    service = draw(st.sampled_from(("markov", "tokens")))
-    kv = float(draw(st.integers(1500, 9000))) if service == "tokens" and draw(st.booleans()) else None
-    gpu = GPUProfile.from_gamma(alpha=draw(st.floats(0.005, 0.03)), beta=draw(st.floats(1e-6, 2e-4)),
-                                gamma=draw(st.floats(10.0, 60.0)), chunk=draw(st.sampled_from((32, 256))),
-                                batch=draw(st.integers(2, 8)), kv_capacity=kv)
-    classes = tuple(RequestClass(f"c{i}", prompt=draw(st.floats(20.0, 1500.0)), decode=draw(st.floats(5.0, 500.0)),
-                                 rate=n * draw(st.floats(0.1, 1.5)), patience=draw(st.floats(0.05, 1.0)))
-                    for i in range(draw(st.integers(1, 3))))
-    sc = Scenario(gpu=gpu, gpus=n, classes=classes, prefill_price=draw(st.floats(0.0, 0.2)), decode_price=0.1,
-                  name="random")
+    sc, service = random_fleet(draw, max_gpus=24)
     policy, opts = draw(st.sampled_from(POLICIES))
-    horizon = float(min(60.0, 300.0 / sum(c.rate for c in classes)))
+    horizon = float(min(60.0, 300.0 / sum(c.rate for c in sc.classes)))
     return sc, policy, opts, service, horizon, draw(st.integers(0, 2**16))
 
 

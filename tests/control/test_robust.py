@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from builders import random_fleet
+from builders import grid01_scenario, random_fleet
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -273,15 +273,9 @@ def test_sli_variant_caps_the_rationed_class():
 
 # -- elastic prefill capacity (a plan that rations every class it admits) ----------------------------
 def _all_rationed(n: int = 20) -> tuple[Scenario, object]:
-    """Random grid instance 01's parameters: gamma tau = 11 (a mixed iteration is 11x slower), class 1
-    rationed (served fraction 0.55), class 2 not admitted at all (x_2* = 0)."""
-    gpu = GPUProfile(alpha=0.016491513836777848, beta=0.0008588640020112191, tau_solo=0.021370258211973255,
-                     chunk=256, batch=16, name="draw1")
-    classes = (RequestClass("class1", prompt=1980.4382516050239, decode=2307.6498718214425,
-                            rate=0.37878842408058794 * n, patience=0.1),
-               RequestClass("class2", prompt=2512.506723451596, decode=1455.465527120289,
-                            rate=0.3347031133284405 * n, patience=0.1))
-    s = Scenario(gpu=gpu, gpus=n, classes=classes, prefill_price=0.1, decode_price=0.2, name="all-rationed")
+    """Random grid instance 01 (builders.grid01_scenario): gamma tau = 11, class 1 rationed (served
+    fraction 0.55), class 2 not admitted at all (x_2* = 0)."""
+    s = grid01_scenario(n, name="all-rationed")
     return s, solve_fluid(s)
 
 
