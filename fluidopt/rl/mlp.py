@@ -91,8 +91,7 @@ class QNetwork:
     @cached_property
     def _layers64(self) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
         """The layers in float64, converted once (the frozen dataclass keeps its float32 fields)."""
-        return tuple((np.ascontiguousarray(W, dtype=np.float64), np.asarray(b, dtype=np.float64))
-                     for W, b in self.layers)
+        return _float64_layers(self.layers)
 
     def act(self, obs: np.ndarray) -> int:
         return int(np.argmax(self.q(obs)))
@@ -100,6 +99,19 @@ class QNetwork:
     def fits(self, m: int) -> bool:
         """Whether the network serves a fleet of m instances (an MLP: only the one it was built for)."""
         return m == self.n_instances
+
+
+def _float64_layers(layers) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+    return tuple((np.ascontiguousarray(W, dtype=np.float64), np.asarray(b, dtype=np.float64)) for W, b in layers)
+
+
+def _relu_mlp(X: np.ndarray, layers64) -> np.ndarray:
+    """A batch X through float64 ReLU layers (no ReLU after the last), every sum in index order."""
+    for i, (W, b) in enumerate(layers64):
+        X = _in_order(X, W, b)
+        if i < len(layers64) - 1:
+            np.maximum(X, 0.0, out=X)
+    return X
 
 
 def _in_order(X: np.ndarray, W: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -142,8 +154,7 @@ class SharedQNetwork:
 
     @cached_property
     def _layers64(self):
-        f = lambda ls: tuple((np.ascontiguousarray(W, dtype=np.float64), np.asarray(b, dtype=np.float64)) for W, b in ls)  # noqa: E731
-        return f(self.scorer), f(self.wait)
+        return _float64_layers(self.scorer), _float64_layers(self.wait)
 
     def q(self, obs: np.ndarray) -> np.ndarray:
         """Q-values (float64, m + 1) of one observation of an m-instance fleet (m from its length),
@@ -153,21 +164,13 @@ class SharedQNetwork:
         X, ctx = pooled_inputs(obs, m)
         sc, wt = self._layers64
         out = np.empty(m + 1)
-        for i, (W, b) in enumerate(sc):
-            X = _in_order(X, W, b)
-            if i < len(sc) - 1:
-                np.maximum(X, 0.0, out=X)
+        X = _relu_mlp(X, sc)
         out[:m] = X[:, 0]
         mean_f = 0.0  # Q(wait) = mean instance score + the wait head; summed in index order
         for v in X[:, 0].tolist():
             mean_f += v
         mean_f /= m
-        y = ctx[None, :]
-        for i, (W, b) in enumerate(wt):
-            y = _in_order(y, W, b)
-            if i < len(wt) - 1:
-                np.maximum(y, 0.0, out=y)
-        out[m] = mean_f + y[0, 0]
+        out[m] = mean_f + _relu_mlp(ctx[None, :], wt)[0, 0]
         return out
 
     def act(self, obs: np.ndarray) -> int:
