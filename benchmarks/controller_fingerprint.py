@@ -3,8 +3,9 @@
     python benchmarks/controller_fingerprint.py OUT.json         # then: cmp BEFORE.json AFTER.json
     FLUIDOPT_ENGINE=python PYTHONPATH=/tmp/old_tree python benchmarks/controller_fingerprint.py OLD.json
 
-42 cases: FI-WSP, Gate-and-Route, Prioritize-and-Route, SLI-aware Gate-and-Route and the robust
-variants (fluidopt.control.robust) with several option sets, each in ``markov``, ``tokens`` and
+45 cases: FI-WSP, Gate-and-Route, Prioritize-and-Route, SLI-aware Gate-and-Route and the robust
+variants (fluidopt.control.robust) with several option sets, and the reference FCFS policy
+(reserved-prefill-fcfs, the textbook queues' controller), each in ``markov``, ``tokens`` and
 ``tokens`` with a KV cache and its time term (preemptions, drops), on a 40-GPU paper instance; per
 case the events, every total, the revenue and a SHA-256 of the per-request records. Policies a
 tree does not register are listed as missing. Run it under any engine: the numbers are the same bit
@@ -39,6 +40,7 @@ CASES = [
     ("backpressure-sli-gate-and-route", {}),
     ("backpressure-sli-gate-and-route", {"caps": False, "staffing": False}),
     ("sli-weighted-gate-and-route", {}),
+    ("reserved-prefill-fcfs", {}),
 ]
 MODES = ("markov", "tokens", "tokens+kv")
 

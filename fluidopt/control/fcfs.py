@@ -7,6 +7,9 @@ exactness tests (:mod:`fluidopt.sim.textbook`) compare it with :mod:`fluidopt.qu
 
 from __future__ import annotations
 
+from typing import Any
+
+from fluidopt.control import fastpath
 from fluidopt.control.protocol import DECODE_QUEUE, PREFILL_QUEUE, Context, Controller
 from fluidopt.control.registry import register
 from fluidopt.errors import ScenarioError
@@ -31,6 +34,7 @@ class ReservedPrefillFCFS(Controller):
     """
 
     name = "reserved-prefill-fcfs"
+    _fast: Any = None  # the compiled fast path bound by setup (fluidopt.control.fastpath), or None
 
     def __init__(self, *, prefill_gpus: int | None = None, decode_on_prefill_gpus: bool = True):
         self.prefill_gpus = prefill_gpus
@@ -49,6 +53,7 @@ class ReservedPrefillFCFS(Controller):
         self._idle = ctx.idle_prefill(0)
         self._dec = [ctx.free_decode(1) if m < n else None, ctx.free_decode(0)]
         self._kv = ctx.gpu_kv_free(0) != float("inf")
+        self._fast = fastpath.bind(self, ctx)  # compiled handlers on the compiled engine (same decisions)
 
     def _fits(self, ctx: Context, r: int, g: int) -> bool:
         """KV room on g for r's prompt (plus the tokens it already generated); always without a KV cap."""

@@ -100,6 +100,88 @@ def _array_q(n):
     return array("q", [0]) * max(int(n), 1)
 
 
+# fluidopt.control.fcfs.ReservedPrefillFCFS, the reference policy of the textbook queues
+# (fluidopt.sim.textbook, the M/M/c+M benchmark): its handlers, transcribed like FastGate's below;
+# controller_fastpath.bind makes a FastFCFS for ROUTE_FCFS.
+ROUTE_FCFS = 4
+_FCFS_METHODS = ("setup", "_fits", "on_arrival", "on_prefill_done", "on_slot_freed")
+MIRRORS["ReservedPrefillFCFS"] = (ROUTE_FCFS, GATE_DEVIATION, _FCFS_METHODS,
+                                 "416ccbd3d05909542b9fb0eafb97b4e22953b14e7563399b8779a5442710cf9c")
+
+
+cdef class FastFCFS:
+    """The fast handlers of a ReservedPrefillFCFS on the compiled engine (see the module docstring)."""
+
+    cdef readonly object ctrl
+    cdef readonly int route, gate
+    cdef bint kv
+    cdef GpuSet idle, solo, mixed  # the controller's _idle and _dec (solo: None without decode-only GPUs)
+
+    def __init__(self, ctrl, int route, int gate, metrics_layout):
+        self.ctrl = ctrl
+        self.route = route
+        self.gate = gate
+        self.sync()
+
+    def __reduce__(self):
+        return _gone, ()
+
+    def __deepcopy__(self, memo):
+        return None
+
+    def sync(self):
+        c = self.ctrl
+        self.kv = bool(c._kv)
+        self.idle = c._idle
+        self.solo, self.mixed = c._dec
+
+    cdef bint _fits(self, Engine e, Py_ssize_t r, Py_ssize_t g):
+        # ReservedPrefillFCFS._fits
+        if not self.kv:
+            return True
+        return e.gpu_kv_free(g) >= e.r_prompt[r] + e.req_generated(r)
+
+    cdef inline bint _has(self, GpuSet s, Py_ssize_t g):
+        # g in s (GpuSet.__contains__ for a GPU id)
+        return 0 <= g < s._pos.shape[0] and s._pos[g] >= 0
+
+    def on_arrival(self, Engine e, Py_ssize_t r):
+        # ReservedPrefillFCFS.on_arrival
+        cdef Py_ssize_t g
+        if e.q_tot[PREFILL_QUEUE] == 0:
+            g = self.idle.choice()
+            if g >= 0 and (not self.kv or self._fits(e, r, g)):
+                e.start_prefill(r, g)
+
+    def on_prefill_done(self, Engine e, Py_ssize_t r, Py_ssize_t g):
+        # ReservedPrefillFCFS.on_prefill_done: the solo pool's free-decode set, then the mixed one's
+        cdef Py_ssize_t h
+        cdef GpuSet s = self.solo
+        if s is not None and s._len:
+            h = s.choice()
+            if not self.kv or self._fits(e, r, h):
+                e.start_decode(r, h)
+                return
+        s = self.mixed
+        if s is not None and s._len:
+            h = s.choice()
+            if not self.kv or self._fits(e, r, h):
+                e.start_decode(r, h)
+
+    def on_slot_freed(self, Engine e, Py_ssize_t g):
+        # ReservedPrefillFCFS.on_slot_freed
+        cdef Py_ssize_t r
+        if self._has(self.idle, g):
+            r = e.head(PREFILL_QUEUE, -1)
+            if r >= 0 and (not self.kv or self._fits(e, r, g)):
+                e.start_prefill(r, g)
+        if e.q_tot[DECODE_QUEUE]:
+            if self._has(self.mixed, g) or (self.solo is not None and self._has(self.solo, g)):
+                r = e.head(DECODE_QUEUE, -1)
+                if not self.kv or self._fits(e, r, g):
+                    e.start_decode(r, g)
+
+
 cdef class FastGate:
     """The fast handlers of one controller for runs on the compiled engine (see the module docstring)."""
 

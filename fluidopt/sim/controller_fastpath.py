@@ -3,7 +3,8 @@
 ``fluidopt.sim._cgate`` (built by setup.py next to the compiled engine core, from
 ``fluidopt/sim/_cgate.pyx``) holds transcriptions of the Python handlers of the gate-and-route
 family (Gate-and-Route, Prioritize-and-Route, SLI-aware Gate-and-Route and the robust variants of
-:mod:`fluidopt.control.robust`) and of the FI-WSP baseline that read the compiled engine's state as typed arrays and call its
+:mod:`fluidopt.control.robust`), of the FI-WSP baseline and of the reference FCFS policy
+(:mod:`fluidopt.control.fcfs`, the textbook queues' controller) that read the compiled engine's state as typed arrays and call its
 actions at C level. :func:`bind`, registered with :func:`fluidopt.control.fastpath.set_binder` when
 this module is imported (by ``fluidopt/sim/__init__.py``) and called through
 :func:`fluidopt.control.fastpath.bind` at the end of the controllers' ``setup``, installs them as the
@@ -42,7 +43,8 @@ __all__ = ["bind", "mirror_digest", "status"]
 # handler name -> the engine attribute that holds its callback (fluidopt/sim/engine.pxd)
 _CALLBACKS = (("on_arrival", "_cb_arrival"), ("on_prefill_done", "_cb_pdone"), ("on_slot_freed", "_cb_freed"),
               ("on_abandon", "_cb_abandon"), ("on_preempt", "_cb_preempt"), ("on_drop", "_cb_drop"))
-_BUILTIN_MODULES = ("fluidopt.control.gate_and_route", "fluidopt.control.robust", "fluidopt.control.paper_baselines")
+_BUILTIN_MODULES = ("fluidopt.control.gate_and_route", "fluidopt.control.robust", "fluidopt.control.paper_baselines",
+                    "fluidopt.control.fcfs")
 
 
 @functools.lru_cache(maxsize=1)
@@ -123,7 +125,8 @@ def bind(ctrl: Any, ctx: Any) -> Any:
         return None
     from fluidopt.sim import metrics
 
-    fast = mod.FastGate(ctrl, spec[0], spec[1], (metrics.N_CLASS_QTY, metrics.X_PREFILL))
+    fast_cls = mod.FastFCFS if spec[0] == mod.ROUTE_FCFS else mod.FastGate
+    fast = fast_cls(ctrl, spec[0], spec[1], (metrics.N_CLASS_QTY, metrics.X_PREFILL))
     for name, attr in _CALLBACKS:
         handler = getattr(fast, name, None)
         if handler is not None and getattr(ctx, attr) == getattr(ctrl, name, None):

@@ -115,6 +115,30 @@ def test_fast_path_gives_the_python_handlers_numbers(monkeypatch, tmp_path, poli
 
 @pytest.mark.integration
 @needs_fast
+@pytest.mark.parametrize("opts", [{}, {"prefill_gpus": 7}, {"prefill_gpus": 5, "decode_on_prefill_gpus": False}])
+@pytest.mark.parametrize("case", ["paper-markov", "paper-tokens", "paper-tokens-kv", "two-markov", "two-tokens-kv",
+                                  "erlang-a", "mg1"])
+def test_reference_fcfs_fast_path_gives_the_python_handlers_numbers(monkeypatch, tmp_path, opts, case):
+    """ReservedPrefillFCFS (the textbook queues' controller): its solo and mixed pools, the KV check."""
+    from fluidopt.sim.textbook import erlang_setup, mg1_setup
+
+    if case == "erlang-a":
+        sc = erlang_setup(12, 10.0, 1.0, 0.5)[0]
+    elif case == "mg1":
+        sc = mg1_setup(5.0, 0.01, 12.0)[0]
+        opts = {"prefill_gpus": 1, "decode_on_prefill_gpus": opts.get("decode_on_prefill_gpus", True)}
+    else:
+        sc = {"paper-markov": _paper(12), "paper-tokens": _paper(12), "paper-tokens-kv": _paper(12, kv=20000.0),
+              "two-markov": _two_class(), "two-tokens-kv": _two_class(kv=3000.0, kv_time=2e-7)}[case]
+    service = "tokens" if "tokens" in case or case == "mg1" else "markov"
+    res = _both(monkeypatch, tmp_path, sc, "reserved-prefill-fcfs", opts, service)[0]
+    assert res.totals["completed"] > 0
+    if case == "two-tokens-kv":
+        assert res.totals["preemptions"] > 0 and res.totals["dropped"] > 0  # the KV branches ran
+
+
+@pytest.mark.integration
+@needs_fast
 @pytest.mark.parametrize("policy", ["backpressure-gate-and-route", "staffed-prioritize-and-route"])
 @pytest.mark.parametrize("service", ["markov", "tokens"])
 def test_fast_path_follows_rolling_re_solves(monkeypatch, tmp_path, policy, service):
@@ -185,11 +209,12 @@ def test_fast_path_on_random_fleets(monkeypatch, tmp_path, case):
 def test_transcribed_python_methods_are_the_recorded_ones():
     """_cgate.pyx transcribes these Python methods; editing one must come with editing the transcription
     (and recording the new digest in _cgate.MIRRORS), else the fast path stays off for that class."""
-    from fluidopt.control import gate_and_route, paper_baselines, robust
+    from fluidopt.control import fcfs, gate_and_route, paper_baselines, robust
     from fluidopt.sim import _cgate
 
     for name, (_route, _gate, methods, digest) in _cgate.MIRRORS.items():
-        cls = getattr(gate_and_route, name, None) or getattr(robust, name, None) or getattr(paper_baselines, name)
+        cls = (getattr(gate_and_route, name, None) or getattr(robust, name, None)
+               or getattr(paper_baselines, name, None) or getattr(fcfs, name))
         assert fastpath.mirror_digest(cls, methods) == digest, (
             f"{name}: one of {', '.join(methods)} changed since fluidopt/sim/_cgate.pyx transcribed it: "
             "update the transcription there and its digest in MIRRORS")
