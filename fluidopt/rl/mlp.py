@@ -54,13 +54,17 @@ def shipped_weights_path(variant: str, m: int) -> Path:
 
 
 SHIPPED_8 = ("--episodes 30 --requests 2000 --seed 0 --eps-episodes 20 --train-every 4 --arch shared "
-             "--multi-dispatch --wait-mask fits")
+             "--multi-dispatch")
 """Training options of the shipped 8-instance weights (docs/rl.md section 5; examples/rl_train_all.sh)."""
+SHIPPED_8_WAIT_MASK = {"baseline": "fits", "wa": "fits", "wg": "none"}
+"""The wait mask of each shipped 8-instance file (WG-RL retrained with the mask was worse: docs/rl.md section 5)."""
 
 
 def train_command(variant: str, m: int) -> str:
     scen = {4: "examples/scenarios/rl-router-v100.toml", 8: "examples/scenarios/rl-router-v100-8.toml"}.get(m, "SCENARIO")
-    extra = f" {SHIPPED_8}" if m == 8 else ""
+    extra = ""
+    if m == 8:
+        extra = f" {SHIPPED_8}" + (" --wait-mask fits" if SHIPPED_8_WAIT_MASK.get(variant) == "fits" else "")
     return f"fluidopt rl train {scen} --variant {variant}{extra} --out fluidopt/rl/weights/{variant}-rl-{m}.npz"
 
 

@@ -92,8 +92,8 @@ def test_mask_on_an_idle_fleet_and_on_full_batches_in_a_snapshot():
 def test_masked_router_does_not_stall_where_the_unmasked_one_waits_for_ever():
     """The stall of docs/rl.md section 5: a network whose wait value tops every dispatch waits for ever
     on an idle fleet; the same network under the mask serves every request."""
-    from fluidopt.rl.policies import RLRouter
     from fluidopt.rl.evaluate import run_episode
+    from fluidopt.rl.policies import RLRouter
 
     sc = tiny_scenario(gpus=2, batch=8)
     wl = _wl([(0.05 * i, 50, 20, 0) for i in range(30)])
