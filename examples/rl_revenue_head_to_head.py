@@ -19,6 +19,9 @@ The RL paper's MDP dispatches at most one request per 0.02 s epoch (50 per secon
 (64 requests per second) an RL router cannot keep up whatever it learned; `--multi-dispatch`
 trains (and its weight file runs) with multi-dispatch epochs, which lift that cap (docs/rl.md
 section 2). `--objective lost-revenue` trains on minus the revenue of abandoned requests.
+`--wait-mask fits` trains (and its weight file runs) with "wait" valid only when the head of the
+router queue fits on no instance (docs/rl.md section 2); with `--arch shared` it writes
+`<variant>-rl-shared-masked-revenue-paper-<n>.npz` (the table's `baseline-rl-shared-masked` rows).
 """
 
 from __future__ import annotations
@@ -43,15 +46,17 @@ BALANCERS = ("round-robin", "random", "least-requests", "jsq", "max-capacity", "
 WINDOWS = {4: (500.0, 5500.0), 16: (500.0, 5500.0), 64: (300.0, 2300.0)}
 
 
-RL_ROWS = {"wg-rl": "wg-rl-revenue-paper-{n}.npz", "baseline-rl-shared": "baseline-rl-shared-revenue-paper-{n}.npz"}
+RL_ROWS = {"wg-rl": "wg-rl-revenue-paper-{n}.npz", "baseline-rl-shared": "baseline-rl-shared-revenue-paper-{n}.npz",
+           "baseline-rl-shared-masked": "baseline-rl-shared-masked-revenue-paper-{n}.npz"}
 """Table label -> weight file (run as the registered RL router with ``weights=``; the variant only names
 the training reward): WG-RL with the paper's flat MLP and MDP trained on revenue, and Baseline RL with
-the shared-weights network and multi-dispatch epochs trained on lost revenue (docs/rl.md)."""
+the shared-weights network and multi-dispatch epochs trained on lost revenue, without and with the
+``fits`` wait mask (docs/rl.md)."""
 
 
 def _router(label: str) -> str:
     """The registered router a table label runs ("baseline-rl-shared" -> "baseline-rl")."""
-    return label.removesuffix("-shared") if label in RL_ROWS else label
+    return label.removesuffix("-masked").removesuffix("-shared") if label in RL_ROWS else label
 
 
 def weights_path(n: int, label: str = "wg-rl") -> Path:
@@ -61,7 +66,7 @@ def weights_path(n: int, label: str = "wg-rl") -> Path:
 def train_revenue(n: int, *, episodes: int, requests: int, eps_episodes: int, train_every: int, gamma: float,
                   seed: int, curves: Path | None, arch: str = "mlp", multi_dispatch: bool = False,
                   batch_size: int = 512, reward_scale: float = 0.01, objective: str = "revenue",
-                  variant: str = "wg") -> tuple[Path, float]:
+                  variant: str = "wg", wait_mask: str = "none") -> tuple[Path, float]:
     """Train WG-RL on revenue at n instances; returns (weight file, CPU seconds)."""
     from fluidopt.rl.dqn import DQNConfig, train
     from fluidopt.rl.mlp import save_weights
@@ -69,7 +74,8 @@ def train_revenue(n: int, *, episodes: int, requests: int, eps_episodes: int, tr
     sc = load_scenario(SCENARIO).with_gpus(n)
     cfg = DQNConfig(variant=variant, objective=objective, episodes=episodes, n_requests=requests, seed=seed,
                     eps_episodes=eps_episodes, train_every=train_every, gamma=gamma, arch=arch,
-                    multi_dispatch=multi_dispatch, batch_size=batch_size, reward_scale=reward_scale)
+                    multi_dispatch=multi_dispatch, batch_size=batch_size, reward_scale=reward_scale,
+                    wait_mask=wait_mask)
     c0 = time.process_time()
     res = train(sc, cfg, progress=True)
     cpu = time.process_time() - c0
@@ -79,8 +85,9 @@ def train_revenue(n: int, *, episodes: int, requests: int, eps_episodes: int, tr
            f"--train-seed {seed}" + (f" --arch {arch}" if arch != "mlp" else "")
            + (" --multi-dispatch" if multi_dispatch else "") + (f" --batch-size {batch_size}" if batch_size != 512 else "")
            + (f" --reward-scale {reward_scale}" if reward_scale != 0.01 else "")
-           + (f" --objective {objective}" if objective != "revenue" else "") + (f" --variant {variant}" if variant != "wg" else ""))
-    label = f"{variant}-rl-shared" if arch == "shared" else f"{variant}-rl"
+           + (f" --objective {objective}" if objective != "revenue" else "") + (f" --variant {variant}" if variant != "wg" else "")
+           + (f" --wait-mask {wait_mask}" if wait_mask != "none" else ""))
+    label = (f"{variant}-rl-shared" if arch == "shared" else f"{variant}-rl") + ("-masked" if wait_mask != "none" else "")
     path = save_weights(WEIGHTS / RL_ROWS.get(label, label + "-revenue-paper-{n}.npz").format(n=n), res.net, command=cmd)
     if curves is not None:
         res.curves.to_csv(curves, index=False)
@@ -185,6 +192,8 @@ def main() -> None:
     ap.add_argument("--variant", choices=("baseline", "wa", "wg"), default="wg", help="reward variant for --train")
     ap.add_argument("--objective", choices=("revenue", "lost-revenue"), default="revenue",
                     help="training reward (docs/rl.md section 2); evaluation is always revenue / R*")
+    ap.add_argument("--wait-mask", choices=("none", "fits"), default="none",
+                    help="'fits': wait only when the head fits on no instance (docs/rl.md section 2)")
     ap.add_argument("--train-only", action="store_true", help="train, then stop (no evaluation)")
     ap.add_argument("--policies", default=None,
                     help="comma-separated routers to run (default: all; wg-rl where its weights exist)")
@@ -200,9 +209,11 @@ def main() -> None:
     if a.train:
         path, cpu = train_revenue(a.train_gpus, episodes=a.episodes, requests=a.requests, eps_episodes=a.eps_episodes,
                                   train_every=a.train_every, gamma=a.gamma, seed=a.train_seed,
-                                  curves=out / f"rl_revenue_curves_{a.train_gpus}.csv", arch=a.arch,
+                                  curves=out / ("rl_revenue_curves_" + ("shared_" if a.arch == "shared" else "")
+                                               + ("masked_" if a.wait_mask != "none" else "") + f"{a.train_gpus}.csv"),
+                                  arch=a.arch,
                                   multi_dispatch=a.multi_dispatch, batch_size=a.batch_size, reward_scale=a.reward_scale,
-                                  objective=a.objective, variant=a.variant)
+                                  objective=a.objective, variant=a.variant, wait_mask=a.wait_mask)
         print(f"trained {path} in {cpu:.0f} CPU s")
         if a.train_only:
             return

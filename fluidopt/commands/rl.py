@@ -12,7 +12,7 @@ from fluidopt.errors import UsageError
 EPILOG = """\
 examples:
   fluidopt rl train examples/scenarios/rl-router-v100.toml --variant wg --out wg-rl-4.npz
-  fluidopt rl train examples/scenarios/rl-router-v100-8.toml --arch shared --multi-dispatch --out wg-rl-8.npz
+  fluidopt rl train examples/scenarios/rl-router-v100-8.toml --arch shared --multi-dispatch --wait-mask fits --out wg-rl-8.npz
   fluidopt rl evaluate examples/scenarios/rl-router-v100.toml --policies round-robin,jsq,wg-rl --episodes 5
   fluidopt rl evaluate examples/scenarios/rl-router-v100.toml --policies wg-rl --option wg-rl:weights=wg-rl-4.npz
 
@@ -43,6 +43,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     t.add_argument("--multi-dispatch", action="store_true",
                    help="decide again at the same epoch after a dispatch, until 'wait' or an empty router queue "
                         "(default: the paper's one decision per 0.02 s epoch)")
+    t.add_argument("--wait-mask", choices=("none", "fits"), default="none",
+                   help="'fits': 'wait' is valid only when the head of the router queue fits on no instance, "
+                        "in training and in the trained router (default 'none': the paper's MDP; docs/rl.md section 2)")
     t.add_argument("--hidden", type=int, default=None, help="hidden width (default: 64 m / 4 for mlp, 32 for shared)")
     t.add_argument("--batch-size", type=int, default=512, help="replay batch (default 512)")
     t.add_argument("--gamma", type=float, default=0.99, help="discount per 0.02 s epoch (default 0.99)")
@@ -88,13 +91,14 @@ def _train(args) -> int:
     scenario = load_scenario(args.scenario)
     cfg = DQNConfig(variant=args.variant, episodes=args.episodes, n_requests=args.requests, seed=args.seed,
                     eps_episodes=args.eps_episodes, train_every=args.train_every, objective=args.objective,
-                    arch=args.arch, multi_dispatch=args.multi_dispatch, hidden=args.hidden, batch_size=args.batch_size,
+                    arch=args.arch, multi_dispatch=args.multi_dispatch, wait_mask=args.wait_mask, hidden=args.hidden, batch_size=args.batch_size,
                     gamma=args.gamma, reward_scale=args.reward_scale)
     res = train(scenario, cfg, checkpoint=args.checkpoint, progress=args.progress)
     cmd = (f"fluidopt rl train {args.scenario} --variant {args.variant} --episodes {args.episodes} "
            f"--requests {args.requests} --seed {args.seed} --eps-episodes {args.eps_episodes} "
            f"--train-every {args.train_every}{f' --objective {args.objective}' if args.objective != 'latency' else ''}"
            + (f" --arch {args.arch}" if args.arch != "mlp" else "") + (" --multi-dispatch" if args.multi_dispatch else "")
+           + (f" --wait-mask {args.wait_mask}" if args.wait_mask != "none" else "")
            + (f" --hidden {args.hidden}" if args.hidden is not None else "")
            + (f" --batch-size {args.batch_size}" if args.batch_size != 512 else "")
            + (f" --gamma {args.gamma}" if args.gamma != 0.99 else "")

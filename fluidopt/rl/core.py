@@ -46,6 +46,7 @@ __all__ = [
     "EPOCH",
     "QUEUE_CAP",
     "STATE_LAYOUT",
+    "WAIT_MASKS",
     "RewardConfig",
     "RouterCore",
     "episode_seed",
@@ -62,6 +63,10 @@ STATE_LAYOUT = "fluidopt-rl-state-v1"
 EST_SCALE = 10.0  # s: earliest-completion normaliser
 VARIANTS = ("baseline", "wa", "wg")
 OBJECTIVES = ("latency", "revenue", "lost-revenue")
+WAIT_MASKS = ("none", "fits")
+"""Action masks for "wait" (docs/rl.md section 2): ``none``, the paper's MDP (wait always valid);
+``fits``, wait is valid only when the head of the router queue fits on no instance
+(:meth:`RouterCore.head_fits`)."""
 
 
 def obs_dim(m: int) -> int:
@@ -378,6 +383,50 @@ class RouterCore(InstanceScheduler):
         self.banked += prog - rec[6]
         rec[6] = prog
         super().on_preempt(ctx, r, g)
+
+    # -- the wait mask ---------------------------------------------------------------------------
+    def head_fits(self, ctx: Context) -> int:
+        """The first instance the head of the router queue fits on now, -1 if none (or no head).
+
+        The head fits on instance g when g holds no request at all (an empty instance admits
+        anything that fits its cache), or when g has a free batch slot counting the requests queued
+        there (``instance_requests(g) < B``, the state's free-slot entry) and its free KV cache, less
+        the prompts waiting in g's queue and the scheduler's watermark, holds the head's prompt (the
+        state's free-capacity entry also subtracts the prompt in prefill, whose KV is already in use:
+        it is conservative during a prefill). Under the
+        ``fits`` mask "wait" is valid only when this is -1 (docs/rl.md section 2): sent now, the head
+        would be admitted behind work already on that instance, and waiting cannot place it any
+        earlier there (the router queue and the instance queues are FCFS, and nothing else is
+        dispatched while the head waits); an idle fleet always fits, so a greedy policy can no longer
+        wait for ever in a state that waiting does not change.
+        """
+        q = self.router_queue
+        if not ctx.qlen(q):
+            return -1
+        p = ctx.req_prompt(ctx.head(q))
+        B, K = self.B, self.K
+        res = self._kv_reserve or 0.0
+        for g in range(self.n):
+            n_g = ctx.instance_requests(g)
+            if n_g == 0:
+                return g
+            if n_g >= B:
+                continue
+            if K is None:
+                return g
+            waiting = self.qtok[g]  # prompt tokens queued at g, less the one in prefill (its KV is in use)
+            pf = ctx.gpu_prefill(g)
+            if pf >= 0:
+                rec = self.rec.get(pf)
+                if rec is not None:
+                    waiting -= rec[5]
+            if ctx.gpu_kv_free(g) - waiting - res >= p:
+                return g
+        return -1
+
+    def wait_valid(self, ctx: Context, mask: str) -> bool:
+        """Whether "wait" is a valid action now under the wait mask ``mask`` (:data:`WAIT_MASKS`)."""
+        return mask == "none" or self.head_fits(ctx) < 0
 
     # -- state, reward, guidance -----------------------------------------------------------------
     def progress_penalty(self, ctx: Context) -> float:

@@ -15,6 +15,11 @@ discount per decision epoch in episode k (0.99; WG-RL: 0.99 (1 - e^(-0.5 k))) an
 m), and ``multi_dispatch=True`` trains in the environment's multi-dispatch epochs (a step after a
 dispatch at the same epoch spans e = 0 epochs: no discount).
 
+``wait_mask="fits"`` trains under the environment's wait mask (docs/rl.md section 2): "wait" is
+left out of the epsilon-greedy choice (random and greedy) where it is invalid, and out of the
+Double DQN target's argmax where it is invalid in s' (each transition stores that bit). The weight
+file records the mask, and the shipped routers apply it at inference.
+
 Deterministic bit for bit from ``seed`` on one CPU thread: the network's initialisation comes from
 ``torch.manual_seed(seed)``, exploration and replay sampling from a numpy Generator seeded with
 ``seed``, episodes from :func:`fluidopt.rl.env.episode_seed`.
@@ -66,6 +71,7 @@ class DQNConfig:
     objective: str = "latency"  # or "revenue" (RewardConfig.objective)
     arch: str = "mlp"  # or "shared" (SharedQ)
     multi_dispatch: bool = False  # the environment's multi-dispatch epochs (RouterEnv)
+    wait_mask: str = "none"  # or "fits" (RouterEnv.wait_mask)
 
 
 @dataclass
@@ -121,10 +127,20 @@ def _linears(q: nn.Module) -> tuple:
                  for mod in q if isinstance(mod, nn.Linear))
 
 
-def to_numpy_net(q: nn.Module, m: int, variant: str, config: str = "{}", dispatch: str = "single"):
+def to_numpy_net(q: nn.Module, m: int, variant: str, config: str = "{}", dispatch: str = "single",
+                 wait_mask: str = "none"):
     if isinstance(q, SharedQ):
-        return SharedQNetwork(_linears(q.scorer), _linears(q.wait), m, variant, config, dispatch)
-    return QNetwork(_linears(q), m, variant, config, dispatch)
+        return SharedQNetwork(_linears(q.scorer), _linears(q.wait), m, variant, config, dispatch, wait_mask)
+    return QNetwork(_linears(q), m, variant, config, dispatch, wait_mask)
+
+
+def _config_json(cfg: DQNConfig) -> str:
+    """The configuration as JSON; without ``wait_mask`` when it is ``"none"`` (the files of the
+    paper's MDP keep the configuration text they had before the option existed)."""
+    d = asdict(cfg)
+    if d["wait_mask"] == "none":
+        del d["wait_mask"]
+    return json.dumps(d, sort_keys=True)
 
 
 def _progress(msg: str, enabled: bool) -> None:
@@ -149,11 +165,14 @@ def train(scenario, config: DQNConfig = DQNConfig(), *, env: RouterEnv | None = 
     reward = RewardConfig(variant=cfg.variant, gamma=cfg.gamma, objective=cfg.objective)
     if env is None:
         env = RouterEnv(scenario, variant=cfg.variant, n_requests=cfg.n_requests, accuracy=cfg.accuracy,
-                        reward=reward, reward_scale=cfg.reward_scale, multi_dispatch=cfg.multi_dispatch)
+                        reward=reward, reward_scale=cfg.reward_scale, multi_dispatch=cfg.multi_dispatch,
+                        wait_mask=cfg.wait_mask)
     else:
         env.reward_cfg = reward
         env.reward_scale = cfg.reward_scale
         env.multi_dispatch = cfg.multi_dispatch
+        env.wait_mask = cfg.wait_mask
+    masked = cfg.wait_mask != "none"
     m = env.m
     n_in = env.observation_space.shape[0]
     if cfg.arch == "shared":
@@ -177,15 +196,19 @@ def train(scenario, config: DQNConfig = DQNConfig(), *, env: RouterEnv | None = 
     R = np.zeros(N, dtype=np.float32)
     D = np.zeros(N, dtype=np.float32)
     G = np.zeros(N, dtype=np.float32)  # epochs the transition spans: its discount is gamma_k ** G
+    W2 = np.ones(N, dtype=bool) if masked else None  # whether "wait" is valid in s' (the target's argmax)
     size = ptr = 0
     updates = steps = 0
     rows = []
     t0 = time.perf_counter()
     obs, _ = env.reset(seed=cfg.seed)
+    wait_ok = env.wait_valid() if masked else True
     stop = False
     for k in range(cfg.episodes):
         if k > 0:
             obs, _ = env.reset()
+            if masked:
+                wait_ok = env.wait_valid()
         eps = 0.0
         if k < cfg.eps_episodes:
             frac = k / max(1, cfg.eps_episodes - 1)
@@ -199,11 +222,15 @@ def train(scenario, config: DQNConfig = DQNConfig(), *, env: RouterEnv | None = 
         done = False
         while not done:
             if eps > 0.0 and rng.random() < eps:
-                a = int(rng.integers(m + 1))
+                a = int(rng.integers(m + 1 if wait_ok else m))
             else:
                 with torch.no_grad():
-                    a = int(online(torch.from_numpy(obs)).argmax())
+                    qv = online(torch.from_numpy(obs))
+                    a = int(qv.argmax()) if wait_ok else int(qv[:m].argmax())
             obs2, r, term, trunc, _ = env.step(a)
+            if masked:
+                wait_ok = env.wait_valid()
+                W2[ptr] = wait_ok
             S[ptr] = obs
             A[ptr] = a
             R[ptr] = r
@@ -226,7 +253,12 @@ def train(scenario, config: DQNConfig = DQNConfig(), *, env: RouterEnv | None = 
                 s = torch.from_numpy(S[idx])
                 s2 = torch.from_numpy(S2[idx])
                 with torch.no_grad():
-                    a2 = online(s2).argmax(1, keepdim=True)
+                    if masked:  # Double DQN's argmax over the actions valid in s'
+                        qo = online(s2)
+                        qo[:, m] = torch.where(torch.from_numpy(W2[idx]), qo[:, m], torch.tensor(-math.inf))
+                        a2 = qo.argmax(1, keepdim=True)
+                    else:
+                        a2 = online(s2).argmax(1, keepdim=True)
                     q2 = target(s2).gather(1, a2).squeeze(1)
                     disc = torch.from_numpy(np.power(gamma_k, G[idx], dtype=np.float32))
                     y = torch.from_numpy(R[idx]) + disc * (1.0 - torch.from_numpy(D[idx])) * q2
@@ -266,7 +298,7 @@ def train(scenario, config: DQNConfig = DQNConfig(), *, env: RouterEnv | None = 
     if progress:
         sys.stderr.write("\n")
     env.close()
-    net = to_numpy_net(online, m, cfg.variant, json.dumps(asdict(cfg), sort_keys=True),
-                       "multi" if cfg.multi_dispatch else "single")
+    net = to_numpy_net(online, m, cfg.variant, _config_json(cfg), "multi" if cfg.multi_dispatch else "single",
+                       cfg.wait_mask)
     return TrainResult(net, pd.DataFrame(rows), cfg, time.perf_counter() - t0,
                        {"online": online, "steps": steps, "updates": updates})

@@ -25,6 +25,11 @@ that leaves requests in the router queue the environment does not advance; the n
 for the new head at the same epoch (``last_epochs`` 0, so no discount and no progress penalty
 between the two), until the agent chooses "wait" or the queue is empty. The paper's MDP (the
 default) dispatches at most one request per epoch, 50 per second.
+
+``wait_mask="fits"`` (docs/rl.md section 2): "wait" is valid only when the head of the router queue
+fits on no instance (:meth:`RouterCore.head_fits`); :meth:`RouterEnv.action_masks` gives the valid
+actions (the sb3-contrib convention), and stepping a masked "wait" is an error. The default
+``"none"`` is the paper's MDP.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import numpy as np
 
 from fluidopt.errors import ScenarioError
 from fluidopt.model import Scenario
-from fluidopt.rl.core import EPOCH, RewardConfig, RouterCore, episode_seed, episode_workload, obs_dim
+from fluidopt.rl.core import EPOCH, WAIT_MASKS, RewardConfig, RouterCore, episode_seed, episode_workload, obs_dim
 from fluidopt.rl.predictors import NoisyOracle
 from fluidopt.sim.workload import TraceWarning
 
@@ -51,6 +56,8 @@ class RouterEnv(gym.Env):
     {arrival index: instance} routed without asking the agent (scripted background load).
     ``workload``: a fixed workload for every episode instead of fresh draws (e.g. a trace).
     ``multi_dispatch``: decide again at the same epoch after a dispatch (module doc).
+    ``wait_mask``: ``"none"`` (the paper's MDP) or ``"fits"`` (wait only when the head fits on no
+    instance; module doc).
     """
 
     metadata = {"render_modes": []}
@@ -58,7 +65,8 @@ class RouterEnv(gym.Env):
     def __init__(self, scenario: Scenario | str, *, variant: str = "wg", n_requests: int = 2000,
                  accuracy: float = 0.79, reward: RewardConfig | None = None, pin: dict | None = None,
                  workload=None, max_time: float | None = None, reward_scale: float = 1.0,
-                 backend: str = "auto", seed: int | None = None, multi_dispatch: bool = False):
+                 backend: str = "auto", seed: int | None = None, multi_dispatch: bool = False,
+                 wait_mask: str = "none"):
         if not isinstance(scenario, Scenario):
             from fluidopt.scenario import load_scenario
 
@@ -74,6 +82,7 @@ class RouterEnv(gym.Env):
         self.reward_scale = float(reward_scale)
         self.backend = backend
         self.multi_dispatch = bool(multi_dispatch)
+        self.wait_mask = wait_mask
         self.action_space = gym.spaces.Discrete(self.m + 1)
         self.observation_space = gym.spaces.Box(0.0, 1.0, shape=(obs_dim(self.m),), dtype=np.float32)
         self._base = 0 if seed is None else int(seed)
@@ -83,6 +92,26 @@ class RouterEnv(gym.Env):
         self.last_epochs = 1.0  # decision epochs (0.02 s) the last step spanned: discount gamma ** this
 
     # ---------------------------------------------------------------------------------------------
+    @property
+    def wait_mask(self) -> str:
+        return self._wait_mask
+
+    @wait_mask.setter
+    def wait_mask(self, mask: str) -> None:
+        if mask not in WAIT_MASKS:
+            raise ScenarioError(f"RouterEnv: wait_mask: expected one of {', '.join(WAIT_MASKS)}, got {mask!r}")
+        self._wait_mask = mask
+
+    def wait_valid(self) -> bool:
+        """Whether "wait" is a valid action in the current state (always, with ``wait_mask="none"``)."""
+        return self._wait_mask == "none" or self.core.head_fits(self.eng) < 0
+
+    def action_masks(self) -> np.ndarray:
+        """The valid actions of the current state (bool, m + 1): every instance, and "wait" unless masked."""
+        mask = np.ones(self.m + 1, dtype=bool)
+        mask[self.m] = self.wait_valid()
+        return mask
+
     @property
     def episode(self) -> int:
         """Index k of the current episode (resets since the last seeded reset, 0-based)."""
@@ -146,6 +175,9 @@ class RouterEnv(gym.Env):
         if not 0 <= a <= self.m:
             raise ScenarioError(f"RouterEnv.step: action: expected an integer in 0..{self.m}, got {action!r}")
         eng, core = self.eng, self.core
+        if a == self.m and self._wait_mask != "none" and not self.wait_valid():
+            raise ScenarioError(f"RouterEnv.step: action {a} (wait) is masked: the head of the router queue fits on "
+                                f"instance {core.head_fits(eng)} (wait_mask={self._wait_mask!r}; see action_masks())")
         h = 0.0
         if a < self.m:
             r = eng.head(core.router_queue)

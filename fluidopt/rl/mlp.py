@@ -18,6 +18,8 @@ in x out, the transpose of torch's ``Linear.weight``; for ``shared``: the scorer
 :data:`~fluidopt.rl.core.STATE_LAYOUT`), ``n_instances`` (the fleet it was trained on), ``variant``,
 ``arch`` (``mlp`` when missing), ``dispatch`` (``single``: one decision per epoch, the paper's MDP;
 ``multi``: decisions for the head until "wait" or an empty queue; ``single`` when missing),
+``wait_mask`` (``fits``: "wait" is valid only when the head fits on no instance, in training and
+at inference; ``none``, the paper's MDP, when missing),
 ``command`` (the command that trains it) and ``config`` (the training configuration as JSON).
 """
 
@@ -32,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from fluidopt.errors import ScenarioError
-from fluidopt.rl.core import STATE_LAYOUT, obs_dim
+from fluidopt.rl.core import STATE_LAYOUT, WAIT_MASKS, obs_dim
 
 __all__ = ["QNetwork", "SharedQNetwork", "load_weights", "save_weights", "shipped_weights_path"]
 
@@ -54,11 +56,15 @@ def shipped_weights_path(variant: str, m: int) -> Path:
 SHIPPED_8 = ("--episodes 30 --requests 2000 --seed 0 --eps-episodes 20 --train-every 4 --arch shared "
              "--multi-dispatch")
 """Training options of the shipped 8-instance weights (docs/rl.md section 5; examples/rl_train_all.sh)."""
+SHIPPED_8_WAIT_MASK = {"baseline": "fits", "wa": "fits", "wg": "none"}
+"""The wait mask of each shipped 8-instance file (WG-RL retrained with the mask was worse: docs/rl.md section 5)."""
 
 
 def train_command(variant: str, m: int) -> str:
     scen = {4: "examples/scenarios/rl-router-v100.toml", 8: "examples/scenarios/rl-router-v100-8.toml"}.get(m, "SCENARIO")
-    extra = f" {SHIPPED_8}" if m == 8 else ""
+    extra = ""
+    if m == 8:
+        extra = f" {SHIPPED_8}" + (" --wait-mask fits" if SHIPPED_8_WAIT_MASK.get(variant) == "fits" else "")
     return f"fluidopt rl train {scen} --variant {variant}{extra} --out fluidopt/rl/weights/{variant}-rl-{m}.npz"
 
 
@@ -71,6 +77,7 @@ class QNetwork:
     variant: str = ""
     config: str = "{}"
     dispatch: str = "single"
+    wait_mask: str = "none"
     arch = "mlp"
 
     def q(self, obs: np.ndarray) -> np.ndarray:
@@ -146,6 +153,7 @@ class SharedQNetwork:
     variant: str = ""
     config: str = "{}"
     dispatch: str = "single"
+    wait_mask: str = "none"
     arch = "shared"
 
     @property
@@ -197,6 +205,8 @@ def save_weights(path: str | Path, net: QNetwork, *, command: str = "") -> Path:
         meta["arch"] = np.array("shared")
     if net.dispatch != "single":  # files of the paper's MDP stay as they were
         meta["dispatch"] = np.array(net.dispatch)
+    if net.wait_mask != "none":
+        meta["wait_mask"] = np.array(net.wait_mask)
     with open(path, "wb") as f:
         np.savez_compressed(f, layout=np.array(STATE_LAYOUT), n_instances=np.array(net.n_instances),
                             variant=np.array(net.variant), config=np.array(net.config),
@@ -228,6 +238,9 @@ def load_weights(path: str | Path, *, n_instances: int | None = None, hint: str 
     dispatch = str(data.get("dispatch", "single"))
     if dispatch not in DISPATCH:
         raise ScenarioError(f"RL weights {path}: dispatch {dispatch!r}, expected one of {', '.join(DISPATCH)}{again}")
+    wait_mask = str(data.get("wait_mask", "none"))
+    if wait_mask not in WAIT_MASKS:
+        raise ScenarioError(f"RL weights {path}: wait mask {wait_mask!r}, expected one of {', '.join(WAIT_MASKS)}{again}")
     layers = _read_layers(data, "W", "b", path, again)
     try:
         m = int(data["n_instances"])
@@ -246,14 +259,14 @@ def load_weights(path: str | Path, *, n_instances: int | None = None, hint: str 
                 raise ScenarioError(f"RL weights {path}: the {name} maps {ls[0][0].shape[0]} -> {ls[-1][0].shape[1]}, "
                                     f"expected {n_in} -> 1{again}")
         # instance-count independent: n_instances only records the fleet it was trained on
-        return SharedQNetwork(tuple(layers), tuple(wait), m, variant, cfg, dispatch)
+        return SharedQNetwork(tuple(layers), tuple(wait), m, variant, cfg, dispatch, wait_mask)
     if layers[0][0].shape[0] != obs_dim(m) or layers[-1][0].shape[1] != m + 1:
         raise ScenarioError(f"RL weights {path}: the network maps {layers[0][0].shape[0]} -> {layers[-1][0].shape[1]}, "
                             f"expected {obs_dim(m)} -> {m + 1} for {m} instances{again}")
     if n_instances is not None and m != n_instances:
         raise ScenarioError(f"RL weights {path}: trained for {m} instances, the scenario has {n_instances}; "
                             f"train weights for it{again or ' with: fluidopt rl train SCENARIO --out FILE'}")
-    return QNetwork(tuple(layers), m, variant, cfg, dispatch)
+    return QNetwork(tuple(layers), m, variant, cfg, dispatch, wait_mask)
 
 
 def _read_layers(data: dict, wk: str, bk: str, path: Path, again: str) -> list:

@@ -12,7 +12,9 @@ tick, until the network chooses "wait" or the router queue is empty (docs/rl.md 
 waiting that many consecutive decisions, the router sends it to the instance with the highest
 Q-value instead of waiting again. A guard at inference only, not part of training: a greedy policy
 whose wait value exceeds every dispatch in a state that waiting does not change (an idle fleet)
-would otherwise wait for ever (docs/rl.md section 5).
+would otherwise wait for ever (docs/rl.md section 5). Weights trained with the ``fits`` wait mask
+(``wait_mask = "fits"`` in the file) apply it here as in training: while the head fits on some
+instance the router takes the best instance, not "wait" (docs/rl.md section 2).
 """
 
 from __future__ import annotations
@@ -43,8 +45,10 @@ class RLRouter(RouterCore):
         self.net = net
         self.name = name
         self.multi = net.dispatch == "multi"
+        self.masked = net.wait_mask != "none"
         self.decisions = 0
         self.waits = 0
+        self.masked_waits = 0  # decisions where the network's argmax was a masked "wait"
 
     def setup(self, ctx: Context) -> None:
         super().setup(ctx)
@@ -54,13 +58,18 @@ class RLRouter(RouterCore):
 
     def on_tick(self, ctx: Context) -> None:
         q = self.router_queue
-        act = self.net.act
+        qnet = self.net.q
+        n = self.n
         while ctx.qlen(q):
+            qv = qnet(self.observe(ctx))
             if self.max_wait and self._head_waits >= self.max_wait:
-                a = int(self.net.q(self.observe(ctx))[: self.n].argmax())
+                a = int(qv[:n].argmax())
                 self.forced += 1
             else:
-                a = act(self.observe(ctx))
+                a = int(qv.argmax())
+                if a >= n and self.masked and self.head_fits(ctx) >= 0:
+                    a = int(qv[:n].argmax())  # "wait" is masked: the head fits on an instance
+                    self.masked_waits += 1
             self.decisions += 1
             if a >= self.n:
                 self.waits += 1

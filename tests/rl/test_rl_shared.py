@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -178,13 +180,19 @@ def test_multi_dispatch_router_empties_the_queue_in_one_tick_and_balances():
 
 
 def test_shipped_eight_instance_weights_are_shared_and_multi_dispatch():
-    for v in ("baseline", "wa", "wg"):
-        from fluidopt.rl.mlp import shipped_weights_path
+    from fluidopt.rl.mlp import SHIPPED_8_WAIT_MASK, shipped_weights_path, train_command
 
+    for v in ("baseline", "wa", "wg"):
         p = shipped_weights_path(v, 8)
         assert p.stat().st_size < 200_000
         net = load_weights(p, n_instances=8)
-        assert isinstance(net, SharedQNetwork) and net.dispatch == "multi"
+        mask = SHIPPED_8_WAIT_MASK[v]
+        assert isinstance(net, SharedQNetwork) and net.dispatch == "multi" and net.wait_mask == mask
+        cfg = json.loads(net.config)  # the configuration of the documented training command
+        assert (cfg["arch"], cfg["multi_dispatch"], cfg.get("wait_mask", "none"), cfg["episodes"], cfg["train_every"],
+                cfg["seed"], cfg["variant"]) == ("shared", True, mask, 30, 4, 0, v)
+        assert ("--wait-mask fits" in train_command(v, 8)) == (mask == "fits")
+    assert SHIPPED_8_WAIT_MASK == {"baseline": "fits", "wa": "fits", "wg": "none"}
     assert RL_SCENARIO.is_file()
 
 
