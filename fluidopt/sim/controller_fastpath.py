@@ -123,7 +123,7 @@ def bind(ctrl: Any, ctx: Any) -> Any:
         return None
     from fluidopt.sim import metrics
 
-    fast = mod.FastGate(ctrl, spec[0], spec[1], (metrics.N_CLASS_QTY, metrics.X_PREFILL))
+    fast = mod.FastGate(ctrl, spec[0], spec[1], (metrics.N_CLASS_QTY, metrics.X_PREFILL, metrics.Y_MIXED, metrics.Y_SOLO))
     for name, attr in _CALLBACKS:
         handler = getattr(fast, name, None)
         if handler is not None and getattr(ctx, attr) == getattr(ctrl, name, None):
