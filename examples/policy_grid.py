@@ -60,9 +60,9 @@ DOLLY = (("brainstorming", 61, 331, 1764), ("classification", 123, 142, 2136), (
          ("creative-writing", 89, 915, 699), ("general-qa", 69, 572, 2187), ("info-extraction", 1139, 273, 1462),
          ("open-qa", 45, 293, 3739), ("summarization", 1177, 436, 1150))
 _ALL = dict(backpressure=True, caps=False, staffing=True, decode_order="value", overflow=True, resolve=True,
-            elastic=True)
+            elastic=True, elastic_slots=True)
 _NONE = dict(backpressure=False, caps=False, staffing=False, decode_order="fcfs", overflow=False, resolve=False,
-             elastic=False)
+             elastic=False, elastic_slots=False)
 ABLATION = {  # name -> options of backpressure-gate-and-route (explicit, independent of the defaults)
     "none (= GG-SP)": _NONE,
     "backpressure": {**_NONE, "backpressure": True},
@@ -71,6 +71,7 @@ ABLATION = {  # name -> options of backpressure-gate-and-route (explicit, indepe
     "value order": {**_NONE, "decode_order": "value"},
     "overflow": {**_NONE, "overflow": True},
     "overflow + elastic": {**_NONE, "overflow": True, "elastic": True},
+    "overflow + elastic + slots": {**_NONE, "overflow": True, "elastic": True, "elastic_slots": True},
     "resolve": {**_NONE, "resolve": True},
     "all six": _ALL,
     "all six - backpressure": {**_ALL, "backpressure": False},
@@ -78,6 +79,7 @@ ABLATION = {  # name -> options of backpressure-gate-and-route (explicit, indepe
     "all six - value order": {**_ALL, "decode_order": "fcfs"},
     "all six - overflow": {**_ALL, "overflow": False},
     "all six - elastic": {**_ALL, "elastic": False},
+    "all six - elastic slots (one floating GPU)": {**_ALL, "elastic_slots": False},
     "all six - staffing - elastic": {**_ALL, "staffing": False, "elastic": False},
     "all six - resolve": {**_ALL, "resolve": False},
     "all six + caps": {**_ALL, "caps": True},
@@ -226,6 +228,8 @@ def verdict(summ: pd.DataFrame) -> pd.DataFrame:
         if NEW not in g.index:
             continue
         base = g.loc[[p for p in BASELINES if p in g.index]]
+        if base.empty:  # BP-GR rows alone (e.g. before --merge): nothing to compare with
+            continue
         best = base["ratio"].idxmax()
         new = g.loc[NEW]
         out.append({"family": fam, "case": case, "new": new["ratio"], "new_hw": new["half_width"],

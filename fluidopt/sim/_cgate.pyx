@@ -25,6 +25,7 @@ copy keeps its values from setup.
 """
 
 from fluidopt.sim._cengine cimport Engine, GpuSet
+from libc.math cimport INFINITY
 
 # the protocol's constants (fluidopt.control.protocol, fluidopt.control.gate_and_route)
 cdef Py_ssize_t PREFILL_QUEUE = 0
@@ -63,8 +64,8 @@ MIRRORS = {
     "GateAndRoute": (ROUTE_GREEDY, GATE_DEVIATION, _GREEDY_METHODS, "de9825318d7c23adba9cf03d01ee5b98823c3c748dfa5d7e9ad267121188b12a"),
     "PrioritizeAndRoute": (ROUTE_GREEDY, GATE_PRIORITY, _GREEDY_METHODS, "d2ebdc43887ca48b34cb47a52bce6cbe25c15a74cc26d85ab8acd5e135530648"),
     "SLIGateAndRoute": (ROUTE_SLI, GATE_DEVIATION, _SLI_METHODS, "64abd9046b099cfb8ed52b6482a342a0db3bf8588b7ddf4a3f748196d950c3ee"),
-    "BackpressureGateAndRoute": (ROUTE_ROBUST, GATE_DEVIATION, _ROBUST_METHODS, "d6b13c506a5d13510e6e0f8b849cb80f98f3a148db77cfe3899c34d64f48c758"),
-    "StaffedPrioritizeAndRoute": (ROUTE_ROBUST, GATE_PRIORITY, _ROBUST_METHODS, "b96c994f5a309b2f3449599f7e127c8d8202fda7592f35f2ee6f2b0cf07f5bcc"),
+    "BackpressureGateAndRoute": (ROUTE_ROBUST, GATE_DEVIATION, _ROBUST_METHODS, "57b22b0690b5542d5e973c23526622e4d6a1fbb3189fa6ddaf6c5c43ac7524e6"),
+    "StaffedPrioritizeAndRoute": (ROUTE_ROBUST, GATE_PRIORITY, _ROBUST_METHODS, "08eeaf1f681f96dabf365748b78214783f55af9579038f1cd958fdfed8592d29"),
     "FIWSP": (ROUTE_FIWSP, GATE_DEVIATION, _FIWSP_METHODS, "5c8feded22496a6c709640830819ee64dee0e76ad5d01bf70a2ed9e6cf8f8be4"),
     "BackpressureSLIGateAndRoute": (ROUTE_SLI, GATE_DEVIATION, _SLI_AVG_METHODS, "fc6b61167b7aaafac716a0357c9af3504dd0dbbeb29f92c07f882c1afc7ede99"),
 }
@@ -187,7 +188,7 @@ cdef class FastGate:
 
     cdef readonly object ctrl
     cdef readonly int route, gate
-    cdef Py_ssize_t I, NQ, QX, n, M
+    cdef Py_ssize_t I, NQ, QX, QYM, QYS, n, M
     cdef bint has_mixed, has_solo, kv
     # gate plan
     cdef Py_ssize_t nadm
@@ -205,6 +206,11 @@ cdef class FastGate:
     # robust._Mechanisms._elastic_plan / _elastic_caps: the overflow caps with the floating GPU
     cdef bint elastic_on
     cdef double[::1] ovcap_el
+    # ... and with the floating capacity that follows the idle decode slots (elastic_slots)
+    cdef bint slots_on
+    cdef Py_ssize_t decode_slots
+    cdef double[::1] float_room, ovcap_slots
+    cdef long long[::1] float_cls
     # robust._AverageCaps (the SLI variant's time-averaged caps): its state lives here during a run
     cdef readonly bint avg
     cdef Py_ssize_t navg
@@ -219,7 +225,7 @@ cdef class FastGate:
         self.ctrl = ctrl
         self.route = route
         self.gate = gate
-        self.NQ, self.QX = metrics_layout
+        self.NQ, self.QX, self.QYM, self.QYS = metrics_layout
         self.sync()
 
     def __reduce__(self):
@@ -288,6 +294,12 @@ cdef class FastGate:
                 self.ovcap_el = _dbl([float("inf") if fl else cp for fl, cp in zip(c._float_classes, c._overflow_caps)])
             else:
                 self.ovcap_el = self.ovcap
+            self.slots_on = self.elastic_on and bool(getattr(c, "_slots_on", False))
+            if self.slots_on:
+                self.decode_slots = int(c._decode_slots)
+                self.float_room = _dbl(c._float_room)
+                self.float_cls = _lng([1 if fl else 0 for fl in c._float_classes])
+                self.ovcap_slots = _dbl(c._overflow_caps)
         self.avg = False
         if self.route == R_SLI and self.mech and getattr(c, "_avg", None):
             # robust._AverageCaps (set up by _init_average_caps before fastpath.bind)
@@ -504,6 +516,19 @@ cdef class FastGate:
                 return True
         return False
 
+    cdef _slots_caps(self, Engine e, Py_ssize_t over):
+        # robust._Mechanisms._elastic_caps with elastic_slots (into ovcap_slots)
+        cdef Py_ssize_t used = over, j, i
+        cdef double free
+        for j in range(self.I):
+            used += e._cnt[self.NQ * j + self.QYM] + e._cnt[self.NQ * j + self.QYS]
+        free = <double>(self.decode_slots - used)
+        for i in range(self.I):
+            if self.float_cls[i] and self._ahead(e, i) < self.float_room[i] + free:
+                self.ovcap_slots[i] = INFINITY
+            else:
+                self.ovcap_slots[i] = self.ovcap[i]
+
     cdef _try_overflow(self, Engine e, Py_ssize_t g):
         # robust._Mechanisms._try_overflow
         cdef GpuSet idle
@@ -518,7 +543,14 @@ cdef class FastGate:
             h = g if g >= 0 else idle.choice()
             if h < 0 or not (h < idle._pos.shape[0] and idle._pos[h] >= 0):
                 return
-            if self.elastic_on and over < 1:
+            if self.slots_on:
+                # the floating capacity (robust._Mechanisms._elastic_caps with elastic_slots)
+                self._slots_caps(e, over)
+                saved = self.ovcap
+                self.ovcap = self.ovcap_slots
+                i = self._gate(e, False)
+                self.ovcap = saved
+            elif self.elastic_on and over < 1:
                 # the floating GPU (robust._Mechanisms._elastic_caps: no solo GPU runs a prefill)
                 saved = self.ovcap
                 self.ovcap = self.ovcap_el

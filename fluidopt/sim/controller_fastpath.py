@@ -125,8 +125,11 @@ def bind(ctrl: Any, ctx: Any) -> Any:
         return None
     from fluidopt.sim import metrics
 
-    fast_cls = mod.FastFCFS if spec[0] == mod.ROUTE_FCFS else mod.FastGate
-    fast = fast_cls(ctrl, spec[0], spec[1], (metrics.N_CLASS_QTY, metrics.X_PREFILL))
+    if spec[0] == mod.ROUTE_FCFS:
+        fast = mod.FastFCFS(ctrl, spec[0], spec[1], (metrics.N_CLASS_QTY, metrics.X_PREFILL))
+    else:
+        fast = mod.FastGate(ctrl, spec[0], spec[1],
+                            (metrics.N_CLASS_QTY, metrics.X_PREFILL, metrics.Y_MIXED, metrics.Y_SOLO))
     for name, attr in _CALLBACKS:
         handler = getattr(fast, name, None)
         if handler is not None and getattr(ctx, attr) == getattr(ctrl, name, None):

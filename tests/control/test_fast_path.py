@@ -49,6 +49,7 @@ POLICIES = [
     ("backpressure-sli-gate-and-route", {"average_caps": False, "staffing": True}),
     ("backpressure-sli-gate-and-route", {"staffing": True}),
     ("backpressure-gate-and-route", {"elastic": False}),
+    ("backpressure-gate-and-route", {"elastic_slots": False}),
 ]
 
 
@@ -152,7 +153,8 @@ def test_fast_path_follows_rolling_re_solves(monkeypatch, tmp_path, policy, serv
 
 @pytest.mark.integration
 @needs_fast
-@pytest.mark.parametrize("opts", [{}, {"resolve": False}, {"caps": True, "decode_order": "fcfs"}, {"elastic": False}])
+@pytest.mark.parametrize("opts", [{}, {"resolve": False}, {"caps": True, "decode_order": "fcfs"}, {"elastic": False},
+                                  {"elastic_slots": False}])
 @pytest.mark.parametrize("case", ["markov", "tokens", "tokens-kv"])
 def test_fast_path_with_the_elastic_mechanism(monkeypatch, tmp_path, opts, case):
     """BP-GR on grid-01, where the elastic plan is active (floating GPU, full in-flight counts in the

@@ -311,7 +311,7 @@ def test_elastic_is_on_only_where_every_admitted_class_is_rationed_and_mixing_is
 
 @pytest.mark.parametrize("elastic, expected", [(True, 1), (False, 0)])
 def test_elastic_floats_one_solo_gpu_while_every_reserved_slot_is_busy(elastic, expected):
-    c, snap = _elastic_ctrl(elastic=elastic)
+    c, snap = _elastic_ctrl(elastic=elastic, elastic_slots=False)
     M = c.mixed_gpus
     for g in range(M):  # every reserved slot runs a class-1 prefill
         snap.start_prefill(snap.add_request(0, 2000, 10), g)
@@ -331,6 +331,62 @@ def test_elastic_floats_one_solo_gpu_while_every_reserved_slot_is_busy(elastic, 
         snap.outbox.clear()
         c.on_slot_freed(snap, snap.n_gpus - 1)
         assert len(_started(snap, "prefill")) == 1
+
+
+def _fill_some(snap: ClusterSnapshot, g: int, k: int, cls: int = 0) -> None:
+    """Start ``k`` decodes on GPU ``g``."""
+    for _ in range(k):
+        snap.start_decode(snap.add_request(cls, 300, 10, prefilled=True), g)
+
+
+def test_elastic_slots_room_is_the_plans_frees_during_one_prefill_less_one_sd():
+    s, sol = _all_rationed()
+    c, _ = _elastic_ctrl()
+    n, B, M = c.n_gpus, c.batch, c.mixed_gpus
+    room = n * float(np.sum(sol.throughput)) / s.rates().mu_p[0]
+    assert c._slots_on and c._room[0] == pytest.approx(room)
+    assert c._float_room[0] == pytest.approx(room - math.sqrt(room))
+    assert c._decode_slots == M * (B - 1) + (n - M) * B
+    off, _ = _elastic_ctrl(elastic_slots=False)
+    assert not off._slots_on
+    # on the paper instance (elastic off: a class is served in full) the option changes nothing
+    p, _ = _ctrl(overflow=True, backpressure=True, elastic_slots=True)
+    assert not p._slots_on
+
+
+@pytest.mark.parametrize("slots, expected", [(True, 2), (False, 1)])
+def test_elastic_slots_float_on_every_idle_solo_gpu_while_decode_slots_idle(slots, expected):
+    # every reserved slot runs a class-1 prefill and two solo GPUs are empty (2 B free decode slots):
+    # the free slots plus the room exceed the 8 in-flight prefills, so each empty GPU hosts a prefill
+    # (the one-GPU rule: one)
+    c, snap = _elastic_ctrl(elastic_slots=slots)
+    M = c.mixed_gpus
+    for g in range(M):
+        snap.start_prefill(snap.add_request(0, 2000, 10), g)
+    _fill_decodes(snap, range(M, snap.n_gpus - 2), cls=0)
+    snap.outbox.clear()
+    for _ in range(3):
+        c.on_arrival(snap, snap.add_request(0, 2000, 10))
+    pre = _started(snap, "prefill")
+    assert len(pre) == expected and all(g >= M for _, _, g in pre) and c._overflowing == expected
+
+
+@pytest.mark.parametrize("slots, expected", [(True, 0), (False, 1)])
+def test_elastic_slots_no_floating_prefill_when_the_free_slots_will_be_claimed(slots, expected):
+    # every reserved slot busy, the decode pool full but for one slot on each of two solo GPUs: the 2
+    # free slots plus the room less one sd (7.69 - 2.77) are fewer than the 8 prefills in flight, which
+    # will want those slots first, so no prefill floats (the one-GPU rule would start one)
+    c, snap = _elastic_ctrl(elastic_slots=slots)
+    M, B, n = c.mixed_gpus, c.batch, snap.n_gpus
+    for g in range(M):
+        snap.start_prefill(snap.add_request(0, 2000, 10), g)
+    _fill_decodes(snap, range(n - 2), cls=0)  # the mixed GPUs' decode slots too
+    for g in (n - 2, n - 1):
+        _fill_some(snap, g, B - 1)
+    assert c._room[0] - math.sqrt(c._room[0]) + 2 <= M  # the hand-built state is the case the rule refuses
+    snap.outbox.clear()
+    c.on_arrival(snap, snap.add_request(0, 2000, 10))
+    assert len(_started(snap, "prefill")) == expected
 
 
 def test_elastic_keeps_the_engine_invariants_on_an_all_rationed_plan():
@@ -527,7 +583,8 @@ def cases(draw, policies=("backpressure-gate-and-route", "backpressure-sli-gate-
     elif policy == "backpressure-gate-and-route":
         opts = {"backpressure": draw(st.booleans()), "caps": draw(st.booleans()), "staffing": draw(st.booleans()),
                 "decode_order": draw(st.sampled_from(("value", "fcfs"))), "overflow": draw(st.booleans()),
-                "resolve": draw(st.booleans()), "elastic": draw(st.booleans())}
+                "resolve": draw(st.booleans()), "elastic": draw(st.booleans()),
+                "elastic_slots": draw(st.booleans())}
     else:
         opts = {"average_caps": draw(st.booleans()), "staffing": draw(st.booleans())}
         if draw(st.booleans()):
