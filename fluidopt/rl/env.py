@@ -104,7 +104,7 @@ class RouterEnv(gym.Env):
 
     def wait_valid(self) -> bool:
         """Whether "wait" is a valid action in the current state (always, with ``wait_mask="none"``)."""
-        return self._wait_mask == "none" or self.core.head_fits(self.eng) < 0
+        return self.core.wait_valid(self.eng, self._wait_mask)
 
     def action_masks(self) -> np.ndarray:
         """The valid actions of the current state (bool, m + 1): every instance, and "wait" unless masked."""

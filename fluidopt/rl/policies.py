@@ -45,7 +45,6 @@ class RLRouter(RouterCore):
         self.net = net
         self.name = name
         self.multi = net.dispatch == "multi"
-        self.masked = net.wait_mask != "none"
         self.decisions = 0
         self.waits = 0
         self.masked_waits = 0  # decisions where the network's argmax was a masked "wait"
@@ -67,7 +66,7 @@ class RLRouter(RouterCore):
                 self.forced += 1
             else:
                 a = int(qv.argmax())
-                if a >= n and self.masked and self.head_fits(ctx) >= 0:
+                if a >= n and not self.wait_valid(ctx, self.net.wait_mask):
                     a = int(qv[:n].argmax())  # "wait" is masked: the head fits on an instance
                     self.masked_waits += 1
             self.decisions += 1

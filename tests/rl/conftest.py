@@ -36,6 +36,15 @@ def blocked_workload(batch: int = 8, n_short: int = 120, gap: float = 0.1, long_
     return TraceWorkload(df, ("short", "long"), name="blocked")
 
 
+def blocked_env(**kw):
+    """A RouterEnv on tiny_scenario() where instance 0 is kept full: its 8 slots hold 6,000-token decodes
+    (~100 s), pinned there; 40 short requests follow. Needs gymnasium (imported here, not at module level)."""
+    from fluidopt.rl.env import RouterEnv
+
+    return RouterEnv(tiny_scenario(), workload=blocked_workload(batch=8, n_short=40), pin={i: 0 for i in range(8)},
+                     max_time=30.0, **kw)
+
+
 @pytest.fixture
 def tiny():
     return tiny_scenario()

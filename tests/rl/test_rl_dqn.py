@@ -9,9 +9,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("gymnasium")
 
 from fluidopt.rl.dqn import DQNConfig, train  # noqa: E402
-from fluidopt.rl.env import RouterEnv  # noqa: E402
 
-from .conftest import blocked_workload, tiny_scenario  # noqa: E402
+from .conftest import blocked_env  # noqa: E402
 
 # Small budget: 8 episodes of 40 decisions, 3 of them exploring. With these settings seeds 1, 2, 4
 # and 5 learn the rule (seed 3 still sends some work to the blocked instance); training is
@@ -20,18 +19,12 @@ TINY = dict(variant="baseline", episodes=8, batch_size=32, learn_starts=32, targ
             eps_episodes=3, hidden=16, reward_scale=0.01, lr=3e-3)
 
 
-def _blocked_env():
-    # instance 0 is kept full: its 8 slots hold 6,000-token decodes (~100 s); 40 short requests follow
-    return RouterEnv(tiny_scenario(), workload=blocked_workload(batch=8, n_short=40), pin={i: 0 for i in range(8)},
-                     max_time=30.0)
-
-
 @pytest.mark.integration
 def test_tiny_training_learns_to_send_work_to_the_free_instance():
-    res = train(None, DQNConfig(seed=5, **TINY), env=_blocked_env())
+    res = train(None, DQNConfig(seed=5, **TINY), env=blocked_env())
     steps = int(res.curves.steps.sum())
     assert steps < 600  # "a few hundred steps"
-    env = _blocked_env()
+    env = blocked_env()
     obs, _ = env.reset(seed=0)
     acts = []
     done = False
@@ -47,12 +40,12 @@ def test_tiny_training_learns_to_send_work_to_the_free_instance():
 @pytest.mark.integration
 def test_training_is_deterministic_bit_for_bit():
     cfg = DQNConfig(seed=3, **{**TINY, "episodes": 2, "eps_episodes": 1})
-    a = train(None, cfg, env=_blocked_env())
-    b = train(None, cfg, env=_blocked_env())
+    a = train(None, cfg, env=blocked_env())
+    b = train(None, cfg, env=blocked_env())
     for (Wa, ba), (Wb, bb) in zip(a.net.layers, b.net.layers):
         assert np.array_equal(Wa, Wb) and np.array_equal(ba, bb)
     assert a.curves.drop(columns="wall_seconds").equals(b.curves.drop(columns="wall_seconds"))
-    c = train(None, DQNConfig(seed=4, **{**TINY, "episodes": 2, "eps_episodes": 1}), env=_blocked_env())
+    c = train(None, DQNConfig(seed=4, **{**TINY, "episodes": 2, "eps_episodes": 1}), env=blocked_env())
     assert not np.array_equal(a.net.layers[0][0], c.net.layers[0][0])
 
 

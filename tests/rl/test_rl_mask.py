@@ -13,7 +13,7 @@ from fluidopt.errors import ScenarioError
 from fluidopt.rl.mlp import SCORER_IN, WAIT_IN, SharedQNetwork, load_weights, save_weights
 from fluidopt.sim.workload import TraceWorkload
 
-from .conftest import blocked_workload, tiny_scenario
+from .conftest import blocked_env, tiny_scenario
 
 
 def _wl(rows):
@@ -124,23 +124,18 @@ def test_masked_training_never_takes_a_masked_wait_and_is_deterministic():
     pytest.importorskip("torch")
     pytest.importorskip("gymnasium")
     from fluidopt.rl.dqn import DQNConfig, train
-    from fluidopt.rl.env import RouterEnv
-
-    def env():
-        return RouterEnv(tiny_scenario(), workload=blocked_workload(batch=8, n_short=40), pin={i: 0 for i in range(8)},
-                         max_time=30.0)
 
     base = dict(variant="wa", episodes=2, eps_episodes=1, batch_size=32, learn_starts=32, target_sync=50,
                 buffer_size=5000, hidden=8, lr=3e-3, seed=2, arch="shared", multi_dispatch=True)
     # epsilon 1 in episode 0: random actions, which without the mask include waits; the masked env raises on a
     # masked wait, so finishing proves none was taken
-    a = train(None, DQNConfig(**base, wait_mask="fits"), env=env())
-    b = train(None, DQNConfig(**base, wait_mask="fits"), env=env())
+    a = train(None, DQNConfig(**base, wait_mask="fits"), env=blocked_env())
+    b = train(None, DQNConfig(**base, wait_mask="fits"), env=blocked_env())
     assert a.net.wait_mask == "fits" and json.loads(a.net.config)["wait_mask"] == "fits"
     for (Wa, ba), (Wb, bb) in zip(a.net.layers, b.net.layers):
         assert np.array_equal(Wa, Wb) and np.array_equal(ba, bb)
     # instance 1 is empty or has free slots throughout: the head always fits, so the masked agent never waits
     assert (a.curves["wait_fraction"] == 0.0).all()
-    c = train(None, DQNConfig(**base), env=env())
+    c = train(None, DQNConfig(**base), env=blocked_env())
     assert c.net.wait_mask == "none" and "wait_mask" not in json.loads(c.net.config)
     assert c.curves["wait_fraction"].iloc[0] > 0.0  # the unmasked random episode waits

@@ -14,7 +14,7 @@ from fluidopt.rl.mlp import SCORER_IN, WAIT_IN, QNetwork, SharedQNetwork, load_w
 from fluidopt.sim.api import simulate
 from fluidopt.sim.workload import TraceWorkload
 
-from .conftest import RL_SCENARIO, tiny_scenario
+from .conftest import RL_SCENARIO, blocked_env, tiny_scenario
 
 
 def _shared(h: int = 8, seed: int = 0, dispatch: str = "multi", m: int = 2) -> SharedQNetwork:
@@ -201,18 +201,11 @@ def test_shared_training_is_deterministic_and_matches_its_numpy_twin():
     torch = pytest.importorskip("torch")
     pytest.importorskip("gymnasium")
     from fluidopt.rl.dqn import DQNConfig, SharedQ, train
-    from fluidopt.rl.env import RouterEnv
-
-    from .conftest import blocked_workload
-
-    def env():
-        return RouterEnv(tiny_scenario(), workload=blocked_workload(batch=8, n_short=40), pin={i: 0 for i in range(8)},
-                         max_time=30.0)
 
     cfg = DQNConfig(variant="baseline", episodes=2, eps_episodes=1, batch_size=32, learn_starts=32, target_sync=50,
                     buffer_size=5000, hidden=8, lr=3e-3, seed=2, arch="shared", multi_dispatch=True)
-    a = train(None, cfg, env=env())
-    b = train(None, cfg, env=env())
+    a = train(None, cfg, env=blocked_env())
+    b = train(None, cfg, env=blocked_env())
     assert isinstance(a.net, SharedQNetwork) and a.net.dispatch == "multi"
     for (Wa, ba), (Wb, bb) in zip(a.net.layers, b.net.layers):
         assert np.array_equal(Wa, Wb) and np.array_equal(ba, bb)
