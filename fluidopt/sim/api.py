@@ -56,6 +56,7 @@ def simulate(
     controller_options: dict | None = None,
     check: bool = False,
     backend: str = "auto",
+    drain: float | None = None,
 ) -> SimResult:
     """Simulate ``controller`` on ``scenario`` over ``[0, horizon)`` seconds of simulated time.
 
@@ -72,11 +73,24 @@ def simulate(
     ``backend``: ``"auto"`` (the compiled engine core when installed, else pure Python),
     ``"compiled"`` or ``"python"`` (:mod:`fluidopt.sim.backend`); both give the same numbers bit for bit,
     and ``result.meta["engine"]`` says which ran. Same ``seed``, same numbers, bit for bit.
+
+    ``drain``: seconds (a cap) the run may go on past the horizon so that the requests that
+    *arrived* in the window ``[warmup, horizon)`` (its cohort) resolve; arrivals continue as the
+    workload has them. It stops once they all have (or at ``horizon + drain``, then a
+    :class:`~fluidopt.sim.cohort.CohortWarning`) and adds the cohort's metrics to
+    ``result.cluster`` (:data:`fluidopt.sim.cohort.COHORT_KEYS`): ``cohort_revenue_per_gpu`` (the
+    value of the cohort's completed requests per GPU per second of the window, directly comparable
+    with R*(window), :func:`fluidopt.fluid.realised.realised_bound`), its batch-means half-width,
+    the cohort's counts (arrived = completed + abandoned + dropped + unresolved) and
+    ``drain_seconds`` (after the horizon, when its last request resolved); the per-class table is
+    ``result.meta["cohort"]``. Every other metric is the window's, the same as without ``drain``
+    (``events`` and ``wall_seconds`` count the whole run; the records go on to the drain's end).
+    Default None: the run stops at the horizon, as before. See :mod:`fluidopt.sim.cohort`.
     """
     engine = make_engine(
         scenario, controller, horizon=horizon, warmup=warmup, seed=seed, service=service, workload=workload,
         records=records, sample_interval=sample_interval, progress=progress, batches=batches,
-        controller_options=controller_options, check=check, backend=backend,
+        controller_options=controller_options, check=check, backend=backend, drain=drain,
     )
     try:
         return engine.run()
@@ -102,6 +116,7 @@ def make_engine(
     controller_options: dict | None = None,
     check: bool = False,
     backend: str = "auto",
+    drain: float | None = None,
 ):
     """An engine set up for a run, to drive a piece at a time (the stepping API).
 
@@ -149,6 +164,7 @@ def make_engine(
         engine = Engine(
             scenario, ctrl, workload, service=service, horizon=horizon, warmup=warmup, seed=seed,
             sample_interval=sample_interval, records=writer, progress=progress, batches=batches, check=check,
+            **({} if drain is None else {"drain": drain}),
         )
     except BaseException:
         if writer is not None:

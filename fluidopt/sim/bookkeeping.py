@@ -13,6 +13,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 
 import numpy as np
 
@@ -58,8 +59,12 @@ def start(eng) -> None:
         eng.controller.setup(eng)
     finally:
         eng._in_setup = False
-    eng._arr_iter = iter(eng.workload.batches(eng._work_rng, eng.horizon, eng._arrival_chunk))
-    next_arrivals(eng)
+    coh = eng.collector.cohort
+    if coh is None:
+        eng._arr_iter = iter(eng.workload.batches(eng._work_rng, eng.horizon, eng._arrival_chunk))
+        next_arrivals(eng)
+    else:
+        start_drained_arrivals(eng, coh)
     refill_exp(eng)
     refill_uni(eng)
 
@@ -138,11 +143,14 @@ def finish(eng) -> M.SimResult:
     if eng._finished:
         raise ActionError("finish: this run is already finished (its result was returned); make a new engine")
     eng._finished = True
-    if not eng._done:
+    coh = eng.collector.cohort
+    draining = coh is not None and coh.draining
+    if not eng._done and not draining:
         t = eng._now
         flush(eng)
         eng.collector.snapshot(t, areas(eng, t), np.array(eng._ctr, dtype=float))
-    result = assemble_result(eng, time.perf_counter() - eng._wall0)
+    wall = time.perf_counter() - eng._wall0
+    result = assemble_result(eng, wall) if coh is None else finish_cohort(eng, coh, wall)
     result.meta["engine"] = eng.engine_name
     return result
 
@@ -190,7 +198,13 @@ def fold(eng, A: np.ndarray) -> None:
     """Rows of finished requests (metrics.RECORD_FIELDS, as floats) into the metrics."""
     ints = M.RECORD_INT_FIELDS
     a = {nm: A[:, j].astype(np.int64) if nm in ints else A[:, j] for j, nm in enumerate(M.RECORD_FIELDS)}
-    eng.collector.add_requests(a)
+    coh = eng.collector.cohort
+    if coh is None:
+        eng.collector.add_requests(a)
+    else:  # (a drain past the horizon feeds the cohort only: the window's metrics are taken)
+        if not coh.draining:
+            eng.collector.add_requests(a)
+        coh.add(a)
     if eng._records is not None:
         eng._records.write(a)
 
@@ -210,6 +224,9 @@ def housekeeping(eng, t: float) -> tuple[bool, bool]:
         eng._bi += 1
         if eng._bi == len(bounds):
             done = True
+    coh = eng.collector.cohort
+    if coh is not None:
+        done = drain_step(eng, coh, t, done)
     if eng._t_sample <= t:
         eng._samples.append([t] + [float(x) for x in eng._cnt] + [float(x) for x in eng._ctr])
         eng._t_sample += eng.sample_interval
@@ -225,7 +242,78 @@ def housekeeping(eng, t: float) -> tuple[bool, bool]:
 def t_house(eng) -> float:
     """The next instant of housekeeping: a batch boundary, a sample or a tick."""
     tb = eng._bounds[eng._bi] if eng._bi < len(eng._bounds) else INF
+    coh = eng.collector.cohort
+    if coh is not None and coh.draining:
+        tb = coh.t_check
     return min(tb, eng._t_sample, eng._t_tick)
+
+
+# -- the drain past the horizon (simulate(..., drain=cap); fluidopt.sim.cohort) ---------------------
+def start_drained_arrivals(eng, coh) -> None:
+    """The workload's arrivals up to ``horizon + cap``: the cohort's last requests meet the load
+    that follows them. A trace that ends between the horizon and ``horizon + cap`` is no fault
+    (its TraceWarning is kept only when the trace ends before the horizon itself)."""
+    from fluidopt.sim.workload import TraceWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", TraceWarning)
+        eng._arr_iter = iter(eng.workload.batches(eng._work_rng, eng.horizon + coh.cap, eng._arrival_chunk))
+        next_arrivals(eng)
+    times = getattr(eng.workload, "time", None)
+    ends_early = times is not None and len(times) and float(times[-1]) < eng.horizon
+    for w in caught:
+        if not issubclass(w.category, TraceWarning) or ends_early or "before the horizon" not in str(w.message):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
+def drain_step(eng, coh, t: float, done: bool) -> bool:
+    """Housekeeping of a run with a drain: at the horizon (``done``), take the window's result and
+    start draining; at each check, stop once the cohort has resolved or at ``horizon + cap``."""
+    if done and not coh.draining:
+        snaps = eng.collector.snapshots
+        first = next(s for s in snaps if s[0] >= eng.warmup)
+        nc, c_arr = M.N_CTR, M.C_ARRIVED
+        coh.arrived = np.array([snaps[-1][2][nc * c + c_arr] - first[2][nc * c + c_arr] for c in range(eng.I)])
+        # the window's result, as a run that stopped here would return it (records stay open)
+        coh.window_result = assemble_result(eng, time.perf_counter() - eng._wall0, close_records=False)
+        coh.draining = True
+        coh.t_check = t
+        done = False
+    if coh.draining and coh.t_check <= t:
+        flush(eng)
+        end = eng.horizon + coh.cap
+        if coh.pending() <= 0 or t >= end:
+            coh.end_time = t
+            coh.t_check = INF
+            return True
+        coh.t_check = min(t + coh.step, end)
+    return done
+
+
+def finish_cohort(eng, coh, wall: float) -> M.SimResult:
+    """The result of a run with a drain: the window's metrics (taken at the horizon) plus the
+    cohort's (:data:`fluidopt.sim.cohort.COHORT_KEYS` in ``cluster``, the per-class table in
+    ``meta["cohort"]``); records hold every request's outcome up to the drain's end."""
+    from dataclasses import replace
+
+    from fluidopt.sim.cohort import COHORT_KEYS, cohort_summary, warn_undrained
+    from fluidopt.sim.results import write_live_records
+
+    if coh.window_result is None:  # stopped (Ctrl-C) before the horizon: no cohort to report
+        res = assemble_result(eng, wall)
+        nan = {k: math.nan for k in COHORT_KEYS}
+        nan["cohort_drained"] = False
+        return replace(res, cluster={**res.cluster, **nan})
+    flush(eng)
+    if math.isnan(coh.end_time):
+        coh.end_time = eng._now
+    records_path = write_live_records(eng, eng._now)
+    m, pc = cohort_summary(coh, tuple(eng._class_names))
+    res = coh.window_result
+    warn_undrained(m)
+    meta = {**res.meta, "cohort": pc, "drain_end": coh.end_time}
+    return replace(res, cluster={**res.cluster, **m}, events=eng._events, wall_seconds=wall,
+                   interrupted=res.interrupted or eng._interrupted, records_path=records_path, meta=meta)
 
 
 def exact_lam(eng) -> float:

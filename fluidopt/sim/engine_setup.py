@@ -42,6 +42,7 @@ def init_engine(
     batches: int = 20,
     check: bool = False,
     arrival_chunk: int = 65536,
+    drain: float | None = None,
 ) -> None:
     """Set engine ``eng`` up for one run (see :func:`fluidopt.sim.api.simulate` for the arguments).
     ``typed``: the state is typed arrays (the compiled core); ``gpuset``: the kernel's GpuSet class."""
@@ -249,6 +250,10 @@ def init_engine(
     eng.progress = progress
     eng._interrupted = False
     eng._stop = False  # set by the first Ctrl-C: stop between two events
+    if drain is not None:  # go on past the horizon until the window's arrivals resolve
+        from fluidopt.sim.cohort import make_tracker
+
+        eng.collector.cohort = make_tracker(eng, drain)
 
     # callbacks (skip the ones a controller leaves as no-ops)
     base = Controller

@@ -118,6 +118,7 @@ class MetricCollector:
         self.h_waitp = LogHistogram(n_classes)
         self.snapshots: list[tuple[float, np.ndarray, np.ndarray]] = []  # (time, areas, counters)
         self.slo_on = False  # per-class SLOs (set_slo): counted only when some class has one
+        self.cohort = None  # the window's arrival cohort when the run drains (fluidopt.sim.cohort)
 
     def set_slo(self, ttft: np.ndarray, itl: np.ndarray, deadline: np.ndarray, deadline_at: np.ndarray,
                 min_service) -> None:

@@ -20,26 +20,38 @@ from fluidopt.sim.metrics import (
     C_PREEMPTED,
 )
 
-__all__ = ["SLOWarning", "assemble_result", "min_service_time", "progress_line"]
+__all__ = ["SLOWarning", "assemble_result", "min_service_time", "progress_line", "write_live_records"]
 
 
-def assemble_result(eng, wall: float) -> M.SimResult:
-    """The :class:`~fluidopt.sim.metrics.SimResult` of engine ``eng`` at its current time (the end of
-    the run): flush the finished requests, write the requests still in the system to the records,
-    total the counters, build the time series and the revenue functions. ``wall``: seconds the run took."""
-    NC = M.N_CTR
+def write_live_records(eng, t_end: float, live: list[int] | None = None) -> str | None:
+    """Write the requests still in the system (outcome ``in_system``, end ``t_end``) to the records
+    and close them; the records file's path (None without records)."""
+    if eng._records is None:
+        return None
     _NREC = M.N_RECORD_FIELDS
+    if live is None:
+        live = eng._in_system()
+    rows = [(eng.r_serial[r], eng.r_cls[r], eng.r_arr[r], eng.r_prompt[r], eng.r_output[r], M.IN_SYSTEM,
+             t_end, eng.r_ttft[r], eng.r_wp[r], eng.r_wd[r], eng.r_npre[r], eng.r_pg[r], eng.r_dg[r])
+            for r in sorted(live, key=eng.r_serial.__getitem__)]
+    if rows:
+        eng._fold(np.array(rows, dtype=float).reshape(-1, _NREC))
+    return eng._records.close()
+
+
+def assemble_result(eng, wall: float, *, close_records: bool = True) -> M.SimResult:
+    """The :class:`~fluidopt.sim.metrics.SimResult` of engine ``eng`` at its current time (the end of
+    the run): flush the finished requests, write the requests still in the system to the records
+    (``close_records=False``: neither, the run goes on to drain its cohort), total the counters,
+    build the time series and the revenue functions. ``wall``: seconds the run took."""
+    NC = M.N_CTR
     t_end = eng._now
     eng._flush()
     live = eng._in_system()
-    records_path = None
-    if eng._records is not None:
-        rows = [(eng.r_serial[r], eng.r_cls[r], eng.r_arr[r], eng.r_prompt[r], eng.r_output[r], M.IN_SYSTEM,
-                 t_end, eng.r_ttft[r], eng.r_wp[r], eng.r_wd[r], eng.r_npre[r], eng.r_pg[r], eng.r_dg[r])
-                for r in sorted(live, key=eng.r_serial.__getitem__)]
-        if rows:
-            eng._fold(np.array(rows, dtype=float).reshape(-1, _NREC))
-        records_path = eng._records.close()
+    if close_records:
+        records_path = write_live_records(eng, t_end, live)
+    else:  # a run that drains past the horizon (fluidopt.sim.cohort): the records go on
+        records_path = eng._records.path if eng._records is not None else None
     ctr = eng._ctr
     I = eng.I
     arrived = sum(ctr[NC * c + C_ARRIVED] for c in range(I))
