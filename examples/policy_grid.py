@@ -11,9 +11,13 @@ Cases (families):
   (seeded), patience 0.1 /s;
 * ``trace``: the Azure LLM conversation trace (../shared/data; skipped when absent) on the paper GPU
   at 8, 32 and 200 GPUs, sped up 1x, 4x and 25x (the same load per GPU), ``tokens`` service,
-  classes from ``classes_from_trace`` (patience 0.05), prices 0.1 / 0.2. Revenue is divided by the
-  LP optimum at the arrivals actually in the measured window (``fluidopt.fluid.realised``):
-  a benchmark, not a bound (see docs/robust-control.md).
+  classes from ``classes_from_trace`` (patience 0.05), prices 0.1 / 0.2. The trace's score is the
+  **arrival-cohort revenue** (the requests that arrived in the measured window, credited when they
+  complete, the run draining past the window's end: ``simulate(..., drain=...)``,
+  ``fluidopt.sim.cohort``) over R*(window), the LP optimum at those same arrivals
+  (``fluidopt.fluid.realised``): a benchmark, not a bound (see docs/robust-control.md).
+  ``--trace-measure window`` scores the completions inside the window instead (the measure before
+  the cohort one; both are in runs.csv as ``ratio_cohort`` and ``ratio_window``).
 
 Policies: the paper's five (gate-and-route = GG-SP, fi-wsp = FCFS/FIFO, gi-wsp, gf-wsp, fg-sp), round
 robin (vLLM-style instances) and backpressure-gate-and-route (BP-GR). Same seed, same arrivals for
@@ -25,6 +29,7 @@ batch-means interval).
     python examples/policy_grid.py --quick                # a smoke run (tests use it)
     python examples/policy_grid.py --replot               # tables and figure from <out>/runs.csv
     python examples/policy_grid.py --ablation             # the mechanism ablation of docs/robust-control.md
+    python examples/policy_grid.py --summary-from-table T.md   # family summary of a printed case table
 """
 
 from __future__ import annotations
@@ -152,8 +157,16 @@ def case_scenario(case: dict) -> tuple[Scenario, object, float, float]:
     return dataclasses.replace(case["scenario"], name=case["case"]), None, case["horizon"], case["warmup"]
 
 
-def run_family(cases: list[dict], policies: list, options: dict, seeds: list[int], executor, out: Path) -> pd.DataFrame:
-    """Every policy on every case of one family through :func:`fluidopt.harness.compare`; one row per run."""
+TRACE_DRAIN = 600.0  # seconds a trace run may go on past its window for the arrival cohort to resolve
+
+
+def run_family(cases: list[dict], policies: list, options: dict, seeds: list[int], executor, out: Path,
+               trace_measure: str = "cohort") -> pd.DataFrame:
+    """Every policy on every case of one family through :func:`fluidopt.harness.compare`; one row per run.
+
+    Trace cases drain (``compare(..., drain=TRACE_DRAIN)``) and their ``ratio`` is the arrival-cohort
+    revenue / R*(window) (``trace_measure="cohort"``) or the window's completions / R*(window)
+    (``"window"``); both are kept, as ``ratio_cohort`` and ``ratio_window``."""
     from fluidopt.harness import compare
     from fluidopt.sim.workload import TraceWarning
 
@@ -165,7 +178,8 @@ def run_family(cases: list[dict], policies: list, options: dict, seeds: list[int
         c = compare(scenarios, policies, options=options, seeds=seeds, executor=executor, out=out, progress=True,
                     horizon={k: h for k, (_, _, _, h, _) in built.items()},
                     warmup={k: w for k, (_, _, _, _, w) in built.items()},
-                    service={k: case["service"] for k, (case, *_) in built.items()}, workloads=workloads)
+                    service={k: case["service"] for k, (case, *_) in built.items()}, workloads=workloads,
+                    drain={k: (TRACE_DRAIN if wl is not None else None) for k, (_, _, wl, _, _) in built.items()})
     x = c.classes.pivot_table(index=["scenario", "policy", "seed"], columns="name", values="x_mean", sort=False)
     registered = dict(p if isinstance(p, tuple) else (p, p) for p in policies)
     rows = []
@@ -173,21 +187,48 @@ def run_family(cases: list[dict], policies: list, options: dict, seeds: list[int
         case, sc, wl, _, _ = built[r.scenario]
         plan = c.plans[r.scenario]["bundled"]
         # On a trace the plan's R* is solved at the whole trace's mean rates while revenue is measured
-        # over a window whose realised arrivals differ: divide by the harness's R*(window) instead.
+        # over a window whose realised arrivals differ: divide by the harness's R*(window) instead,
+        # and count the same arrivals on top (the arrival cohort, credited whenever it completes).
         bound = r.lp_bound_realised if wl is not None else r.lp_bound
         xs = x.loc[(r.scenario, r.policy, r.seed), list(sc.class_names)].to_numpy(dtype=float)
         label = r.policy
+        if wl is not None and trace_measure == "cohort":
+            rev, rev_ci, blabel = r.cohort_revenue_per_gpu, r.cohort_revenue_per_gpu_ci, "cohort revenue / R*(window)"
+        else:
+            rev, rev_ci = r.revenue_per_gpu, r.revenue_per_gpu_ci
+            blabel = "window revenue / R*(window)" if wl is not None else "revenue / R*"
+        cohort = {k: getattr(r, k, math.nan) for k in ("cohort_revenue_per_gpu", "cohort_arrived", "cohort_completed",
+                                                        "cohort_abandoned", "cohort_dropped", "cohort_unresolved",
+                                                        "drain_seconds", "cohort_drained")}
         rows.append({"family": case["family"], "case": r.scenario, "policy": registered[label],
                      "variant": label if label != registered[label] else "",
                      "seed": r.seed, "gpus": r.gpus, "horizon": r.horizon, "warmup": r.warmup,
-                     "R_star_plan": r.lp_bound, "bound": bound, "bound_label": "R*(window)" if wl is not None else "R*",
-                     "revenue_per_gpu": r.revenue_per_gpu, "revenue_ci": r.revenue_per_gpu_ci,
-                     "ratio": r.revenue_per_gpu / bound, "ratio_ci": r.revenue_per_gpu_ci / bound,
+                     "R_star_plan": r.lp_bound, "bound": bound, "bound_label": blabel,
+                     "revenue_per_gpu": rev, "revenue_ci": rev_ci,
+                     "ratio": rev / bound, "ratio_ci": rev_ci / bound,
+                     "ratio_window": r.revenue_per_gpu / bound, "ratio_window_ci": r.revenue_per_gpu_ci / bound,
+                     "ratio_cohort": cohort["cohort_revenue_per_gpu"] / bound if wl is not None else math.nan,
+                     "ratio_cohort_ci": getattr(r, "cohort_revenue_per_gpu_ci", math.nan) / bound if wl is not None
+                     else math.nan,
+                     **cohort,
                      "abandoned_fraction": r.abandoned_fraction, "requests": r.requests, "wall_seconds": r.wall_seconds,
                      "mixed_gpus": plan.mixed_gpus, "x_over_n": ";".join(f"{v:.5f}" for v in xs),
                      "x_star": ";".join(f"{v:.5f}" for v in plan.x),
                      "x_err": float(np.max(np.abs(xs - np.asarray(plan.x)))) if wl is None else math.nan})
     return pd.DataFrame(rows)
+
+
+def rescore(df: pd.DataFrame, trace_measure: str) -> pd.DataFrame:
+    """The trace rows of a runs.csv scored by ``trace_measure`` ("cohort" or "window"), where it has both."""
+    col = f"ratio_{trace_measure}"
+    if col not in df.columns:
+        return df
+    df = df.copy()
+    m = (df["family"] == "trace") & df[col].notna()
+    df.loc[m, "ratio"] = df.loc[m, col]
+    df.loc[m, "ratio_ci"] = df.loc[m, f"{col}_ci"]
+    df.loc[m, "bound_label"] = f"{trace_measure} revenue / R*(window)"
+    return df
 
 
 # -- summary ----------------------------------------------------------------------------------------
@@ -209,7 +250,9 @@ def summarise(df: pd.DataFrame) -> pd.DataFrame:
     df = df.assign(_order=df["case"].map(case_order))
     for (fam, case, pol), g in df.sort_values(["_order", "seed"]).groupby(["family", "case", "policy"], sort=False):
         k = len(g)
-        m = float(g["ratio"].mean())
+        # (rounded to 1e-12: policies that serve every request of a trace score 1 to the last bit but for
+        # float noise in the sums, and should tie, not rank, in the tables)
+        m = round(float(g["ratio"].mean()), 12)
         if k >= 5:
             hw = float(stats.t.ppf(0.975, k - 1) * g["ratio"].std(ddof=1) / math.sqrt(k))
         else:
@@ -234,9 +277,41 @@ def verdict(summ: pd.DataFrame) -> pd.DataFrame:
         new = g.loc[NEW]
         out.append({"family": fam, "case": case, "new": new["ratio"], "new_hw": new["half_width"],
                     "best": LABEL[best], "best_ratio": base.loc[best, "ratio"], "best_hw": base.loc[best, "half_width"],
-                    "margin": new["ratio"] - base.loc[best, "ratio"],
-                    "ok": new["ratio"] >= base.loc[best, "ratio"] - max(new["half_width"], base.loc[best, "half_width"])})
+                    # (rounded: policies that serve every request tie to the last bit but for float noise)
+                    "margin": round(new["ratio"] - base.loc[best, "ratio"], 12),
+                    "ok": round(new["ratio"] - base.loc[best, "ratio"], 12)
+                    >= -max(new["half_width"], base.loc[best, "half_width"])})
     return pd.DataFrame(out)
+
+
+def print_verdict(v: pd.DataFrame) -> None:
+    """The per-family summary table of :func:`verdict`'s rows (and the "all" row over every case)."""
+    print("| family | cases | BP-GR mean | best-baseline mean | mean margin | min margin (case) | cases within one half-width or better |")
+    print("|---|---|---|---|---|---|---|")
+    for fam, g in list(v.groupby("family", sort=False)) + [("all", v)]:
+        worst = g.loc[g["margin"].idxmin()]
+        print(f"| {fam} | {len(g)} | {g['new'].mean():.4f} | {g['best_ratio'].mean():.4f} | "
+              f"{g['margin'].mean():+.4f} | {worst['margin']:+.4f} ({worst['case']}) | {int(g['ok'].sum())}/{len(g)} |")
+
+
+def summary_from_table(text: str) -> pd.DataFrame:
+    """:func:`summarise`'s rows (family, case, policy, ratio, half_width) parsed from a printed case
+    table (``| case | GG-SP | ... | BP-GR |`` with ``v +/- hw`` cells, bold or not)."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("|")]
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    by_label = {lab: p for p, lab in LABEL.items()}
+    pols = [by_label[h] for h in head[1:]]
+    fam_of = {"paper": "paper", "grid": "grid", "dolly": "dolly", "azure-conv": "trace"}
+    rows = []
+    for ln in lines[2:]:
+        cells = [c.strip().strip("*") for c in ln.strip("|").split("|")]
+        case = cells[0]
+        for p, cell in zip(pols, cells[1:]):
+            if cell:
+                v, hw = (float(x) for x in cell.split("+/-"))
+                rows.append({"family": fam_of[case.split()[0]], "case": case, "policy": p, "ratio": v,
+                             "half_width": hw})
+    return pd.DataFrame(rows)
 
 
 def print_tables(df: pd.DataFrame) -> None:
@@ -259,17 +334,18 @@ def print_tables(df: pd.DataFrame) -> None:
     v = verdict(summ)
     if len(v):
         print("\nBP-GR against the best baseline (paper's five and round robin), per case:\n")
-        print("| family | cases | BP-GR mean | best-baseline mean | mean margin | min margin (case) | cases within one half-width or better |")
-        print("|---|---|---|---|---|---|---|")
-        for fam, g in list(v.groupby("family", sort=False)) + [("all", v)]:
-            worst = g.loc[g["margin"].idxmin()]
-            print(f"| {fam} | {len(g)} | {g['new'].mean():.4f} | {g['best_ratio'].mean():.4f} | "
-                  f"{g['margin'].mean():+.4f} | {worst['margin']:+.4f} ({worst['case']}) | {int(g['ok'].sum())}/{len(g)} |")
+        print_verdict(v)
     paper = summ[(summ["family"] == "paper") & (summ["policy"] == NEW)]
     if len(paper):
         print("\nBP-GR on the paper instance: X/n against x* (max abs error over classes):")
         for _, r in paper.iterrows():
             print(f"  {r['case']}: ratio {r['ratio']:.4f} +/- {r['half_width']:.4f}, max |X/n - x*| = {r['x_err']:.4f}")
+
+
+def s_label(df: pd.DataFrame, fam: str) -> str:
+    """The y label of a family's panel: what its ratio divides (runs.csv's bound_label)."""
+    lab = df.loc[df["family"] == fam, "bound_label"].dropna().unique() if "bound_label" in df else []
+    return lab[0] if len(lab) == 1 else "revenue / R*(window)"
 
 
 def figure(df: pd.DataFrame, path: Path) -> None:
@@ -294,7 +370,7 @@ def figure(df: pd.DataFrame, path: Path) -> None:
         ax.set_ylim(max(0.0, min(lo, float(s[s["policy"] == NEW]["ratio"].min())) - 0.02), 1.04)
         ax.axhline(1.0, color="grey", lw=0.5)
         ax.set_title(fam)
-        ax.set_ylabel("revenue / R*" if fam != "trace" else "revenue / R*(window)")
+        ax.set_ylabel("revenue / R*" if fam != "trace" else str(s_label(df, fam)))
     axes[0][0].legend(fontsize=7, loc="lower right")
     print(f"figure: {save_figure(fig, path, dpi=90)}")
 
@@ -337,8 +413,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", nargs="*", help="keep only cases whose name contains one of these strings")
     ap.add_argument("--families", nargs="*", choices=("paper", "grid", "dolly", "trace"))
     ap.add_argument("--ablation", action="store_true", help="run the mechanism ablation instead of the policies")
+    ap.add_argument("--trace-measure", choices=("cohort", "window"), default="cohort",
+                    help="trace score: the arrival cohort's revenue (default) or the completions inside the "
+                         "window, each over R*(window); both are in runs.csv (with --replot: rescores it)")
     add_executor_arguments(ap, workers=2)
     ap.add_argument("--replot", action="store_true", help="tables and figure from <out>/runs.csv")
+    ap.add_argument("--summary-from-table", type=Path, metavar="MD",
+                    help="print the per-family summary of a case table copied from the docs (a file holding "
+                         "it); nothing is run")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--fig", type=Path, default=None)
     a = ap.parse_args(argv)
@@ -346,8 +428,11 @@ def main(argv: list[str] | None = None) -> int:
     out = a.out or ROOT / "out" / "examples" / (tag + ("_quick" if a.quick else ""))
     fig = a.fig or (None if a.quick or a.ablation else Path("fluidopt-examples") / "robust_policy_grid.png")
     t0 = time.perf_counter()
+    if a.summary_from_table is not None:
+        print_verdict(verdict(summary_from_table(a.summary_from_table.read_text())))
+        return 0
     if a.replot:
-        df = pd.read_csv(out / "runs.csv")
+        df = rescore(pd.read_csv(out / "runs.csv"), a.trace_measure)
     else:
         cases, seeds, policies, options = build_runs(a)
         frames = []
@@ -355,11 +440,12 @@ def main(argv: list[str] | None = None) -> int:
             for fam in dict.fromkeys(c["family"] for c in cases):
                 # one comparison per family (each has its own seeds); its results store lets a rerun resume
                 frames.append(run_family([c for c in cases if c["family"] == fam], policies, options, seeds[fam], ex,
-                                         out / fam))
+                                         out / fam, a.trace_measure))
         df = pd.concat(frames, ignore_index=True)
         if a.merge is not None:
             old = pd.read_csv(a.merge)
-            df = pd.concat([old[~old["policy"].isin(set(df["policy"]))], df], ignore_index=True)
+            df = rescore(pd.concat([old[~old["policy"].isin(set(df["policy"]))], df], ignore_index=True),
+                         a.trace_measure)
         out.mkdir(parents=True, exist_ok=True)
         df.to_csv(out / "runs.csv", index=False)
     if a.ablation:

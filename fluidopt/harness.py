@@ -28,7 +28,7 @@ from fluidopt.errors import ScenarioError
 from fluidopt.executor import Executor
 from fluidopt.model import Scenario
 
-__all__ = ["Comparison", "compare", "RUN_COLUMNS"]
+__all__ = ["COHORT_RUN_COLUMNS", "Comparison", "compare", "RUN_COLUMNS"]
 
 # Cluster metrics copied from SimResult.summary() into one row per run.
 RUN_COLUMNS = (
@@ -54,6 +54,21 @@ RUN_COLUMNS = (
     "wall_seconds",
     "engine",  # which event engine ran: "compiled" or "python" (fluidopt.sim.backend)
     "interrupted",
+)
+
+# With compare(..., drain=...): the arrival-cohort metrics (fluidopt.sim.cohort) added to each run's row.
+COHORT_RUN_COLUMNS = (
+    "cohort_revenue_per_gpu",
+    "cohort_revenue_per_gpu_ci",
+    "cohort_revenue_per_gpu_separate",
+    "cohort_revenue_per_gpu_separate_ci",
+    "cohort_arrived",
+    "cohort_completed",
+    "cohort_abandoned",
+    "cohort_dropped",
+    "cohort_unresolved",
+    "cohort_drained",
+    "drain_seconds",
 )
 
 # Per-class metrics kept in the long per-class table.
@@ -87,6 +102,12 @@ class Comparison:
     revenue / R*; for a run that replayed a workload also ``lp_bound_realised`` = R*(window), the LP
     at the arrivals actually in the measured window [warmup, horizon) (:mod:`fluidopt.fluid.realised`),
     and ``ratio_realised`` = revenue / R*(window) (NaN for Poisson runs, where R* itself is the bound).
+    With ``compare(..., drain=...)`` also the arrival-cohort columns (:mod:`fluidopt.sim.cohort`):
+    ``cohort_revenue`` (the value of the requests that arrived in the window, credited when they
+    complete, per GPU per second of the window, under ``pricing``) with ``cohort_revenue_ci``, and
+    ``ratio_cohort`` = cohort revenue / R*(window) for a run that replayed a workload (both sides
+    count the same arrivals), / R* for a Poisson run; ``cohort_*`` counts, ``drain_seconds``,
+    ``cohort_drained``.
     ``classes``: the per-class metrics of every run (long format).
     ``bounds``: one row per scenario with the bundled and separate LP optima and M.
     ``timeseries``: with ``compare(sample_interval=...)``, every run's sampled state (long format,
@@ -118,10 +139,12 @@ class Comparison:
             raise ScenarioError(f"Comparison.summary: ci: expected 'auto' or 't', got {ci!r}")
         if self.runs.empty:
             return pd.DataFrame()
-        metrics = ["ratio", "ratio_realised", "revenue", "throughput", "abandoned_fraction", "ttft_mean", "e2e_mean",
-                   "e2e_p99"]
+        metrics = ["ratio", "ratio_realised", "ratio_cohort", "revenue", "throughput", "abandoned_fraction", "ttft_mean",
+                   "e2e_mean", "e2e_p99"]
         if "ratio_realised" not in self.runs.columns:  # a table saved before R*(window) was reported
             metrics.remove("ratio_realised")
+        if "ratio_cohort" not in self.runs.columns:  # runs without a drain (the default)
+            metrics.remove("ratio_cohort")
         rows = []
         for (scen, pol), g in self.runs.groupby(["scenario", "policy"], sort=False):
             row: dict[str, Any] = {"scenario": scen, "policy": pol, "seeds": len(g)}
@@ -130,14 +153,17 @@ class Comparison:
                 k = len(v)
                 row[m] = float(np.mean(v))
                 row[f"{m}_std"] = float(np.std(v, ddof=1)) if k > 1 else math.nan
-                if m in ("ratio", "ratio_realised", "revenue") and k < _MIN_SEEDS_FOR_T and ci == "auto":
+                if m in ("ratio", "ratio_realised", "ratio_cohort", "revenue") and k < _MIN_SEEDS_FOR_T and ci == "auto":
                     # Few seeds: a t interval over seeds is uninformative (t_{0.975,1} = 12.7), so
                     # pool the runs' own batch-means half-widths: hw = sqrt(sum hw_j^2) / k.
-                    hw = float(np.sqrt(np.sum(g["revenue_ci"].to_numpy(dtype=float) ** 2)) / k)
+                    src = "cohort_revenue_ci" if m == "ratio_cohort" else "revenue_ci"
+                    hw = float(np.sqrt(np.sum(g[src].to_numpy(dtype=float) ** 2)) / k)
                     if m == "ratio":
                         hw /= float(g["lp_bound"].iloc[0])
                     elif m == "ratio_realised":  # R*(window) may differ between the runs of a seeded workload
                         hw /= float(g["lp_bound_realised"].mean())
+                    elif m == "ratio_cohort":
+                        hw /= float(g["cohort_bound"].mean())
                     row[f"{m}_ci"] = hw
                 elif k > 1:
                     row[f"{m}_ci"] = float(stats.t.ppf(0.975, k - 1) * row[f"{m}_std"] / math.sqrt(k))
@@ -273,10 +299,12 @@ def _run_one(job: dict[str, Any]) -> dict[str, Any]:
     res = simulate(
         job["scenario"], ctrl, horizon=job["horizon"], warmup=job["warmup"], seed=job["seed"],
         service=job["service"], progress=False, sample_interval=job.get("sample_interval"),
-        workload=job.get("workload"),
+        workload=job.get("workload"), **({"drain": job["drain"]} if job.get("drain") is not None else {}),
     )
     summ = res.summary()
     row = {k: summ.get(k, math.nan) for k in RUN_COLUMNS}
+    if job.get("drain") is not None:
+        row.update({k: summ.get(k, math.nan) for k in COHORT_RUN_COLUMNS})
     classes = [{"name": c["name"], **{k: c.get(k, math.nan) for k in CLASS_COLUMNS}} for c in summ["classes"]]
     out: dict[str, Any] = {"row": row, "classes": classes}
     if job.get("sample_interval") is not None and res.timeseries is not None:
@@ -357,6 +385,7 @@ def compare(
     executor: Executor | None = None,
     resume: bool = True,
     workloads: dict[str, Any] | None = None,
+    drain: float | dict[str, float | None] | None = None,
 ) -> Comparison:
     """Simulate every policy on every scenario for every seed and compare with the LP bound.
 
@@ -381,6 +410,13 @@ def compare(
     again, so a rerun after a crash or Ctrl-C does only what is missing. ``workloads``: maps a
     scenario name to a replay workload (a trace, :func:`fluidopt.sim.trace.replay`) that replaces its
     Poisson arrivals in every run of that scenario (``service="tokens"``).
+
+    ``drain``: seconds (a cap; one value or a dict per scenario name) every run may go on past its
+    horizon so that the requests that arrived in its window resolve (``simulate(..., drain=...)``,
+    :mod:`fluidopt.sim.cohort`); the runs then also report the arrival-cohort revenue and
+    ``ratio_cohort`` (see :class:`Comparison`). A run whose cohort does not resolve within the cap
+    warns (:class:`~fluidopt.sim.cohort.CohortWarning`) and has ``cohort_drained`` False. Default
+    None: no drain, the tables as before.
     """
     from fluidopt.control.registry import uses_plan
     from fluidopt.executor import LocalExecutor, ResultStore, run_jobs
@@ -404,10 +440,13 @@ def compare(
     warmups = _per_scenario("warmup", warmup, scenarios)
     services = _per_scenario("service", service, scenarios)
     samples = _per_scenario("sample_interval", sample_interval, scenarios)
+    drains = _per_scenario("drain", drain, scenarios)
     for name in horizons:
         horizons[name], warmups[name] = check_run(horizons[name], warmups[name], services[name], caller="compare")
         if samples[name] is not None:
             samples[name] = _seconds("sample_interval", samples[name], caller="compare")
+        if drains[name] is not None:
+            drains[name] = _seconds("drain", drains[name], caller="compare")
     store = ResultStore(out) if out is not None else None
     if store is not None and not resume and store.path.exists():
         store.path.unlink()
@@ -434,6 +473,9 @@ def compare(
                     # a replayed trace shapes the run: its content is part of the run's key
                     job["workload"] = wl
                     job["extra"] = {"workload": _workload_fingerprint(wl)}
+                if drains[s.name] is not None:  # (part of the key: a drained run reports more)
+                    job["drain"] = drains[s.name]
+                    job["extra"] = {**(job.get("extra") or {}), "drain": drains[s.name]}
                 jobs.append(job)
 
     own = executor is None
@@ -476,9 +518,17 @@ def compare(
                 realised_of[wkey] = _realised_bound(j["scenario"], j["workload"], j["warmup"], j["horizon"],
                                                     pricing, arrived)
             real = realised_of[wkey]
-        rows.append({**key, "lp_bound": bound, "revenue": rev, "revenue_ci": rev_ci,
-                     "ratio": rev / bound if bound > 0 else math.nan, "lp_bound_realised": real,
-                     "ratio_realised": rev / real if real > 0 else math.nan, **r})
+        row = {**key, "lp_bound": bound, "revenue": rev, "revenue_ci": rev_ci,
+               "ratio": rev / bound if bound > 0 else math.nan, "lp_bound_realised": real,
+               "ratio_realised": rev / real if real > 0 else math.nan}
+        if j.get("drain") is not None:
+            # the arrival cohort's revenue over the LP of the same arrivals: R*(window) for a workload run
+            ccol = "cohort_revenue_per_gpu" if pricing == "bundled" else "cohort_revenue_per_gpu_separate"
+            cb = real if j.get("workload") is not None else bound
+            crev = r.get(ccol, math.nan)
+            row.update({"cohort_revenue": crev, "cohort_revenue_ci": r.get(f"{ccol}_ci", math.nan), "cohort_bound": cb,
+                        "ratio_cohort": crev / cb if cb > 0 else math.nan})
+        rows.append({**row, **r})
         class_rows.extend({**key, **c} for c in done[k]["classes"])
         ts = done[k].get("timeseries")
         if ts is not None:
@@ -493,7 +543,8 @@ def compare(
         meta={"horizon": _one_or_all(horizons), "warmup": _one_or_all(warmups), "service": _one_or_all(services),
               "seeds": seeds,
               "workers": executor.workers, "executor": executor.describe(), "options": dict(options or {}),
-              "sample_interval": _one_or_all(samples)},
+              "sample_interval": _one_or_all(samples),
+              **({"drain": _one_or_all(drains)} if any(v is not None for v in drains.values()) else {})},
         timeseries=pd.concat(series, ignore_index=True) if series else None,
         plans=plans,
     )
