@@ -59,6 +59,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--sample-interval", type=float, default=None, metavar="S",
                    help="sample the state every S seconds (shown only with --json as 'timeseries_rows')")
     p.add_argument("--batches", type=int, default=20, metavar="K", help="batches for the confidence intervals (20)")
+    p.add_argument("--drain", type=float, default=None, metavar="S",
+                   help="go on up to S seconds past the horizon until the requests that arrived in the window "
+                        "resolve, and report their (arrival-cohort) revenue too (fluidopt.sim.cohort)")
     prog = p.add_mutually_exclusive_group()
     prog.add_argument("--progress", dest="progress", action="store_true", default=None,
                       help="show progress on stderr (default: when stderr is a terminal)")
@@ -150,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     res = simulate(
         scenario, controller, horizon=args.horizon, warmup=warmup, seed=args.seed, service=args.service,
         records=args.records, sample_interval=args.sample_interval, progress=args.progress, batches=args.batches,
-        backend=args.backend, workload=workload,
+        backend=args.backend, workload=workload, **({} if args.drain is None else {"drain": args.drain}),
     )
     if args.json:
         out = res.summary()
@@ -159,4 +162,11 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2, allow_nan=False))
     else:
         print(format_result(res))
+        c = res.cluster
+        if "cohort_revenue_per_gpu" in c:
+            print(f"arrival cohort [{res.warmup:g}, {res.horizon:g}) s: revenue/GPU/s {c['cohort_revenue_per_gpu']:.6g} "
+                  f"+/- {c['cohort_revenue_per_gpu_ci']:.3g}; {c['cohort_arrived']} arrived = {c['cohort_completed']} "
+                  f"completed + {c['cohort_abandoned']} abandoned + {c['cohort_dropped']} dropped + "
+                  f"{c['cohort_unresolved']} unresolved; last resolved {c['drain_seconds']:.4g} s after the horizon"
+                  + ("" if c["cohort_drained"] else f" (NOT drained within {c['drain_cap']:g} s)"))
     return 130 if res.interrupted else 0

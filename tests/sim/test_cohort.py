@@ -155,3 +155,19 @@ def test_harness_ratio_cohort_is_one_when_every_request_is_served():
     # the window measure is unchanged by the drain, and absent the drain there are no cohort columns
     assert c.runs.loc[c.runs["policy"] == "fi-wsp", "ratio_realised"].iloc[0] == plain.runs["ratio_realised"].iloc[0]
     assert "ratio_cohort" not in plain.runs.columns and "ratio_cohort" not in plain.summary().columns
+
+
+def test_drain_is_validated_and_the_cli_reports_the_cohort(capsys):
+    import json
+
+    from fluidopt.cli import main
+    from fluidopt.errors import UsageError
+
+    for bad in (0.0, -1.0, math.inf, True):
+        with pytest.raises(UsageError, match="drain"):
+            simulate(default_scenario().with_gpus(4), "fi-wsp", horizon=20.0, drain=bad)
+    assert main(["simulate", "--policy", "fi-wsp", "--gpus", "10", "--horizon", "100", "--warmup", "20",
+                 "--drain", "300", "--json", "--no-progress"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["cohort_drained"] is True and out["cohort_arrived"] == out["cohort_completed"] \
+        + out["cohort_abandoned"] + out["cohort_dropped"]
