@@ -15,9 +15,14 @@ class's rate and mean lengths taken from the arrivals inside the window:
 What the number is. The fluid LP's optimum is an upper bound on a policy's long-run revenue per
 GPU for *stationary* arrivals at those rates (Poisson, the paper's limit). For a finite window of a
 real trace it is a **benchmark**, not a theorem: bursts inside the window cost any policy (so the
-ratio sits below 1 even for a perfect controller), and work carried into the window at ``warmup``
-(requests that arrived earlier and complete inside it) is credited to the window, so a ratio a
-little above 1 remains possible on short windows. Label trace ratios "revenue / R*(window)".
+ratio sits below 1 even for a perfect controller). A run's ordinary revenue counts completions
+*inside* the window: work carried in at ``warmup`` (requests that arrived earlier) is credited to
+it and the window's own arrivals still in service at its end are not, so a ratio a little above 1
+remains possible and policies differ at the window's edges. The arrival-cohort revenue
+(``simulate(..., drain=...)``, :mod:`fluidopt.sim.cohort`) counts the window's own arrivals
+whenever they complete, the population this LP prices: where the LP serves every arrival it is
+their total value and an upper bound, met exactly by a policy that completes them all. Label the
+ratios "revenue / R*(window)" and "cohort revenue / R*(window)".
 """
 
 from __future__ import annotations
