@@ -65,9 +65,9 @@ DOLLY = (("brainstorming", 61, 331, 1764), ("classification", 123, 142, 2136), (
          ("creative-writing", 89, 915, 699), ("general-qa", 69, 572, 2187), ("info-extraction", 1139, 273, 1462),
          ("open-qa", 45, 293, 3739), ("summarization", 1177, 436, 1150))
 _ALL = dict(backpressure=True, caps=False, staffing=True, decode_order="value", overflow=True, resolve=True,
-            elastic=True, elastic_slots=True)
+            elastic=True, elastic_slots=True, coupled=True)
 _NONE = dict(backpressure=False, caps=False, staffing=False, decode_order="fcfs", overflow=False, resolve=False,
-             elastic=False, elastic_slots=False)
+             elastic=False, elastic_slots=False, coupled=False)
 ABLATION = {  # name -> options of backpressure-gate-and-route (explicit, independent of the defaults)
     "none (= GG-SP)": _NONE,
     "backpressure": {**_NONE, "backpressure": True},
@@ -77,6 +77,7 @@ ABLATION = {  # name -> options of backpressure-gate-and-route (explicit, indepe
     "overflow": {**_NONE, "overflow": True},
     "overflow + elastic": {**_NONE, "overflow": True, "elastic": True},
     "overflow + elastic + slots": {**_NONE, "overflow": True, "elastic": True, "elastic_slots": True},
+    "overflow + elastic + coupled": {**_NONE, "overflow": True, "elastic": True, "coupled": True},
     "resolve": {**_NONE, "resolve": True},
     "all six": _ALL,
     "all six - backpressure": {**_ALL, "backpressure": False},
@@ -84,7 +85,8 @@ ABLATION = {  # name -> options of backpressure-gate-and-route (explicit, indepe
     "all six - value order": {**_ALL, "decode_order": "fcfs"},
     "all six - overflow": {**_ALL, "overflow": False},
     "all six - elastic": {**_ALL, "elastic": False},
-    "all six - elastic slots (one floating GPU)": {**_ALL, "elastic_slots": False},
+    "all six - coupled (floating slots)": {**_ALL, "coupled": False},
+    "all six - coupled - elastic slots (one floating GPU)": {**_ALL, "coupled": False, "elastic_slots": False},
     "all six - staffing - elastic": {**_ALL, "staffing": False, "elastic": False},
     "all six - resolve": {**_ALL, "resolve": False},
     "all six + caps": {**_ALL, "caps": True},

@@ -6,7 +6,7 @@ is planned exactly at its offered prefill load (a critically loaded many-server 
 work-conserving gate hands the slots it leaves to a class the LP rations, that class's extra decodes
 overflow a decode pool the LP fills exactly, and prefilled requests abandon in the decode buffer. On
 real traces a static partition sized for the mean rates also starves bursts of long prompts. This
-controller keeps the LP plan (x*, q_p* and the partition from the same fluid solution) and adds eight
+controller keeps the LP plan (x*, q_p* and the partition from the same fluid solution) and adds nine
 mechanisms, each an option of the factory so that every one can be switched off (the ablation of
 docs/robust-control.md):
 
@@ -47,6 +47,16 @@ docs/robust-control.md):
   ahead of class i (the backpressure sum, in-flight prefills counted in full). One GPU adds 1/M to
   the prefill capacity (1.2% at n = 500 on random instance 11) while the runs of decode completions
   it must absorb grow like sqrt(M): too little at large n to refill the decode slots they leave idle.
+* ``coupled`` (on; acts exactly where ``elastic`` would on the original plan, and then replaces the
+  floating capacity of ``elastic`` and ``elastic_slots``): no partition. Every GPU keeps its B slots
+  and may run one prefill in a free one, so a prefill holds the slot its decode will take from
+  admission to completion (GI-WSP's commitment; the greedy router still places the decode in any free
+  slot, and the GPU that finished takes its next prefill at once). On a plan that rations every class
+  it admits, every prefill exists only to fill a decode slot, and a reserved prefill slot (one that
+  cannot decode) makes each decode wait for a slot that frees elsewhere: admitted early, its decode may
+  wait and abandon in the buffer after its prefill was paid; admitted late, the slot idles. Coupled,
+  neither happens, and the number of GPUs prefilling follows the slots that free (n x* in the fluid
+  limit). Decided at setup (the pools are declared once); a re-solve moves the gate's targets only.
 * ``resolve`` (on): re-solving the LP on a rolling estimate of the arrival rates. Arrivals are counted
   per class over windows of W = max(2,000 / Lambda, 1 / theta_min) seconds (Lambda: the plan's
   cluster arrival rate; 2,000 arrivals make a 2% rate estimate, and queues react on the patience
@@ -170,10 +180,11 @@ class _Mechanisms:
 
     def _init_mechanisms(self, scenario: Scenario, solution: FluidSolution, *, backpressure: bool, caps: bool,
                          staffing: bool, decode_order: str, overflow: bool, max_overflow: int | None,
-                         resolve: bool, elastic: bool = False, elastic_slots: bool = False) -> None:
+                         resolve: bool, elastic: bool = False, elastic_slots: bool = False,
+                         coupled: bool = False) -> None:
         for name, v in (("backpressure", backpressure), ("caps", caps), ("staffing", staffing),
                         ("overflow", overflow), ("resolve", resolve), ("elastic", elastic),
-                        ("elastic_slots", elastic_slots)):
+                        ("elastic_slots", elastic_slots), ("coupled", coupled)):
             if not isinstance(v, (bool, np.bool_)):
                 raise ScenarioError(f"{self.name}: {name}: expected true or false, got {v!r}")
         if decode_order not in DECODE_ORDERS:
@@ -193,6 +204,8 @@ class _Mechanisms:
         self.resolve = bool(resolve)
         self.elastic = bool(elastic)
         self.elastic_slots = bool(elastic_slots)
+        self.coupled = bool(coupled)
+        self._coupled_on = False  # set by _declare_pools: no partition, the prefill's slot is its decode's
         self._elastic_on = False  # set by _targets: the plan rations every admitted class (see _elastic_plan)
         self._slots_on = False  # set by _targets: elastic_on and elastic_slots (see _elastic_plan)
         self._float_classes: list[bool] = []
@@ -312,21 +325,12 @@ class _Mechanisms:
         self._slots_on = False
         if not (self.elastic and self.overflow) or self.n_gpus <= self.mixed_gpus:
             return
-        rat = self._rationed_flags
-        admitted = [i for i in range(n_cls) if float(self.x[i]) > 0]
-        if not admitted or any(self._may_overflow[i] for i in admitted):
-            return
-        r = self._rates
-        d = self._plan_now.duals
-        v_s = max(float(d.get("solo_decode_capacity", 0.0) or 0.0), 0.0)
-        v_m = max(float(d.get("mixed_decode_capacity", 0.0) or 0.0), 0.0)
-        mu_p = [float(v) for v in r.mu_p]
-        B = int(self.batch)
-        self._float_classes = [bool(rat[i] and float(self.x[i]) > 0
-                                    and float(self._w[i]) > (B - 1) * max(v_s - v_m, 0.0) / mu_p[i])
-                               for i in range(n_cls)]
+        self._float_classes = self._floating_classes(self._plan_now, self.x, self._rationed_flags)
         if not any(self._float_classes):
             return
+        r = self._rates
+        mu_p = [float(v) for v in r.mu_p]
+        B = int(self.batch)
         self._elastic_on = True
         self._ahead_terms = [[(j, 1.0 if mu_p[j] >= mu_p[i] else p) for j, p in row]
                              for i, row in enumerate(self._ahead_terms)]
@@ -338,6 +342,23 @@ class _Mechanisms:
             self._slots_on = True
             self._decode_slots = self.mixed_gpus * (B - 1) + (self.n_gpus - self.mixed_gpus) * B
             self._float_room = [room - math.sqrt(room) for room in self._room]
+
+    def _floating_classes(self, sol: FluidSolution, x: Sequence[float], rat: Sequence[bool]) -> list[bool]:
+        """Per class: the plan ``sol`` (gate targets ``x``, rationed flags ``rat``) rations every class it
+        admits, a mixed iteration slows decodes (gamma tau > 1, so that no class may overflow), and a
+        class-i request is worth more than the LP prices the mixed iteration of one class-i prefill on a
+        solo GPU, w_i > (B - 1)(v_s - v_m) / mu_p,i. All False elsewhere (``elastic`` is then inactive)."""
+        n_cls = self.n_classes
+        admitted = [i for i in range(n_cls) if float(x[i]) > 0]
+        if not admitted or any(self._gamma_tau <= 1.0 or not rat[i] for i in admitted):
+            return [False] * n_cls
+        d = sol.duals
+        v_s = max(float(d.get("solo_decode_capacity", 0.0) or 0.0), 0.0)
+        v_m = max(float(d.get("mixed_decode_capacity", 0.0) or 0.0), 0.0)
+        mu_p = [float(v) for v in self._rates.mu_p]
+        B = int(self.batch)
+        return [bool(rat[i] and float(x[i]) > 0 and float(self._w[i]) > (B - 1) * max(v_s - v_m, 0.0) / mu_p[i])
+                for i in range(n_cls)]
 
     def _elastic_caps(self, ctx: Context) -> list[float]:
         """Overflow caps with the floating capacity: the floating classes (static overflow cap -inf: gamma
@@ -368,8 +389,30 @@ class _Mechanisms:
                                   self._staff_cost, self._staff_busy_cost)
         return min(int(n_gpus), base + extra)
 
+    def _coupled_plan(self) -> bool:
+        """``coupled``: the original plan is one where ``elastic`` acts (it rations every class it admits,
+        gamma tau > 1, some class worth its mixed iteration) and the partition is the plan's own."""
+        if not (self.coupled and self.elastic and self.overflow) or self.mixed_override is not None:
+            return False
+        sol = self.solution
+        x = np.where(np.asarray(sol.x) < 1e-12, 0.0, np.asarray(sol.x, float))  # as _apply
+        if self.n_gpus <= mixed_gpus_of(self.n_gpus, float(x.sum())):
+            return False
+        return any(self._floating_classes(sol, x, _rationed(x, self._lam_plan, self._rates.mu_p)))
+
     def _declare_pools(self, ctx: Context) -> None:
         n, B = self.n_gpus, self.batch
+        self._coupled_on = self._coupled_plan()
+        if self._coupled_on:
+            # One pool, no reserved slot: every GPU may prefill into one of its B slots, so a prefill holds
+            # the slot its decode will take (GI-WSP's commitment; the gate and the rest are unchanged).
+            ctx.set_pool(range(n), MIXED_POOL, prefill=True, max_decodes=B)
+            self.mixed_gpus = n
+            self.extra_mixed = 0
+            self._has_mixed, self._has_solo = True, False
+            self._overflowing = 0
+            self._max_overflow = 0
+            return
         M = self.plan_mixed_gpus(n)
         self.mixed_gpus = M
         self.extra_mixed = M - PartitionedController.plan_mixed_gpus(self, n)
@@ -655,20 +698,22 @@ class _MechanismEvents:
 
 class BackpressureGateAndRoute(_MechanismEvents, _Mechanisms, GateAndRoute):
     """Gate-and-Route with decode-buffer backpressure, caps, safety staffing, a value-ordered buffer,
-    overflow prefills on free solo slots and rolling LP re-solves (see the module docstring)."""
+    overflow prefills on free solo slots, elastic prefill capacity or, by default, coupled decode slots
+    (no partition) on a plan that rations every class it admits, and rolling LP re-solves (see the
+    module docstring)."""
 
     name = "backpressure-gate-and-route"
 
     def __init__(self, scenario: Scenario, solution: FluidSolution, *, backpressure: bool = True, caps: bool = False,
                  staffing: bool = False, decode_order: str = "value", overflow: bool = True,
                  max_overflow: int | None = None, resolve: bool = True, elastic: bool = True,
-                 elastic_slots: bool = True, mixed_gpus: int | None = None) -> None:
+                 elastic_slots: bool = True, coupled: bool = True, mixed_gpus: int | None = None) -> None:
         _check_solution(solution, type(self).__name__)
         GateAndRoute.__init__(self, solution.x, solution.q_prefill, mixed_gpus=mixed_gpus,
                               class_names=solution.class_names)
         self._init_mechanisms(scenario, solution, backpressure=backpressure, caps=caps, staffing=staffing,
                               decode_order=decode_order, overflow=overflow, max_overflow=max_overflow,
-                              resolve=resolve, elastic=elastic, elastic_slots=elastic_slots)
+                              resolve=resolve, elastic=elastic, elastic_slots=elastic_slots, coupled=coupled)
 
 class StaffedPrioritizeAndRoute(_MechanismEvents, _Mechanisms, PrioritizeAndRoute):
     """Prioritize-and-Route (separate pricing) with Erlang-A safety staffing priced by the separate LP,
@@ -848,7 +893,7 @@ def _plan(scenario: Scenario, plan: Any, slis: Any, who: str, pricing: str = "bu
 def make_backpressure_gate_and_route(
     scenario: Scenario, *, backpressure: bool = True, caps: bool = False, staffing: bool = False,
     decode_order: str = "value", overflow: bool = True, max_overflow: int | None = None, resolve: bool = True,
-    elastic: bool = True, elastic_slots: bool = True, mixed_gpus: int | None = None,
+    elastic: bool = True, elastic_slots: bool = True, coupled: bool = True, mixed_gpus: int | None = None,
     plan: FluidSolution | None = None,
 ) -> BackpressureGateAndRoute:
     """Backpressure Gate-and-Route from the scenario's bundled LP (or the given ``plan``)."""
@@ -856,7 +901,7 @@ def make_backpressure_gate_and_route(
     return BackpressureGateAndRoute(scenario, sol, backpressure=backpressure, caps=caps, staffing=staffing,
                                     decode_order=decode_order, overflow=overflow, max_overflow=max_overflow,
                                     resolve=resolve, elastic=elastic, elastic_slots=elastic_slots,
-                                    mixed_gpus=mixed_gpus)
+                                    coupled=coupled, mixed_gpus=mixed_gpus)
 
 
 @register("backpressure-sli-gate-and-route", description=(

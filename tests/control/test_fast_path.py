@@ -153,19 +153,29 @@ def test_fast_path_follows_rolling_re_solves(monkeypatch, tmp_path, policy, serv
 
 @pytest.mark.integration
 @needs_fast
-@pytest.mark.parametrize("opts", [{}, {"resolve": False}, {"caps": True, "decode_order": "fcfs"}, {"elastic": False},
-                                  {"elastic_slots": False}])
+@pytest.mark.parametrize("opts", [{}, {"resolve": False}, {"coupled": False}, {"coupled": False, "resolve": False},
+                                  {"coupled": False, "caps": True, "decode_order": "fcfs"},
+                                  {"coupled": False, "elastic": False}, {"coupled": False, "elastic_slots": False}])
 @pytest.mark.parametrize("case", ["markov", "tokens", "tokens-kv"])
 def test_fast_path_with_the_elastic_mechanism(monkeypatch, tmp_path, opts, case):
-    """BP-GR on grid-01, where the elastic plan is active (floating GPU, full in-flight counts in the
-    backpressure sum): fast path and Python handlers agree, and elastic changes the run."""
+    """BP-GR on grid-01, where the plan rations every class it admits: with ``coupled`` (default) one
+    pool without a partition, else the elastic plan (floating GPU, full in-flight counts in the
+    backpressure sum): fast path and Python handlers agree, and coupled and elastic change the run."""
     sc = grid01_scenario(20)  # the plan rations every class it admits: elastic is on
     if case == "tokens-kv":
         sc = replace(sc, gpu=replace(sc.gpu, kv_capacity=60000.0, kv_time_per_token=1e-7))
     service = "markov" if case == "markov" else "tokens"
     res, _, ctrl = _both(monkeypatch, tmp_path, sc, "backpressure-gate-and-route", opts, service, horizon=120.0)
-    assert ctrl._elastic_on == opts.get("elastic", True)
+    coupled = opts.get("coupled", True)
+    assert ctrl._coupled_on == coupled and (ctrl.mixed_gpus == sc.gpus) == coupled
+    assert ctrl._elastic_on == (opts.get("elastic", True) and not coupled)
     assert res.totals["completed"] > 0
+    if coupled:
+        assert res.totals["abandoned_decode"] == 0 or case == "tokens-kv"  # a prefill holds its decode's slot
+        off = _run(monkeypatch, True, sc, "backpressure-gate-and-route", {**opts, "coupled": False}, service,
+                   tmp_path, horizon=120.0)
+        assert off[1] != _run(monkeypatch, True, sc, "backpressure-gate-and-route", opts, service, tmp_path,
+                              horizon=120.0)[1], "coupled changed nothing"
     if ctrl._elastic_on:
         off = _run(monkeypatch, True, sc, "backpressure-gate-and-route", {**opts, "elastic": False}, service,
                    tmp_path, horizon=120.0)

@@ -280,8 +280,9 @@ def _all_rationed(n: int = 20) -> tuple[Scenario, object]:
 
 
 def _elastic_ctrl(n: int = 20, **kw) -> tuple[BackpressureGateAndRoute, ClusterSnapshot]:
+    # the elastic mechanisms act on the partition, i.e. with ``coupled`` off (on, there is none)
     s, sol = _all_rationed(n)
-    opts = {"resolve": False, **kw}
+    opts = {"resolve": False, "coupled": False, **kw}
     c = make_controller("backpressure-gate-and-route", s, plan=sol, **opts)
     snap = ClusterSnapshot(n, s.gpu.batch, s.class_names, seed=1)
     snap.setup(c)
@@ -389,12 +390,71 @@ def test_elastic_slots_no_floating_prefill_when_the_free_slots_will_be_claimed(s
     assert len(_started(snap, "prefill")) == expected
 
 
-def test_elastic_keeps_the_engine_invariants_on_an_all_rationed_plan():
+@pytest.mark.parametrize("coupled", [True, False])
+def test_elastic_keeps_the_engine_invariants_on_an_all_rationed_plan(coupled):
     # protocol, invariants, conservation, liveness and determinism in both services (the snapshot drive
     # expects every request served, and this plan never admits class 2)
     s, _ = _all_rationed(20)
-    rep = check_controller("backpressure-gate-and-route", s, horizon=30.0, snapshot=False)
+    rep = check_controller("backpressure-gate-and-route", s, horizon=30.0, snapshot=False, coupled=coupled)
     assert "determinism (tokens)" in rep.checks
+
+
+# -- coupled decode slots (no partition on a plan that rations every class it admits) -----------------
+def _coupled_ctrl(n: int = 20, **kw) -> tuple[BackpressureGateAndRoute, ClusterSnapshot]:
+    s, sol = _all_rationed(n)
+    c = make_controller("backpressure-gate-and-route", s, plan=sol, **{"resolve": False, **kw})
+    snap = ClusterSnapshot(n, s.gpu.batch, s.class_names, seed=1)
+    snap.setup(c)
+    return c, snap
+
+
+def test_coupled_declares_one_pool_only_where_elastic_would_act():
+    c, snap = _coupled_ctrl()
+    n, B = snap.n_gpus, c.batch
+    assert c._coupled_on and c.mixed_gpus == n and not c._has_solo and c._max_overflow == 0
+    # every GPU may prefill into one of its B slots (no reserved slot); elastic has nothing to float
+    assert all(snap.gpu_prefill_allowed(g) and snap.gpu_max_decodes(g) == B for g in range(n))
+    assert not c._elastic_on and not c._slots_on
+    off, osnap = _coupled_ctrl(coupled=False)
+    assert not off._coupled_on and off.mixed_gpus < n and off._elastic_on
+    assert osnap.gpu_max_decodes(0) == B - 1 and osnap.gpu_max_decodes(n - 1) == B
+    # a partition the user fixes is kept
+    fixed, _ = _coupled_ctrl(mixed_gpus=5)
+    assert not fixed._coupled_on and fixed.mixed_gpus == 5
+    # the paper instance serves its long-prompt class in full: the partition stays, bit for bit
+    p, _ = _ctrl(overflow=True, backpressure=True, elastic=True, coupled=True)
+    q, _ = _ctrl(overflow=True, backpressure=True, elastic=True, coupled=False)
+    assert not p._coupled_on and p.mixed_gpus == q.mixed_gpus < 20 and p._gate_plan == q._gate_plan
+
+
+def test_coupled_prefill_holds_the_slot_its_decode_takes():
+    # every slot of the fleet busy but one on GPU 3: an arrival starts its prefill there, in that slot;
+    # no other GPU may start one (no free slot), and GPU 3 takes no second prefill while it runs
+    c, snap = _coupled_ctrl()
+    n, B = snap.n_gpus, c.batch
+    for g in range(n):
+        if g != 7:
+            _fill_some(snap, g, B - 1 if g == 3 else B)
+    on7 = [snap.add_request(0, 300, 10, prefilled=True) for _ in range(B)]
+    for d in on7:
+        snap.start_decode(d, 7)
+    snap.outbox.clear()
+    for _ in range(2):
+        c.on_arrival(snap, snap.add_request(0, 2000, 10))
+    pre = _started(snap, "prefill")
+    assert [g for _, _, g in pre] == [3] and snap.gpu_free(3) == 0 and snap.qlen(PREFILL_QUEUE) == 1
+    # a decode elsewhere completes while the prefill runs: that GPU takes the waiting request's prefill
+    snap.decode_finished(on7[0])
+    snap.outbox.clear()
+    c.on_slot_freed(snap, 7)
+    assert [g for _, _, g in _started(snap, "prefill")] == [7]
+    # the prefill on GPU 3 finishes with the fleet full: the slot it held takes its decode (never the
+    # buffer), however full the rest of the fleet is
+    r = pre[0][1]
+    snap.prefill_finished(r)
+    snap.outbox.clear()
+    c.on_prefill_done(snap, r, 3)
+    assert _started(snap, "decode") == [("decode", r, 3)] and snap.qlen(DECODE_QUEUE) == 0
 
 
 # -- time-averaged caps (SLI-aware variant) -----------------------------------------------------------
@@ -584,7 +644,7 @@ def cases(draw, policies=("backpressure-gate-and-route", "backpressure-sli-gate-
         opts = {"backpressure": draw(st.booleans()), "caps": draw(st.booleans()), "staffing": draw(st.booleans()),
                 "decode_order": draw(st.sampled_from(("value", "fcfs"))), "overflow": draw(st.booleans()),
                 "resolve": draw(st.booleans()), "elastic": draw(st.booleans()),
-                "elastic_slots": draw(st.booleans())}
+                "elastic_slots": draw(st.booleans()), "coupled": draw(st.booleans())}
     else:
         opts = {"average_caps": draw(st.booleans()), "staffing": draw(st.booleans())}
         if draw(st.booleans()):
