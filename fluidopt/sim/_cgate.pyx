@@ -16,8 +16,10 @@ until this file is updated). Everything else (the pure-Python engine, a router's
 subclass) runs the Python controller, which stays the reference.
 
 The controller object stays the owner of its mutable state: the arrival counts of the rolling re-solve
-(``_counts``) and the overflow count (``_overflowing``) are read and written on it, so Python handlers
-(``on_tick``) and the fast ones share them. One exception: the SLI variant's time-averaged caps
+(``_counts``, a 64-bit integer array that the fast handlers increment in place and ``on_tick`` resets in
+place) and the overflow count (``_overflowing``, mirrored in the fast object, which alone changes it
+during a run, and written through on every change) are kept on it, so Python handlers (``on_tick``) and
+the fast ones share them. One exception: the SLI variant's time-averaged caps
 (robust._AverageCaps: the caps, the integrals of X_i - n x_i*, the last counts and time) are read from
 the controller once, at bind, and then live in the fast object, whose handlers stand in for every
 Python method that updates them (gate_class, on_prefill_done, on_preempt, on_drop); the controller's
