@@ -86,6 +86,7 @@ its decode abandons, so holding prefills back for decode room only loses revenue
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -121,6 +122,12 @@ RESOLVE_ARRIVALS = 2000  # arrivals per rate-estimation window: a 1/sqrt(2000) =
 RESOLVE_SIGMAS = 3.0  # re-solve when a class's window count is this many Poisson sd off the plan
 _RATIONED_TOL = 1e-6  # served fraction below 1 - this: the LP rations the class
 DECODE_ORDERS = ("value", "fcfs")
+
+
+def _zero_counts(n: int) -> array:
+    """The per-class arrival counts of a re-solve window: 64-bit integers (an ``array``, which the
+    compiled fast path increments in place; a list works the same in the Python handlers)."""
+    return array("q", [0]) * n
 
 
 def _rationed(solution_x: np.ndarray, lam: np.ndarray, mu_p: np.ndarray) -> list[bool]:
@@ -241,7 +248,7 @@ class _Mechanisms:
             if th_min > 0:
                 win = max(win, 1.0 / th_min)
             self.tick_interval = float(win)
-        self._counts = [0] * len(idx)
+        self._counts = _zero_counts(len(idx))
         self._I = len(idx)
 
     # -- planning -------------------------------------------------------------------------------
@@ -430,7 +437,7 @@ class _Mechanisms:
 
     def _bind_mechanisms(self, ctx: Context) -> None:
         self._apply(self.solution, self._lam_plan.copy())  # a reused controller starts from its plan
-        self._counts = [0] * self.n_classes
+        self._counts = _zero_counts(self.n_classes)
         self._window_start = float(ctx.now)
 
     # -- gate -----------------------------------------------------------------------------------
@@ -543,7 +550,7 @@ class _Mechanisms:
         now = float(ctx.now)
         span = now - self._window_start
         counts = np.asarray(self._counts, float)
-        self._counts = [0] * self.n_classes
+        self._counts[:] = _zero_counts(len(self._counts))  # in place: the compiled fast path counts into it
         self._window_start = now
         if span <= 0:
             return

@@ -16,14 +16,17 @@ until this file is updated). Everything else (the pure-Python engine, a router's
 subclass) runs the Python controller, which stays the reference.
 
 The controller object stays the owner of its mutable state: the arrival counts of the rolling re-solve
-(``_counts``) and the overflow count (``_overflowing``) are read and written on it, so Python handlers
-(``on_tick``) and the fast ones share them. One exception: the SLI variant's time-averaged caps
+(``_counts``, a 64-bit integer array that the fast handlers increment in place and ``on_tick`` resets in
+place) and the overflow count (``_overflowing``, mirrored in the fast object, which alone changes it
+during a run, and written through on every change) are kept on it, so Python handlers (``on_tick``) and
+the fast ones share them. One exception: the SLI variant's time-averaged caps
 (robust._AverageCaps: the caps, the integrals of X_i - n x_i*, the last counts and time) are read from
 the controller once, at bind, and then live in the fast object, whose handlers stand in for every
 Python method that updates them (gate_class, on_prefill_done, on_preempt, on_drop); the controller's
 copy keeps its values from setup.
 """
 
+cimport cython
 from fluidopt.sim._cengine cimport Engine, GpuSet
 from libc.math cimport INFINITY
 
@@ -53,7 +56,8 @@ _GREEDY_METHODS = ("on_arrival", "on_prefill_done", "on_slot_freed", "gate_class
                    "_fits", "_greedy_place", "_pull_decodes")
 _SLI_METHODS = _GREEDY_METHODS + ("_pool_for", "_prefill_slot_idle")
 _ROBUST_METHODS = _GREEDY_METHODS + ("on_abandon", "on_preempt", "on_drop", "_holding", "_try_overflow",
-                                     "_free_decode_slot", "_decode_slot_free_now", "_ahead", "_elastic_caps")
+                                     "_free_decode_slot", "_decode_slot_free_now", "_ahead", "_elastic_caps",
+                                     "_bind_mechanisms", "_Mechanisms.on_tick")  # these two reset _counts
 # robust.BackpressureSLIGateAndRoute: _AverageCaps wraps gate_class and on_prefill_done ("Owner.method":
 # the wrapped method, found on the class's MRO) and handles on_preempt / on_drop
 _SLI_AVG_METHODS = _SLI_METHODS + ("_Mechanisms.gate_class", "SLIGateAndRoute.on_prefill_done", "on_preempt",
@@ -64,8 +68,8 @@ MIRRORS = {
     "GateAndRoute": (ROUTE_GREEDY, GATE_DEVIATION, _GREEDY_METHODS, "de9825318d7c23adba9cf03d01ee5b98823c3c748dfa5d7e9ad267121188b12a"),
     "PrioritizeAndRoute": (ROUTE_GREEDY, GATE_PRIORITY, _GREEDY_METHODS, "d2ebdc43887ca48b34cb47a52bce6cbe25c15a74cc26d85ab8acd5e135530648"),
     "SLIGateAndRoute": (ROUTE_SLI, GATE_DEVIATION, _SLI_METHODS, "64abd9046b099cfb8ed52b6482a342a0db3bf8588b7ddf4a3f748196d950c3ee"),
-    "BackpressureGateAndRoute": (ROUTE_ROBUST, GATE_DEVIATION, _ROBUST_METHODS, "57b22b0690b5542d5e973c23526622e4d6a1fbb3189fa6ddaf6c5c43ac7524e6"),
-    "StaffedPrioritizeAndRoute": (ROUTE_ROBUST, GATE_PRIORITY, _ROBUST_METHODS, "08eeaf1f681f96dabf365748b78214783f55af9579038f1cd958fdfed8592d29"),
+    "BackpressureGateAndRoute": (ROUTE_ROBUST, GATE_DEVIATION, _ROBUST_METHODS, "db3d89d45f61d0dc50cf389b019d58eea5227dd8c969e901d3afef5504bf3af5"),
+    "StaffedPrioritizeAndRoute": (ROUTE_ROBUST, GATE_PRIORITY, _ROBUST_METHODS, "50eff1eaef5f906fcec94b9bb3bf5fe0e0e2791b679957df0f83edb5a08b178e"),
     "FIWSP": (ROUTE_FIWSP, GATE_DEVIATION, _FIWSP_METHODS, "5c8feded22496a6c709640830819ee64dee0e76ad5d01bf70a2ed9e6cf8f8be4"),
     "BackpressureSLIGateAndRoute": (ROUTE_SLI, GATE_DEVIATION, _SLI_AVG_METHODS, "fc6b61167b7aaafac716a0357c9af3504dd0dbbeb29f92c07f882c1afc7ede99"),
 }
@@ -99,6 +103,15 @@ def _array_d(n):
 def _array_q(n):
     from array import array
     return array("q", [0]) * max(int(n), 1)
+
+
+cdef inline Py_ssize_t _r_choice(GpuSet s) except? -2:
+    # GpuSet.choice (engine.py: self._items[int(self._rand() * self._len)] if self._len else -1) without
+    # boxing the GPU id: the same call of the controller's stream, the same product, truncated alike
+    cdef Py_ssize_t n = s._len
+    if not n:
+        return -1
+    return s._items[<Py_ssize_t>(<double>s._rand() * <double>n)]
 
 
 # fluidopt.control.fcfs.ReservedPrefillFCFS, the reference policy of the textbook queues
@@ -211,6 +224,13 @@ cdef class FastGate:
     cdef Py_ssize_t decode_slots
     cdef double[::1] float_room, ovcap_slots
     cdef long long[::1] float_cls
+    # the robust section's run state (_attach, sync): the engine's pool sets, the controller's arrival counts
+    # (an array incremented in place; counts_c: it is one) and its overflow count (mirrored, written through)
+    cdef void* eng_id  # the engine the sets were read from (not a reference: no cycle through its callbacks)
+    cdef GpuSet ip_mixed, ip_solo, fd_mixed, fd_solo
+    cdef long long[::1] counts
+    cdef bint counts_c
+    cdef Py_ssize_t over
     # robust._AverageCaps (the SLI variant's time-averaged caps): its state lives here during a run
     cdef readonly bint avg
     cdef Py_ssize_t navg
@@ -288,6 +308,12 @@ cdef class FastGate:
             self.max_overflow = int(c._max_overflow)
             self.resolve = bool(c.resolve)
             self.bp_events = bool(c.backpressure)
+            self.over = int(c._overflowing)
+            try:
+                self.counts = c._counts  # robust._zero_counts: 64-bit integers, reset in place by on_tick
+                self.counts_c = True
+            except (TypeError, ValueError):
+                self.counts_c = False
             # _elastic_caps: while no solo GPU runs a prefill, the floating classes' overflow cap is inf
             self.elastic_on = bool(getattr(c, "_elastic_on", False))
             if self.elastic_on:
@@ -483,24 +509,6 @@ cdef class FastGate:
                 return
             e.start_decode(r, g)
 
-    cdef _pull_decodes_robust(self, Engine e, Py_ssize_t g, Py_ssize_t queue):
-        # robust._MechanismEvents._pull_decodes
-        cdef GpuSet free
-        cdef Py_ssize_t r, k
-        if not self.value_order:
-            self._pull_decodes_fcfs(e, g, queue)
-            return
-        free = <GpuSet>e._fd[MIXED_POOL if g < self.M else SOLO_POOL]
-        while free._pos[g] >= 0:
-            r = -1
-            for k in range(self.ndorder):
-                r = self._head(e, queue, self.dorder[k])
-                if r >= 0:
-                    break
-            if r < 0 or (self.kv and not self._fits(e, r, g)):
-                return
-            e.start_decode(r, g)
-
     cdef bint _greedy_place(self, Engine e, Py_ssize_t r):
         # PartitionedController._greedy_place
         cdef Py_ssize_t g
@@ -516,58 +524,281 @@ cdef class FastGate:
                 return True
         return False
 
-    cdef _slots_caps(self, Engine e, Py_ssize_t over):
+    # -- the robust section: robust._Mechanisms and robust._MechanismEvents (route R_ROBUST) ------------
+    # Typed versions of the helpers above for the robust variants, which decide more per event than the
+    # plain controllers (backpressure sums, the value-ordered buffer, overflow attempts) and so pay more for
+    # every Python object a decision touches. Here: the engine's pool sets are cached at the first event
+    # (_attach; pools are declared at setup only, so they stay the same objects for the run); queue lengths,
+    # queue heads (Engine.head(q, i) for a class i >= 0 is q_head[q I + i]) and X_i are read as C arrays; a
+    # GPU is drawn as GpuSet.choice draws it (_r_choice: the same call of the controller's stream, without
+    # boxing the GPU id); the caps are passed as pointers (no memoryview swapped per overflow attempt); the
+    # arrival counts of the re-solve are incremented in the controller's array (robust._zero_counts) in
+    # place, and the overflow count is mirrored in C and written through to the controller. Index checks
+    # are off where every index comes from the plan or the engine (a class < I, a GPU of the fleet, a queue
+    # id). Same decisions, same draws, same arithmetic in the same order as the Python handlers.
+
+    cdef _attach(self, Engine e):
+        # the engine's idle-prefill and free-decode sets of the two pools (_ip, _fd)
+        self.eng_id = <void*>e
+        self.ip_mixed = <GpuSet>e._ip[MIXED_POOL]
+        self.fd_mixed = <GpuSet>e._fd[MIXED_POOL]
+        if len(e._ip) > SOLO_POOL:
+            self.ip_solo = <GpuSet>e._ip[SOLO_POOL]
+            self.fd_solo = <GpuSet>e._fd[SOLO_POOL]
+        else:  # a fleet too small for a solo pool declares only the mixed one (has_solo and max_overflow: 0)
+            self.ip_solo = self.fd_solo = None
+
+    @cython.boundscheck(False)
+    @cython.initializedcheck(False)
+    cdef inline bint _r_free_slot(self) noexcept:
+        # robust._Mechanisms._free_decode_slot
+        return (self.has_solo and self.fd_solo._len > 0) or (self.has_mixed and self.fd_mixed._len > 0)
+
+    @cython.boundscheck(False)
+    @cython.initializedcheck(False)
+    cdef double _r_ahead(self, Engine e, Py_ssize_t i) noexcept:
+        # robust._Mechanisms._ahead
+        cdef double tot
+        cdef Py_ssize_t k, j, NQ = self.NQ, QX = self.QX, I = e.I
+        if self.fcfs:
+            tot = <double>e.q_tot[DECODE_QUEUE]
+            for k in range(self.t_off[i], self.t_off[i + 1]):
+                tot += <double>e._cnt[NQ * self.t_j[k] + QX] * self.t_p[k]
+        else:
+            tot = 0.0
+            for k in range(self.t_off[i], self.t_off[i + 1]):
+                j = self.t_j[k]
+                tot += <double>e.q_cnt[DECODE_QUEUE * I + j] + <double>e._cnt[NQ * j + QX] * self.t_p[k]
+        return tot
+
+    @cython.boundscheck(False)
+    @cython.initializedcheck(False)
+    cdef Py_ssize_t _r_gate_dev(self, Engine e, const double* cap, bint use_cap) noexcept:
+        # robust._Mechanisms.gate_class (cap: the caps in use, consulted if use_cap)
+        cdef Py_ssize_t best = -1, i, k, q, X, j, kk, waiting = 0
+        cdef Py_ssize_t NQ = self.NQ, QX = self.QX, I = e.I
+        cdef double best_dev = 0.0, best_tie = 0.0, dev, tie, tot
+        cdef int free = -1  # -1: not asked yet
+        for k in range(self.nadm):
+            i = self.adm[k]
+            q = e.q_cnt[PREFILL_QUEUE * I + i]
+            if q == 0:
+                continue
+            X = e._cnt[NQ * i + QX]
+            if use_cap and <double>X >= cap[i]:
+                continue
+            if self.bp:
+                if free < 0:
+                    waiting = e.q_tot[DECODE_QUEUE]
+                    free = 1 if (waiting == 0 and self._r_free_slot()) else 0
+                if not free:
+                    if self.fcfs or not waiting:
+                        tot = <double>waiting
+                        for kk in range(self.t_off[i], self.t_off[i + 1]):
+                            tot += <double>e._cnt[NQ * self.t_j[kk] + QX] * self.t_p[kk]
+                    else:
+                        tot = 0.0
+                        for kk in range(self.t_off[i], self.t_off[i + 1]):
+                            j = self.t_j[kk]
+                            tot += <double>e.q_cnt[DECODE_QUEUE * I + j] + <double>e._cnt[NQ * j + QX] * self.t_p[kk]
+                    if tot >= self.room[i]:
+                        continue
+            dev = (<double>X - self.nx[i]) * self.inv[i]
+            tie = <double>q - self.nqp[i]
+            if best < 0 or dev < best_dev or (dev == best_dev and tie > best_tie):
+                best = i
+                best_dev = dev
+                best_tie = tie
+        return best
+
+    @cython.boundscheck(False)
+    @cython.initializedcheck(False)
+    cdef Py_ssize_t _r_gate_pri(self, Engine e, const double* cap, bint use_cap) noexcept:
+        # robust.StaffedPrioritizeAndRoute.gate_class (cap: the caps in use, consulted if use_cap)
+        cdef Py_ssize_t i, k, NQ = self.NQ, QX = self.QX, I = e.I
+        cdef int free = -1
+        for k in range(self.nadm):
+            i = self.adm[k]
+            if not e.q_cnt[PREFILL_QUEUE * I + i] or (use_cap and <double>e._cnt[NQ * i + QX] >= cap[i]):
+                continue
+            if self.bp:
+                if free < 0:
+                    free = 1 if (not e.q_tot[DECODE_QUEUE] and self._r_free_slot()) else 0
+                if not free and self._r_ahead(e, i) >= self.room[i]:
+                    continue
+            return i
+        return -1
+
+    @cython.boundscheck(False)
+    @cython.initializedcheck(False)
+    cdef inline Py_ssize_t _r_gate(self, Engine e, const double* cap, bint use_cap) noexcept:
+        # the subclass's gate_class: capped (the caps: self.cap unless uncapped) or not (the overflow caps)
+        if self.gate == G_DEVIATION:
+            return self._r_gate_dev(e, cap, use_cap)
+        return self._r_gate_pri(e, cap, use_cap)
+
+    @cython.boundscheck(False)
+    @cython.initializedcheck(False)
+    cdef bint _r_admit_on(self, Engine e, Py_ssize_t g) except -1:
+        # PartitionedController._admit_on with the robust gate
+        cdef Py_ssize_t i = self._r_gate(e, &self.cap[0], not self.uncapped), r
+        if i < 0:
+            return False
+        r = e.q_head[PREFILL_QUEUE * e.I + i]
+        if self.kv and not self._fits(e, r, g):
+            return False
+        e.start_prefill(r, g)
+        return True
+
+    cdef _r_admit_all(self, Engine e):
+        # robust._MechanismEvents._admit_all (PartitionedController._admit_all: the same draws)
+        cdef GpuSet idle = self.ip_mixed
+        while idle._len:
+            if not self._r_admit_on(e, _r_choice(idle)):
+                return
+
+    cdef bint _r_greedy_place(self, Engine e, Py_ssize_t r) except -1:
+        # PartitionedController._greedy_place
+        cdef Py_ssize_t g
+        if self.has_solo:
+            g = _r_choice(self.fd_solo)
+            if g >= 0 and (not self.kv or self._fits(e, r, g)):
+                e.start_decode(r, g)
+                return True
+        if self.has_mixed:
+            g = _r_choice(self.fd_mixed)
+            if g >= 0 and (not self.kv or self._fits(e, r, g)):
+                e.start_decode(r, g)
+                return True
+        return False
+
+    @cython.boundscheck(False)
+    @cython.initializedcheck(False)
+    cdef _r_pull_decodes(self, Engine e, Py_ssize_t g, Py_ssize_t queue):
+        # robust._MechanismEvents._pull_decodes
+        cdef GpuSet free
+        cdef Py_ssize_t r, k, base = queue * e.I
+        if not self.value_order:
+            self._pull_decodes_fcfs(e, g, queue)
+            return
+        free = self.fd_mixed if g < self.M else self.fd_solo
+        while g < free._pos.shape[0] and free._pos[g] >= 0:
+            r = -1
+            for k in range(self.ndorder):
+                r = e.q_head[base + self.dorder[k]]
+                if r >= 0:
+                    break
+            if r < 0 or (self.kv and not self._fits(e, r, g)):
+                return
+            e.start_decode(r, g)
+
+    @cython.boundscheck(False)
+    @cython.initializedcheck(False)
+    cdef void _r_slots_caps(self, Engine e, Py_ssize_t over) noexcept:
         # robust._Mechanisms._elastic_caps with elastic_slots (into ovcap_slots)
-        cdef Py_ssize_t used = over, j, i
+        cdef Py_ssize_t used = over, j, i, NQ = self.NQ, QYM = self.QYM, QYS = self.QYS
         cdef double free
         for j in range(self.I):
-            used += e._cnt[self.NQ * j + self.QYM] + e._cnt[self.NQ * j + self.QYS]
+            used += e._cnt[NQ * j + QYM] + e._cnt[NQ * j + QYS]
         free = <double>(self.decode_slots - used)
         for i in range(self.I):
-            if self.float_cls[i] and self._ahead(e, i) < self.float_room[i] + free:
+            if self.float_cls[i] and self._r_ahead(e, i) < self.float_room[i] + free:
                 self.ovcap_slots[i] = INFINITY
             else:
                 self.ovcap_slots[i] = self.ovcap[i]
 
-    cdef _try_overflow(self, Engine e, Py_ssize_t g):
-        # robust._Mechanisms._try_overflow
+    @cython.boundscheck(False)
+    @cython.initializedcheck(False)
+    cdef _r_try_overflow(self, Engine e, Py_ssize_t g):
+        # robust._Mechanisms._try_overflow (with _elastic_caps: the overflow caps in use)
         cdef GpuSet idle
-        cdef Py_ssize_t h, i, r
-        cdef double[::1] saved
-        c = self.ctrl
-        cdef Py_ssize_t over = c._overflowing
+        cdef Py_ssize_t h, i, r, over = self.over
+        cdef const double* cap
         if over >= self.max_overflow:
             return
-        idle = <GpuSet>e._ip[SOLO_POOL]
+        idle = self.ip_solo
         while over < self.max_overflow:
-            h = g if g >= 0 else idle.choice()
+            h = g if g >= 0 else _r_choice(idle)
             if h < 0 or not (h < idle._pos.shape[0] and idle._pos[h] >= 0):
                 return
             if self.slots_on:
                 # the floating capacity (robust._Mechanisms._elastic_caps with elastic_slots)
-                self._slots_caps(e, over)
-                saved = self.ovcap
-                self.ovcap = self.ovcap_slots
-                i = self._gate(e, False)
-                self.ovcap = saved
+                self._r_slots_caps(e, over)
+                cap = &self.ovcap_slots[0]
             elif self.elastic_on and over < 1:
                 # the floating GPU (robust._Mechanisms._elastic_caps: no solo GPU runs a prefill)
-                saved = self.ovcap
-                self.ovcap = self.ovcap_el
-                i = self._gate(e, False)
-                self.ovcap = saved
+                cap = &self.ovcap_el[0]
             else:
-                i = self._gate(e, False)
+                cap = &self.ovcap[0]
+            i = self._r_gate(e, cap, True)
             if i < 0:
                 return
-            r = self._head(e, PREFILL_QUEUE, i)
+            r = e.q_head[PREFILL_QUEUE * e.I + i]
             if self.kv and not self._fits(e, r, h):
                 return
             e.start_prefill(r, h)
             over += 1
-            c._overflowing = over
+            self.over = over
+            self.ctrl._overflowing = over
             if g >= 0:
                 return
+
+    @cython.boundscheck(False)
+    @cython.initializedcheck(False)
+    cdef _r_arrival(self, Engine e, Py_ssize_t r):
+        # robust._MechanismEvents.on_arrival
+        cdef Py_ssize_t i = e.r_cls[r]
+        cdef Py_ssize_t k = PREFILL_QUEUE * e.I + i  # class i's prefill queue
+        if self.eng_id != <void*>e:
+            self._attach(e)
+        if self.resolve:
+            if self.counts_c:
+                self.counts[i] += 1
+            else:  # a controller whose _counts is not robust._zero_counts' array (set by hand)
+                counts = self.ctrl._counts
+                counts[i] += 1
+        e.enqueue(r, PREFILL_QUEUE)
+        if e.q_cnt[k] > 1:
+            return
+        if self.has_mixed:
+            self._r_admit_all(e)
+        if self.max_overflow and self.may_ovf[i] and e.q_cnt[k]:
+            self._r_try_overflow(e, -1)
+
+    @cython.boundscheck(False)
+    @cython.initializedcheck(False)
+    cdef _r_prefill_done(self, Engine e, Py_ssize_t r, Py_ssize_t g):
+        # robust._MechanismEvents.on_prefill_done
+        if self.eng_id != <void*>e:
+            self._attach(e)
+        if g >= self.M:
+            self.over -= 1  # the overflow GPU is solo again
+            self.ctrl._overflowing = self.over
+        if self.all_decodable or self.decodable[e.r_cls[r]]:
+            self._r_greedy_place(e, r)
+
+    @cython.boundscheck(False)
+    @cython.initializedcheck(False)
+    cdef _r_slot_freed(self, Engine e, Py_ssize_t g):
+        # robust._MechanismEvents.on_slot_freed
+        cdef bint mixed, judged, pending
+        if self.eng_id != <void*>e:
+            self._attach(e)
+        if e.q_tot[DECODE_QUEUE]:
+            self._r_pull_decodes(e, g, DECODE_QUEUE)
+        if not e.q_tot[PREFILL_QUEUE]:
+            return
+        mixed = g < self.M
+        judged = False
+        pending = True
+        if mixed and self.ip_mixed._pos[g] >= 0:
+            judged = not self._r_admit_on(e, g)
+            pending = judged or e.q_tot[PREFILL_QUEUE] != 0
+        if not judged and pending and self.bp_events and self.has_mixed and self.ip_mixed._len:
+            self._r_admit_all(e)
+            pending = e.q_tot[PREFILL_QUEUE] != 0
+        if self.max_overflow and not mixed and pending and self.ip_solo._pos[g] >= 0:
+            self._r_try_overflow(e, g)
 
     # -- the handlers the engine calls (fastpath.bind installs them in place of the bound methods) -----
     def on_arrival(self, Engine e, Py_ssize_t r):
@@ -597,18 +828,7 @@ cdef class FastGate:
             if self.has_mixed:
                 self._admit_all(e, MIXED_POOL)
             return
-        # robust._MechanismEvents.on_arrival
-        i = e.r_cls[r]
-        if self.resolve:
-            counts = self.ctrl._counts
-            counts[i] += 1
-        e.enqueue(r, PREFILL_QUEUE)
-        if self._qlen(e, PREFILL_QUEUE, i) > 1:
-            return
-        if self.has_mixed:
-            self._admit_all(e, MIXED_POOL)
-        if self.max_overflow and self.may_ovf[i] and self._qlen(e, PREFILL_QUEUE, i):
-            self._try_overflow(e, -1)
+        self._r_arrival(e, r)  # robust._MechanismEvents.on_arrival
 
     def on_prefill_done(self, Engine e, Py_ssize_t r, Py_ssize_t g):
         cdef Py_ssize_t pool, h
@@ -620,12 +840,7 @@ cdef class FastGate:
             # paper_baselines.FIWSP.on_prefill_done
             e.start_decode(r, g)
         elif self.route == R_ROBUST:
-            # robust._MechanismEvents.on_prefill_done
-            if g >= self.M:
-                c = self.ctrl
-                c._overflowing -= 1
-            if self.all_decodable or self.decodable[e.r_cls[r]]:
-                self._greedy_place(e, r)
+            self._r_prefill_done(e, r, g)  # robust._MechanismEvents.on_prefill_done
         else:
             # SLIGateAndRoute.on_prefill_done with SLIGateAndRoute._pool_for (after
             # robust._AverageCaps.on_prefill_done's _avg_cap)
@@ -672,28 +887,14 @@ cdef class FastGate:
                 self._admit_on(e, g)
             self._pull_decodes_fcfs(e, g, self.buf[e.g_pool[g]])
             return
-        # robust._MechanismEvents.on_slot_freed
-        if e.q_tot[DECODE_QUEUE]:
-            self._pull_decodes_robust(e, g, DECODE_QUEUE)
-        if not e.q_tot[PREFILL_QUEUE]:
-            return
-        mixed = g < self.M
-        judged = False
-        pending = True
-        if mixed and (<GpuSet>e._ip[MIXED_POOL])._pos[g] >= 0:
-            judged = not self._admit_on(e, g)
-            pending = judged or e.q_tot[PREFILL_QUEUE] != 0
-        if not judged and pending and self.bp_events and self.has_mixed and (<GpuSet>e._ip[MIXED_POOL])._len:
-            self._admit_all(e, MIXED_POOL)
-            pending = e.q_tot[PREFILL_QUEUE] != 0
-        if self.max_overflow and not mixed and pending and (<GpuSet>e._ip[SOLO_POOL])._pos[g] >= 0:
-            self._try_overflow(e, g)
+        self._r_slot_freed(e, g)  # robust._MechanismEvents.on_slot_freed
 
     def on_abandon(self, Engine e, Py_ssize_t r, Py_ssize_t q):
         # robust._MechanismEvents.on_abandon with _holding
-        if (q == DECODE_QUEUE and self.bp_events and self.has_mixed and e.q_tot[PREFILL_QUEUE]
-                and (<GpuSet>e._ip[MIXED_POOL])._len):
-            self._admit_all(e, MIXED_POOL)
+        if self.eng_id != <void*>e:
+            self._attach(e)
+        if q == DECODE_QUEUE and self.bp_events and self.has_mixed and e.q_tot[PREFILL_QUEUE] and self.ip_mixed._len:
+            self._r_admit_all(e)
 
     def on_preempt(self, Engine e, Py_ssize_t r, Py_ssize_t g):
         # robust._MechanismEvents.on_preempt (= on_drop); the SLI variant: robust._AverageCaps.on_preempt
@@ -705,6 +906,7 @@ cdef class FastGate:
         for h in range(self.M, self.n):
             if e.g_pre[h] >= 0:
                 k += 1
+        self.over = k
         self.ctrl._overflowing = k
 
     def on_drop(self, Engine e, Py_ssize_t r, Py_ssize_t g):
