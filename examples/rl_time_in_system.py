@@ -17,7 +17,9 @@ ablation agents, and round robin and least requests driven through the RL enviro
 decision epochs (multi-dispatch, ``fits`` mask: the RL routers' timing with a heuristic's choices,
 which separates the cost of the epochs from the cost of the choices). Writes rl_tis_episodes.csv (one row per router and episode, with the RL routers'
 decisions, waits and the busiest instance's share of the dispatches) and rl_tis.csv (means, 95% CIs,
-improvement over round robin with a paired CI), and prints a markdown table.
+improvement over round robin with a paired CI) and rl_tis_diagnostics.csv (each masked agent's
+Q-values over its greedy decisions on evaluation episode 0, and the TD error of its last ten training
+episodes from the curves --train wrote), and prints markdown tables.
 """
 
 from __future__ import annotations
@@ -39,17 +41,36 @@ from fluidopt.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = "examples/scenarios/rl-router-v100.toml"
-COMMON = "--episodes 30 --requests 2000 --seed 0 --eps-episodes 20 --train-every 4 --objective time-in-system"
+COMMON = "--episodes 30 --requests 2000 --eps-episodes 20 --multi-dispatch"
+TIS = "--objective time-in-system"
 AGENTS = (
-    # label, variant, weight file, extra training arguments, episodes evaluated (None: all). The agent without
-    # the wait mask waits for ever in some episodes (each then runs to the 3,600 s drain limit, about 3 minutes
-    # of CPU): it is evaluated on the first 2 only.
-    ("tis-baseline-rl (no mask)", "baseline", "baseline-rl-tis-shared-4.npz",
-     "--arch shared --multi-dispatch --gamma 0.998", 2),
-    ("tis-baseline-rl (fits)", "baseline", "baseline-rl-tis-shared-fits-4.npz",
-     "--arch shared --multi-dispatch --wait-mask fits --gamma 0.998", None),
-    ("tis-wg-rl (fits)", "wg", "wg-rl-tis-shared-fits-4.npz",
-     "--arch shared --multi-dispatch --wait-mask fits --gamma 0.998", None),
+    # label, variant, weight file, training arguments beside COMMON, episodes evaluated (None: all). The agent
+    # without the wait mask waits for ever in some episodes (each then runs to the 3,600 s drain limit, about
+    # 3 minutes of CPU): it is evaluated on the first 2 only.
+    ("tis-baseline-rl, no mask", "baseline", "baseline-rl-tis-shared-4.npz",
+     f"{TIS} --seed 0 --train-every 4 --arch shared --gamma 0.998", 2),
+    ("tis-baseline-rl", "baseline", "baseline-rl-tis-shared-fits-4.npz",
+     f"{TIS} --seed 0 --train-every 4 --arch shared --wait-mask fits --gamma 0.998", None),
+    ("tis-baseline-rl, seed 1", "baseline", "baseline-rl-tis-shared-fits-seed1-4.npz",
+     f"{TIS} --seed 1 --train-every 4 --arch shared --wait-mask fits --gamma 0.998", None),
+    ("tis-wg-rl", "wg", "wg-rl-tis-shared-fits-4.npz",
+     f"{TIS} --seed 0 --train-every 4 --arch shared --wait-mask fits --gamma 0.998", None),
+    ("tis-wg-rl, seed 1", "wg", "wg-rl-tis-shared-fits-seed1-4.npz",
+     f"{TIS} --seed 1 --train-every 4 --arch shared --wait-mask fits --gamma 0.998", None),
+    ("tis-wg-rl, seed 2", "wg", "wg-rl-tis-shared-fits-seed2-4.npz",
+     f"{TIS} --seed 2 --train-every 4 --arch shared --wait-mask fits --gamma 0.998", None),
+    ("tis-wg-rl, flat MLP", "wg", "wg-rl-tis-mlp-fits-4.npz",
+     f"{TIS} --seed 0 --train-every 4 --arch mlp --wait-mask fits --gamma 0.998", None),
+    ("tis-wg-rl, one update per step", "wg", "wg-rl-tis-shared-fits-every1-4.npz",
+     f"{TIS} --seed 0 --train-every 1 --arch shared --wait-mask fits --gamma 0.998", None),
+    ("tis-wg-rl, gamma 0.99", "wg", "wg-rl-tis-shared-fits-gamma099-4.npz",
+     f"{TIS} --seed 0 --train-every 4 --arch shared --wait-mask fits", None),
+    ("paper-reward wg-rl (same recipe)", "wg", "wg-rl-paper-shared-fits-4.npz",
+     "--seed 0 --train-every 4 --arch shared --wait-mask fits", None),
+    ("paper-reward wg-rl (same recipe), seed 1", "wg", "wg-rl-paper-shared-fits-seed1-4.npz",
+     "--seed 1 --train-every 4 --arch shared --wait-mask fits", None),
+    ("paper-reward wg-rl (same recipe), seed 2", "wg", "wg-rl-paper-shared-fits-seed2-4.npz",
+     "--seed 2 --train-every 4 --arch shared --wait-mask fits", None),
 )
 BASELINES = ("round-robin", "least-requests", "baseline-rl", "wa-rl", "wg-rl")
 
@@ -129,9 +150,34 @@ def run_on_ticks(scenario, label: str, rule: str, *, episodes: int, n_requests: 
     return rows
 
 
+def q_diagnostics(scenario, weights: str, *, n_requests: int, seed: int) -> dict:
+    """Q-values of a (masked, multi-dispatch) weight file over the decisions of its own greedy run on
+    evaluation episode 0: the median Q of the instance actions and the median gaps best - second best
+    and best - worst (in the optimiser's reward units)."""
+    from fluidopt.rl.env import RouterEnv
+    from fluidopt.rl.mlp import load_weights
+
+    net = load_weights(weights, n_instances=scenario.gpus)
+    env = RouterEnv(scenario, variant="baseline", n_requests=n_requests, multi_dispatch=True, wait_mask=net.wait_mask)
+    obs, _ = env.reset(seed=seed)
+    m = env.m
+    qs, done = [], False
+    while not done:
+        q = net.q(obs)
+        qs.append(q[:m])
+        a = int(np.argmax(q)) if env.wait_valid() else int(np.argmax(q[:m]))
+        obs, _, term, trunc, _ = env.step(a)
+        done = term or trunc
+    env.close()
+    q = np.sort(np.array(qs), 1)
+    return {"q_median": float(np.median(q)), "gap_best_second": float(np.median(q[:, -1] - q[:, -2])),
+            "gap_best_worst": float(np.median(q[:, -1] - q[:, 0])), "decisions": len(qs)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--train", action="store_true")
+    ap.add_argument("--only", default=None, help="comma-separated weight files of AGENTS to train (with --train)")
     ap.add_argument("--weights-dir", default="examples/weights")
     ap.add_argument("--episodes", type=int, default=20)
     ap.add_argument("--requests", type=int, default=2000)
@@ -142,7 +188,10 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     if a.train:
         wdir.mkdir(parents=True, exist_ok=True)
+        only = set(a.only.split(",")) if a.only else None
         for label, variant, fname, extra, _ in AGENTS:
+            if only is not None and fname not in only:
+                continue
             cmd = train_command(variant, wdir / fname, extra, out / f"rl_curves_tis_{Path(fname).stem}.csv")
             print("$", shlex.join(cmd), flush=True)
             t0 = time.process_time()
@@ -166,6 +215,17 @@ def main() -> None:
     extra = df.groupby("policy", sort=False)[["wait_fraction", "max_instance_share", "min_instance_share"]].mean()
     s = s.join(extra, on="policy")
     s.to_csv(out / "rl_tis.csv", index=False)
+    diag = []
+    for label, _, fname, _, cap in AGENTS:
+        if cap is not None:  # the agent without the mask: no diagnostics (it may wait for ever)
+            continue
+        d = {"policy": label, **q_diagnostics(sc, str(wdir / fname), n_requests=a.requests, seed=a.seed)}
+        curves = out / f"rl_curves_tis_{Path(fname).stem}.csv"
+        if curves.exists():  # written by --train
+            loss = pd.read_csv(curves)["loss"].iloc[-10:].mean()
+            d.update(loss_last10=loss, td_error=math.sqrt(2.0 * loss))
+        diag.append(d)
+    pd.DataFrame(diag).to_csv(out / "rl_tis_diagnostics.csv", index=False)
     print(f"{a.episodes} episodes x {a.requests} requests, seed {a.seed}, {time.time() - t0:.0f} s wall\n")
     print("| router | episodes | mean e2e (s) | vs round robin | TTFT (s) | TPOT (ms) | router wait (s) | waits | "
           "busiest / least busy instance |")
@@ -177,6 +237,13 @@ def main() -> None:
               f"{100 * r['max_instance_share']:.1f}% / {100 * r['min_instance_share']:.1f}%")
         print(f"| {r['policy']} | {r['episodes']} | {r['e2e_mean']:.3f} ± {r['e2e_mean_ci']:.3f} | {r['improvement_pct']:.2f}% ± "
               f"{r['improvement_ci']:.2f} | {r['ttft_mean']:.3f} | {1000 * r['tpot_mean']:.2f} | {rw} | {wf} | {sh} |")
+    print("\nQ-values over the greedy decisions of evaluation episode 0 (reward units x 0.01); TD error "
+          "sqrt(2 x Huber loss) of the last ten training episodes:\n")
+    print("| agent | median Q | gap best - second (median) | gap best - worst (median) | TD error |")
+    print("|---|---|---|---|---|")
+    for d in diag:
+        td = f"{d['td_error']:.3f}" if "td_error" in d else ""
+        print(f"| {d['policy']} | {d['q_median']:.3f} | {d['gap_best_second']:.5f} | {d['gap_best_worst']:.5f} | {td} |")
 
 
 if __name__ == "__main__":
