@@ -237,6 +237,14 @@ def main() -> None:
               f"{100 * r['max_instance_share']:.1f}% / {100 * r['min_instance_share']:.1f}%")
         print(f"| {r['policy']} | {r['episodes']} | {r['e2e_mean']:.3f} ± {r['e2e_mean_ci']:.3f} | {r['improvement_pct']:.2f}% ± "
               f"{r['improvement_ci']:.2f} | {r['ttft_mean']:.3f} | {1000 * r['tpot_mean']:.2f} | {rw} | {wf} | {sh} |")
+    print("\nPaired against the shipped wg-rl and against least requests (improvement of mean e2e, %):\n")
+    print("| router | vs wg-rl | vs least-requests |")
+    print("|---|---|---|")
+    vw = summarize(df, baseline="wg-rl").set_index("policy")
+    vl = summarize(df, baseline="least-requests").set_index("policy")
+    for label, *_ in AGENTS:
+        print(f"| {label} | {vw.at[label, 'improvement_pct']:.2f}% ± {vw.at[label, 'improvement_ci']:.2f} | "
+              f"{vl.at[label, 'improvement_pct']:.2f}% ± {vl.at[label, 'improvement_ci']:.2f} |")
     print("\nQ-values over the greedy decisions of evaluation episode 0 (reward units x 0.01); TD error "
           "sqrt(2 x Huber loss) of the last ten training episodes:\n")
     print("| agent | median Q | gap best - second (median) | gap best - worst (median) | TD error |")
