@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import resource
 import shlex
 import subprocess
 import sys
@@ -194,16 +195,19 @@ def main() -> None:
                 continue
             cmd = train_command(variant, wdir / fname, extra, out / f"rl_curves_tis_{Path(fname).stem}.csv")
             print("$", shlex.join(cmd), flush=True)
-            t0 = time.process_time()
-            subprocess.run(cmd, check=True, cwd=ROOT)
-            print(f"  {label}: {time.process_time() - t0:.0f} CPU s (children not counted; see the command's line)",
-                  file=sys.stderr)
+            c0 = resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime
+            subprocess.run([sys.executable, "-m", "fluidopt", *cmd[1:]], check=True, cwd=ROOT)  # this interpreter's
+            print(f"  {label}: {resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime - c0:.0f} CPU s", file=sys.stderr)
     sc = load_scenario(ROOT / SCENARIO)
     t0 = time.time()
     rows = []
     for pol in BASELINES:
         rows += run(sc, pol, pol, None, episodes=a.episodes, n_requests=a.requests, seed=a.seed)
-    for label, variant, fname, _, cap in AGENTS:
+    agents = [ag for ag in AGENTS if (wdir / ag[2]).exists()]
+    for ag in AGENTS:
+        if ag not in agents:
+            print(f"skipping {ag[0]}: {wdir / ag[2]} not found (train it with --train --only {ag[2]})", file=sys.stderr)
+    for label, variant, fname, _, cap in agents:
         rows += run(sc, label, f"{variant}-rl", str(wdir / fname), episodes=min(a.episodes, cap or a.episodes),
                     n_requests=a.requests, seed=a.seed)
     for rule in ("round-robin", "least-requests"):
@@ -216,7 +220,7 @@ def main() -> None:
     s = s.join(extra, on="policy")
     s.to_csv(out / "rl_tis.csv", index=False)
     diag = []
-    for label, _, fname, _, cap in AGENTS:
+    for label, _, fname, _, cap in agents:
         if cap is not None:  # the agent without the mask: no diagnostics (it may wait for ever)
             continue
         d = {"policy": label, **q_diagnostics(sc, str(wdir / fname), n_requests=a.requests, seed=a.seed)}
@@ -242,7 +246,7 @@ def main() -> None:
     print("|---|---|---|")
     vw = summarize(df, baseline="wg-rl").set_index("policy")
     vl = summarize(df, baseline="least-requests").set_index("policy")
-    for label, *_ in AGENTS:
+    for label, *_ in agents:
         print(f"| {label} | {vw.at[label, 'improvement_pct']:.2f}% ± {vw.at[label, 'improvement_ci']:.2f} | "
               f"{vl.at[label, 'improvement_pct']:.2f}% ± {vl.at[label, 'improvement_ci']:.2f} |")
     print("\nQ-values over the greedy decisions of evaluation episode 0 (reward units x 0.01); TD error "
