@@ -62,7 +62,7 @@ STATE_LAYOUT = "fluidopt-rl-state-v1"
 """Name of the state layout above; shipped weights record it and loading checks it."""
 EST_SCALE = 10.0  # s: earliest-completion normaliser
 VARIANTS = ("baseline", "wa", "wg")
-OBJECTIVES = ("latency", "revenue", "lost-revenue")
+OBJECTIVES = ("latency", "revenue", "lost-revenue", "time-in-system")
 WAIT_MASKS = ("none", "fits")
 """Action masks for "wait" (docs/rl.md section 2): ``none``, the paper's MDP (wait always valid);
 ``fits``, wait is valid only when the head of the router queue fits on no instance
@@ -89,7 +89,11 @@ class RewardConfig:
     that abandons or is dropped: over an episode, whose requests all resolve, its sum is the
     episode's revenue minus the revenue of all its arrivals, a constant, so it ranks policies as
     ``"revenue"`` does, but charges a loss when it happens instead of crediting a completion
-    9-25 s after the decision; docs/rl.md section 2); the guidance term is the same in all three.
+    9-25 s after the decision; docs/rl.md section 2), or ``"time-in-system"`` (our ablation, not the
+    paper's MDP: minus the integral over the step of the number of requests in the system, router
+    queue included, in request-seconds, :meth:`RouterCore.time_in_system`; an episode's undiscounted
+    sum is minus the total time in system of its requests, so it ranks policies exactly by mean
+    end-to-end latency; docs/rl.md section 2); the guidance term is the same in all four.
     """
 
     variant: str = "wg"
@@ -203,6 +207,11 @@ class RouterCore(InstanceScheduler):
         self.resolved = 0
         self.arrivals = 0
         self.router_wait = 0.0  # seconds requests spent in the router queue (summed at dispatch)
+        # Time in system (the time-in-system objective): area(t) = sum of departure times of the resolved
+        # + n_in t - sum of arrival times of all arrivals = request-seconds spent in the system up to t.
+        self.n_in = 0
+        self.s_arr = 0.0
+        self.s_dep = 0.0
         self.revenue = 0.0  # price units of completed requests (only with ``prices``)
         self.lost = 0.0  # price units of requests that abandoned or were dropped (only with ``prices``)
         self._w: dict[int, float] = {}  # r -> its revenue on completion (only with ``prices``)
@@ -229,6 +238,8 @@ class RouterCore(InstanceScheduler):
         invT = 1.0 / self._ideal_time(ctx.req_prompt(r), d)
         self.held[r] = (b, d, invT)
         self.sum_invT += invT
+        self.n_in += 1
+        self.s_arr += ctx.req_arrival(r)
         if self.prices is not None:  # read now: r is not to be used once it has left
             c = ctx.req_class(r)
             self._w[r] = self.prices[0][c] * ctx.req_prompt(r) + self.prices[1][c] * ctx.req_output(r)
@@ -340,8 +351,19 @@ class RouterCore(InstanceScheduler):
             self.banked -= rec[6]
         self.resolved += 1
 
+    def _depart(self, ctx: Context) -> None:
+        self.n_in -= 1
+        self.s_dep += ctx.now
+
+    def time_in_system(self, t: float) -> float:
+        """Request-seconds spent in the system (router queue, instance queues, service) by every
+        arrival up to time t (t not before the last event seen): the sum over resolved requests of
+        their time in system plus, for those still in it, t - arrival."""
+        return self.s_dep + self.n_in * t - self.s_arr
+
     def on_decode_done(self, ctx: Context, r: int, g: int) -> None:
         self._gone(r)
+        self._depart(ctx)
         self.completed += 1
         if self.prices is not None:
             self.revenue += self._w.pop(r)
@@ -350,6 +372,7 @@ class RouterCore(InstanceScheduler):
 
     def on_drop(self, ctx: Context, r: int, g: int) -> None:
         self._gone(r)
+        self._depart(ctx)
         self.lost += self._w.pop(r, 0.0)
         if self.resolved == self.pause_at_resolved:
             ctx.pause()
@@ -362,6 +385,7 @@ class RouterCore(InstanceScheduler):
             self.resolved += 1
         elif r in self.rec:
             self._gone(r)
+        self._depart(ctx)
         self.lost += self._w.pop(r, 0.0)
         if self.resolved == self.pause_at_resolved:
             ctx.pause()

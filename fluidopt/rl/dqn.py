@@ -68,7 +68,7 @@ class DQNConfig:
     accuracy: float = 0.79
     gamma: float = 0.99
     max_steps: int | None = None  # stop after this many environment steps in all (tests)
-    objective: str = "latency"  # or "revenue" (RewardConfig.objective)
+    objective: str = "latency"  # or "revenue", "lost-revenue", "time-in-system" (RewardConfig.objective)
     arch: str = "mlp"  # or "shared" (SharedQ)
     multi_dispatch: bool = False  # the environment's multi-dispatch epochs (RouterEnv)
     wait_mask: str = "none"  # or "fits" (RouterEnv.wait_mask)

@@ -12,7 +12,10 @@ Reward of a step (docs/rl.md section 2): ``-(P_before + P_after) / 2 x epochs el
 + r_w x completions + w_k x h`` (with ``RewardConfig(objective="revenue")``: the revenue of the
 step's completions, c_p x prompt + c_d x output tokens at the class's prices, + w_k x h; with
 ``"lost-revenue"``: minus the revenue of the requests that abandoned or were dropped in the step,
-+ w_k x h), where P is the progress penalty (:meth:`RouterCore.progress_penalty`),
++ w_k x h; with ``"time-in-system"``: minus the request-seconds spent in the system, router queue
+included, during the step, :meth:`RouterCore.time_in_system`, + w_k x h; the first step of an
+episode also carries the time before the first decision, so an episode's rewards without guidance
+sum to minus the total time in system of its requests), where P is the progress penalty (:meth:`RouterCore.progress_penalty`),
 r_w = 60, h the mixing guidance of the action and w_k the variant's guidance weight in the current
 episode k (0-based count of resets since the last seeded reset). ``reward_scale`` multiplies it all.
 A step spans ``last_epochs`` decision epochs (1 after a wait; more when the environment skipped
@@ -139,6 +142,8 @@ class RouterEnv(gym.Env):
         self.core.precompute(wl)  # the episode's predictions in one vectorised pass
         self._revenue = self.reward_cfg.objective == "revenue"
         self._lost = self.reward_cfg.objective == "lost-revenue"
+        self._tis = self.reward_cfg.objective == "time-in-system"
+        self._area = 0.0  # request-seconds in the system already rewarded (time-in-system objective)
         if self._revenue or self._lost:
             self.core.prices = self.scenario.class_prices()
         if self.eng is not None and not self.eng._finished:
@@ -196,6 +201,10 @@ class RouterEnv(gym.Env):
             rew = (core.revenue - v0) + self._w * h
         elif self._lost:
             rew = -(core.lost - l0) + self._w * h
+        elif self._tis:
+            area = core.time_in_system(t)
+            rew = -(area - self._area) + self._w * h
+            self._area = area
         else:
             rew = (-0.5 * (self._p + p) * ((t - self._t) / EPOCH) + self.reward_cfg.completion_reward * (core.completed - c0)
                    + self._w * h)
