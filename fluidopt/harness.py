@@ -27,6 +27,7 @@ from fluidopt._files import atomic_path
 from fluidopt.errors import ScenarioError
 from fluidopt.executor import Executor
 from fluidopt.model import Scenario
+from fluidopt.sim.cohort import COHORT_KEYS
 
 __all__ = ["COHORT_RUN_COLUMNS", "Comparison", "compare", "RUN_COLUMNS"]
 
@@ -57,19 +58,7 @@ RUN_COLUMNS = (
 )
 
 # With compare(..., drain=...): the arrival-cohort metrics (fluidopt.sim.cohort) added to each run's row.
-COHORT_RUN_COLUMNS = (
-    "cohort_revenue_per_gpu",
-    "cohort_revenue_per_gpu_ci",
-    "cohort_revenue_per_gpu_separate",
-    "cohort_revenue_per_gpu_separate_ci",
-    "cohort_arrived",
-    "cohort_completed",
-    "cohort_abandoned",
-    "cohort_dropped",
-    "cohort_unresolved",
-    "cohort_drained",
-    "drain_seconds",
-)
+COHORT_RUN_COLUMNS = tuple(k for k in COHORT_KEYS if k != "drain_cap")
 
 # Per-class metrics kept in the long per-class table.
 _MIN_SEEDS_FOR_T = 5
