@@ -381,19 +381,14 @@ cdef class FastGate:
                 tot += <double>self._qlen(e, DECODE_QUEUE, j) + <double>self._n_prefill(e, j) * self.t_p[k]
         return tot
 
-    cdef Py_ssize_t _gate_deviation(self, Engine e, bint capped):
-        # PartitionedController.gate_class (no options) and robust._Mechanisms.gate_class
+    cdef Py_ssize_t _gate_deviation(self, Engine e):
+        # PartitionedController.gate_class (no options) and robust._Mechanisms.gate_class with the
+        # controller's own caps (the robust variants' overflow gate is _r_gate, below)
         cdef Py_ssize_t best = -1, i, k, q, X, j, kk, waiting = 0
         cdef double best_dev = 0.0, best_tie = 0.0, dev, tie, tot
         cdef int free = -1  # -1: not asked yet
-        cdef bint use_cap
-        cdef double[::1] cap
-        if capped:
-            use_cap = not self.uncapped
-            cap = self.cap
-        else:
-            use_cap = True
-            cap = self.ovcap
+        cdef bint use_cap = not self.uncapped
+        cdef double[::1] cap = self.cap
         for k in range(self.nadm):
             i = self.adm[k]
             q = self._qlen(e, PREFILL_QUEUE, i)
@@ -426,18 +421,13 @@ cdef class FastGate:
                 best_tie = tie
         return best
 
-    cdef Py_ssize_t _gate_priority(self, Engine e, bint capped):
+    cdef Py_ssize_t _gate_priority(self, Engine e):
         # PrioritizeAndRoute.gate_class (no options) and robust.StaffedPrioritizeAndRoute.gate_class
+        # with the controller's own caps
         cdef Py_ssize_t i, k
         cdef int free = -1
-        cdef bint use_cap
-        cdef double[::1] cap
-        if capped:
-            use_cap = not self.uncapped
-            cap = self.cap
-        else:
-            use_cap = True
-            cap = self.ovcap
+        cdef bint use_cap = not self.uncapped
+        cdef double[::1] cap = self.cap
         for k in range(self.nadm):
             i = self.adm[k]
             if not self._qlen(e, PREFILL_QUEUE, i) or (use_cap and <double>self._n_prefill(e, i) >= cap[i]):
@@ -466,23 +456,23 @@ cdef class FastGate:
             lo = self.avg_lo[i]
             self.cap[i] = <double>(lo + 1 if (v < 0 and <double>lo < self.nx[i]) else lo)
 
-    cdef inline Py_ssize_t _gate(self, Engine e, bint capped):
+    cdef inline Py_ssize_t _gate(self, Engine e):
         cdef Py_ssize_t i
         if self.gate == G_DEVIATION:
-            if self.avg and capped:
+            if self.avg:
                 # robust._AverageCaps.gate_class
                 self._avg_cap(e)
-                i = self._gate_deviation(e, capped)
+                i = self._gate_deviation(e)
                 if i >= 0 and self.avg_is[i]:
                     self.avg_x[i] += 1  # the caller starts it now: X_i is one higher from here on
                 return i
-            return self._gate_deviation(e, capped)
-        return self._gate_priority(e, capped)
+            return self._gate_deviation(e)
+        return self._gate_priority(e)
 
     # -- admission and placement ------------------------------------------------------------------
     cdef bint _admit_on(self, Engine e, Py_ssize_t g):
         # PartitionedController._admit_on
-        cdef Py_ssize_t i = self._gate(e, True), r
+        cdef Py_ssize_t i = self._gate(e), r
         if i < 0:
             return False
         r = self._head(e, PREFILL_QUEUE, i)
