@@ -95,6 +95,7 @@ import numpy as np
 
 from fluidopt.control import fastpath
 from fluidopt.control.gate_and_route import (
+    _EPS,
     MIXED_POOL,
     SOLO_POOL,
     GateAndRoute,
@@ -128,6 +129,11 @@ def _zero_counts(n: int) -> array:
     """The per-class arrival counts of a re-solve window: 64-bit integers (an ``array``, which the
     compiled fast path increments in place; a list works the same in the Python handlers)."""
     return array("q", [0]) * n
+
+
+def _lp_targets(v: Any) -> np.ndarray:
+    """An LP vector as gate targets: entries below _EPS (per GPU) count as zero."""
+    return np.where(np.asarray(v) < _EPS, 0.0, np.asarray(v, float))
 
 
 def _rationed(solution_x: np.ndarray, lam: np.ndarray, mu_p: np.ndarray) -> list[bool]:
@@ -402,7 +408,7 @@ class _Mechanisms:
         if not (self.coupled and self.elastic and self.overflow) or self.mixed_override is not None:
             return False
         sol = self.solution
-        x = np.where(np.asarray(sol.x) < 1e-12, 0.0, np.asarray(sol.x, float))  # as _apply
+        x = _lp_targets(sol.x)  # as _apply
         if self.n_gpus <= mixed_gpus_of(self.n_gpus, float(x.sum())):
             return False
         return any(self._floating_classes(sol, x, _rationed(x, self._lam_plan, self._rates.mu_p)))
@@ -583,8 +589,7 @@ class _Mechanisms:
 
     def _apply(self, sol: FluidSolution, lam_per_gpu: np.ndarray) -> None:
         """Make ``sol`` (solved at per-GPU arrival rates ``lam_per_gpu``) the gate's plan."""
-        x = np.where(np.asarray(sol.x) < 1e-12, 0.0, np.asarray(sol.x, float))
-        qp = np.where(np.asarray(sol.q_prefill) < 1e-12, 0.0, np.asarray(sol.q_prefill, float))
+        x, qp = _lp_targets(sol.x), _lp_targets(sol.q_prefill)
         self.x, self.q_prefill = x, qp
         n = self.n_gpus
         self._nx = [n * float(v) for v in x]
