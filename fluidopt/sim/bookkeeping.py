@@ -355,8 +355,11 @@ def alloc(eng) -> int:
     typed = eng.engine_name == "compiled"
     r = len(eng.r_phase)
     k = max(ALLOC_BLOCK, r)
-    for name, _, fill, _ in S.REQUEST_FIELDS:
-        setattr(eng, name, S.grown(getattr(eng, name), k, fill, typed))
+    if typed:
+        S.set_typed_state(eng, "_rows", S.REQUEST_FIELDS, S.REQUEST_ROW, r + k, {f[0]: f[2] for f in S.REQUEST_FIELDS})
+    else:
+        for name, _, fill, _ in S.REQUEST_FIELDS:
+            setattr(eng, name, S.grown(getattr(eng, name), k, fill, typed))
     eng._free.extend(range(r + k - 1, r, -1))
     return r
 

@@ -54,9 +54,11 @@ cdef class Engine:
     cdef public list _cp, _cd, _mean_prompt, _mean_output
     cdef public list _free
     # per-request state (recycled slots): typed arrays in the core, replaced when they grow
-    cdef public long long[::1] r_cls, r_prompt, r_output, r_phase, r_q, r_gpu, r_next, r_prev, r_seq, r_pos, r_dpos, r_dkey
-    cdef public long long[::1] r_serial, r_gen, r_dstart, r_npre, r_pg, r_dg
-    cdef public double[::1] r_arr, r_tw, r_wp, r_wd, r_ttft
+    # (strided views of one row block, _rows: state.request_rows)
+    cdef public long long[:] r_cls, r_prompt, r_output, r_phase, r_q, r_gpu, r_next, r_prev, r_seq, r_pos, r_dpos, r_dkey
+    cdef public long long[:] r_serial, r_gen, r_dstart, r_npre, r_pg, r_dg
+    cdef public double[:] r_arr, r_tw, r_wp, r_wd, r_ttft
+    cdef public object _rows
     cdef public long long[::1] _rs, _rsn  # the exponential race's request sets
     cdef public Py_ssize_t _rscap
     cdef public list _ip, _fd, _dirty
@@ -64,15 +66,19 @@ cdef class Engine:
     cdef public Py_ssize_t _hn
     cdef public long long[::1] g_dcls, q_head, q_tail, q_cnt, q_tot
     # per-GPU state and counters (engine._ints / _floats)
-    cdef public long long[::1] g_pre, g_ndec, g_cnt, g_pool, g_pok, g_maxd, t_ka, t_dca, t_kv, t_adv, t_pend
-    cdef public long long[::1] t_pkb, _isdirty, _cnt, _ctr, g_dec
-    cdef public double[::1] t_ta, t_itl, t_pte, _acc, _rec
+    # (state.GPU_FIELDS: strided views of one row block, _gpu_rows: state.rows)
+    cdef public long long[:] g_pre, g_ndec, g_cnt, g_pool, g_pok, g_maxd, g_state, _isdirty
+    cdef public long long[:] t_ka, t_dca, t_kv, t_adv, t_pend, t_pkb
+    cdef public double[:] t_ta, t_itl
+    cdef public object _gpu_rows
+    cdef public long long[::1] _cnt, _ctr, g_dec
+    cdef public double[::1] t_pte, _acc, _rec
     cdef public Py_ssize_t _nrec
     cdef public list _qnames, _bounds, _samples
     cdef public double[::1] _arr_t
     cdef public long long[::1] _arr_c, _arr_p, _arr_o
     # the fleet (cold: a fixed fleet only reads g_state where a GPU empties, and t_pkb's start-up mark)
-    cdef public long long[::1] g_state, r_host
+    cdef public long long[:] r_host
     cdef public Py_ssize_t _fleet_on
     cdef public double _fleet_acc, _startup, _swap
     cdef public bint _fleet_used
@@ -87,7 +93,7 @@ cdef class Engine:
     @cython.locals(old=Py_ssize_t, c=Py_ssize_t)
     cpdef enqueue(self, r, q, front=*)
 
-    @cython.locals(I=Py_ssize_t, qh="long long[::1]", a=Py_ssize_t, b=Py_ssize_t, seq="long long[::1]", best=Py_ssize_t,
+    @cython.locals(I=Py_ssize_t, qh="long long[::1]", a=Py_ssize_t, b=Py_ssize_t, seq="long long[:]", best=Py_ssize_t,
                    bs=Py_ssize_t, k=Py_ssize_t, r=Py_ssize_t)
     cpdef head(self, Py_ssize_t q, Py_ssize_t cls=*)
 
@@ -173,10 +179,10 @@ cdef class Engine:
 
     cdef _resolve(self, Py_ssize_t r, Py_ssize_t outcome, double t)
 
-    @cython.locals(free=list, r=Py_ssize_t, s=Py_ssize_t, r_phase="long long[::1]")
+    @cython.locals(free=list, r=Py_ssize_t, s=Py_ssize_t, r_phase="long long[:]")
     cdef _arrive(self, double t, Py_ssize_t c, Py_ssize_t prompt, Py_ssize_t output)
 
-    @cython.locals(c=Py_ssize_t, r_phase="long long[::1]")
+    @cython.locals(c=Py_ssize_t, r_phase="long long[:]")
     cdef _prefill_done(self, Py_ssize_t r, Py_ssize_t g, double t)
 
     @cython.locals(c=Py_ssize_t, out=Py_ssize_t, prompt=Py_ssize_t, ctr="long long[::1]", k=Py_ssize_t)
@@ -218,7 +224,7 @@ cdef class Engine:
     @cython.locals(dec="long long[::1]", j=Py_ssize_t, b=Py_ssize_t, last=Py_ssize_t)
     cdef _dremove(self, Py_ssize_t g, Py_ssize_t r, Py_ssize_t nd)
 
-    @cython.locals(dec="long long[::1]", pos="long long[::1]", key="long long[::1]", r=Py_ssize_t, k=Py_ssize_t,
+    @cython.locals(dec="long long[::1]", pos="long long[:]", key="long long[:]", r=Py_ssize_t, k=Py_ssize_t,
                    i0=Py_ssize_t, p=Py_ssize_t, h=Py_ssize_t, kh=Py_ssize_t, c=Py_ssize_t, h2=Py_ssize_t, k2=Py_ssize_t)
     cdef _dsift(self, Py_ssize_t b, Py_ssize_t i, Py_ssize_t n)
 
@@ -227,9 +233,9 @@ cdef class Engine:
 
     # (cpdef: bookkeeping.advance calls it)
     @cython.locals(hq="long long[::1]", pte="double[::1]", t_house=double, check=bint, uni_block="double[::1]", ui=Py_ssize_t,
-                   ev=Py_ssize_t, pkb="long long[::1]", rng_block=Py_ssize_t, I=Py_ssize_t, rs="long long[::1]", rsn="long long[::1]",
+                   ev=Py_ssize_t, pkb="long long[:]", rng_block=Py_ssize_t, I=Py_ssize_t, rs="long long[::1]", rsn="long long[::1]",
                    cap=Py_ssize_t, s=Py_ssize_t, rate="double[::1]", mu_m="double[::1]", mu_s="double[::1]", o0=Py_ssize_t, o=Py_ssize_t,
-                   g_pre="long long[::1]",
+                   g_pre="long long[:]",
                    arr_t="double[::1]", arr_c="long long[::1]", arr_p="long long[::1]", arr_o="long long[::1]", ai=Py_ssize_t, na=Py_ssize_t, tr=double,
                    nd=Py_ssize_t, ta=double, tg=double, t=double, done=bint, ticked=bint, k=Py_ssize_t, u=double,
                    c=Py_ssize_t, nl=Py_ssize_t, a=double, j=Py_ssize_t, r=Py_ssize_t, m=double, x=double,

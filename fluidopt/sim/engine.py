@@ -292,11 +292,11 @@ class Engine:
             self._refresh(g)
         k = g * self.B + nd - 1  # r's place in g's decode segment
         self.g_dec[k] = r
-        self.r_dpos[r] = k
         if markov:
             self._race_add(r, RACE_DECODE * self.I + c)
             self._lam += self.mbar[c]
         else:
+            self.r_dpos[r] = k
             self.r_dstart[r] = self.t_dca[g]
             self.r_dkey[r] = self.t_dca[g] + self.r_output[r] - self.r_gen[r]
             self._dsift(g * self.B, nd - 1, nd)
@@ -777,16 +777,20 @@ class Engine:
         hq[i] = g
         pos[g] = i
 
-    # -- the decodes on a GPU: g_dec[g*B : g*B + g_ndec[g]] (r_dpos: r's index); in tokens mode a
-    # binary min-heap keyed by (r_dkey[r], r), r_dkey[r] being g's decode clock when r's decode ends
+    # -- the decodes on a GPU: g_dec[g*B : g*B + g_ndec[g]]; tokens: a min-heap by (r_dkey[r], r) (r_dpos: r's index)
     def _dremove(self, g: int, r: int, nd: int) -> None:
         """Take r out of g's decodes, which number nd once it is gone (the last one takes its place)."""
         dec = self.g_dec
-        j = self.r_dpos[r]
         b = g * self.B
         last = dec[b + nd]
+        j = b + nd
+        if self.markov:  # no r_dpos: scanning g's slots is cheaper than a miss on the moved request's row
+            while dec[j] != r:
+                j -= 1
+        else:
+            j = self.r_dpos[r]
+            self.r_dpos[last] = j
         dec[j] = last
-        self.r_dpos[last] = j
         if not self.markov and j != b + nd:
             self._dsift(b, j - b, nd)
 

@@ -119,8 +119,12 @@ def init_engine(
 
     # -- per-request state (recycled slots) ----------------------------------------------------
     eng._free: list[int] = []
-    for name, kind, _, _ in REQUEST_FIELDS:
-        setattr(eng, name, ints(0, 0) if kind is int else floats(0, 0.0))
+    eng._rows = None
+    if typed:  # one row per request, each field a strided view (state.py)
+        S.set_typed_state(eng, "_rows", REQUEST_FIELDS, S.REQUEST_ROW, 0, {f[0]: f[2] for f in REQUEST_FIELDS})
+    else:
+        for name, kind, _, _ in REQUEST_FIELDS:
+            setattr(eng, name, ints(0, 0) if kind is int else floats(0, 0.0))
     eng._serial = 0
     eng._seq_back = 0
     eng._seq_front = 0
@@ -143,12 +147,16 @@ def init_engine(
     eng._ctr = ints(NC * I, 0)
 
     # -- GPUs -----------------------------------------------------------------------------------
-    eng.g_pre = ints(n, NO_REQUEST)
-    eng.g_ndec = ints(n, 0)
-    eng.g_cnt = ints(n, 0)
-    eng.g_pool = ints(n, 0)
-    eng.g_pok = ints(n, 1)  # prefills allowed (1) or not (0)
-    eng.g_maxd = ints(n, eng.B)
+    # per-GPU fields (state.GPU_FIELDS): their initial values
+    gpu0 = {"g_pre": NO_REQUEST, "g_ndec": 0, "g_cnt": 0, "g_pool": 0, "g_pok": 1, "g_maxd": eng.B, "g_state": G_ONLINE,
+            "_isdirty": 0, "t_ka": 0, "t_dca": 0, "t_kv": 0, "t_adv": 1, "t_pend": -1, "t_pkb": -1, "t_ta": 0.0,
+            "t_itl": eng.tau_solo}
+    eng._gpu_rows = None
+    if typed:
+        S.set_typed_state(eng, "_gpu_rows", S.GPU_FIELDS, S.GPU_ROW, n, gpu0)
+    else:
+        for name, kind, _ in S.GPU_FIELDS:
+            setattr(eng, name, ints(n, gpu0[name]) if kind is int else floats(n, float(gpu0[name])))
     eng.g_dcls = ints(n * I, 0)  # decodes on g by class: g_dcls[g * I + c]
     # the requests decoding on g: g_dec[g*B : g*B + g_ndec[g]] (r_dpos: r's index in g_dec); in
     # tokens mode that segment is a binary min-heap keyed by (r_dkey[r], r): r_dkey[r] is the value
@@ -162,7 +170,6 @@ def init_engine(
         eng._ip[0]._add(g)
         eng._fd[0]._add(g)
     # the fleet: GPU-seconds = _fleet_on * t - _fleet_acc (GPUs counted: online, starting, draining)
-    eng.g_state = ints(n, G_ONLINE)
     eng._fleet_on = n
     eng._fleet_acc = 0.0
     eng._fleet_log = [(0.0, n, n)]  # (time, GPUs counted, GPUs online) after each change
@@ -171,15 +178,7 @@ def init_engine(
     eng._fleet_used = fleet is not None
     eng._startup = 0.0 if fleet is None else float(fleet.startup_delay)
     eng._swap = 0.0 if fleet is None else float(fleet.kv_swap_time_per_token)
-    # tokens mode
-    eng.t_ka = ints(n, 0)  # anchor boundary index
-    eng.t_ta = floats(n, 0.0)  # anchor time
-    eng.t_dca = ints(n, 0)  # decode clock at the anchor
-    eng.t_kv = ints(n, 0)  # KV tokens at the anchor
-    eng.t_itl = floats(n, eng.tau_solo)  # base iteration length from the anchor on
-    eng.t_adv = ints(n, 1)  # decode clock advance per iteration (0 while a whole prefill stalls decodes)
-    eng.t_pend = ints(n, -1)  # boundary index where the running prefill ends
-    eng.t_pkb = ints(n, -1)  # boundary of g's valid pending heap entry (-1: none)
+    # tokens mode (the GPU rows above hold its per-GPU clock)
     eng.t_pte = floats(n, 0.0)  # its time
     # pending GPU events: a binary min-heap of GPU ids (at most one entry per GPU) keyed by
     # (t_pte[g], g), with each GPU's position in _hpos (-1: none); the event's boundary is t_pkb[g]
@@ -187,7 +186,6 @@ def init_engine(
     eng._hpos = ints(n, -1)
     eng._hn = 0
     eng._dirty: list[int] = []
-    eng._isdirty = ints(n, 0)
 
     if fleet is not None and fleet.initial is not None:
         for g in range(fleet.initial, n):

@@ -54,8 +54,8 @@ def check_invariants(eng) -> None:
         slots = [eng.g_dec[b + k] for k in range(nd)]
         mine = sorted(r for r in live if eng.r_phase[r] == DECODE and eng.r_gpu[r] == g)
         assert sorted(slots) == mine, f"GPU {g}: decode slots {slots}, decoding {mine}"
-        assert all(eng.r_dpos[r] == b + k for k, r in enumerate(slots)), f"GPU {g}: decode slot positions"
-        if not eng.markov:  # a min-heap by (end clock, request)
+        if not eng.markov:  # a min-heap by (end clock, request), r_dpos its positions (markov: unused)
+            assert all(eng.r_dpos[r] == b + k for k, r in enumerate(slots)), f"GPU {g}: decode slot positions"
             key = [(eng.r_dkey[r], r) for r in slots]
             assert all(key[(k - 1) // 2] < key[k] for k in range(1, nd)), f"GPU {g}: decode heap order {key}"
             for r in slots:

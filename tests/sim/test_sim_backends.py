@@ -261,7 +261,8 @@ def test_kernel_stays_small():
 
 def test_request_fields_are_defined_once_and_typed_in_the_pxd():
     """engine.REQUEST_FIELDS is each per-request field's one definition (set up and grown from it);
-    engine.pxd must type exactly those r_* names, ints as long long[::1] and floats as double[::1]."""
+    engine.pxd must type exactly those r_* names, ints as long long[:] and floats as double[:] (strided
+    views of the core's request rows, state.request_rows)."""
     import re
     from pathlib import Path
 
@@ -270,7 +271,7 @@ def test_request_fields_are_defined_once_and_typed_in_the_pxd():
     pxd = (Path(core.__file__).parent / "engine.pxd").read_text(encoding="utf-8")
     typed: dict[str, str] = {}
     for line in pxd.splitlines():
-        m = re.match(r"\s+cdef public (long long|double)\[::1\] ([\w, ]+)", line.split("#")[0])
+        m = re.match(r"\s+cdef public (long long|double)\[:\] ([\w, ]+)", line.split("#")[0])
         if m:
             for name in (x.strip() for x in m.group(2).split(",")):
                 if name.startswith("r_"):
