@@ -62,7 +62,9 @@ STATE_LAYOUT = "fluidopt-rl-state-v1"
 """Name of the state layout above; shipped weights record it and loading checks it."""
 EST_SCALE = 10.0  # s: earliest-completion normaliser
 VARIANTS = ("baseline", "wa", "wg")
-OBJECTIVES = ("latency", "revenue", "lost-revenue", "time-in-system", "request-latency", "request-normalized")
+CREDIT_OBJECTIVES = ("request-latency", "request-normalized", "request-excess")
+"""The per-request credit objectives (docs/rl.md section 2): each dispatch credited with its own request's outcome."""
+OBJECTIVES = ("latency", "revenue", "lost-revenue", "time-in-system") + CREDIT_OBJECTIVES
 WAIT_MASKS = ("none", "fits")
 """Action masks for "wait" (docs/rl.md section 2): ``none``, the paper's MDP (wait always valid);
 ``fits``, wait is valid only when the head of the router queue fits on no instance
@@ -93,10 +95,10 @@ class RewardConfig:
     paper's MDP: minus the integral over the step of the number of requests in the system, router
     queue included, in request-seconds, :meth:`RouterCore.time_in_system`; an episode's undiscounted
     sum is minus the total time in system of its requests, so it ranks policies exactly by mean
-    end-to-end latency; docs/rl.md section 2), or ``"request-latency"`` / ``"request-normalized"``
-    (per-request credit, our ablation: each dispatch is credited with its own request's time in
-    system from dispatch, or that time with the realised output length replaced by the predicted
-    one, when the request resolves; :class:`~fluidopt.rl.env.RouterEnv` hands the credits out as
+    end-to-end latency; docs/rl.md section 2), or ``"request-latency"`` / ``"request-normalized"`` /
+    ``"request-excess"`` (per-request credit, our ablation: each dispatch is credited with its own
+    request's time in system from dispatch, or that time with the realised output length replaced by
+    the predicted one, or that time less the request's solo service time, when the request resolves; :class:`~fluidopt.rl.env.RouterEnv` hands the credits out as
     ``last_credits``; docs/rl.md section 2); the guidance term is the same in all.
     """
 

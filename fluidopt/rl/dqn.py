@@ -39,7 +39,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from fluidopt.rl.core import RewardConfig
+from fluidopt.rl.core import CREDIT_OBJECTIVES, RewardConfig
 from fluidopt.rl.env import RouterEnv
 from fluidopt.rl.mlp import GLOBAL_FEATURES, INST_FEATURES, SCORER_IN, WAIT_IN, QNetwork, SharedQNetwork
 
@@ -69,7 +69,8 @@ class DQNConfig:
     gamma: float = 0.99
     max_steps: int | None = None  # stop after this many environment steps in all (tests)
     objective: str = "latency"  # or "revenue", "lost-revenue", "time-in-system", "request-latency",
-    # "request-normalized" (RewardConfig.objective; the request-* ones: per-request credit, gamma = 0 targets)
+    # "request-normalized", "request-excess" (RewardConfig.objective; the request-* ones: per-request credit,
+    # gamma = 0 targets)
     arch: str = "mlp"  # or "shared" (SharedQ)
     multi_dispatch: bool = False  # the environment's multi-dispatch epochs (RouterEnv)
     wait_mask: str = "none"  # or "fits" (RouterEnv.wait_mask)
@@ -204,7 +205,7 @@ def train(scenario, config: DQNConfig = DQNConfig(), *, env: RouterEnv | None = 
     # in the episode, until its request resolves and the environment hands out its credit (last_credits); it
     # then enters the buffer as a terminal transition (a gamma = 0, contextual-bandit target: y = credit +
     # its guidance). Waits are not stored (no request's credit is theirs).
-    credit = cfg.objective in ("request-latency", "request-normalized")
+    credit = cfg.objective in CREDIT_OBJECTIVES
     pend: dict[int, tuple] = {}
     rows = []
     t0 = time.perf_counter()

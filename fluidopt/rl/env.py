@@ -15,7 +15,11 @@ step's completions, c_p x prompt + c_d x output tokens at the class's prices, + 
 + w_k x h; with ``"time-in-system"``: minus the request-seconds spent in the system, router queue
 included, during the step, :meth:`RouterCore.time_in_system`, + w_k x h; the first step of an
 episode also carries the time before the first decision, so an episode's rewards without guidance
-sum to minus the total time in system of its requests), where P is the progress penalty (:meth:`RouterCore.progress_penalty`),
+sum to minus the total time in system of its requests; with ``"request-latency"`` /
+``"request-normalized"``, per-request credit: the credits of the dispatched requests that resolved
+during the step, each minus its own request's time from dispatch to resolution (or its time to first
+token plus the predicted output times its time per output token), + w_k x h, with the credits listed
+by dispatching step in ``last_credits``, see :meth:`RouterEnv._credits`), where P is the progress penalty (:meth:`RouterCore.progress_penalty`),
 r_w = 60, h the mixing guidance of the action and w_k the variant's guidance weight in the current
 episode k (0-based count of resets since the last seeded reset). ``reward_scale`` multiplies it all.
 A step spans ``last_epochs`` decision epochs (1 after a wait; more when the environment skipped
@@ -44,7 +48,16 @@ import numpy as np
 
 from fluidopt.errors import ScenarioError
 from fluidopt.model import Scenario
-from fluidopt.rl.core import EPOCH, WAIT_MASKS, RewardConfig, RouterCore, episode_seed, episode_workload, obs_dim
+from fluidopt.rl.core import (
+    CREDIT_OBJECTIVES,
+    EPOCH,
+    WAIT_MASKS,
+    RewardConfig,
+    RouterCore,
+    episode_seed,
+    episode_workload,
+    obs_dim,
+)
 from fluidopt.rl.predictors import NoisyOracle
 from fluidopt.sim.workload import TraceWarning
 
@@ -144,10 +157,12 @@ class RouterEnv(gym.Env):
         self._revenue = self.reward_cfg.objective == "revenue"
         self._lost = self.reward_cfg.objective == "lost-revenue"
         self._tis = self.reward_cfg.objective == "time-in-system"
-        self._credit = self.reward_cfg.objective in ("request-latency", "request-normalized")
+        self._credit = self.reward_cfg.objective in CREDIT_OBJECTIVES
         self._norm = self.reward_cfg.objective == "request-normalized"
+        self._excess = self.reward_cfg.objective == "request-excess"
         self.core.log_requests = self._credit
-        self._pending: dict[int, tuple] = {}  # r -> (step index, dispatch time, predicted output, output)
+        # r -> (step index, dispatch time, predicted output, output, solo service time or 0)
+        self._pending: dict[int, tuple] = {}
         self._nstep = 0  # steps taken in this episode (the index of the next step)
         self.last_credits: list[tuple[int, float]] = []  # (step index, scaled credit) resolved by the last step
         self._area = 0.0  # request-seconds in the system already rewarded (time-in-system objective)
@@ -198,7 +213,9 @@ class RouterEnv(gym.Env):
             if self._w:
                 h = core.guidance(eng, r, a)
             if self._credit:
-                self._pending[r] = (self._nstep, eng.now, core.held[r][1], eng.req_output(r))
+                out = eng.req_output(r)
+                solo = core._ideal_time(eng.req_prompt(r), out) if self._excess else 0.0
+                self._pending[r] = (self._nstep, eng.now, core.held[r][1], out, solo)
             core.dispatch(eng, r, a)
         self.last_guidance = h
         c0 = core.completed
@@ -231,14 +248,18 @@ class RouterEnv(gym.Env):
         return obs, rew * self.reward_scale, self._term, self._trunc, info
 
     def _credits(self, t: float) -> float:
-        """Per-request credit (objectives ``request-latency`` / ``request-normalized``, docs/rl.md section 2):
+        """Per-request credit (the objectives of ``CREDIT_OBJECTIVES``, docs/rl.md section 2):
         the credits of the dispatched requests that resolved during the step, into ``last_credits`` as
         (index of the step that dispatched the request, credit x reward_scale); returns their sum (unscaled).
         ``request-latency``: minus the time from dispatch to resolution. ``request-normalized``: minus the
         time from dispatch to the first token plus the predicted output d times the time per output token
         after it, (resolution - first token) / max(1, output) (a request resolved without a first token:
-        as request-latency). At truncation every request still pending is credited with minus the time
-        from its dispatch to the truncation (censored: a lower bound on its cost)."""
+        as request-latency). ``request-excess``: minus the time from dispatch to resolution less the
+        request's solo service time alpha + beta x prompt + output x tau_solo (a constant of the request,
+        whatever the action: the same ranking of actions as request-latency with less of the output
+        length's noise). At truncation every request still pending is credited with minus the time from
+        its dispatch to the truncation (request-excess: less its solo time, at most 0; censored: a bound
+        on its cost)."""
         core, pend = self.core, self._pending
         out = []
         tot = 0.0
@@ -249,13 +270,13 @@ class RouterEnv(gym.Env):
             if self._norm and ft == ft:
                 c = -(ft - e[1]) - e[2] * (td - ft) / max(1, e[3])
             else:
-                c = -(td - e[1])
+                c = -(td - e[1]) + e[4]
             out.append((e[0], c * self.reward_scale))
             tot += c
         core.departures.clear()
         if self._trunc:
             for e in pend.values():
-                c = -(t - e[1])
+                c = min(0.0, -(t - e[1]) + e[4])
                 out.append((e[0], c * self.reward_scale))
                 tot += c
             pend.clear()

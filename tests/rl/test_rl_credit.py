@@ -19,6 +19,7 @@ pytest.importorskip("gymnasium")
 
 LAT = RewardConfig(variant="baseline", objective="request-latency")
 NORM = RewardConfig(variant="baseline", objective="request-normalized")
+EXCESS = RewardConfig(variant="baseline", objective="request-excess")
 
 
 def _workload(rows) -> TraceWorkload:
@@ -37,13 +38,18 @@ def _decode(p: int, out: int) -> float:
     return sum(0.017 + 7e-7 * (p + j) for j in range(out))
 
 
-@pytest.mark.parametrize("reward", [LAT, NORM], ids=["request-latency", "request-normalized"])
+def _solo(p: int, out: int) -> float:  # the solo service time alpha + beta p + out tau_solo of request-excess
+    return 0.017 + 3.2e-4 * p + out * 0.017
+
+
+@pytest.mark.parametrize("reward", [LAT, NORM, EXCESS], ids=["request-latency", "request-normalized", "request-excess"])
 def test_credit_on_a_hand_computed_case(reward):
     """Request 0 (50 prompt, 20 output tokens) arrives at 1 ms, request 1 (100, 10) at 30 ms. Decisions
     at 0.02 s (request 0 to instance 0; multi-dispatch, the queue is then empty, the environment runs
     to the next decision) and 0.04 s (request 1 to instance 1; the episode then runs to its end).
     request-latency: -0.373868 and -0.2198015 s. request-normalized with the exact oracle (both in
-    bucket 0, 128 predicted tokens): -(prefill) - 128 x decode / output."""
+    bucket 0, 128 predicted tokens): -(prefill) - 128 x decode / output. request-excess: request-latency
+    plus the solo time; on idle instances only the KV terms are left (-0.000868 and -0.0008015 s)."""
     from fluidopt.rl.env import RouterEnv
 
     wl = _workload([(0.001, 50, 20, 0), (0.03, 100, 10, 0)])
@@ -58,9 +64,13 @@ def test_credit_on_a_hand_computed_case(reward):
     if reward is LAT:
         c0, c1 = -(_prefill(50) + _decode(50, 20)), -(_prefill(100) + _decode(100, 10))
         assert c0 == pytest.approx(-0.373868, abs=1e-12) and c1 == pytest.approx(-0.2198015, abs=1e-12)
-    else:
+    elif reward is NORM:
         c0 = -_prefill(50) - 128 * _decode(50, 20) / 20
         c1 = -_prefill(100) - 128 * _decode(100, 10) / 10
+    else:
+        c0 = -(_prefill(50) + _decode(50, 20)) + _solo(50, 20)
+        c1 = -(_prefill(100) + _decode(100, 10)) + _solo(100, 10)
+        assert c0 == pytest.approx(-0.000868, abs=1e-12) and c1 == pytest.approx(-0.0008015, abs=1e-12)
     credits = dict(env.last_credits)
     assert sorted(credits) == [0, 1]  # keyed by the index of the dispatching step
     assert [i for i, _ in env.last_credits] == [1, 0]  # in order of resolution: request 1 finishes first
@@ -72,7 +82,7 @@ def test_credit_on_a_hand_computed_case(reward):
         assert -(c0 + c1) == pytest.approx(2 * res.cluster["e2e_mean"] - 0.019 - 0.010, abs=1e-12)
 
 
-@pytest.mark.parametrize("reward", [LAT, NORM], ids=["request-latency", "request-normalized"])
+@pytest.mark.parametrize("reward", [LAT, NORM, EXCESS], ids=["request-latency", "request-normalized", "request-excess"])
 def test_every_dispatch_is_credited_exactly_once(reward):
     """A 300-request episode (ids recycled) with a fixed mixed policy, dispatches and waits: the credited
     step indices are exactly the dispatching steps, once each; no wait is credited; the rewards sum to the
@@ -111,13 +121,15 @@ def test_every_dispatch_is_credited_exactly_once(reward):
         assert credit_sum == pytest.approx(-0.01 * busy, rel=1e-9)
 
 
-def test_truncation_credits_pending_dispatches_up_to_the_truncation():
+@pytest.mark.parametrize("reward", [LAT, EXCESS], ids=["request-latency", "request-excess"])
+def test_truncation_credits_pending_dispatches_up_to_the_truncation(reward):
     """3,000-token outputs, truncated at 0.5 s (nothing finishes): every dispatched request is credited at
-    truncation with minus the time from its dispatch; requests never dispatched get no credit."""
+    truncation with minus the time from its dispatch (request-excess: less its solo time, 51 s, capped at
+    0); requests never dispatched get no credit."""
     from fluidopt.rl.env import RouterEnv
 
     wl = _workload([(0.001, 50, 3000, 0), (0.002, 50, 3000, 0), (0.003, 50, 3000, 0)])
-    env = RouterEnv(tiny_scenario(), reward=LAT, workload=wl, max_time=0.5)  # one dispatch per epoch
+    env = RouterEnv(tiny_scenario(), reward=reward, workload=wl, max_time=0.5)  # one dispatch per epoch
     env.reset(seed=0)
     times = []
     done = False
@@ -132,8 +144,9 @@ def test_truncation_credits_pending_dispatches_up_to_the_truncation():
     assert trunc and not term
     t = env.eng.now
     assert t == pytest.approx(0.5)
-    assert env.last_credits == [(0, pytest.approx(-(t - times[0]), abs=1e-12))]
-    assert r == pytest.approx(-(t - times[0]), abs=1e-12)
+    c = -(t - times[0]) if reward is LAT else 0.0
+    assert env.last_credits == [(0, pytest.approx(c, abs=1e-12))]
+    assert r == pytest.approx(c, abs=1e-12)
 
 
 def test_a_reused_id_is_not_credited_with_an_earlier_departure():
@@ -174,7 +187,7 @@ def _tiny_train(objective: str):
     return train(tiny_scenario(), cfg)
 
 
-@pytest.mark.parametrize("objective", ["request-latency", "request-normalized"])
+@pytest.mark.parametrize("objective", ["request-latency", "request-normalized", "request-excess"])
 def test_training_on_per_request_credit_is_deterministic(objective):
     pytest.importorskip("torch")
     import json
