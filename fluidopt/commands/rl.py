@@ -34,10 +34,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=0, help="seed: same seed, same weights bit for bit (default 0)")
     t.add_argument("--eps-episodes", type=int, default=20, help="episodes of epsilon-greedy exploration (default 20)")
     t.add_argument("--train-every", type=int, default=1, help="environment steps per gradient update (default 1)")
-    t.add_argument("--objective", choices=("latency", "revenue", "lost-revenue", "time-in-system"), default="latency",
+    t.add_argument("--objective", choices=("latency", "revenue", "lost-revenue", "time-in-system", "request-latency",
+                                            "request-normalized", "request-excess"), default="latency",
                    help="reward: the RL paper's latency reward (default), revenue in price units, or minus the "
                         "revenue of abandoned requests, or minus the request-seconds in the system (time-in-system: sums to minus "
-                        "the total end-to-end latency; an ablation, docs/rl.md section 2)")
+                        "the total end-to-end latency; an ablation, docs/rl.md section 2), or per-request credit (request-latency: "
+                        "each dispatch is credited with minus its own request's time from dispatch to resolution, a "
+                        "gamma = 0 target; request-normalized: the same with the realised output length replaced by the "
+                        "predicted one; request-excess: the time from dispatch to resolution less the request's "
+                        "solo service time; ablations, docs/rl.md section 2)")
     t.add_argument("--arch", choices=("mlp", "shared"), default="mlp",
                    help="Q-network: the paper's MLP (default; fixed instance count) or the per-instance "
                         "shared-weights scorer (any instance count)")

@@ -58,6 +58,7 @@ MIXED_POOL = 0
 SOLO_POOL = 1
 _EPS = 1e-12  # LP targets below this (per GPU) count as zero
 _LP_TOL = 1e-7  # negative inputs down to this are solver round-off, read as 0
+_X_SUM_TOL = 1e-6  # sum x_i above 1 by up to this is the LP solver's feasibility tolerance (rescaled), beyond it an error
 
 
 def _vector(name: str, value: Any, n_classes: int | None = None, *, allow_none: bool = False) -> np.ndarray | None:
@@ -131,8 +132,11 @@ class PartitionedController(Controller):
     ) -> None:
         self.x = _vector("x", x)
         n_classes = self.x.size
-        if float(self.x.sum()) > 1.0 + 1e-9:
-            raise ScenarioError(f"x: prefill occupancy targets must sum to <= 1 per GPU, got {float(self.x.sum())!r}")
+        total = float(self.x.sum())
+        if total > 1.0 + _X_SUM_TOL:
+            raise ScenarioError(f"x: prefill occupancy targets must sum to <= 1 per GPU, got {total!r}")
+        if total > 1.0:  # an LP solution within the solver's feasibility tolerance: scaled onto the simplex
+            self.x = self.x / total
         qp = np.zeros(n_classes) if q_prefill is None else _vector("q_prefill", q_prefill, n_classes)
         self.q_prefill = qp
         if mixed_gpus is not None and (isinstance(mixed_gpus, bool) or not isinstance(mixed_gpus, (int, np.integer))

@@ -62,7 +62,9 @@ STATE_LAYOUT = "fluidopt-rl-state-v1"
 """Name of the state layout above; shipped weights record it and loading checks it."""
 EST_SCALE = 10.0  # s: earliest-completion normaliser
 VARIANTS = ("baseline", "wa", "wg")
-OBJECTIVES = ("latency", "revenue", "lost-revenue", "time-in-system")
+CREDIT_OBJECTIVES = ("request-latency", "request-normalized", "request-excess")
+"""The per-request credit objectives (docs/rl.md section 2): each dispatch credited with its own request's outcome."""
+OBJECTIVES = ("latency", "revenue", "lost-revenue", "time-in-system") + CREDIT_OBJECTIVES
 WAIT_MASKS = ("none", "fits")
 """Action masks for "wait" (docs/rl.md section 2): ``none``, the paper's MDP (wait always valid);
 ``fits``, wait is valid only when the head of the router queue fits on no instance
@@ -93,7 +95,11 @@ class RewardConfig:
     paper's MDP: minus the integral over the step of the number of requests in the system, router
     queue included, in request-seconds, :meth:`RouterCore.time_in_system`; an episode's undiscounted
     sum is minus the total time in system of its requests, so it ranks policies exactly by mean
-    end-to-end latency; docs/rl.md section 2); the guidance term is the same in all four.
+    end-to-end latency; docs/rl.md section 2), or ``"request-latency"`` / ``"request-normalized"`` /
+    ``"request-excess"`` (per-request credit, our ablation: each dispatch is credited with its own
+    request's time in system from dispatch, or that time with the realised output length replaced by
+    the predicted one, or that time less the request's solo service time, when the request resolves; :class:`~fluidopt.rl.env.RouterEnv` hands the credits out as
+    ``last_credits``; docs/rl.md section 2); the guidance term is the same in all.
     """
 
     variant: str = "wg"
@@ -158,6 +164,7 @@ class RouterCore(InstanceScheduler):
         self.pause_on_decision = False
         self.pause_at_resolved = -1
         self.predicted: list[int] | None = None  # buckets by arrival index (see precompute)
+        self.log_requests = False  # log first tokens and departures (the per-request objectives)
         self.prices: tuple | None = None  # per-class (c_p, c_d): set to count revenue (the revenue objective)
 
     def precompute(self, workload) -> None:
@@ -212,6 +219,9 @@ class RouterCore(InstanceScheduler):
         self.n_in = 0
         self.s_arr = 0.0
         self.s_dep = 0.0
+        # Per-request credit: with ``log_requests`` set, dispatch times, first-token times and departures are logged
+        self.first_token: dict[int, float] | None = {} if self.log_requests else None
+        self.departures: list | None = [] if self.log_requests else None  # (r, time, first token) in order
         self.revenue = 0.0  # price units of completed requests (only with ``prices``)
         self.lost = 0.0  # price units of requests that abandoned or were dropped (only with ``prices``)
         self._w: dict[int, float] = {}  # r -> its revenue on completion (only with ``prices``)
@@ -271,6 +281,8 @@ class RouterCore(InstanceScheduler):
         if rec[6]:
             self.banked -= rec[6]
             rec[6] = 0.0
+        if self.first_token is not None and r not in self.first_token:
+            self.first_token[r] = ctx.now
         super().on_prefill_done(ctx, r, g)
         self._dec_add(ctx, h, r, rec[3], rec[2])
 
@@ -351,9 +363,11 @@ class RouterCore(InstanceScheduler):
             self.banked -= rec[6]
         self.resolved += 1
 
-    def _depart(self, ctx: Context) -> None:
+    def _depart(self, ctx: Context, r: int) -> None:
         self.n_in -= 1
         self.s_dep += ctx.now
+        if self.departures is not None:  # (r, departure, first token or nan): r may be reused once it has left
+            self.departures.append((r, ctx.now, self.first_token.pop(r, math.nan)))
 
     def time_in_system(self, t: float) -> float:
         """Request-seconds spent in the system (router queue, instance queues, service) by every
@@ -363,7 +377,7 @@ class RouterCore(InstanceScheduler):
 
     def on_decode_done(self, ctx: Context, r: int, g: int) -> None:
         self._gone(r)
-        self._depart(ctx)
+        self._depart(ctx, r)
         self.completed += 1
         if self.prices is not None:
             self.revenue += self._w.pop(r)
@@ -372,7 +386,7 @@ class RouterCore(InstanceScheduler):
 
     def on_drop(self, ctx: Context, r: int, g: int) -> None:
         self._gone(r)
-        self._depart(ctx)
+        self._depart(ctx, r)
         self.lost += self._w.pop(r, 0.0)
         if self.resolved == self.pause_at_resolved:
             ctx.pause()
@@ -385,7 +399,7 @@ class RouterCore(InstanceScheduler):
             self.resolved += 1
         elif r in self.rec:
             self._gone(r)
-        self._depart(ctx)
+        self._depart(ctx, r)
         self.lost += self._w.pop(r, 0.0)
         if self.resolved == self.pause_at_resolved:
             ctx.pause()

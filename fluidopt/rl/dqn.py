@@ -39,7 +39,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from fluidopt.rl.core import RewardConfig
+from fluidopt.rl.core import CREDIT_OBJECTIVES, RewardConfig
 from fluidopt.rl.env import RouterEnv
 from fluidopt.rl.mlp import GLOBAL_FEATURES, INST_FEATURES, SCORER_IN, WAIT_IN, QNetwork, SharedQNetwork
 
@@ -68,7 +68,9 @@ class DQNConfig:
     accuracy: float = 0.79
     gamma: float = 0.99
     max_steps: int | None = None  # stop after this many environment steps in all (tests)
-    objective: str = "latency"  # or "revenue", "lost-revenue", "time-in-system" (RewardConfig.objective)
+    objective: str = "latency"  # or "revenue", "lost-revenue", "time-in-system", "request-latency",
+    # "request-normalized", "request-excess" (RewardConfig.objective; the request-* ones: per-request credit,
+    # gamma = 0 targets)
     arch: str = "mlp"  # or "shared" (SharedQ)
     multi_dispatch: bool = False  # the environment's multi-dispatch epochs (RouterEnv)
     wait_mask: str = "none"  # or "fits" (RouterEnv.wait_mask)
@@ -199,6 +201,12 @@ def train(scenario, config: DQNConfig = DQNConfig(), *, env: RouterEnv | None = 
     W2 = np.ones(N, dtype=bool) if masked else None  # whether "wait" is valid in s' (the target's argmax)
     size = ptr = 0
     updates = steps = 0
+    # Per-request credit (docs/rl.md section 2): a dispatch's transition waits here, keyed by its step index
+    # in the episode, until its request resolves and the environment hands out its credit (last_credits); it
+    # then enters the buffer as a terminal transition (a gamma = 0, contextual-bandit target: y = credit +
+    # its guidance). Waits are not stored (no request's credit is theirs).
+    credit = cfg.objective in CREDIT_OBJECTIVES
+    pend: dict[int, tuple] = {}
     rows = []
     t0 = time.perf_counter()
     obs, _ = env.reset(seed=cfg.seed)
@@ -220,6 +228,7 @@ def train(scenario, config: DQNConfig = DQNConfig(), *, env: RouterEnv | None = 
         sent = np.zeros(m, dtype=np.int64)
         losses = []
         done = False
+        pend.clear()
         while not done:
             if eps > 0.0 and rng.random() < eps:
                 a = int(rng.integers(m + 1 if wait_ok else m))
@@ -230,15 +239,32 @@ def train(scenario, config: DQNConfig = DQNConfig(), *, env: RouterEnv | None = 
             obs2, r, term, trunc, _ = env.step(a)
             if masked:
                 wait_ok = env.wait_valid()
-                W2[ptr] = wait_ok
-            S[ptr] = obs
-            A[ptr] = a
-            R[ptr] = r
-            S2[ptr] = obs2
-            D[ptr] = 1.0 if term else 0.0
-            G[ptr] = env.last_epochs
-            ptr = ptr + 1 if ptr + 1 < N else 0
-            size = min(size + 1, N)
+            if credit:
+                if a < m:
+                    pend[n_steps] = (obs, a, env.last_guidance * w_k * cfg.reward_scale)
+                for i, c in env.last_credits:
+                    s_i, a_i, h_i = pend.pop(i)
+                    S[ptr] = s_i
+                    A[ptr] = a_i
+                    R[ptr] = c + h_i
+                    S2[ptr] = s_i  # unused: terminal
+                    D[ptr] = 1.0
+                    G[ptr] = 0.0
+                    if masked:
+                        W2[ptr] = True
+                    ptr = ptr + 1 if ptr + 1 < N else 0
+                    size = min(size + 1, N)
+            else:
+                if masked:
+                    W2[ptr] = wait_ok
+                S[ptr] = obs
+                A[ptr] = a
+                R[ptr] = r
+                S2[ptr] = obs2
+                D[ptr] = 1.0 if term else 0.0
+                G[ptr] = env.last_epochs
+                ptr = ptr + 1 if ptr + 1 < N else 0
+                size = min(size + 1, N)
             ep_r += r / cfg.reward_scale
             ep_h += env.last_guidance * w_k
             n_steps += 1

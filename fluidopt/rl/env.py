@@ -15,7 +15,11 @@ step's completions, c_p x prompt + c_d x output tokens at the class's prices, + 
 + w_k x h; with ``"time-in-system"``: minus the request-seconds spent in the system, router queue
 included, during the step, :meth:`RouterCore.time_in_system`, + w_k x h; the first step of an
 episode also carries the time before the first decision, so an episode's rewards without guidance
-sum to minus the total time in system of its requests), where P is the progress penalty (:meth:`RouterCore.progress_penalty`),
+sum to minus the total time in system of its requests; with ``"request-latency"`` /
+``"request-normalized"``, per-request credit: the credits of the dispatched requests that resolved
+during the step, each minus its own request's time from dispatch to resolution (or its time to first
+token plus the predicted output times its time per output token), + w_k x h, with the credits listed
+by dispatching step in ``last_credits``, see :meth:`RouterEnv._credits`), where P is the progress penalty (:meth:`RouterCore.progress_penalty`),
 r_w = 60, h the mixing guidance of the action and w_k the variant's guidance weight in the current
 episode k (0-based count of resets since the last seeded reset). ``reward_scale`` multiplies it all.
 A step spans ``last_epochs`` decision epochs (1 after a wait; more when the environment skipped
@@ -44,7 +48,16 @@ import numpy as np
 
 from fluidopt.errors import ScenarioError
 from fluidopt.model import Scenario
-from fluidopt.rl.core import EPOCH, WAIT_MASKS, RewardConfig, RouterCore, episode_seed, episode_workload, obs_dim
+from fluidopt.rl.core import (
+    CREDIT_OBJECTIVES,
+    EPOCH,
+    WAIT_MASKS,
+    RewardConfig,
+    RouterCore,
+    episode_seed,
+    episode_workload,
+    obs_dim,
+)
 from fluidopt.rl.predictors import NoisyOracle
 from fluidopt.sim.workload import TraceWarning
 
@@ -92,6 +105,7 @@ class RouterEnv(gym.Env):
         self._ep = -1
         self.eng = None
         self.last_guidance = 0.0
+        self.last_credits: list[tuple[int, float]] = []
         self.last_epochs = 1.0  # decision epochs (0.02 s) the last step spanned: discount gamma ** this
 
     # ---------------------------------------------------------------------------------------------
@@ -143,6 +157,14 @@ class RouterEnv(gym.Env):
         self._revenue = self.reward_cfg.objective == "revenue"
         self._lost = self.reward_cfg.objective == "lost-revenue"
         self._tis = self.reward_cfg.objective == "time-in-system"
+        self._credit = self.reward_cfg.objective in CREDIT_OBJECTIVES
+        self._norm = self.reward_cfg.objective == "request-normalized"
+        self._excess = self.reward_cfg.objective == "request-excess"
+        self.core.log_requests = self._credit
+        # r -> (step index, dispatch time, predicted output, output, solo service time or 0)
+        self._pending: dict[int, tuple] = {}
+        self._nstep = 0  # steps taken in this episode (the index of the next step)
+        self.last_credits: list[tuple[int, float]] = []  # (step index, scaled credit) resolved by the last step
         self._area = 0.0  # request-seconds in the system already rewarded (time-in-system objective)
         if self._revenue or self._lost:
             self.core.prices = self.scenario.class_prices()
@@ -159,6 +181,8 @@ class RouterEnv(gym.Env):
         self.core.pause_on_decision = True
         self.core.pause_at_resolved = self.n_total
         self._to_decision()
+        if self._credit:  # nothing was dispatched by the agent yet: departures so far (pinned, abandoned) are
+            self.core.departures.clear()  # nobody's credit, and their ids may be reused by the first dispatch
         obs, self._p = self.core.observe_with_penalty(self.eng)
         self._t = self.eng.now
         return obs, {}
@@ -188,6 +212,10 @@ class RouterEnv(gym.Env):
             r = eng.head(core.router_queue)
             if self._w:
                 h = core.guidance(eng, r, a)
+            if self._credit:
+                out = eng.req_output(r)
+                solo = core._ideal_time(eng.req_prompt(r), out) if self._excess else 0.0
+                self._pending[r] = (self._nstep, eng.now, core.held[r][1], out, solo)
             core.dispatch(eng, r, a)
         self.last_guidance = h
         c0 = core.completed
@@ -201,6 +229,8 @@ class RouterEnv(gym.Env):
             rew = (core.revenue - v0) + self._w * h
         elif self._lost:
             rew = -(core.lost - l0) + self._w * h
+        elif self._credit:
+            rew = self._credits(t) + self._w * h
         elif self._tis:
             area = core.time_in_system(t)
             rew = -(area - self._area) + self._w * h
@@ -211,10 +241,47 @@ class RouterEnv(gym.Env):
         self.last_epochs = (t - self._t) / EPOCH
         self._p = p
         self._t = t
+        self._nstep += 1
         info = {}
         if self._term or self._trunc:
             info = {"completed": core.completed, "resolved": core.resolved, "time": t}
         return obs, rew * self.reward_scale, self._term, self._trunc, info
+
+    def _credits(self, t: float) -> float:
+        """Per-request credit (the objectives of ``CREDIT_OBJECTIVES``, docs/rl.md section 2):
+        the credits of the dispatched requests that resolved during the step, into ``last_credits`` as
+        (index of the step that dispatched the request, credit x reward_scale); returns their sum (unscaled).
+        ``request-latency``: minus the time from dispatch to resolution. ``request-normalized``: minus the
+        time from dispatch to the first token plus the predicted output d times the time per output token
+        after it, (resolution - first token) / max(1, output) (a request resolved without a first token:
+        as request-latency). ``request-excess``: minus the time from dispatch to resolution less the
+        request's solo service time alpha + beta x prompt + output x tau_solo (a constant of the request,
+        whatever the action: the same ranking of actions as request-latency with less of the output
+        length's noise). At truncation every request still pending is credited with minus the time from
+        its dispatch to the truncation (request-excess: less its solo time, at most 0; censored: a bound
+        on its cost)."""
+        core, pend = self.core, self._pending
+        out = []
+        tot = 0.0
+        for r, td, ft in core.departures:
+            e = pend.pop(r, None)
+            if e is None:  # never dispatched by the agent (left from the router queue, or pinned)
+                continue
+            if self._norm and ft == ft:
+                c = -(ft - e[1]) - e[2] * (td - ft) / max(1, e[3])
+            else:
+                c = -(td - e[1]) + e[4]
+            out.append((e[0], c * self.reward_scale))
+            tot += c
+        core.departures.clear()
+        if self._trunc:
+            for e in pend.values():
+                c = min(0.0, -(t - e[1]) + e[4])
+                out.append((e[0], c * self.reward_scale))
+                tot += c
+            pend.clear()
+        self.last_credits = out
+        return tot
 
     def result(self):
         """The finished episode's :class:`~fluidopt.sim.metrics.SimResult` (closes the engine)."""

@@ -270,6 +270,11 @@ def test_weighted_pool_picks_classes_proportionally_to_mu_y():
 def test_constructors_validate_inputs():
     with pytest.raises(ScenarioError, match="sum to <= 1"):
         GateAndRoute((0.7, 0.6))
+    with pytest.raises(ScenarioError, match="sum to <= 1"):
+        GateAndRoute((0.5, 0.500002))
+    # an LP solution over 1 by the solver's feasibility tolerance is put back on the simplex
+    x = GateAndRoute((0.5, 0.5 + 2.5e-8)).x
+    assert x.sum() <= 1.0 and abs(x[0] - 0.5 / (1 + 2.5e-8)) < 1e-15
     with pytest.raises(ScenarioError, match="finite numbers >= 0"):
         GateAndRoute((0.1, -0.1))
     with pytest.raises(ScenarioError, match="p_solo"):
