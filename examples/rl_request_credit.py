@@ -27,11 +27,7 @@ markdown tables.
 
 from __future__ import annotations
 
-import argparse
 import math
-import resource
-import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,7 +37,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
 
-from rl_time_in_system import SCENARIO, q_diagnostics, run, run_on_ticks, train_command  # noqa: E402
+from rl_time_in_system import SCENARIO, parse_and_train, q_diagnostics, run, run_on_ticks  # noqa: E402
 
 from fluidopt.rl.evaluate import summarize  # noqa: E402
 from fluidopt.scenario import load_scenario  # noqa: E402
@@ -92,28 +88,7 @@ REFERENCE = (
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--train", action="store_true")
-    ap.add_argument("--only", default=None, help="comma-separated weight files of AGENTS to train (with --train)")
-    ap.add_argument("--weights-dir", default="examples/weights")
-    ap.add_argument("--episodes", type=int, default=20)
-    ap.add_argument("--requests", type=int, default=2000)
-    ap.add_argument("--seed", type=int, default=1000)
-    ap.add_argument("--out", default="fluidopt-examples/data")
-    a = ap.parse_args()
-    wdir, out = Path(a.weights_dir), Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    if a.train:
-        wdir.mkdir(parents=True, exist_ok=True)
-        only = set(a.only.split(",")) if a.only else None
-        for label, variant, fname, extra, _ in AGENTS:
-            if only is not None and fname not in only:
-                continue
-            cmd = train_command(variant, wdir / fname, extra, out / f"rl_curves_req_{Path(fname).stem}.csv")
-            print("$", shlex.join(cmd), flush=True)
-            c0 = resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime
-            subprocess.run([sys.executable, "-m", "fluidopt", *cmd[1:]], check=True, cwd=ROOT)  # this interpreter's
-            print(f"  {label}: {resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime - c0:.0f} CPU s", file=sys.stderr)
+    a, wdir, out = parse_and_train(AGENTS, "req")
     sc = load_scenario(ROOT / SCENARIO)
     t0 = time.time()
     kw = {"episodes": a.episodes, "n_requests": a.requests, "seed": a.seed}

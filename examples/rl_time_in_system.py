@@ -175,7 +175,10 @@ def q_diagnostics(scenario, weights: str, *, n_requests: int, seed: int) -> dict
             "gap_best_worst": float(np.median(q[:, -1] - q[:, 0])), "decisions": len(qs)}
 
 
-def main() -> None:
+def parse_and_train(agents, curves: str) -> tuple[argparse.Namespace, Path, Path]:
+    """The ablation scripts' command line (this one's and rl_request_credit.py's): (arguments,
+    weights directory, output directory); with --train, first (re)train ``agents`` (each command
+    printed; learning curves to OUT/rl_curves_<curves>_<weights stem>.csv)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--train", action="store_true")
     ap.add_argument("--only", default=None, help="comma-separated weight files of AGENTS to train (with --train)")
@@ -190,14 +193,19 @@ def main() -> None:
     if a.train:
         wdir.mkdir(parents=True, exist_ok=True)
         only = set(a.only.split(",")) if a.only else None
-        for label, variant, fname, extra, _ in AGENTS:
+        for label, variant, fname, extra, _ in agents:
             if only is not None and fname not in only:
                 continue
-            cmd = train_command(variant, wdir / fname, extra, out / f"rl_curves_tis_{Path(fname).stem}.csv")
+            cmd = train_command(variant, wdir / fname, extra, out / f"rl_curves_{curves}_{Path(fname).stem}.csv")
             print("$", shlex.join(cmd), flush=True)
             c0 = resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime
             subprocess.run([sys.executable, "-m", "fluidopt", *cmd[1:]], check=True, cwd=ROOT)  # this interpreter's
             print(f"  {label}: {resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime - c0:.0f} CPU s", file=sys.stderr)
+    return a, wdir, out
+
+
+def main() -> None:
+    a, wdir, out = parse_and_train(AGENTS, "tis")
     sc = load_scenario(ROOT / SCENARIO)
     t0 = time.time()
     rows = []
