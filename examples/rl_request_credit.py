@@ -37,7 +37,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
 
-from rl_time_in_system import SCENARIO, parse_and_train, q_diagnostics, run, run_on_ticks  # noqa: E402
+from rl_time_in_system import SCENARIO, parse_and_train, print_q_table, q_diagnostics, run, run_on_ticks  # noqa: E402
 
 from fluidopt.rl.evaluate import summarize  # noqa: E402
 from fluidopt.scenario import load_scenario  # noqa: E402
@@ -143,13 +143,7 @@ def main() -> None:
         print(f"| {r['policy']} | {r['episodes']} | {r['e2e_mean']:.3f} ± {r['e2e_mean_ci']:.3f} | "
               f"{r['improvement_pct']:.2f}% ± {r['improvement_ci']:.2f} | {r['vs_least_requests_pct']:.2f}% ± "
               f"{r['vs_least_requests_ci']:.2f} | {vt} | {r['ttft_mean']:.3f} | {1000 * r['tpot_mean']:.2f} | {sh} |")
-    print("\nQ-values over the greedy decisions of evaluation episode 0 (reward units x 0.01); TD error "
-          "sqrt(2 x Huber loss) of the last ten training episodes:\n")
-    print("| agent | median Q | gap best - second (median) | gap best - worst (median) | TD error |")
-    print("|---|---|---|---|---|")
-    for d in diag:
-        td = f"{d['td_error']:.4f}" if "td_error" in d else ""
-        print(f"| {d['policy']} | {d['q_median']:.4f} | {d['gap_best_second']:.5f} | {d['gap_best_worst']:.5f} | {td} |")
+    print_q_table(diag, 4)
 
 
 if __name__ == "__main__":

@@ -175,6 +175,18 @@ def q_diagnostics(scenario, weights: str, *, n_requests: int, seed: int) -> dict
             "gap_best_worst": float(np.median(q[:, -1] - q[:, 0])), "decisions": len(qs)}
 
 
+def print_q_table(diag: list[dict], digits: int) -> None:
+    """The Q-value diagnostics table (q_diagnostics rows, with td_error where known)."""
+    print("\nQ-values over the greedy decisions of evaluation episode 0 (reward units x 0.01); TD error "
+          "sqrt(2 x Huber loss) of the last ten training episodes:\n")
+    print("| agent | median Q | gap best - second (median) | gap best - worst (median) | TD error |")
+    print("|---|---|---|---|---|")
+    for d in diag:
+        td = f"{d['td_error']:.{digits}f}" if "td_error" in d else ""
+        print(f"| {d['policy']} | {d['q_median']:.{digits}f} | {d['gap_best_second']:.5f} | {d['gap_best_worst']:.5f} "
+              f"| {td} |")
+
+
 def parse_and_train(agents, curves: str) -> tuple[argparse.Namespace, Path, Path]:
     """The ablation scripts' command line (this one's and rl_request_credit.py's): (arguments,
     weights directory, output directory); with --train, first (re)train ``agents`` (each command
@@ -257,13 +269,7 @@ def main() -> None:
     for label, *_ in agents:
         print(f"| {label} | {vw.at[label, 'improvement_pct']:.2f}% ± {vw.at[label, 'improvement_ci']:.2f} | "
               f"{vl.at[label, 'improvement_pct']:.2f}% ± {vl.at[label, 'improvement_ci']:.2f} |")
-    print("\nQ-values over the greedy decisions of evaluation episode 0 (reward units x 0.01); TD error "
-          "sqrt(2 x Huber loss) of the last ten training episodes:\n")
-    print("| agent | median Q | gap best - second (median) | gap best - worst (median) | TD error |")
-    print("|---|---|---|---|---|")
-    for d in diag:
-        td = f"{d['td_error']:.3f}" if "td_error" in d else ""
-        print(f"| {d['policy']} | {d['q_median']:.3f} | {d['gap_best_second']:.5f} | {d['gap_best_worst']:.5f} | {td} |")
+    print_q_table(diag, 3)
 
 
 if __name__ == "__main__":
