@@ -356,7 +356,7 @@ def alloc(eng) -> int:
     r = len(eng.r_phase)
     k = max(ALLOC_BLOCK, r)
     if typed:
-        S.set_typed_state(eng, "_rows", S.REQUEST_FIELDS, S.REQUEST_ROW, r + k, {f[0]: f[2] for f in S.REQUEST_FIELDS})
+        S.set_typed_state(eng, "_rows", S.REQUEST_FIELDS, S.REQUEST_ROW, r + k, S.REQUEST_FILL)
     else:
         for name, _, fill, _ in S.REQUEST_FIELDS:
             setattr(eng, name, S.grown(getattr(eng, name), k, fill, typed))

@@ -54,7 +54,7 @@ cdef class Engine:
     cdef public list _cp, _cd, _mean_prompt, _mean_output
     cdef public list _free
     # per-request state (recycled slots): typed arrays in the core, replaced when they grow
-    # (strided views of one row block, _rows: state.request_rows)
+    # (strided views of one row block, _rows: state.set_typed_state)
     cdef public long long[:] r_cls, r_prompt, r_output, r_phase, r_q, r_gpu, r_next, r_prev, r_seq, r_pos, r_dpos, r_dkey
     cdef public long long[:] r_serial, r_gen, r_dstart, r_npre, r_pg, r_dg
     cdef public double[:] r_arr, r_tw, r_wp, r_wd, r_ttft
@@ -65,8 +65,8 @@ cdef class Engine:
     cdef public long long[::1] _hq, _hpos  # the GPU event heap
     cdef public Py_ssize_t _hn
     cdef public long long[::1] g_dcls, q_head, q_tail, q_cnt, q_tot
-    # per-GPU state and counters (engine._ints / _floats)
-    # (state.GPU_FIELDS: strided views of one row block, _gpu_rows: state.rows)
+    # per-GPU state (state.GPU_FIELDS: strided views of one row block, _gpu_rows: state.set_typed_state),
+    # then counters and the GPUs' decode slots
     cdef public long long[:] g_pre, g_ndec, g_cnt, g_pool, g_pok, g_maxd, g_state, _isdirty
     cdef public long long[:] t_ka, t_dca, t_kv, t_adv, t_pend, t_pkb
     cdef public double[:] t_ta, t_itl
@@ -77,7 +77,8 @@ cdef class Engine:
     cdef public list _qnames, _bounds, _samples
     cdef public double[::1] _arr_t
     cdef public long long[::1] _arr_c, _arr_p, _arr_o
-    # the fleet (cold: a fixed fleet only reads g_state where a GPU empties, and t_pkb's start-up mark)
+    # the fleet (cold: a fixed fleet only reads g_state, above, where a GPU empties, and t_pkb's start-up
+    # mark); r_host: a request evicted to host memory
     cdef public long long[:] r_host
     cdef public Py_ssize_t _fleet_on
     cdef public double _fleet_acc, _startup, _swap

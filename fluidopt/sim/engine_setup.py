@@ -121,7 +121,7 @@ def init_engine(
     eng._free: list[int] = []
     eng._rows = None
     if typed:  # one row per request, each field a strided view (state.py)
-        S.set_typed_state(eng, "_rows", REQUEST_FIELDS, S.REQUEST_ROW, 0, {f[0]: f[2] for f in REQUEST_FIELDS})
+        S.set_typed_state(eng, "_rows", REQUEST_FIELDS, S.REQUEST_ROW, 0, S.REQUEST_FILL)
     else:
         for name, kind, _, _ in REQUEST_FIELDS:
             setattr(eng, name, ints(0, 0) if kind is int else floats(0, 0.0))

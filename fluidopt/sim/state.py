@@ -16,8 +16,8 @@ import numpy as np
 from fluidopt.errors import ScenarioError
 from fluidopt.sim.action_errors import GONE
 
-__all__ = ["REQUEST_FIELDS", "GPU_FIELDS", "rows", "set_typed_state", "GSTATE_NAMES", "ints", "floats", "doubles", "grown", "block", "int_block",
-           "token_counts"]
+__all__ = ["REQUEST_FIELDS", "REQUEST_FILL", "GPU_FIELDS", "rows", "set_typed_state", "GSTATE_NAMES", "ints", "floats",
+           "doubles", "grown", "block", "int_block", "token_counts"]
 
 # Per-request state, indexed by request id (slots are recycled). This table is each field's one
 # definition (name, type, the value of a new slot, meaning); engine.pxd types each as long long[:]
@@ -56,6 +56,7 @@ REQUEST_FIELDS: tuple[tuple[str, type, int | float, str], ...] = (
     ("r_dstart", int, 0, "its GPU's decode clock when the current decode stint joined"),
     ("r_host", int, 0, "1: evicted to host memory (its KV restores instead of a re-prefill)"),
 )
+REQUEST_FILL = {f[0]: f[2] for f in REQUEST_FIELDS}  # each field's value in a new slot
 
 # Fleet states of a GPU (g_state; docs/simulator.md section 11). A fixed fleet never leaves ONLINE.
 G_ONLINE, G_STARTING, G_DRAINING, G_OFFLINE = 0, 1, 2, 3

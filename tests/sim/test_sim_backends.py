@@ -262,7 +262,7 @@ def test_kernel_stays_small():
 def test_request_fields_are_defined_once_and_typed_in_the_pxd():
     """engine.REQUEST_FIELDS is each per-request field's one definition (set up and grown from it);
     engine.pxd must type exactly those r_* names, ints as long long[:] and floats as double[:] (strided
-    views of the core's request rows, state.request_rows)."""
+    views of the core's request rows, state.set_typed_state)."""
     import re
     from pathlib import Path
 
