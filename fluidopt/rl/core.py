@@ -98,8 +98,9 @@ class RewardConfig:
     end-to-end latency; docs/rl.md section 2), or ``"request-latency"`` / ``"request-normalized"`` /
     ``"request-excess"`` (per-request credit, our ablation: each dispatch is credited with its own
     request's time in system from dispatch, or that time with the realised output length replaced by
-    the predicted one, or that time less the request's solo service time, when the request resolves; :class:`~fluidopt.rl.env.RouterEnv` hands the credits out as
-    ``last_credits``; docs/rl.md section 2); the guidance term is the same in all.
+    the predicted one, or that time less the request's solo service time, when the request resolves;
+    :class:`~fluidopt.rl.env.RouterEnv` hands the credits out as ``last_credits``; docs/rl.md section
+    2); the guidance term is the same in all.
     """
 
     variant: str = "wg"

@@ -201,6 +201,21 @@ def train(scenario, config: DQNConfig = DQNConfig(), *, env: RouterEnv | None = 
     W2 = np.ones(N, dtype=bool) if masked else None  # whether "wait" is valid in s' (the target's argmax)
     size = ptr = 0
     updates = steps = 0
+
+    def store(s, a: int, r: float, s2, d: float, g: float, w2: bool) -> None:
+        """One transition into the replay buffer (w2: whether "wait" is valid in s2, masked only)."""
+        nonlocal ptr, size
+        S[ptr] = s
+        A[ptr] = a
+        R[ptr] = r
+        S2[ptr] = s2
+        D[ptr] = d
+        G[ptr] = g
+        if masked:
+            W2[ptr] = w2
+        ptr = ptr + 1 if ptr + 1 < N else 0
+        size = min(size + 1, N)
+
     # Per-request credit (docs/rl.md section 2): a dispatch's transition waits here, keyed by its step index
     # in the episode, until its request resolves and the environment hands out its credit (last_credits); it
     # then enters the buffer as a terminal transition (a gamma = 0, contextual-bandit target: y = credit +
@@ -244,27 +259,9 @@ def train(scenario, config: DQNConfig = DQNConfig(), *, env: RouterEnv | None = 
                     pend[n_steps] = (obs, a, env.last_guidance * w_k * cfg.reward_scale)
                 for i, c in env.last_credits:
                     s_i, a_i, h_i = pend.pop(i)
-                    S[ptr] = s_i
-                    A[ptr] = a_i
-                    R[ptr] = c + h_i
-                    S2[ptr] = s_i  # unused: terminal
-                    D[ptr] = 1.0
-                    G[ptr] = 0.0
-                    if masked:
-                        W2[ptr] = True
-                    ptr = ptr + 1 if ptr + 1 < N else 0
-                    size = min(size + 1, N)
+                    store(s_i, a_i, c + h_i, s_i, 1.0, 0.0, True)  # (s2 unused: terminal)
             else:
-                if masked:
-                    W2[ptr] = wait_ok
-                S[ptr] = obs
-                A[ptr] = a
-                R[ptr] = r
-                S2[ptr] = obs2
-                D[ptr] = 1.0 if term else 0.0
-                G[ptr] = env.last_epochs
-                ptr = ptr + 1 if ptr + 1 < N else 0
-                size = min(size + 1, N)
+                store(obs, a, r, obs2, 1.0 if term else 0.0, env.last_epochs, wait_ok)
             ep_r += r / cfg.reward_scale
             ep_h += env.last_guidance * w_k
             n_steps += 1

@@ -16,9 +16,10 @@ step's completions, c_p x prompt + c_d x output tokens at the class's prices, + 
 included, during the step, :meth:`RouterCore.time_in_system`, + w_k x h; the first step of an
 episode also carries the time before the first decision, so an episode's rewards without guidance
 sum to minus the total time in system of its requests; with ``"request-latency"`` /
-``"request-normalized"``, per-request credit: the credits of the dispatched requests that resolved
-during the step, each minus its own request's time from dispatch to resolution (or its time to first
-token plus the predicted output times its time per output token), + w_k x h, with the credits listed
+``"request-normalized"`` / ``"request-excess"``, per-request credit: the credits of the dispatched
+requests that resolved during the step, each minus its own request's time from dispatch to resolution
+(or its time to first token plus the predicted output times its time per output token, or that time
+less the request's solo service time), + w_k x h, with the credits listed
 by dispatching step in ``last_credits``, see :meth:`RouterEnv._credits`), where P is the progress penalty (:meth:`RouterCore.progress_penalty`),
 r_w = 60, h the mixing guidance of the action and w_k the variant's guidance weight in the current
 episode k (0-based count of resets since the last seeded reset). ``reward_scale`` multiplies it all.
