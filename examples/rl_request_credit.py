@@ -37,7 +37,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
 
-from rl_time_in_system import SCENARIO, parse_and_train, print_q_table, q_diagnostics, run, run_on_ticks  # noqa: E402
+from rl_time_in_system import SCENARIO, diagnostics_row, parse_and_train, print_q_table, run, run_on_ticks  # noqa: E402
 
 from fluidopt.rl.evaluate import summarize  # noqa: E402
 from fluidopt.scenario import load_scenario  # noqa: E402
@@ -122,14 +122,10 @@ def main() -> None:
     s.to_csv(out / "rl_credit.csv", index=False)
     diag = []
     for label, _, fname in agents:
-        d = {"policy": label, **q_diagnostics(sc, str(wdir / fname), n_requests=a.requests, seed=a.seed)}
-        stem = Path(fname).stem
-        for curves in (out / f"rl_curves_req_{stem}.csv", out / f"rl_curves_tis_{stem}.csv"):
-            if curves.exists():  # written by --train (this script's or rl_time_in_system.py's)
-                loss = pd.read_csv(curves)["loss"].iloc[-10:].mean()
-                d.update(loss_last10=loss, td_error=math.sqrt(2.0 * loss))
-                break
-        diag.append(d)
+        stem = Path(fname).stem  # curves written by --train (this script's or rl_time_in_system.py's)
+        diag.append(diagnostics_row(sc, label, wdir / fname,
+                                    [out / f"rl_curves_req_{stem}.csv", out / f"rl_curves_tis_{stem}.csv"],
+                                    n_requests=a.requests, seed=a.seed))
     pd.DataFrame(diag).to_csv(out / "rl_credit_diagnostics.csv", index=False)
     print(f"{a.episodes} episodes x {a.requests} requests, seed {a.seed}, {time.time() - t0:.0f} s wall\n")
     print("| router | episodes | mean e2e (s) | vs round robin | vs least requests | vs time-in-system agent | "

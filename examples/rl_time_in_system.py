@@ -175,6 +175,18 @@ def q_diagnostics(scenario, weights: str, *, n_requests: int, seed: int) -> dict
             "gap_best_worst": float(np.median(q[:, -1] - q[:, 0])), "decisions": len(qs)}
 
 
+def diagnostics_row(scenario, label: str, weights: Path, curves: list[Path], *, n_requests: int, seed: int) -> dict:
+    """One agent's q_diagnostics row, with its training loss (mean of the last ten episodes) and TD error
+    from the first of ``curves`` that exists (written by --train)."""
+    d = {"policy": label, **q_diagnostics(scenario, str(weights), n_requests=n_requests, seed=seed)}
+    for path in curves:
+        if path.exists():
+            loss = pd.read_csv(path)["loss"].iloc[-10:].mean()
+            d.update(loss_last10=loss, td_error=math.sqrt(2.0 * loss))
+            break
+    return d
+
+
 def print_q_table(diag: list[dict], digits: int) -> None:
     """The Q-value diagnostics table (q_diagnostics rows, with td_error where known)."""
     print("\nQ-values over the greedy decisions of evaluation episode 0 (reward units x 0.01); TD error "
@@ -243,12 +255,8 @@ def main() -> None:
     for label, _, fname, _, cap in agents:
         if cap is not None:  # the agent without the mask: no diagnostics (it may wait for ever)
             continue
-        d = {"policy": label, **q_diagnostics(sc, str(wdir / fname), n_requests=a.requests, seed=a.seed)}
-        curves = out / f"rl_curves_tis_{Path(fname).stem}.csv"
-        if curves.exists():  # written by --train
-            loss = pd.read_csv(curves)["loss"].iloc[-10:].mean()
-            d.update(loss_last10=loss, td_error=math.sqrt(2.0 * loss))
-        diag.append(d)
+        diag.append(diagnostics_row(sc, label, wdir / fname, [out / f"rl_curves_tis_{Path(fname).stem}.csv"],
+                                    n_requests=a.requests, seed=a.seed))
     pd.DataFrame(diag).to_csv(out / "rl_tis_diagnostics.csv", index=False)
     print(f"{a.episodes} episodes x {a.requests} requests, seed {a.seed}, {time.time() - t0:.0f} s wall\n")
     print("| router | episodes | mean e2e (s) | vs round robin | TTFT (s) | TPOT (ms) | router wait (s) | waits | "
