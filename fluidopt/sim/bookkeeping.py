@@ -359,7 +359,7 @@ def alloc(eng) -> int:
         S.set_typed_state(eng, "_rows", S.REQUEST_FIELDS, S.REQUEST_ROW, r + k, S.REQUEST_FILL)
     else:
         for name, _, fill, _ in S.REQUEST_FIELDS:
-            setattr(eng, name, S.grown(getattr(eng, name), k, fill, typed))
+            setattr(eng, name, S.grown(getattr(eng, name), k, fill, False))
     eng._free.extend(range(r + k - 1, r, -1))
     return r
 
@@ -368,10 +368,10 @@ def race_grow(eng) -> None:
     """Double every race segment's capacity (a new array: nothing keeps the old one in a local)."""
     cap = eng._rscap
     rsn = eng._rsn
-    new = S.ints(2 * cap * len(rsn), -1, eng.engine_name == "compiled")
+    new = S.ints(4 * cap * len(rsn), -1, eng.engine_name == "compiled")
     old = eng._rs
-    for s in range(len(rsn)):
-        for k in range(rsn[s]):
-            new[2 * cap * s + k] = old[cap * s + k]
+    for s in range(len(rsn)):  # pairs (request, GPU): segment s starts at 2 * s * cap
+        for k in range(2 * rsn[s]):
+            new[4 * cap * s + k] = old[2 * cap * s + k]
     eng._rs = new
     eng._rscap = 2 * cap

@@ -20,6 +20,8 @@ cdef Py_ssize_t NQ, Q_WP, Q_X, Q_WD, Q_YM, Q_YS, NC, C_ARRIVED, C_PREFILLED, C_C
 cdef Py_ssize_t C_AB_PREFILL, C_AB_DECODE, C_DROPPED, C_PREFILL_TOKENS, C_DONE_PROMPT, C_DONE_OUTPUT, _NREC
 cdef Py_ssize_t RACE_WAIT, RACE_PREFILL, RACE_DECODE
 cdef Py_ssize_t G_ONLINE, G_STARTING, G_DRAINING, G_OFFLINE, _STARTUP
+# the protocol's phases and queues (a Python global would cost a dict lookup and a boxed compare)
+cdef Py_ssize_t DECODE, PREFILL, WAIT_DECODE, WAIT_PREFILL, NO_REQUEST, DECODE_QUEUE, PREFILL_QUEUE, _GONE
 
 
 @cython.final
@@ -169,8 +171,8 @@ cdef class Engine:
 
     cdef _leave_wait(self, Py_ssize_t r, Py_ssize_t c, double t, Py_ssize_t qk)
 
-    @cython.locals(n=Py_ssize_t)
-    cdef _race_add(self, Py_ssize_t r, Py_ssize_t s)
+    @cython.locals(n=Py_ssize_t, k=Py_ssize_t)
+    cdef _race_add(self, Py_ssize_t r, Py_ssize_t s, Py_ssize_t g)
 
     @cython.locals(rs="long long[::1]", b=Py_ssize_t, n=Py_ssize_t, j=Py_ssize_t, last=Py_ssize_t)
     cdef _race_remove(self, Py_ssize_t r, Py_ssize_t s)

@@ -243,7 +243,7 @@ class Engine:
         if n0 + 1 >= self.B:
             self._refresh(g)
         if markov:
-            self._race_add(r, RACE_PREFILL * self.I + c)
+            self._race_add(r, RACE_PREFILL * self.I + c, g)
             self._lam += self.mu_p[c]
         else:
             ka = self.t_ka[g]
@@ -293,7 +293,7 @@ class Engine:
         k = g * self.B + nd - 1  # r's place in g's decode segment
         self.g_dec[k] = r
         if markov:
-            self._race_add(r, RACE_DECODE * self.I + c)
+            self._race_add(r, RACE_DECODE * self.I + c, g)
             self._lam += self.mbar[c]
         else:
             self.r_dpos[r] = k
@@ -319,7 +319,7 @@ class Engine:
             self._q_remove(r, old)
         else:  # entering a waiting place: it can now abandon
             c = self.r_cls[r]
-            self._race_add(r, RACE_WAIT * self.I + c)
+            self._race_add(r, RACE_WAIT * self.I + c, -1)
             self._lam += self.theta[c]
         self._q_push(r, q, front)
 
@@ -491,7 +491,7 @@ class Engine:
     def _enqueue_new(self, r: int, q: int) -> None:
         """Append waiting request r, in no queue yet, to queue q (the engine's default placements)."""
         c = self.r_cls[r]
-        self._race_add(r, RACE_WAIT * self.I + c)  # entering a waiting place: it can now abandon
+        self._race_add(r, RACE_WAIT * self.I + c, -1)  # entering a waiting place: it can now abandon
         self._lam += self.theta[c]
         self._q_push(r, q, False)
 
@@ -512,23 +512,25 @@ class Engine:
             self.r_wd[r] += t - self.r_tw[r]
 
     # segment s = kind * I + class (kinds RACE_WAIT: queued, RACE_PREFILL / RACE_DECODE: markov in
-    # service) holds its requests in _rs[s * _rscap : s * _rscap + _rsn[s]] (r_pos: r's index)
-    def _race_add(self, r: int, s: int) -> None:
+    # service) holds pairs (request, its GPU or -1), the k-th at _rs[2 * (s * _rscap + k)] (r_pos: r's
+    # k): a race pick then loads the request's and its GPU's state in parallel, not one after the other
+    def _race_add(self, r: int, s: int, g: int) -> None:
         n = self._rsn[s]
         if n == self._rscap:
             self._race_grow()
-        self._rs[s * self._rscap + n] = r
+        k = 2 * (s * self._rscap + n)
+        self._rs[k], self._rs[k + 1] = r, g
         self.r_pos[r] = n
         self._rsn[s] = n + 1
 
     def _race_remove(self, r: int, s: int) -> None:
         """Take r out of segment s (the segment's last request takes its place)."""
         rs = self._rs
-        b = s * self._rscap
+        b = 2 * s * self._rscap
         n = self._rsn[s] - 1
         j = self.r_pos[r]
-        last = rs[b + n]
-        rs[b + j] = last
+        last = rs[b + 2 * n]
+        rs[b + 2 * j], rs[b + 2 * j + 1] = last, rs[b + 2 * n + 1]
         self.r_pos[last] = j
         self._rsn[s] = n
 
@@ -941,9 +943,7 @@ class Engine:
                     ui = 0
                 u = uni_block[ui] * self._lam
                 ui += 1
-                rs = self._rs  # (read here: a segment may grow in a handler)
-                rsn = self._rsn
-                cap = self._rscap
+                rs, rsn, cap = self._rs, self._rsn, self._rscap  # (read here: a segment may grow in a handler)
                 for o in range(o0, 3 * I):
                     s = o + I if o < 2 * I else o - 2 * I  # segments RACE_PREFILL, RACE_DECODE, RACE_WAIT
                     nl = rsn[s]
@@ -953,15 +953,15 @@ class Engine:
                         if u < a:
                             x = u / m
                             j = int(x)
-                            if j >= nl:
-                                j = nl - 1
-                            r = rs[s * cap + j]
+                            j = j if j < nl else nl - 1  # (rounding: x can reach nl)
+                            k = 2 * (s * cap + j)
+                            r = rs[k]
                             if o >= 2 * I:
                                 self._abandon(r, t)
                             elif o < I:
-                                self._prefill_done(r, self.r_gpu[r], t)
+                                self._prefill_done(r, rs[k + 1], t)
                             else:
-                                g = self.r_gpu[r]
+                                g = rs[k + 1]
                                 c = o - I
                                 # thinning; the fractional part of x is a fresh uniform
                                 if (x - j) * m < (mu_m[c] if g_pre[g] >= 0 else mu_s[c]):

@@ -131,9 +131,10 @@ def init_engine(
 
     # -- the exponential race's request sets (swap-remove) ---------------------------------------
     # segment s = kind * I + class (kinds RACE_WAIT: queued, RACE_PREFILL / RACE_DECODE: markov in
-    # service) holds its requests in _rs[s * _rscap : s * _rscap + _rsn[s]] (r_pos: r's index)
+    # service) holds _rsn[s] pairs (request, its GPU or -1 while it waits), the k-th at
+    # _rs[2 * (s * _rscap + k)] (r_pos: r's k)
     eng._rscap = 64
-    eng._rs = ints(3 * I * eng._rscap, -1)
+    eng._rs = ints(2 * 3 * I * eng._rscap, -1)
     eng._rsn = ints(3 * I, 0)
     eng._lam = 0.0  # total race rate
     # each race segment's rate per request: theta (waiting), mu_p (prefill), mbar (decode), by class
@@ -158,9 +159,9 @@ def init_engine(
         for name, kind, _ in S.GPU_FIELDS:
             setattr(eng, name, ints(n, gpu0[name]) if kind is int else floats(n, float(gpu0[name])))
     eng.g_dcls = ints(n * I, 0)  # decodes on g by class: g_dcls[g * I + c]
-    # the requests decoding on g: g_dec[g*B : g*B + g_ndec[g]] (r_dpos: r's index in g_dec); in
-    # tokens mode that segment is a binary min-heap keyed by (r_dkey[r], r): r_dkey[r] is the value
-    # of g's decode clock at which r's decode ends
+    # the requests decoding on g: g_dec[g*B : g*B + g_ndec[g]]; in tokens mode that segment is a
+    # binary min-heap keyed by (r_dkey[r], r), r_dkey[r] being the value of g's decode clock at which
+    # r's decode ends and r_dpos[r] r's index in g_dec (markov mode keeps no positions: it scans)
     eng.g_dec = ints(n * eng.B, -1)
     eng._n_pools = 1
     rand = eng._ctrl_rng.random
