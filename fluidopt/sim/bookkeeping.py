@@ -364,14 +364,20 @@ def alloc(eng) -> int:
     return r
 
 
-def race_grow(eng) -> None:
-    """Double every race segment's capacity (a new array: nothing keeps the old one in a local)."""
-    cap = eng._rscap
-    rsn = eng._rsn
-    new = S.ints(4 * cap * len(rsn), -1, eng.engine_name == "compiled")
-    old = eng._rs
-    for s in range(len(rsn)):  # pairs (request, GPU): segment s starts at 2 * s * cap
-        for k in range(2 * rsn[s]):
-            new[4 * cap * s + k] = old[2 * cap * s + k]
+def race_grow(eng, s: int) -> None:
+    """Double race segment s's capacity: a new block with every segment's pairs (request, GPU) copied
+    to its new offset (a new array: nothing keeps the old one in a local). Each segment grows on its
+    own, so a segment holds at most twice its largest count: at 50,000 GPUs the decode segments hold
+    most of the ~800,000 requests in flight and the others a few thousand."""
+    typed = eng.engine_name == "compiled"
+    cap, off, rsn = eng._rscap, eng._rsoff, eng._rsn
+    cap[s] *= 2
+    new = S.ints(2 * sum(cap), -1, typed)
+    old = eng._rs.base if typed else eng._rs  # (the compiled core's view of an array: the array)
+    at = 0
+    for q in range(len(rsn)):
+        k = 2 * rsn[q]
+        new[at:at + k] = old[off[q]:off[q] + k]
+        off[q] = at
+        at += 2 * cap[q]
     eng._rs = new
-    eng._rscap = 2 * cap

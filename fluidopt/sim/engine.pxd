@@ -61,8 +61,7 @@ cdef class Engine:
     cdef public long long[:] r_serial, r_gen, r_dstart, r_npre, r_pg, r_dg
     cdef public double[:] r_arr, r_tw, r_wp, r_wd, r_ttft
     cdef public object _rows
-    cdef public long long[::1] _rs, _rsn  # the exponential race's request sets
-    cdef public Py_ssize_t _rscap
+    cdef public long long[::1] _rs, _rsn, _rsoff, _rscap  # the exponential race's request sets
     cdef public list _ip, _fd, _dirty
     cdef public long long[::1] _hq, _hpos  # the GPU event heap
     cdef public Py_ssize_t _hn
@@ -237,7 +236,7 @@ cdef class Engine:
     # (cpdef: bookkeeping.advance calls it)
     @cython.locals(hq="long long[::1]", pte="double[::1]", t_house=double, check=bint, uni_block="double[::1]", ui=Py_ssize_t,
                    ev=Py_ssize_t, pkb="long long[:]", rng_block=Py_ssize_t, I=Py_ssize_t, rs="long long[::1]", rsn="long long[::1]",
-                   cap=Py_ssize_t, s=Py_ssize_t, rate="double[::1]", mu_m="double[::1]", mu_s="double[::1]", o0=Py_ssize_t, o=Py_ssize_t,
+                   off="long long[::1]", s=Py_ssize_t, rate="double[::1]", mu_m="double[::1]", mu_s="double[::1]", o0=Py_ssize_t, o=Py_ssize_t,
                    g_pre="long long[:]",
                    arr_t="double[::1]", arr_c="long long[::1]", arr_p="long long[::1]", arr_o="long long[::1]", ai=Py_ssize_t, na=Py_ssize_t, tr=double,
                    nd=Py_ssize_t, ta=double, tg=double, t=double, done=bint, ticked=bint, k=Py_ssize_t, u=double,

@@ -512,13 +512,13 @@ class Engine:
             self.r_wd[r] += t - self.r_tw[r]
 
     # segment s = kind * I + class (kinds RACE_WAIT: queued, RACE_PREFILL / RACE_DECODE: markov in
-    # service) holds pairs (request, its GPU or -1), the k-th at _rs[2 * (s * _rscap + k)] (r_pos: r's
-    # k): a race pick then loads the request's and its GPU's state in parallel, not one after the other
+    # service) holds pairs (request, its GPU or -1), the k-th at _rs[_rsoff[s] + 2 * k] (r_pos: r's k;
+    # room for _rscap[s]): a race pick then loads the request's and its GPU's state in parallel
     def _race_add(self, r: int, s: int, g: int) -> None:
         n = self._rsn[s]
-        if n == self._rscap:
-            self._race_grow()
-        k = 2 * (s * self._rscap + n)
+        if n == self._rscap[s]:
+            self._race_grow(s)
+        k = self._rsoff[s] + 2 * n
         self._rs[k], self._rs[k + 1] = r, g
         self.r_pos[r] = n
         self._rsn[s] = n + 1
@@ -526,7 +526,7 @@ class Engine:
     def _race_remove(self, r: int, s: int) -> None:
         """Take r out of segment s (the segment's last request takes its place)."""
         rs = self._rs
-        b = 2 * s * self._rscap
+        b = self._rsoff[s]
         n = self._rsn[s] - 1
         j = self.r_pos[r]
         last = rs[b + 2 * n]
@@ -943,7 +943,7 @@ class Engine:
                     ui = 0
                 u = uni_block[ui] * self._lam
                 ui += 1
-                rs, rsn, cap = self._rs, self._rsn, self._rscap  # (read here: a segment may grow in a handler)
+                rs, rsn, off = self._rs, self._rsn, self._rsoff  # (read here: a segment may grow in a handler)
                 for o in range(o0, 3 * I):
                     s = o + I if o < 2 * I else o - 2 * I  # segments RACE_PREFILL, RACE_DECODE, RACE_WAIT
                     nl = rsn[s]
@@ -954,7 +954,7 @@ class Engine:
                             x = u / m
                             j = int(x)
                             j = j if j < nl else nl - 1  # (rounding: x can reach nl)
-                            k = 2 * (s * cap + j)
+                            k = off[s] + 2 * j
                             r = rs[k]
                             if o >= 2 * I:
                                 self._abandon(r, t)

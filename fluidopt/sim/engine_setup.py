@@ -132,9 +132,12 @@ def init_engine(
     # -- the exponential race's request sets (swap-remove) ---------------------------------------
     # segment s = kind * I + class (kinds RACE_WAIT: queued, RACE_PREFILL / RACE_DECODE: markov in
     # service) holds _rsn[s] pairs (request, its GPU or -1 while it waits), the k-th at
-    # _rs[2 * (s * _rscap + k)] (r_pos: r's k)
-    eng._rscap = 64
-    eng._rs = ints(2 * 3 * I * eng._rscap, -1)
+    # _rs[_rsoff[s] + 2 * k] (r_pos: r's k), with room for _rscap[s] pairs (each segment grows alone)
+    eng._rscap = ints(3 * I, 64)
+    eng._rsoff = ints(3 * I, 0)
+    for s in range(3 * I):
+        eng._rsoff[s] = 2 * 64 * s
+    eng._rs = ints(2 * 64 * 3 * I, -1)
     eng._rsn = ints(3 * I, 0)
     eng._lam = 0.0  # total race rate
     # each race segment's rate per request: theta (waiting), mu_p (prefill), mbar (decode), by class

@@ -90,14 +90,14 @@ def check_invariants(eng) -> None:
         inq += tot
     waiting = [r for r in live if eng.r_phase[r] in (WAIT_PREFILL, WAIT_DECODE)]
     assert inq == len(waiting), f"{len(waiting)} waiting but {inq} queued (a request was left unplaced)"
-    seg = [[eng._rs[2 * (s * eng._rscap + k)] for k in range(eng._rsn[s])] for s in range(3 * I)]
+    seg = [[eng._rs[eng._rsoff[s] + 2 * k] for k in range(eng._rsn[s])] for s in range(3 * I)]
     assert sum(len(seg[c]) for c in range(I)) == inq  # RACE_WAIT segments
     for s, members in enumerate(seg):
         kind, c = divmod(s, I)
         for j, r in enumerate(members):
             assert eng.r_pos[r] == j and eng.r_cls[r] == c, f"race segment {s}: request {r}"
             # the pair's GPU: the request's while in service, -1 while it waits
-            assert eng._rs[2 * (s * eng._rscap + j) + 1] == (eng.r_gpu[r] if kind else -1), f"race pair {s}, {j}"
+            assert eng._rs[eng._rsoff[s] + 2 * j + 1] == (eng.r_gpu[r] if kind else -1), f"race pair {s}, {j}"
             if kind == 0:
                 assert eng.r_q[r] >= 0
             else:
