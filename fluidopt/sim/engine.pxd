@@ -20,6 +20,23 @@ cdef Py_ssize_t NQ, Q_WP, Q_X, Q_WD, Q_YM, Q_YS, NC, C_ARRIVED, C_PREFILLED, C_C
 cdef Py_ssize_t C_AB_PREFILL, C_AB_DECODE, C_DROPPED, C_PREFILL_TOKENS, C_DONE_PROMPT, C_DONE_OUTPUT, _NREC
 cdef Py_ssize_t RACE_WAIT, RACE_PREFILL, RACE_DECODE
 cdef Py_ssize_t G_ONLINE, G_STARTING, G_DRAINING, G_OFFLINE, _STARTUP
+cdef bint _COMPILED
+
+# A completion's handler reads the request's row (three cache lines), its GPU's row (two), decode
+# slots and per-class decode counts: at large fleets each is a miss to DRAM, and prefetching them all
+# as soon as the race has picked (request, GPU), or the GPU heap has given its GPU (r = -1: its
+# request is not known yet), makes them one latency instead of several in a row. Prefetches are
+# hints: no result depends on them (the Python engine skips the call).
+cdef extern from *:
+    """
+    #define _FO_PF(a, i, o) __builtin_prefetch((a).data + (i) * (a).strides[0] + (o))
+    #define _prefetch_completion(rp, gp, gd, gc, r, g, b, ni) do { \
+        if ((r) >= 0) { _FO_PF(rp, r, 0); _FO_PF(rp, r, 64); _FO_PF(rp, r, 128); } \
+        _FO_PF(gp, g, 0); _FO_PF(gp, g, 64); \
+        _FO_PF(gd, (g) * (b), 0); _FO_PF(gd, (g) * (b), 64); _FO_PF(gc, (g) * (ni), 0); } while (0)
+    """
+    void _prefetch_completion(long long[:] rp, long long[:] gp, long long[::1] gd, long long[::1] gc,
+                              Py_ssize_t r, Py_ssize_t g, Py_ssize_t b, Py_ssize_t ni)
 # the protocol's phases and queues (a Python global would cost a dict lookup and a boxed compare)
 cdef Py_ssize_t DECODE, PREFILL, WAIT_DECODE, WAIT_PREFILL, NO_REQUEST, DECODE_QUEUE, PREFILL_QUEUE, _GONE
 

@@ -955,13 +955,14 @@ class Engine:
                             j = int(x)
                             j = j if j < nl else nl - 1  # (rounding: x can reach nl)
                             k = off[s] + 2 * j
-                            r = rs[k]
+                            r, g = rs[k], rs[k + 1]
+                            if _COMPILED and g >= 0:  # the handler's cache misses, started together (engine.pxd)
+                                _prefetch_completion(self.r_phase, self.g_pre, self.g_dec, self.g_dcls, r, g, self.B, I)  # noqa: F821
                             if o >= 2 * I:
                                 self._abandon(r, t)
                             elif o < I:
-                                self._prefill_done(r, rs[k + 1], t)
+                                self._prefill_done(r, g, t)
                             else:
-                                g = rs[k + 1]
                                 c = o - I
                                 # thinning; the fractional part of x is a fresh uniform
                                 if (x - j) * m < (mu_m[c] if g_pre[g] >= 0 else mu_s[c]):
@@ -971,6 +972,8 @@ class Engine:
                 # (u beyond every segment: float drift of the incremental total rate, a null event)
             else:
                 g = hq[0]
+                if _COMPILED:  # (engine.pxd; no request yet: r = -1)
+                    _prefetch_completion(self.r_phase, self.g_pre, self.g_dec, self.g_dcls, -1, g, self.B, I)  # noqa: F821
                 tt = pte[g]
                 self._hremove(g)
                 kb = pkb[g]
@@ -993,8 +996,5 @@ class Engine:
                 break
             if not ev & 1023 and self._every_1024(ev):  # Ctrl-C: stop; the progress line
                 break
-        self._events = ev
-        self._nd = nd
-        self._uni_i = ui
-        self._ai = ai
+        self._events, self._nd, self._uni_i, self._ai = ev, nd, ui, ai
         self._pause = False
