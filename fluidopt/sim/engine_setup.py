@@ -133,11 +133,12 @@ def init_engine(
     # segment s = kind * I + class (kinds RACE_WAIT: queued, RACE_PREFILL / RACE_DECODE: markov in
     # service) holds _rsn[s] pairs (request, its GPU or -1 while it waits), the k-th at
     # _rs[_rsoff[s] + 2 * k] (r_pos: r's k), with room for _rscap[s] pairs (each segment grows alone)
-    eng._rscap = ints(3 * I, 64)
+    cap0 = 64  # pairs per segment at first
+    eng._rscap = ints(3 * I, cap0)
     eng._rsoff = ints(3 * I, 0)
     for s in range(3 * I):
-        eng._rsoff[s] = 2 * 64 * s
-    eng._rs = ints(2 * 64 * 3 * I, -1)
+        eng._rsoff[s] = 2 * cap0 * s
+    eng._rs = ints(2 * cap0 * 3 * I, -1)
     eng._rsn = ints(3 * I, 0)
     eng._lam = 0.0  # total race rate
     # each race segment's rate per request: theta (waiting), mu_p (prefill), mbar (decode), by class
