@@ -8,6 +8,8 @@ Not a test. Run from the repository root:
     python benchmarks/bench_sim.py erlang             # M/M/100 at load 0.9 and M/M/100+M: 40 x 1M customers,
                                                       # the bare birth-death chain alike, two 17M runs
     python benchmarks/bench_sim.py erlang-speed       # the engine on M/M/100+M against a plain heapq loop
+    python benchmarks/bench_sim.py race-latency       # the memory floor of a race pick at n = 50 and 50,000
+                                                      # (benchmarks/race_latency.c, needs a C compiler)
     python benchmarks/bench_sim.py all                # speed, scaling, memory, erlang
     python benchmarks/bench_sim.py compare --before /tmp/fluidopt_before
                                                       # engine BEFORE vs AFTER (this tree), one run
@@ -376,6 +378,41 @@ def _erlang_noise(customers: int, c: int = 100, lam: float = 90.0, mu: float = 1
         return f"(relative sd not available: {exc})"
 
 
+def bench_race_latency(gpus: list[int], picks: int = 20_000_000, reps: int = 3) -> list[dict]:
+    """The memory floor of a race completion (benchmarks/race_latency.c, built with the system C
+    compiler): CPU ns per dependent pick at each n, best of ``reps``, for the engine's layout (4-byte
+    ids, huge pages), the layout before (8-byte ids, pairs on 4 KB pages) and the engine's layout
+    with an exact one-pick-ahead prefetch of the pair (what no event-driven engine can know)."""
+    import shutil
+    import sysconfig
+    import tempfile
+
+    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(cc) is None:
+        cc = "cc"
+    with tempfile.TemporaryDirectory() as d:
+        exe = os.path.join(d, "race_latency")
+        subprocess.run([cc, "-O2", "-o", exe, str(REPO / "benchmarks" / "race_latency.c")], check=True)
+        layouts = [("engine (4-byte ids, huge pages)", 0, 4, 1), ("before (8-byte ids, 4 KB pages)", 0, 8, 0),
+                   ("engine + exact look-ahead", 1, 4, 1)]
+        rows = []
+        for name, look, width, huge in layouts:
+            for n in gpus:
+                best = None
+                for _ in range(reps):
+                    out = subprocess.run([exe, str(n), str(picks), str(look), str(width), str(huge)], check=True,
+                                         capture_output=True, text=True)
+                    row = json.loads(out.stdout)
+                    best = row if best is None or row["ns_per_pick"] < best["ns_per_pick"] else best
+                best["layout"] = name
+                rows.append(best)
+                print(json.dumps(best), flush=True)
+    print(f"\n| layout | GPUs | requests in flight | CPU ns per pick (best of {reps}) |\n|---|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['layout']} | {r['gpus']:,} | {r['in_flight']:,} | {r['ns_per_pick']:.0f} |", flush=True)
+    return rows
+
+
 def bench_erlang_speed(customers: int, reps: int = 3) -> list[dict]:
     """Customers per CPU s of the engine and of the plain heapq loop on M/M/100+M (load 0.9,
     patience rate 0.5), best of ``reps``, with their mean waits and P(abandon) against erlang_a."""
@@ -724,7 +761,7 @@ def controller_cost(a) -> int:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("what", choices=("speed", "scaling", "memory", "erlang", "erlang-speed", "compare", "all",
-                                    "controller-cost", "_memory_child", "_case"))
+                                    "controller-cost", "race-latency", "_memory_child", "_case"))
     p.add_argument("--horizon", type=float, default=600.0, help="speed: simulated seconds (n = 500: 500 req/s)")
     p.add_argument("--policies", nargs="+", default=["fi-wsp", "gate-and-route", "backpressure-gate-and-route"])
     p.add_argument("--services", nargs="+", default=["markov", "tokens"])
@@ -789,6 +826,8 @@ def main(argv=None) -> int:
                       [tuple(x.split(":")) for x in a.scaling_combos])
     if a.what in ("memory", "all"):
         bench_memory(5e6 if a.requests is None or a.what == "all" else a.requests, a.service, a.policy)
+    if a.what == "race-latency":
+        bench_race_latency([50, 50000] if a.gpus == p.get_default("gpus") else a.gpus)
     if a.what == "erlang-speed":
         bench_erlang_speed(300_000 if a.customers is None else a.customers)
     if a.what in ("erlang", "all"):

@@ -190,14 +190,21 @@ def flush(eng) -> None:
         return
     eng._nrec = 0
     rec = eng._rec
-    buf = rec.base if eng.engine_name == "compiled" else rec  # (the compiled core's view has the array as base)
-    fold(eng, np.array(buf[: n * M.N_RECORD_FIELDS], dtype=float).reshape(n, M.N_RECORD_FIELDS))
+    k = n * M.N_RECORD_FIELDS
+    if eng.engine_name == "compiled":  # the core's view has the array as base: read in place (fold copies)
+        rows = np.frombuffer(rec.base, dtype=float, count=k)
+    else:
+        rows = np.array(rec[:k], dtype=float)
+    fold(eng, rows.reshape(n, M.N_RECORD_FIELDS))
 
 
 def fold(eng, A: np.ndarray) -> None:
-    """Rows of finished requests (metrics.RECORD_FIELDS, as floats) into the metrics."""
+    """Rows of finished requests (metrics.RECORD_FIELDS, as floats) into the metrics. ``A`` may be the
+    engine's own record buffer: the columns are one copy of it (contiguous, in one pass), so nothing
+    keeps a view of the buffer that the engine goes on to fill."""
     ints = M.RECORD_INT_FIELDS
-    a = {nm: A[:, j].astype(np.int64) if nm in ints else A[:, j] for j, nm in enumerate(M.RECORD_FIELDS)}
+    cols = np.ascontiguousarray(A.T)
+    a = {nm: cols[j].astype(np.int64) if nm in ints else cols[j] for j, nm in enumerate(M.RECORD_FIELDS)}
     coh = eng.collector.cohort
     if coh is None:
         eng.collector.add_requests(a)
@@ -372,7 +379,7 @@ def race_grow(eng, s: int) -> None:
     typed = eng.engine_name == "compiled"
     cap, off, rsn = eng._rscap, eng._rsoff, eng._rsn
     cap[s] *= 2
-    new = S.ints(2 * sum(cap), -1, typed)
+    new = S.pairs(2 * sum(cap), -1, typed)
     old = eng._rs.base if typed else eng._rs  # (the compiled core's view of an array: the array)
     at = 0
     for q in range(len(rsn)):

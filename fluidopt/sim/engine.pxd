@@ -25,8 +25,11 @@ cdef bint _COMPILED
 # A completion's handler reads the request's row (three cache lines), its GPU's row (two), decode
 # slots and per-class decode counts: at large fleets each is a miss to DRAM, and prefetching them all
 # as soon as the race has picked (request, GPU), or the GPU heap has given its GPU (r = -1: its
-# request is not known yet), makes them one latency instead of several in a row. Prefetches are
-# hints: no result depends on them (the Python engine skips the call).
+# request is not known yet), makes them one latency instead of several in a row. A race pick also
+# prefetches the pair that the next race pick would take if nothing changed (its uniform is already
+# drawn): the current event moves the pick by a few pairs at most, so the guess lands on the right
+# cache line about half the time, a DRAM latency earlier. Prefetches are hints: no result depends
+# on them (the Python engine skips the calls).
 cdef extern from *:
     """
     #define _FO_PF(a, i, o) __builtin_prefetch((a).data + (i) * (a).strides[0] + (o))
@@ -34,9 +37,24 @@ cdef extern from *:
         if ((r) >= 0) { _FO_PF(rp, r, 0); _FO_PF(rp, r, 64); _FO_PF(rp, r, 128); } \
         _FO_PF(gp, g, 0); _FO_PF(gp, g, 64); \
         _FO_PF(gd, (g) * (b), 0); _FO_PF(gd, (g) * (b), 64); _FO_PF(gc, (g) * (ni), 0); } while (0)
+    #define _FO_AT(a, T, i) (*(T *)((a).data + (i) * (a).strides[0]))
+    #define _prefetch_next_pick(rs, rsn, off, rate, u0, o0, ni) do { \
+        double _u = (u0); Py_ssize_t _o, _s, _j; long long _nl; double _m; \
+        for (_o = (o0); _o < 3 * (ni); _o++) { \
+            _s = _o < 2 * (ni) ? _o + (ni) : _o - 2 * (ni); _nl = _FO_AT(rsn, long long, _s); \
+            if (_nl) { _m = _FO_AT(rate, double, _s); \
+                if (_u < _m * _nl) { _j = (Py_ssize_t)(_u / _m); if (_j >= _nl) _j = _nl - 1; \
+                    _FO_PF(rs, _FO_AT(off, long long, _s) + 2 * _j, 0); break; } \
+                _u -= _m * _nl; } } } while (0)
+    #define _prefetch_race(rp, gp, gd, gc, r, g, b, ni, rs, rsn, off, rate, ub, ui, lam, o0) do { \
+        if ((g) >= 0) _prefetch_completion(rp, gp, gd, gc, r, g, b, ni); \
+        if ((ui) < (ub).shape[0]) _prefetch_next_pick(rs, rsn, off, rate, _FO_AT(ub, double, ui) * (lam), o0, ni); } while (0)
     """
     void _prefetch_completion(long long[:] rp, long long[:] gp, long long[::1] gd, long long[::1] gc,
                               Py_ssize_t r, Py_ssize_t g, Py_ssize_t b, Py_ssize_t ni)
+    void _prefetch_race(long long[:] rp, long long[:] gp, long long[::1] gd, long long[::1] gc, Py_ssize_t r,
+                        Py_ssize_t g, Py_ssize_t b, Py_ssize_t ni, int[::1] rs, long long[::1] rsn, long long[::1] off,
+                        double[::1] rate, double[::1] ub, Py_ssize_t ui, double lam, Py_ssize_t o0)
 # the protocol's phases and queues (a Python global would cost a dict lookup and a boxed compare)
 cdef Py_ssize_t DECODE, PREFILL, WAIT_DECODE, WAIT_PREFILL, NO_REQUEST, DECODE_QUEUE, PREFILL_QUEUE, _GONE
 
@@ -78,7 +96,8 @@ cdef class Engine:
     cdef public long long[:] r_serial, r_gen, r_dstart, r_npre, r_pg, r_dg
     cdef public double[:] r_arr, r_tw, r_wp, r_wd, r_ttft
     cdef public object _rows
-    cdef public long long[::1] _rs, _rsn, _rsoff, _rscap  # the exponential race's request sets
+    cdef public int[::1] _rs  # the exponential race's request sets: (request, GPU) pairs, 32-bit (state.pairs)
+    cdef public long long[::1] _rsn, _rsoff, _rscap
     cdef public list _ip, _fd, _dirty
     cdef public long long[::1] _hq, _hpos  # the GPU event heap
     cdef public Py_ssize_t _hn
@@ -190,7 +209,7 @@ cdef class Engine:
     @cython.locals(n=Py_ssize_t, k=Py_ssize_t)
     cdef _race_add(self, Py_ssize_t r, Py_ssize_t s, Py_ssize_t g)
 
-    @cython.locals(rs="long long[::1]", b=Py_ssize_t, n=Py_ssize_t, j=Py_ssize_t, last=Py_ssize_t)
+    @cython.locals(rs="int[::1]", b=Py_ssize_t, n=Py_ssize_t, j=Py_ssize_t, last=Py_ssize_t)
     cdef _race_remove(self, Py_ssize_t r, Py_ssize_t s)
 
     @cython.locals(rec="double[::1]", k=Py_ssize_t)
@@ -252,7 +271,7 @@ cdef class Engine:
 
     # (cpdef: bookkeeping.advance calls it)
     @cython.locals(hq="long long[::1]", pte="double[::1]", t_house=double, check=bint, uni_block="double[::1]", ui=Py_ssize_t,
-                   ev=Py_ssize_t, pkb="long long[:]", rng_block=Py_ssize_t, I=Py_ssize_t, rs="long long[::1]", rsn="long long[::1]",
+                   ev=Py_ssize_t, pkb="long long[:]", rng_block=Py_ssize_t, I=Py_ssize_t, rs="int[::1]", rsn="long long[::1]",
                    off="long long[::1]", s=Py_ssize_t, rate="double[::1]", mu_m="double[::1]", mu_s="double[::1]", o0=Py_ssize_t, o=Py_ssize_t,
                    g_pre="long long[:]",
                    arr_t="double[::1]", arr_c="long long[::1]", arr_p="long long[::1]", arr_o="long long[::1]", ai=Py_ssize_t, na=Py_ssize_t, tr=double,

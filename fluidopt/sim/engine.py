@@ -956,8 +956,8 @@ class Engine:
                             j = j if j < nl else nl - 1  # (rounding: x can reach nl)
                             k = off[s] + 2 * j
                             r, g = rs[k], rs[k + 1]
-                            if _COMPILED and g >= 0:  # the handler's cache misses, started together (engine.pxd)
-                                _prefetch_completion(self.r_phase, self.g_pre, self.g_dec, self.g_dcls, r, g, self.B, I)  # noqa: F821
+                            if _COMPILED:  # the handler's and the next pick's cache misses, started now (engine.pxd)
+                                _prefetch_race(self.r_phase, self.g_pre, self.g_dec, self.g_dcls, r, g, self.B, I, rs, rsn, off, rate, uni_block, ui, self._lam, o0)  # noqa: F821
                             if o >= 2 * I:
                                 self._abandon(r, t)
                             elif o < I:

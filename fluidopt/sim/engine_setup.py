@@ -138,7 +138,7 @@ def init_engine(
     eng._rsoff = ints(3 * I, 0)
     for s in range(3 * I):
         eng._rsoff[s] = 2 * cap0 * s
-    eng._rs = ints(2 * cap0 * 3 * I, -1)
+    eng._rs = S.pairs(2 * cap0 * 3 * I, -1, typed)
     eng._rsn = ints(3 * I, 0)
     eng._lam = 0.0  # total race rate
     # each race segment's rate per request: theta (waiting), mu_p (prefill), mbar (decode), by class
