@@ -363,6 +363,8 @@ def alloc(eng) -> int:
     r = len(eng.r_phase)
     k = max(ALLOC_BLOCK, r)
     if typed:
+        if r + k - 1 > S.MAX_ID:
+            raise MemoryError(f"more than {S.MAX_ID:,} request slots: the compiled core's race holds 32-bit ids")
         S.set_typed_state(eng, "_rows", S.REQUEST_FIELDS, S.REQUEST_ROW, r + k, S.REQUEST_FILL)
     else:
         for name, _, fill, _ in S.REQUEST_FIELDS:

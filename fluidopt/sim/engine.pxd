@@ -27,9 +27,9 @@ cdef bint _COMPILED
 # as soon as the race has picked (request, GPU), or the GPU heap has given its GPU (r = -1: its
 # request is not known yet), makes them one latency instead of several in a row. A race pick also
 # prefetches the pair that the next race pick would take if nothing changed (its uniform is already
-# drawn): the current event moves the pick by a few pairs at most, so the guess lands on the right
-# cache line about half the time, a DRAM latency earlier. Prefetches are hints: no result depends
-# on them (the Python engine skips the calls).
+# drawn): the current event moves that pick, by a few pairs or (a prefill completion) by many, so the
+# guess is the right cache line about half the time, and then a whole event early. Prefetches are
+# hints: no result depends on them (the Python engine skips the calls).
 cdef extern from *:
     """
     #define _FO_PF(a, i, o) __builtin_prefetch((a).data + (i) * (a).strides[0] + (o))

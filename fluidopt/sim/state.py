@@ -17,7 +17,7 @@ from fluidopt.errors import ScenarioError
 from fluidopt.sim.action_errors import GONE
 
 __all__ = ["REQUEST_FIELDS", "REQUEST_FILL", "GPU_FIELDS", "rows", "set_typed_state", "GSTATE_NAMES", "ints", "floats",
-           "doubles", "pairs", "grown", "block", "int_block", "token_counts"]
+           "doubles", "pairs", "MAX_ID", "grown", "block", "int_block", "token_counts"]
 
 # Per-request state, indexed by request id (slots are recycled). This table is each field's one
 # definition (name, type, the value of a new slot, meaning); engine.pxd types each as long long[:]
@@ -134,11 +134,15 @@ def ints(n: int, v: int, typed: bool) -> list[int] | array:
     return array("q", [v]) * n if typed else [v] * n
 
 
+MAX_ID = 2**31 - 1  # the largest request or GPU id the compiled core's race pairs hold (pairs)
+
+
 def pairs(n: int, v: int, typed: bool) -> list[int] | np.ndarray:
     """n integers equal to v for the exponential race's (request, GPU) pairs: 32-bit when typed (ids
-    in flight stay far below 2**31), a numpy array so that a large one sits on huge pages (numpy
-    advises them from 4 MB): a race pick lands anywhere in it, and the pairs of ~800,000 requests in
-    flight then take 6.4 MB instead of 12.8, half as many cache lines and page walks."""
+    up to MAX_ID; bookkeeping.alloc refuses more request slots), a numpy array so that a large one
+    sits on huge pages (numpy advises them from 4 MB): a race pick lands anywhere in it, and the
+    pairs of ~800,000 requests in flight then take 6.4 MB instead of 12.8, half as many cache lines
+    and page walks."""
     return np.full(n, v, dtype=np.int32) if typed else [v] * n
 
 

@@ -171,6 +171,19 @@ def test_backend_names_and_environment(monkeypatch):
 
 
 @needs_core
+def test_request_ids_beyond_the_race_pairs_32_bits_are_refused(monkeypatch):
+    """The compiled core's race pairs hold 32-bit ids (state.pairs): a run that needs more request
+    slots stops with a clear error instead of wrapping ids around (the limit lowered here to one a
+    test reaches: the first block of 1,024 slots already passes it). The Python engine has no limit."""
+    from fluidopt.sim import state
+
+    monkeypatch.setattr(state, "MAX_ID", 1000)
+    with pytest.raises(MemoryError, match="more than 1,000 request slots: the compiled core's race holds 32-bit ids"):
+        simulate(_scenario(), "fi-wsp", horizon=2.0, backend="compiled")
+    assert simulate(_scenario(), "fi-wsp", horizon=2.0, backend="python").totals["requests"] > 0
+
+
+@needs_core
 def test_a_stale_build_is_never_run(monkeypatch):
     """A core built from another engine.py: "auto" falls back to Python with a warning; "compiled" refuses."""
     from fluidopt.sim import _cengine  # type: ignore[attr-defined]
