@@ -134,7 +134,9 @@ def ints(n: int, v: int, typed: bool) -> list[int] | array:
     return array("q", [v]) * n if typed else [v] * n
 
 
-MAX_ID = 2**31 - 1  # the largest request or GPU id the compiled core's race pairs hold (pairs)
+# the largest id the compiled core's race pairs hold (pairs): bookkeeping.alloc refuses request slots
+# beyond it; GPU ids stay below the scenario's fleet size, whose GPU rows would need 275 GB at 2**31
+MAX_ID = 2**31 - 1
 
 
 def pairs(n: int, v: int, typed: bool) -> list[int] | np.ndarray:
