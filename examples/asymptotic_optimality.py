@@ -207,4 +207,7 @@ def report(c: Comparison, a: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from fluidopt.interrupt import script_main
+
+    # Ctrl-C / SIGTERM: one line on what was kept, exit 130 / 143, no traceback
+    raise SystemExit(script_main(main))

@@ -20,7 +20,6 @@ once the module defining it is imported). The workload is the RL-router paper's 
 from __future__ import annotations
 
 import argparse
-import sys
 
 import pandas as pd
 
@@ -118,4 +117,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from fluidopt.interrupt import script_main
+
+    # Ctrl-C / SIGTERM: one line on what was kept, exit 130 / 143, no traceback
+    raise SystemExit(script_main(main))

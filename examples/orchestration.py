@@ -176,9 +176,8 @@ def main(argv=None) -> int:
 
     # the runs go through fluidopt.executor: a local pool by default, --dask or --scheduler to scale out
     with executor_from_args(a) as ex:
-        done, interrupted = run_jobs(run_one, jobs, executor=ex, progress=True, desc="simulations", note=note)
-    if interrupted:
-        raise SystemExit(f"interrupted after {len(done)} of {len(jobs)} runs")
+        # Ctrl-C raises fluidopt.interrupt.Interrupted: no table is written from an incomplete sweep
+        done = run_jobs(run_one, jobs, executor=ex, progress=True, desc="simulations", note=note)
     rows = [done[k] for k in sorted(done)]
     rate = None
     if a.azure:
@@ -216,4 +215,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from fluidopt.interrupt import script_main
+
+    # Ctrl-C / SIGTERM: one line on what was kept, exit 130 / 143, no traceback
+    raise SystemExit(script_main(main))

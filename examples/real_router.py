@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
-import sys
 import time
 
 import numpy as np
@@ -216,4 +215,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from fluidopt.interrupt import script_main
+
+    # Ctrl-C / SIGTERM: one line on what was kept, exit 130 / 143, no traceback
+    raise SystemExit(script_main(main))

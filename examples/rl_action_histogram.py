@@ -68,4 +68,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from fluidopt.interrupt import script_main
+
+    # Ctrl-C / SIGTERM: one line on what was kept, exit 130 / 143, no traceback
+    raise SystemExit(script_main(main))

@@ -155,4 +155,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from fluidopt.interrupt import script_main
+
+    # Ctrl-C / SIGTERM: one line on what was kept, exit 130 / 143, no traceback
+    raise SystemExit(script_main(main))

@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from fluidopt._files import read_text_file
-from fluidopt.errors import CalibrationError, ScenarioError
+from fluidopt.errors import CalibrationError, ScenarioError, did_you_mean
 from fluidopt.model import GPUProfile
 from fluidopt.tables import gpu_from_dict
 
@@ -658,7 +658,7 @@ def profile_info(name: str) -> dict[str, Any]:
     table = _profiles_table()
     if name not in table:
         raise ScenarioError(
-            f"gpu: unknown GPU profile {name!r}; known profiles: {', '.join(table)} "
+            f"gpu: unknown GPU profile {name!r}{did_you_mean(name, table)}; known profiles: {', '.join(table)} "
             "(or give a [gpu] table with alpha, beta, tau_solo or gamma, chunk, batch)"
         )
     return dict(table[name])

@@ -27,7 +27,13 @@ class _ArgumentError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse whose errors come back to :func:`main`, which prints them like every other error."""
+    """argparse whose errors come back to :func:`main`, which prints them like every other error.
+
+    No abbreviated options: with them ``--seed`` silently meant ``--seeds`` in ``fluidopt run``."""
+
+    def __init__(self, *a, **kw) -> None:
+        kw.setdefault("allow_abbrev", False)
+        super().__init__(*a, **kw)
 
     def error(self, message: str):  # type: ignore[override]
         raise _ArgumentError(self.prog, " ".join(message.split()))
@@ -89,16 +95,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    import fluidopt.interrupt as interrupt
+
     try:
-        return int(args._run(args) or 0)
+        with interrupt.handle_sigterm():  # SIGTERM stops a command as Ctrl-C does (exit 143, not 130)
+            return int(args._run(args) or 0)
     except FluidoptError as e:
-        return _error(args, str(e), 2)
+        return _error(args, str(e), e.exit_status)
     except MemoryError:
         return _error(args, "out of memory: the problem is too large for this machine (a smaller fleet, "
                             "horizon or grid will fit)", 2)
-    except KeyboardInterrupt:
-        print(f"fluidopt {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        # One line on what was kept (Interrupted.kept), exit 128 + the signal; never a traceback.
+        _quiet_after_interrupt()
+        print(interrupt.message(f"fluidopt {args.command}", e), file=sys.stderr, flush=True)
+        return interrupt.exit_status(e)
     except BrokenPipeError:
         # Output piped into `head` and the like: stop quietly, as Unix tools do.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -109,6 +120,17 @@ def _dispatch(args: argparse.Namespace) -> int:
             raise
         return _error(args, f"internal error ({type(e).__name__}: {e}); please report it with the command "
                             f"line (FLUIDOPT_DEBUG=1 shows the traceback)", 1)
+
+
+def _quiet_after_interrupt() -> None:
+    """After Ctrl-C, threads being torn down (a pool's manager, a Dask client) may still raise; their
+    tracebacks would bury the one line the user should read."""
+    import threading
+
+    threading.excepthook = lambda args: None
+    import logging
+
+    logging.disable(logging.CRITICAL)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -21,30 +21,51 @@ rerun loses nothing that was finished and redoes nothing that was stored.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import math
 import os
 import signal
 import sys
+import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
-from fluidopt.errors import UsageError
+from fluidopt._files import holds
+from fluidopt.errors import ExecutorLost, UsageError
 
 __all__ = ["Executor", "LocalExecutor", "DaskExecutor", "make_executor", "add_executor_arguments",
            "executor_from_args", "ResultStore", "run_key", "Progress", "SCHEDULER_TIMEOUT_S"]
 
 SCHEDULER_TIMEOUT_S = 10.0  # seconds to wait for an existing Dask scheduler before giving up
+WORKER_TIMEOUT_S = 60.0  # seconds a Dask sweep waits with no worker connected before giving up
+POLL_S = 1.0  # how often a Dask sweep checks the scheduler and its workers
 
 
 # -- workers -------------------------------------------------------------------------------------
-def _init_worker(imports: tuple[str, ...]) -> None:
-    # Workers leave Ctrl-C to the parent, which stops the pool and keeps what finished.
+PARENT_POLL_S = 0.5  # how often a pool worker checks that its parent is alive
+
+
+def _watch_parent(parent: int) -> None:
+    # A pool worker whose parent died (kill -9 included: no handler runs there) would wait on its
+    # call queue for good; it exits instead, within PARENT_POLL_S.
+    while True:
+        time.sleep(PARENT_POLL_S)
+        if os.getppid() != parent:
+            os._exit(1)
+
+
+def _init_worker(imports: tuple[str, ...], parent: int) -> None:
+    # Workers leave Ctrl-C to the parent, which stops the pool and keeps what finished; SIGTERM (the
+    # parent terminating the pool) ends them at once.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    threading.Thread(target=_watch_parent, args=(parent,), daemon=True, name="fluidopt-parent-watch").start()
     _import(imports)
 
 
@@ -106,7 +127,7 @@ class LocalExecutor(Executor):
             return
         if self._pool is None:
             self._pool = ProcessPoolExecutor(max_workers=self.workers, initializer=_init_worker,
-                                             initargs=(self.imports,))
+                                             initargs=(self.imports, os.getpid()))
         futures: dict[Future, int] = {self._pool.submit(fn, job): k for k, job in enumerate(jobs)}
         pending = set(futures)
         try:
@@ -122,12 +143,22 @@ class LocalExecutor(Executor):
             raise
 
     def _kill(self) -> None:
+        # Terminate the workers, then let the pool's manager thread see them gone and fail the pending
+        # futures itself (cancelling them first races that thread into an InvalidStateError traceback).
         pool, self._pool = self._pool, None
         if pool is None:
             return
-        for p in list(getattr(pool, "_processes", {}).values()):
-            p.terminate()
-        pool.shutdown(wait=False, cancel_futures=True)
+        procs = list((getattr(pool, "_processes", None) or {}).values())
+        for p in procs:
+            with contextlib.suppress(Exception):
+                p.terminate()
+        for p in procs:
+            with contextlib.suppress(Exception):
+                p.join(2.0)
+                if p.is_alive():
+                    p.kill()
+        with contextlib.suppress(Exception):
+            pool.shutdown(wait=True)
 
     def close(self) -> None:
         pool, self._pool = self._pool, None
@@ -141,18 +172,23 @@ class DaskExecutor(Executor):
     name = "dask"
 
     def __init__(self, workers: int | None = None, scheduler: str | None = None, imports: Sequence[str] = (),
-                 timeout: float = SCHEDULER_TIMEOUT_S) -> None:
+                 timeout: float = SCHEDULER_TIMEOUT_S, worker_timeout: float = WORKER_TIMEOUT_S) -> None:
         try:
             from distributed import Client, LocalCluster
         except ImportError:
             raise UsageError("--dask/--scheduler: Dask is not installed; pip install 'fluidopt[dask]' "
                              "(or 'distributed')") from None
         self.imports = tuple(str(m) for m in imports)
+        self.worker_timeout = float(worker_timeout)
         self._cluster = None
         if scheduler is None:
             self.workers = _check_workers(workers)
-            self._cluster = LocalCluster(n_workers=self.workers, threads_per_worker=1, processes=True,
-                                         dashboard_address=None, silence_logs=40)
+            # The worker processes start with Ctrl-C ignored (a spawned Python keeps an inherited
+            # SIG_IGN), so a Ctrl-C in the terminal reaches this process alone and it stops them quietly
+            # instead of each printing a traceback.
+            with _sigint_ignored():
+                self._cluster = LocalCluster(n_workers=self.workers, threads_per_worker=1, processes=True,
+                                             host="127.0.0.1", dashboard_address=None, silence_logs=50)
             self.client = Client(self._cluster, set_as_default=False)
             self.address = self._cluster.scheduler_address
         else:
@@ -169,14 +205,64 @@ class DaskExecutor(Executor):
         from distributed import as_completed
 
         jobs = list(jobs)
-        futures = [self.client.submit(_call, fn, job, self.imports, pure=False) for job in jobs]
-        index = {f.key: k for k, f in enumerate(futures)}
         try:
-            for f in as_completed(futures, loop=self.client.loop):  # this client's, not a global default
-                yield index[f.key], f.result()
+            futures = [self.client.submit(_call, fn, job, self.imports, pure=False) for job in jobs]
+        except Exception as e:  # the scheduler is already gone
+            raise self._lost(e) from None
+        index = {f.key: k for k, f in enumerate(futures)}
+        pending = set(futures)
+        alone_since: float | None = None  # since when no worker is connected
+        warned = False
+        # Poll rather than block: a blocking wait would hang for good on a dead scheduler or fleet.
+        ready = as_completed(futures, loop=self.client.loop)  # this client's loop, not a global default
+        next_check = time.monotonic() + POLL_S
+        try:
+            while pending:
+                finished = ready.next_batch(block=False) if ready.has_ready() else []
+                for f in sorted(finished, key=lambda f: index[f.key]):
+                    pending.discard(f)
+                    yield index[f.key], self._result(f)
+                if not pending:
+                    break
+                if not finished:
+                    time.sleep(0.02)
+                if time.monotonic() < next_check:
+                    continue
+                next_check = time.monotonic() + POLL_S
+                if self.client.status not in ("running", "newly-created"):
+                    raise self._lost(None)
+                workers = self.client.scheduler_info().get("workers", {})
+                if workers:
+                    alone_since, warned = None, False
+                    continue
+                now = time.monotonic()
+                alone_since = alone_since if alone_since is not None else now
+                if not warned:
+                    warned = True
+                    warnings.warn(f"Dask: no worker is connected to {self.address}; waiting up to "
+                                  f"{self.worker_timeout:g} s for one", RuntimeWarning, stacklevel=2)
+                if now - alone_since >= self.worker_timeout:
+                    raise ExecutorLost(f"Dask: no worker connected to {self.address} for {self.worker_timeout:g} s; "
+                                       "finished runs are kept, rerun to resume once workers are back")
         except BaseException:
-            self.client.cancel(futures)
+            with contextlib.suppress(Exception):
+                self.client.cancel(list(pending))
             raise
+
+    def _result(self, f):
+        from concurrent.futures import CancelledError
+
+        try:
+            return f.result()
+        except CancelledError as e:  # distributed's FutureCancelledError too: a lost scheduler's futures
+            raise self._lost(e) from None
+        except OSError as e:  # CommClosedError and the like: the scheduler went away mid-result
+            raise self._lost(e) from None
+
+    def _lost(self, e: BaseException | None) -> ExecutorLost:
+        why = f" ({type(e).__name__})" if e is not None else ""
+        return ExecutorLost(f"Dask: lost the scheduler at {self.address}{why}; finished runs are kept, "
+                            "rerun to resume once it is back")
 
     def close(self) -> None:
         try:
@@ -188,6 +274,18 @@ class DaskExecutor(Executor):
     def describe(self) -> str:
         where = "LocalCluster" if self._cluster is not None else self.address
         return f"dask {where} ({self.workers} worker{'s' if self.workers != 1 else ''})"
+
+
+@contextlib.contextmanager
+def _sigint_ignored():
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _check_workers(workers: int | None) -> int:
@@ -381,7 +479,9 @@ class ResultStore:
             raise UsageError(f"results store: {self.folder} exists and is not a folder")
 
     def load(self) -> dict[str, Any]:
-        """Every complete stored run by key; a partial last line (a crash mid-append) is dropped and cut off."""
+        """Every complete stored run by key. A partial last line (a crash mid-append) is dropped, and cut
+        off the file only while this process holds the folder's lock (:func:`fluidopt._files.lock_folder`):
+        without it, that line may be one a live writer is appending."""
         if not self.path.exists():
             return {}
         raw = self.path.read_bytes()
@@ -400,7 +500,7 @@ class ResultStore:
                 break  # a torn line; everything after it was never acknowledged
             pos = nl + 1
             good_end = pos
-        if good_end < len(raw):
+        if good_end < len(raw) and holds(self.folder):
             with open(self.path, "r+b") as fh:
                 fh.truncate(good_end)
                 fh.flush()
@@ -425,12 +525,26 @@ class ResultStore:
 
 def run_jobs(fn: Callable[[dict], Any], jobs: Sequence[dict], *, executor: Executor | None = None,
              store: ResultStore | None = None, progress: bool | None = None, desc: str = "runs",
-             note: Callable[[dict, Any], str] | None = None) -> tuple[dict[int, Any], bool]:
-    """Run ``fn`` on every job not already in ``store``; return ``({index: result}, interrupted)``.
+             note: Callable[[dict, Any], str] | None = None) -> dict[int, Any]:
+    """Run ``fn`` on every job not already in ``store``; return ``{index: result}`` for all of them.
 
     Stored runs are taken as they are (not re-run); each new result is appended to the store as
-    soon as it arrives. Ctrl-C stops the executor and returns what finished with ``interrupted=True``.
+    soon as it arrives. Ctrl-C or SIGTERM stops the executor within about a second and raises
+    :class:`~fluidopt.interrupt.Interrupted` whose ``kept`` says how many runs finished and where they
+    are, and whose ``partial`` is the ``{index: result}`` of those. A run cut short by the signal is
+    never returned or stored (the simulator's partial result is dropped). A store that cannot be
+    appended to (a full disk) is an :class:`~fluidopt.errors.OutputError` saying what is stored.
     """
+    from fluidopt._files import maybe_lock
+
+    # the store's folder has one writer (the lock is re-entrant: a caller may hold it already)
+    with maybe_lock(store.folder if store is not None else None, "results store", "run_jobs"):
+        return _run_jobs(fn, jobs, executor, store, progress, desc, note)
+
+
+def _run_jobs(fn, jobs, executor, store, progress, desc, note) -> dict[int, Any]:
+    import fluidopt.interrupt as interrupt
+
     done: dict[int, Any] = {}
     keys = [run_key(j) for j in jobs] if store is not None else []
     if store is not None:
@@ -438,25 +552,41 @@ def run_jobs(fn: Callable[[dict], Any], jobs: Sequence[dict], *, executor: Execu
         for k, key in enumerate(keys):
             if key in stored:
                 done[k] = stored[key]
+    n_stored = len(done)
     todo = [k for k in range(len(jobs)) if k not in done]
     bar = Progress(len(jobs), enabled=progress, desc=desc, initial=len(done))
     own = executor is None
     ex = executor if executor is not None else LocalExecutor(1)
-    interrupted = False
+
+    def kept() -> str:
+        where = f"kept in {store.path}; rerun the same command to resume" if store is not None else \
+            "not stored (no results folder)"
+        return f"{len(done)} of {len(jobs)} {desc} finished ({len(done) - n_stored} new), {where}"
+
     try:
+        interrupt.clear()
         for i, res in ex.imap(fn, [jobs[k] for k in todo]):
+            if interrupt.pending() is not None:
+                # the simulator stopped gracefully on the signal: this result is cut short
+                raise interrupt.Interrupted(interrupt.pending())
             k = todo[i]
-            done[k] = res
             if store is not None:
-                store.append(keys[k], res)
+                try:
+                    store.append(keys[k], res)
+                except OSError as e:
+                    from fluidopt.errors import OutputError
+
+                    raise OutputError(f"cannot append to the results store {str(store.path)!r}: "
+                                      f"{e.strerror or type(e).__name__}; {kept()}") from None
+            done[k] = res
             bar.update(1, note(jobs[k], res) if note else "")
-    except KeyboardInterrupt:
-        interrupted = True
+    except KeyboardInterrupt as e:
+        raise interrupt.interrupted_from(e, kept(), dict(done)) from None
     finally:
         bar.close()
         if own:
             ex.close()
-    return done, interrupted
+    return done
 
 
 def finite_or_none(v: Any) -> Any:

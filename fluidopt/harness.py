@@ -3,9 +3,11 @@
 Each run is one :func:`fluidopt.simulate` call; each scenario's fluid LPs (the bound R* that no
 policy can beat in the limit, and the plan LP-guided policies follow) are solved once in the parent
 and handed to the runs. Runs go through :mod:`fluidopt.executor` (a local process pool by default,
-or Dask); Ctrl-C stops them and returns the runs that finished (``interrupted=True``); ``out=``
-writes the tables atomically (temporary file, then rename), so a result file is never half written,
-and keeps a results store there so that a rerun skips the runs already done.
+or Dask). Ctrl-C or SIGTERM stops them and raises :class:`fluidopt.interrupt.Interrupted`, whose
+``partial`` is the :class:`Comparison` of the runs that finished (flagged ``interrupted``); no table of
+an incomplete sweep is written. ``out=`` holds the folder as its only writer (a lock file), keeps a
+results store there so that a rerun skips the runs already done, and writes the tables as one
+generation (all replaced or none), so a result file is never half written or mixed with an older sweep's.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import pandas as pd
 from scipy import stats
 
 from fluidopt._files import atomic_path
-from fluidopt.errors import ScenarioError
+from fluidopt.errors import ScenarioError, did_you_mean
 from fluidopt.executor import Executor
 from fluidopt.model import Scenario
 from fluidopt.sim.cohort import COHORT_KEYS
@@ -170,25 +172,36 @@ class Comparison:
             return pd.DataFrame()
         return self.classes.groupby(["scenario", "policy", "name"], sort=False)[list(metrics)].mean().reset_index()
 
-    def save(self, directory: str | os.PathLike) -> list[Path]:
+    TABLES = ("runs.csv", "classes.csv", "bounds.csv", "summary.csv", "timeseries.csv", "meta.json")
+
+    def save(self, directory: str | os.PathLike, extra: dict[str, Any] | None = None,
+             owned: Sequence[str] = ()) -> list[Path]:
         """Write runs.csv, classes.csv, bounds.csv, summary.csv (and timeseries.csv when sampled) and
-        meta.json into ``directory``, each atomically; :meth:`load` reads them back."""
+        meta.json into ``directory`` as one generation (:func:`fluidopt._files.write_generation`: all
+        replace the previous ones or none does, and a previous sweep's timeseries.csv does not outlive
+        it); :meth:`load` reads them back. ``extra``: more files of the same generation (a figure),
+        name -> ``write(path)``; ``owned``: other names this generation replaces or removes.
+
+        An interrupted comparison's files are named ``partial-runs.csv`` and so on, never the names of
+        a finished sweep's tables."""
         import json
+
+        from fluidopt._files import write_generation
 
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
-        written = []
+        tag = "partial-" if self.interrupted else ""
+        writers: dict[str, Any] = {}
         tables = [("runs", self.runs), ("classes", self.classes), ("bounds", self.bounds), ("summary", self.summary())]
         if self.timeseries is not None:
             tables.append(("timeseries", self.timeseries))
         for name, df in tables:
-            written.append(write_csv_atomic(df, d / f"{name}.csv"))
+            writers[f"{tag}{name}.csv"] = lambda p, df=df: df.to_csv(p, index=False)
         meta = {"pricing": self.pricing, "wall_seconds": self.wall_seconds, "interrupted": self.interrupted,
                 "meta": self.meta}
-        with atomic_path(d / "meta.json") as tmp:
-            tmp.write_text(json.dumps(meta, indent=1, default=str))
-        written.append(d / "meta.json")
-        return written
+        writers[f"{tag}meta.json"] = lambda p: p.write_text(json.dumps(meta, indent=1, default=str))
+        writers.update({f"{tag}{k}": v for k, v in (extra or {}).items()})
+        return write_generation(d, writers, owned=[f"{tag}{n}" for n in (*self.TABLES, *owned)])
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> Comparison:
@@ -348,7 +361,8 @@ def _check_jobs(scenarios: Sequence[Scenario], policies: Sequence[tuple[str, str
     known = available()
     for _, p in policies:
         if not isinstance(p, str) or p.strip().lower().replace("_", "-") not in known:
-            raise ScenarioError(f"compare: policies: unknown policy {p!r}; known: {', '.join(sorted(known))}")
+            raise ScenarioError(f"compare: policies: unknown policy {p!r}{did_you_mean(p, known)}; known: "
+                                f"{', '.join(sorted(known))}")
     if not seeds:
         raise ScenarioError("compare: seeds: expected at least one seed, got none")
     for s in seeds:
@@ -396,7 +410,8 @@ def compare(
     different windows for the same precision).
     ``out``: a folder for the CSV tables; finished runs are also appended there, one by one, to a
     results store (``store.jsonl``), and with ``resume=True`` (default) runs already in it are not run
-    again, so a rerun after a crash or Ctrl-C does only what is missing. ``workloads``: maps a
+    again, so a rerun after a crash or Ctrl-C does only what is missing. A second process on the same
+    folder gets :class:`~fluidopt.errors.FolderInUseError` naming the holder. ``workloads``: maps a
     scenario name to a replay workload (a trace, :func:`fluidopt.sim.trace.replay`) that replaces its
     Poisson arrivals in every run of that scenario (``service="tokens"``).
 
@@ -407,9 +422,6 @@ def compare(
     warns (:class:`~fluidopt.sim.cohort.CohortWarning`) and has ``cohort_drained`` False. Default
     None: no drain, the tables as before.
     """
-    from fluidopt.control.registry import uses_plan
-    from fluidopt.executor import LocalExecutor, ResultStore, run_jobs
-
     if isinstance(scenarios, Scenario):
         scenarios = [scenarios]
     scenarios = list(scenarios)
@@ -436,6 +448,19 @@ def compare(
             samples[name] = _seconds("sample_interval", samples[name], caller="compare")
         if drains[name] is not None:
             drains[name] = _seconds("drain", drains[name], caller="compare")
+    from fluidopt._files import maybe_lock
+
+    with maybe_lock(out, "out", "compare"):
+        return _compare_locked(scenarios, labelled, seeds, horizons, warmups, services, samples, drains, pricing,
+                               options, workloads, out, resume, progress, executor, workers, imports)
+
+
+def _compare_locked(scenarios, labelled, seeds, horizons, warmups, services, samples, drains, pricing, options,
+                    workloads, out, resume, progress, executor, workers, imports) -> Comparison:
+    import fluidopt.interrupt as interrupt
+    from fluidopt.control.registry import uses_plan
+    from fluidopt.executor import LocalExecutor, ResultStore, run_jobs
+
     store = ResultStore(out) if out is not None else None
     if store is not None and not resume and store.path.exists():
         store.path.unlink()
@@ -480,14 +505,27 @@ def compare(
         return f"{job['scenario'].name} {job['label']} seed={job['seed']}"
 
     try:
-        done, interrupted = run_jobs(_run_one, jobs, executor=executor, store=store, progress=progress,
-                                     desc="simulations", note=note)
+        done = run_jobs(_run_one, jobs, executor=executor, store=store, progress=progress, desc="simulations",
+                        note=note)
+    except interrupt.Interrupted as e:
+        # Nothing of an incomplete sweep is saved as tables: the finished runs are in the store (a rerun
+        # resumes), and the caller gets them as e.partial.
+        e.partial = _assemble(jobs, e.partial or {}, True, scenarios, bounds, plans, bound_of, pricing, t0,
+                              horizons, warmups, services, samples, drains, seeds, executor, options)
+        raise
     finally:
         if own:
             executor.close()
-    if interrupted and progress:
-        print(f"interrupted: keeping {len(done)} of {len(jobs)} runs", file=sys.stderr, flush=True)
+    result = _assemble(jobs, done, False, scenarios, bounds, plans, bound_of, pricing, t0, horizons, warmups,
+                       services, samples, drains, seeds, executor, options)
+    if out is not None:
+        result.save(out)
+    return result
 
+
+def _assemble(jobs, done, interrupted, scenarios, bounds, plans, bound_of, pricing, t0, horizons, warmups, services,
+              samples, drains, seeds, executor, options) -> Comparison:
+    """The :class:`Comparison` of the finished runs ``done`` ({job index: result})."""
     rows, class_rows, series = [], [], []
     realised_of: dict[tuple, float] = {}
     col = "revenue_per_gpu" if pricing == "bundled" else "revenue_per_gpu_separate"
@@ -537,6 +575,4 @@ def compare(
         timeseries=pd.concat(series, ignore_index=True) if series else None,
         plans=plans,
     )
-    if out is not None:
-        result.save(out)
     return result

@@ -39,7 +39,7 @@ import pandas as pd
 from scipy import stats
 
 from fluidopt.dayplan import DayPlan, plan_day  # noqa: F401  (GPU-hours for a day: `fluidopt plan --day`)
-from fluidopt.errors import ScenarioError, UsageError
+from fluidopt.errors import ScenarioError, UsageError, did_you_mean
 from fluidopt.fluid.sli import SLI, TPOT, MaxPrefillWait, MinServedFraction, PrefillFairness, sli_spec
 from fluidopt.model import GPUProfile, Scenario
 
@@ -307,6 +307,7 @@ def plan(
     options: dict | None = None,
     fluid_only: bool = False,
     seeds: int = 5,
+    seed: int = 0,
     horizon: float | None = None,
     warmup: float | None = None,
     service: str = "markov",
@@ -339,7 +340,8 @@ def plan(
         raise UsageError(f"--seeds: expected an integer >= 1, got {seeds!r}")
     key = policy.strip().lower().replace("_", "-")
     if key not in available():
-        raise UsageError(f"--policy: unknown policy {policy!r}; known: {', '.join(sorted(available()))}")
+        raise UsageError(f"--policy: unknown policy {policy!r}{did_you_mean(key, available())}; known: "
+                         f"{', '.join(sorted(available()))}")
     profs = _profiles(scenario, profiles)
     if require_price:
         for g in profs:
@@ -385,7 +387,7 @@ def plan(
                     # share instead (M = ceil(n X*/n*)): the extra GPUs go to both pools in proportion.
                     share = float(np.sum(fb.x)) if "mixed_gpus" in policy_options(key) else None
                     n_sim, probes, tok = _search(sc, slis, lp_slis, fb.gpus_int, key, options, seeds, h, w, service,
-                                                 executor, store, progress, max_factor, f, share)
+                                                 executor, store, progress, max_factor, f, share, seed)
                     for n, judged in probes:
                         curves.extend({"profile": row["profile"], "growth": float(f), "n": n, **j} for j in judged)
                     row.update(n_sim=n_sim, correction=n_sim - fb.gpus_int, horizon=h, warmup=w)
@@ -414,7 +416,7 @@ def plan(
 
 def _search(sc: Scenario, slis: PlanSLIs, lp_slis, n0: int, policy: str, options, seeds: int, horizon: float,
             warmup: float, service: str, executor, store, progress, max_factor: float, growth: float,
-            mixed_share: float | None = None):
+            mixed_share: float | None = None, seed: int = 0):
     """Smallest n >= n0 meeting every SLI in simulation: step up from n0, then bisect."""
     from fluidopt.executor import run_jobs
 
@@ -427,11 +429,9 @@ def _search(sc: Scenario, slis: PlanSLIs, lp_slis, n0: int, policy: str, options
         jobs = [{"scenario": scn, "policy": policy, "options": options, "seed": s, "horizon": horizon,
                  "warmup": warmup, "service": service, "lp_slis": lp_slis,
                  "sample_interval": None, "mixed_share": mixed_share,
-                 "extra": {"kind": "plan", "slis": [sli_spec(x) for x in lp_slis], "mixed_share": mixed_share}} for s in range(seeds)]
-        done, interrupted = run_jobs(_sim_job, jobs, executor=executor, store=store, progress=progress,
-                                     desc=f"{sc.gpu.name or 'gpu'} x{growth:g} n={n}")
-        if interrupted:
-            raise KeyboardInterrupt
+                 "extra": {"kind": "plan", "slis": [sli_spec(x) for x in lp_slis], "mixed_share": mixed_share}} for s in range(seed, seed + seeds)]
+        done = run_jobs(_sim_job, jobs, executor=executor, store=store, progress=progress,
+                        desc=f"{sc.gpu.name or 'gpu'} x{growth:g} n={n}")
         runs = [done[k] for k in sorted(done)]
         ok, judged = _judge(sc, slis, runs)
         probes[n] = (ok, judged, float(np.mean([r["output_tokens_per_s"] for r in runs])))

@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from fluidopt.errors import ScenarioError
+from fluidopt.errors import ScenarioError, did_you_mean
 from fluidopt.model import GPUProfile
 
 __all__ = ["gpu_from_dict"]
@@ -31,7 +31,8 @@ def _reject_unknown(where: str, table: Mapping[str, Any], allowed: set[str]) -> 
     unknown = sorted(set(table) - allowed)
     if unknown:
         raise ScenarioError(
-            f"{where}: unknown key {unknown[0]!r}; expected one of {', '.join(sorted(allowed))}"
+            f"{where}: unknown key {unknown[0]!r}{did_you_mean(unknown[0], allowed)}; expected one of "
+            f"{', '.join(sorted(allowed))}"
         )
 
 

@@ -31,3 +31,27 @@ def make_executor(args: argparse.Namespace, runs: int | None = None):
 def progress_enabled(args: argparse.Namespace) -> bool:
     return not getattr(args, "no_progress", False) and not getattr(args, "json", False) and \
         bool(getattr(sys.stderr, "isatty", lambda: False)())
+
+
+def add_seed_arguments(p: argparse.ArgumentParser, *, seeds: int) -> None:
+    """``--seeds N`` (how many) and ``--seed S`` (the first): the runs use seeds S, S+1, ..., S+N-1. The same
+    two words mean the same in every command (``simulate`` and ``rl`` take one ``--seed``)."""
+    p.add_argument("--seeds", type=int, default=seeds, metavar="N", help=f"independent seeds per point (default {seeds})")
+    p.add_argument("--seed", type=int, default=None, metavar="S",
+                   help="the first seed: the runs use S, S+1, ..., S+N-1 (default 0)")
+
+
+def seed_list(args: argparse.Namespace) -> list[int]:
+    """The seeds ``--seed``/``--seeds`` ask for, checked; a note when ``--seed`` comes alone, since it once
+    abbreviated ``--seeds`` (a count) in ``fluidopt run``."""
+    from fluidopt.errors import UsageError
+
+    if args.seeds is None or args.seeds < 1:
+        raise UsageError(f"--seeds: expected an integer >= 1, got {args.seeds}")
+    first = 0 if args.seed is None else args.seed
+    if first < 0:
+        raise UsageError(f"--seed: expected an integer >= 0, got {first}")
+    if args.seed is not None and "--seeds" not in sys.argv and not getattr(args, "json", False):
+        print(f"note: --seed {first} is the first seed (seeds {first}..{first + args.seeds - 1}); for a number of "
+              "seeds use --seeds N (--seed no longer abbreviates --seeds)", file=sys.stderr)
+    return list(range(first, first + args.seeds))

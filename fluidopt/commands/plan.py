@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 from fluidopt.commands._options import add_controller_arguments, import_user_modules, parse_options
-from fluidopt.commands._scale import add_scale_arguments, check_workers, progress_enabled
+from fluidopt.commands._scale import add_scale_arguments, add_seed_arguments, check_workers, progress_enabled, seed_list
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -35,7 +35,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--policy", default="gate-and-route", help="controller verified in simulation "
                    "(default gate-and-route)")
     p.add_argument("--fluid-only", action="store_true", help="the fluid bound only, no simulation")
-    p.add_argument("--seeds", type=int, default=5, help="seeds per probed fleet size (default 5)")
     p.add_argument("--horizon", type=float, default=None, help="simulated seconds per run (default: 3 T warm-up "
                    "+ 10 T, T the slowest mean decode)")
     p.add_argument("--warmup", type=float, default=None, help="seconds excluded from metrics")
@@ -61,6 +60,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     d.add_argument("--max-gpus", type=int, default=None, help="the fleet's maximum (default the scenario's gpus)")
     add_controller_arguments(p)
     add_scale_arguments(p)
+    add_seed_arguments(p, seeds=5)
     return p
 
 
@@ -85,7 +85,7 @@ def _growth(text: str) -> list[float]:
 
 def run(args: argparse.Namespace) -> int:
     from fluidopt.errors import UsageError
-    from fluidopt.plan import PlanSLIs, batch_chunk_study, plan
+    from fluidopt.plan import PlanSLIs
     from fluidopt.scenario import load_scenario
 
     import_user_modules(args.imports)
@@ -99,13 +99,19 @@ def run(args: argparse.Namespace) -> int:
     slis = PlanSLIs(served=args.served, tpot=args.tpot, ttft=args.ttft, ttft_p99=args.ttft_p99,
                     fairness=args.fairness)
     growth = _growth(args.growth)
-    if args.seeds < 1:
-        raise UsageError(f"--seeds: expected an integer >= 1, got {args.seeds}")
+    args.first_seed = seed_list(args)[0]
     scenario = load_scenario(args.scenario)
     profiles = [p.strip() for p in args.profiles.split(",") if p.strip()] if args.profiles else None
     out = Path(args.out) if args.out else None
-    if out is not None and out.exists() and not out.is_dir():
-        raise UsageError(f"--out: {out} exists and is not a folder")
+    from fluidopt._files import maybe_lock
+
+    with maybe_lock(out, "--out", "fluidopt plan"):  # created, writable, ours alone: before any work
+        return _run_plan(args, scenario, slis, growth, profiles, options, out)
+
+
+def _run_plan(args, scenario, slis, growth, profiles, options, out) -> int:
+    from fluidopt.plan import batch_chunk_study, plan
+
     executor = None
     if not args.fluid_only:
         from fluidopt.commands._scale import make_executor
@@ -113,8 +119,9 @@ def run(args: argparse.Namespace) -> int:
         executor = make_executor(args, runs=args.seeds)
     try:
         res = plan(scenario, slis, profiles=profiles, growth=growth, policy=args.policy, options=options or None,
-                   fluid_only=args.fluid_only, seeds=args.seeds, horizon=args.horizon, warmup=args.warmup,
-                   service=args.service, executor=executor, out=out, progress=progress_enabled(args))
+                   fluid_only=args.fluid_only, seeds=args.seeds, seed=args.first_seed, horizon=args.horizon, warmup=args.warmup,
+                   service=args.service, executor=executor, out=out, progress=progress_enabled(args),
+                   require_price=False)  # a fleet size needs no price: the cost columns are then empty
     finally:
         if executor is not None:
             executor.close()
@@ -132,21 +139,18 @@ def run(args: argparse.Namespace) -> int:
         study = batch_chunk_study(sc, slis=fluid_plan_slis(sc, slis))
     files: list[str] = []
     if out is not None:
-        from fluidopt.harness import write_csv_atomic
+        from fluidopt._files import write_generation
 
-        files.append(str(write_csv_atomic(res.table, out / "plan.csv")))
+        writers = {"plan.csv": lambda p: res.table.to_csv(p, index=False)}
         if not res.curves.empty:
-            files.append(str(write_csv_atomic(res.curves, out / "curves.csv")))
             import matplotlib
 
             matplotlib.use("Agg")
-            from fluidopt._files import atomic_path
-
-            with atomic_path(out / "sli_vs_n.png") as tmp:
-                res.figure().savefig(tmp, dpi=110)
-            files.append(str(out / "sli_vs_n.png"))
+            writers["curves.csv"] = lambda p: res.curves.to_csv(p, index=False)
+            writers["sli_vs_n.png"] = lambda p: res.figure().savefig(p, dpi=110, format="png")
         if study is not None:
-            files.append(str(write_csv_atomic(study, out / "batch_chunk.csv")))
+            writers["batch_chunk.csv"] = lambda p: study.to_csv(p, index=False)
+        files += [str(f) for f in write_generation(out, writers, owned=PLAN_FILES)]
     if args.json:
         d = res.to_dict()
         if study is not None:
@@ -169,6 +173,9 @@ def run(args: argparse.Namespace) -> int:
     if files:
         print(f"\nsaved: {', '.join(files)}")
     return 0
+
+
+PLAN_FILES = ("plan.csv", "curves.csv", "sli_vs_n.png", "batch_chunk.csv")
 
 
 def _report(table, fluid_only: bool) -> str:
@@ -204,17 +211,19 @@ def _run_day(args: argparse.Namespace) -> int:
     scenario = load_scenario(args.scenario)
     rates = read_rates_csv(args.rates) if args.rates else None
     backlogs = [parse_backlog(b) for b in args.backlog]
+    if args.out:
+        from fluidopt._files import check_writable_folder
+
+        check_writable_folder(args.out, "--out")  # before the work, not after it
     d = plan_day(scenario, rates, trace=args.trace or None, slot=args.slot, backlogs=backlogs,
                  utilisation=args.utilisation, min_gpus=args.min_gpus, max_gpus=args.max_gpus)
     files: list[str] = []
     if args.out:
-        from fluidopt.harness import write_csv_atomic
+        from fluidopt._files import lock_folder, write_generation
 
-        out = Path(args.out)
-        if out.exists() and not out.is_dir():
-            raise UsageError(f"--out: {out} exists and is not a folder")
-        out.mkdir(parents=True, exist_ok=True)
-        files.append(str(write_csv_atomic(d.to_frame(), out / "day.csv")))
+        with lock_folder(args.out, "--out", "fluidopt plan --day") as out:
+            frame = d.to_frame()
+            files += [str(f) for f in write_generation(out, {"day.csv": lambda p: frame.to_csv(p, index=False)})]
     if args.json:
         print(json.dumps({"scenario": scenario.name, **d.to_dict(), "files": files}, indent=2, default=str))
         return 0

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 from fluidopt.commands._options import add_controller_arguments, import_user_modules, parse_options
-from fluidopt.commands._scale import add_scale_arguments, check_workers, progress_enabled
+from fluidopt.commands._scale import add_scale_arguments, add_seed_arguments, check_workers, progress_enabled, seed_list
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -32,7 +32,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--simulate", default="", metavar="CP,CD;CP,CD",
                    help="grid points to simulate with --policy, e.g. '0.1,0.2;0.3,0.1'")
     p.add_argument("--policy", default="gate-and-route")
-    p.add_argument("--seeds", type=int, default=2)
     p.add_argument("--horizon", type=float, default=600.0)
     p.add_argument("--warmup", type=float, default=150.0)
     p.add_argument("--out", default="", help="folder for grid.csv, shadow_prices.csv, pareto.csv, simulated.csv and "
@@ -40,6 +39,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     add_controller_arguments(p)
     add_scale_arguments(p)
+    add_seed_arguments(p, seeds=2)
     return p
 
 
@@ -74,6 +74,17 @@ def _pareto_bounds(scenario, kind: str, k: int):
 
 
 def run(args: argparse.Namespace) -> int:
+    from fluidopt._files import maybe_lock
+
+    # --out is created, proved writable and held as ours alone before any work
+    with maybe_lock(args.out or None, "--out", "fluidopt price"):
+        return _run(args)
+
+
+PRICE_FILES = ("grid.csv", "shadow_prices.csv", "grid.png", "pareto.csv", "pareto.png", "simulated.csv")
+
+
+def _run(args: argparse.Namespace) -> int:
     from fluidopt.errors import UsageError
     from fluidopt.pricing import (
         grid_figure,
@@ -102,8 +113,6 @@ def run(args: argparse.Namespace) -> int:
     if options and not points:
         raise UsageError("--option: only used with --simulate")
     out = Path(args.out) if args.out else None
-    if out is not None and out.exists() and not out.is_dir():
-        raise UsageError(f"--out: {out} exists and is not a folder")
     scenario = load_scenario(args.scenario)
     grid = price_grid(scenario, cps, cds, pricings=pricings)
     shadow = shadow_prices(scenario, pricings=pricings)
@@ -115,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
         ex = make_executor(args, runs=len(points) * args.seeds)
         try:
             sim = simulate_points(scenario, points, policy=args.policy, pricing=pricings[0],
-                                  seeds=list(range(args.seeds)), horizon=args.horizon, warmup=args.warmup,
+                                  seeds=seed_list(args), horizon=args.horizon, warmup=args.warmup,
                                   executor=ex, out=out / "runs" if out is not None else None,
                                   progress=progress_enabled(args))
         finally:
@@ -126,21 +135,18 @@ def run(args: argparse.Namespace) -> int:
         import pandas as pd
 
         matplotlib.use("Agg")
-        from fluidopt._files import atomic_path
-        from fluidopt.harness import write_csv_atomic
+        from fluidopt._files import write_generation
 
-        files.append(str(write_csv_atomic(grid, out / "grid.csv")))
-        files.append(str(write_csv_atomic(shadow, out / "shadow_prices.csv")))
-        with atomic_path(out / "grid.png") as tmp:
-            grid_figure(grid).savefig(tmp, dpi=100)
-        files.append(str(out / "grid.png"))
+        # one generation: the grid, its figures and the simulated points replace the last run's together
+        writers = {"grid.csv": lambda p: grid.to_csv(p, index=False),
+                   "shadow_prices.csv": lambda p: shadow.to_csv(p, index=False),
+                   "grid.png": lambda p: grid_figure(grid).savefig(p, dpi=100, format="png")}
         if curves:
-            files.append(str(write_csv_atomic(pd.concat(curves, ignore_index=True), out / "pareto.csv")))
-            with atomic_path(out / "pareto.png") as tmp:
-                pareto_figure(*curves).savefig(tmp, dpi=100)
-            files.append(str(out / "pareto.png"))
+            writers["pareto.csv"] = lambda p: pd.concat(curves, ignore_index=True).to_csv(p, index=False)
+            writers["pareto.png"] = lambda p: pareto_figure(*curves).savefig(p, dpi=100, format="png")
         if sim is not None:
-            files.append(str(write_csv_atomic(sim, out / "simulated.csv")))
+            writers["simulated.csv"] = lambda p: sim.to_csv(p, index=False)
+        files += [str(f) for f in write_generation(out, writers, owned=PRICE_FILES)]
     best = grid.loc[grid.groupby("pricing")["revenue_per_gpu"].idxmax()]
     if args.json:
         def rec(df):

@@ -111,7 +111,10 @@ def _train(args) -> int:
            + (f" --reward-scale {args.reward_scale}" if args.reward_scale != 0.01 else "") + f" --out {args.out}")
     path = save_weights(args.out, res.net, command=cmd)
     if args.curves:
-        res.curves.to_csv(args.curves, index=False)
+        from fluidopt._files import atomic_path
+
+        with atomic_path(args.curves) as tmp:
+            res.curves.to_csv(tmp, index=False)
     last = res.curves.iloc[-1]
     print(f"wrote {path} ({path.stat().st_size:,} bytes): {args.variant}-rl, {len(res.curves)} episodes, "
           f"{res.state['steps']:,} steps, {res.wall_seconds:.0f} s; last episode reward {last['reward']:,.1f}, "
@@ -142,7 +145,10 @@ def _evaluate(args) -> int:
     df = evaluate(scenario, pols, episodes=args.episodes, n_requests=args.requests, seed=args.seed,
                   accuracy=args.accuracy, options=opts, progress=prog if sys.stderr.isatty() else None)
     if args.csv:
-        df.to_csv(args.csv, index=False)
+        from fluidopt._files import atomic_path
+
+        with atomic_path(args.csv) as tmp:
+            df.to_csv(tmp, index=False)
     s = summarize(df)
     if args.json:
         print(json.dumps(s.to_dict(orient="records"), indent=2, default=float))

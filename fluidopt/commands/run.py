@@ -15,7 +15,13 @@ from fluidopt.commands._options import (
     parse_options,
     replay_from_args,
 )
-from fluidopt.commands._scale import add_scale_arguments, check_workers, progress_enabled
+from fluidopt.commands._scale import (
+    add_scale_arguments,
+    add_seed_arguments,
+    check_workers,
+    progress_enabled,
+    seed_list,
+)
 
 DEFAULT_POLICIES = ("gate-and-route", "fi-wsp", "gi-wsp", "gf-wsp", "fg-sp")
 
@@ -34,7 +40,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help=f"comma-separated policy names (default: {','.join(DEFAULT_POLICIES)})")
     p.add_argument("--horizon", type=float, default=600.0, help="simulated seconds per run (default 600)")
     p.add_argument("--warmup", type=float, default=150.0, help="seconds excluded from metrics (default 150)")
-    p.add_argument("--seeds", type=int, default=2, help="independent seeds per policy (default 2)")
     p.add_argument("--service", choices=("markov", "tokens"), default="markov")
     p.add_argument("--pricing", choices=("bundled", "separate"), default="bundled")
     p.add_argument("--out", default="fluidopt-run", help="directory for CSV tables and PNG figures, and the "
@@ -44,14 +49,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
     add_controller_arguments(p)
     add_trace_arguments(p)
     add_scale_arguments(p)
+    add_seed_arguments(p, seeds=2)
     return p
 
 
 def run(args: argparse.Namespace) -> int:
-    from fluidopt.errors import ScenarioError, UsageError
-    from fluidopt.fluid.lp import scenario_slis, solve_fluid
-    from fluidopt.fluid.sli import sli_spec
-    from fluidopt.harness import compare
+    from fluidopt._files import maybe_lock
+    from fluidopt.errors import ScenarioError
     from fluidopt.scenario import load_scenario
 
     import_user_modules(args.imports)  # so the policy names below validate; workers import them again
@@ -62,8 +66,7 @@ def run(args: argparse.Namespace) -> int:
         if args.gpus < 1:
             raise ScenarioError(f"--gpus: expected an integer >= 1, got {args.gpus}")
         scenario = scenario.with_gpus(args.gpus)
-    if args.seeds < 1:
-        raise ScenarioError(f"--seeds: expected an integer >= 1, got {args.seeds}")
+    args.seed_list = seed_list(args)
     scenario, wl = replay_from_args(args, scenario)
     workloads = None if wl is None else {scenario.name: wl}
     if wl is None:
@@ -72,8 +75,15 @@ def run(args: argparse.Namespace) -> int:
         check_size(scenario, args.horizon, caller="run")
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     out = Path(args.out) if args.out else None
-    if out is not None and out.exists() and not out.is_dir():
-        raise UsageError(f"--out: {out} exists and is not a folder")
+    with maybe_lock(out, "--out", "fluidopt run"):  # created, writable, ours alone: before any work
+        return _run(args, scenario, policies, options, out, workloads)
+
+
+def _run(args, scenario, policies, options, out, workloads) -> int:
+    from fluidopt.fluid.lp import scenario_slis, solve_fluid
+    from fluidopt.fluid.sli import sli_spec
+    from fluidopt.harness import compare
+
     # The scenario's own SLIs (its file's slis list) shape R* and the plan: an infeasible set is an
     # InfeasibleError naming the conflicting rows (one line, exit 2), before any simulation.
     sol = solve_fluid(scenario, pricing=args.pricing)
@@ -91,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     executor = make_executor(args, runs=len(policies) * args.seeds)
     try:
         comp = compare(
-            scenario, policies, seeds=list(range(args.seeds)), horizon=args.horizon, warmup=args.warmup,
+            scenario, policies, seeds=args.seed_list, horizon=args.horizon, warmup=args.warmup,
             service=args.service, pricing=args.pricing, progress=progress,
             options={p: options for p in policies} if options else None, imports=args.imports,
             sample_interval=max(args.horizon / 300, 0.5) if out is not None else None,
@@ -102,8 +112,8 @@ def run(args: argparse.Namespace) -> int:
     summ = comp.summary()
     files: list[str] = []
     if out is not None:
-        files += [str(p) for p in comp.save(out)]
-        files += _figures(comp, sol, out)
+        # the figures belong to the sweep's generation: replaced with its tables, or not at all
+        files += [str(p) for p in comp.save(out, extra=_figures(comp, sol), owned=FIGURES)]
     if args.json:
         print(json.dumps({
             "scenario": scenario.name,
@@ -112,22 +122,19 @@ def run(args: argparse.Namespace) -> int:
             "slis": [sli_spec(s) for s in slis],
             "lp_objective_per_gpu": sol.objective_per_gpu,
             "mixed_gpus": sol.mixed_gpus,
-            "interrupted": comp.interrupted,
             "wall_seconds": comp.wall_seconds,
             "executor": comp.meta.get("executor"),
             "policies": [{k: (None if isinstance(v, float) and not math.isfinite(v) else v)
                           for k, v in row.items()} for row in summ.to_dict(orient="records")],
             "files": files,
         }, indent=2))
-        return 130 if comp.interrupted else 0
+        return 0
     print()
     print(_report(summ))
-    if comp.interrupted:
-        print(f"\ninterrupted: {len(comp.runs)} runs finished and are reported above")
     if files:
         print(f"\nsaved: {', '.join(files)}")
     print(f"({comp.wall_seconds:.1f} s wall, {comp.meta.get('executor')})")
-    return 130 if comp.interrupted else 0
+    return 0
 
 
 def _report(summ) -> str:
@@ -154,28 +161,27 @@ def _report(summ) -> str:
     return pd.DataFrame(rows).to_string(index=False)
 
 
-def _figures(comp, sol, out: Path) -> list[str]:
-    """The comparison chart and the first policy's occupancy paths, from the runs already made."""
+FIGURES = ("comparison.png", "occupancy.png")
+
+
+def _figures(comp, sol) -> dict:
+    """Writers of the comparison chart and the first policy's occupancy paths (file name -> write(path))."""
     import matplotlib
 
     matplotlib.use("Agg")
     from fluidopt.plots import plot_comparison, plot_occupancy
 
-    files = []
+    files: dict = {}
     if comp.runs.empty:
         return files
-    path = out / "comparison.png"
-    _save(plot_comparison(comp), path)
-    files.append(str(path))
+    files["comparison.png"] = lambda p: _save(plot_comparison(comp), p)
     ts = comp.timeseries
     if ts is not None and not ts.empty:
         first = comp.runs.iloc[0]
         paths = ts[(ts["policy"] == first["policy"]) & (ts["seed"] == first["seed"])]
-        path = out / "occupancy.png"
         run = _Sampled(paths, int(first["gpus"]), sol.class_names, float(comp.meta["warmup"]), first["policy"],
                        first["scenario"])
-        _save(plot_occupancy(run, sol), path)
-        files.append(str(path))
+        files["occupancy.png"] = lambda p: _save(plot_occupancy(run, sol), p)
     return files
 
 
@@ -188,7 +194,7 @@ class _Sampled:
 
 
 def _save(fig, path: Path) -> None:
-    from fluidopt._files import atomic_path
+    import matplotlib.pyplot as plt
 
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=110)
+    fig.savefig(path, dpi=110, format="png")
+    plt.close(fig)

@@ -149,6 +149,8 @@ def run(args: argparse.Namespace) -> int:
     scenario, workload = replay_from_args(args, scenario)
     if workload is None:
         check_size(scenario, args.horizon)
+    else:
+        _warn_trace_load(workload, scenario, args.gpus)
     controller = make_controller(args.policy, scenario, **options)
     res = simulate(
         scenario, controller, horizon=args.horizon, warmup=warmup, seed=args.seed, service=args.service,
@@ -169,4 +171,26 @@ def run(args: argparse.Namespace) -> int:
                   f"completed + {c['cohort_abandoned']} abandoned + {c['cohort_dropped']} dropped + "
                   f"{c['cohort_unresolved']} unresolved; last resolved {c['drain_seconds']:.4g} s after the horizon"
                   + ("" if c["cohort_drained"] else f" (NOT drained within {c['drain_cap']:g} s)"))
-    return 130 if res.interrupted else 0
+    if res.interrupted:
+        import fluidopt.interrupt as interrupt
+
+        return interrupt.exit_status(KeyboardInterrupt())  # 130, or 143 for SIGTERM
+    return 0
+
+
+TRACE_LOAD_RANGE = (0.05, 1.0)  # a replayed trace loading the fleet outside this range gets a warning
+
+
+def _warn_trace_load(workload, scenario, gpus_flag) -> None:
+    """A trace replayed on a fleet it barely touches (or overloads) measures nothing useful: say so."""
+    import warnings
+
+    from fluidopt.sim.trace import fleet_load
+
+    load = fleet_load(workload, scenario)
+    if load is None or TRACE_LOAD_RANGE[0] <= load <= TRACE_LOAD_RANGE[1]:
+        return
+    need = max(1, math.ceil(load * scenario.gpus))
+    how = "below 5%: most GPUs stay idle" if load < TRACE_LOAD_RANGE[0] else "above 100%: requests will queue and abandon"
+    warnings.warn(f"--trace: the trace loads the {scenario.gpus}-GPU fleet at {100 * load:.2g}% of its fluid "
+                  f"capacity ({how}); about {need} GPUs serve it fully: try --gpus {need}", UserWarning, stacklevel=1)

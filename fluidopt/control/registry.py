@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from fluidopt.control.protocol import Controller
-from fluidopt.errors import FluidoptError, ScenarioError, UsageError
+from fluidopt.errors import FluidoptError, ScenarioError, UsageError, did_you_mean
 from fluidopt.model import Scenario
 
 __all__ = [
@@ -143,8 +143,9 @@ def _entry(name: str, caller: str = "controller") -> _Entry:
     _load_builtins()
     entry = _REGISTRY.get(_norm(name))
     if entry is None:
-        names = ", ".join(sorted(e.name for e in _REGISTRY.values()))
-        raise UsageError(f"{caller}: unknown policy {name!r}; registered: {names}")
+        known = sorted(e.name for e in _REGISTRY.values())
+        raise UsageError(f"{caller}: unknown policy {name!r}{did_you_mean(_norm(name), known)}; registered: "
+                         f"{', '.join(known)}")
     return entry
 
 

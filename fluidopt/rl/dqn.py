@@ -314,8 +314,12 @@ def train(scenario, config: DQNConfig = DQNConfig(), *, env: RouterEnv | None = 
         _progress(f"{cfg.variant}-rl episode {k + 1}/{cfg.episodes}: reward {ep_r:,.0f}, "
                   f"e2e {rows[-1]['e2e_mean']:.3f} s, {time.perf_counter() - t0:.0f} s", progress)
         if checkpoint is not None:
-            torch.save({"online": online.state_dict(), "target": target.state_dict(), "optimizer": opt.state_dict(),
-                        "episode": k, "steps": steps, "updates": updates, "config": asdict(cfg)}, checkpoint)
+            from fluidopt._files import atomic_path
+
+            with atomic_path(checkpoint) as tmp:  # a kill mid-save leaves the last whole checkpoint
+                torch.save({"online": online.state_dict(), "target": target.state_dict(),
+                            "optimizer": opt.state_dict(), "episode": k, "steps": steps, "updates": updates,
+                            "config": asdict(cfg)}, tmp)
         if stop:
             break
     if progress:

@@ -207,7 +207,9 @@ def save_weights(path: str | Path, net: QNetwork, *, command: str = "") -> Path:
         meta["dispatch"] = np.array(net.dispatch)
     if net.wait_mask != "none":
         meta["wait_mask"] = np.array(net.wait_mask)
-    with open(path, "wb") as f:
+    from fluidopt._files import atomic_path
+
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:  # never a half-written weight file
         np.savez_compressed(f, layout=np.array(STATE_LAYOUT), n_instances=np.array(net.n_instances),
                             variant=np.array(net.variant), config=np.array(net.config),
                             command=np.array(command), **meta, **arrays)

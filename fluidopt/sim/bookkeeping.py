@@ -17,6 +17,7 @@ import warnings
 
 import numpy as np
 
+import fluidopt.interrupt as interrupt
 from fluidopt.errors import ActionError, ScenarioError
 from fluidopt.sim import metrics as M
 from fluidopt.sim import state as S
@@ -102,7 +103,8 @@ def advance(eng, until: float | None = None) -> float:
     gc.disable()
     try:
         eng._loop(stop)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:  # a second Ctrl-C, or SIGTERM under fluidopt.interrupt.handle_sigterm
+        interrupt.note(interrupt.signum_of(e))
         eng._interrupted = True
     finally:
         if gc_was_enabled:
@@ -131,6 +133,7 @@ def every_1024(eng, ev: int) -> bool:
 
 
 def on_sigint(eng, signum, frame) -> None:
+    interrupt.note(signum)  # so a sweep never takes the partial run for a finished one
     if eng._stop:
         raise KeyboardInterrupt
     eng._stop = True

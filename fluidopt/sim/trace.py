@@ -571,3 +571,22 @@ def classes_from_trace(
         )
     return out
 
+
+
+def fleet_load(trace: TraceWorkload | pd.DataFrame, scenario: Scenario) -> float | None:
+    """The trace's load on the scenario's fleet: the GPUs the fluid model needs to serve every request
+    of the trace at its observed rates and mean lengths (:func:`fluidopt.fluid.capacity.fluid_fleet_bound`
+    with every class fully served), over ``scenario.gpus``. About 1 means the fleet is just big enough;
+    0.003 means a trace of a small service replayed on a large fleet. None when it cannot be estimated."""
+    from dataclasses import replace as _replace
+
+    from fluidopt.fluid.capacity import fluid_fleet_bound
+    from fluidopt.fluid.sli import MinServedFraction
+
+    try:
+        classes = classes_from_trace(trace)
+        sc = _replace(scenario, classes=tuple(classes))
+        bound = fluid_fleet_bound(sc, [MinServedFraction(c.name, 1.0) for c in classes])
+    except Exception:  # noqa: BLE001 - an estimate for a warning, never a reason to fail the run
+        return None
+    return float(bound.gpus) / scenario.gpus

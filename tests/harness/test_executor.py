@@ -17,6 +17,7 @@ import pytest
 
 import fluidopt
 from fluidopt import harness
+from fluidopt._files import lock_folder
 from fluidopt.errors import UsageError
 from fluidopt.executor import LocalExecutor, ResultStore, check_scheduler_address, run_key
 from fluidopt.harness import compare
@@ -36,6 +37,10 @@ def test_store_round_trips_floats_exactly_and_drops_a_torn_line(tmp_path):
         fh.write(b'{"key":"k3","result":{"row":{"a":')
     size_before = st.path.stat().st_size
     got = ResultStore(tmp_path).load()
+    assert set(got) == {"k1", "k2"}
+    assert st.path.stat().st_size == size_before  # not holding the folder: that line may be a live writer's
+    with lock_folder(tmp_path):
+        got = ResultStore(tmp_path).load()
     assert set(got) == {"k1", "k2"}
     r = got["k1"]["row"]
     assert r["a"] == 0.1 + 0.2 and np.isnan(r["b"]) and r["c"] == 1e-320 and r["d"] == 7 and r["f"] is True

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import signal
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import fluidopt
 from fluidopt import harness
 from fluidopt.errors import ScenarioError
 from fluidopt.harness import compare
+from fluidopt.interrupt import Interrupted
 
 SMALL = fluidopt.default_scenario(gpus=8)
 KW = dict(horizon=60.0, warmup=10.0)
@@ -58,8 +60,11 @@ def test_interrupt_keeps_finished_runs(monkeypatch):
         return real(job)
 
     monkeypatch.setattr(harness, "_run_one", flaky)
-    c = compare(SMALL, ["fi-wsp"], seeds=[0, 1, 2], workers=1, **KW)
+    with pytest.raises(Interrupted) as e:
+        compare(SMALL, ["fi-wsp"], seeds=[0, 1, 2], workers=1, **KW)
+    c = e.value.partial
     assert c.interrupted and list(c.runs["seed"]) == [0]
+    assert e.value.signum == signal.SIGINT and "1 of 3 simulations finished" in e.value.kept
 
 
 def test_save_writes_complete_tables(tmp_path):

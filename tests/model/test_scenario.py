@@ -186,10 +186,10 @@ _DELETE = object()
         # unknown keys, at every level
         ("colour", "red", (r"scenario: unknown key 'colour'; expected one of classes, cluster, description, gpu, name, "
                           r"pricing")),
-        ("gpu.alpah", 0.1, r"gpu: unknown key 'alpah'; expected one of alpha, batch, beta, chunk, gamma"),
+        ("gpu.alpah", 0.1, r"gpu: unknown key 'alpah' \(did you mean 'alpha'\?\); expected one of alpha, batch, beta, chunk, gamma"),
         ("cluster.nodes", 3, r"cluster: unknown key 'nodes'; expected one of gpus"),
         ("pricing.input", 0.1, r"pricing: unknown key 'input'; expected one of decode, prefill"),
-        ("classes.0.prompt_len", 3, r"classes\[0\]: unknown key 'prompt_len'; expected one of decode, decode_price"),
+        ("classes.0.prompt_len", 3, r"classes\[0\]: unknown key 'prompt_len' \(did you mean 'prompt'\?\); expected one of decode, decode_price"),
         # missing fields
         ("gpu", _DELETE, r"scenario.gpu: missing required field"),
         ("cluster", _DELETE, r"scenario.cluster: missing required field"),

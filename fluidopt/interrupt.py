@@ -1,0 +1,123 @@
+"""The interruption contract of every long command and script.
+
+Ctrl-C (SIGINT) or SIGTERM at any moment of a sweep, a search or a training run:
+
+- stops within about a second (the simulator checks between events; pools are terminated, not
+  drained);
+- raises :class:`Interrupted` (a :class:`KeyboardInterrupt`) carrying the signal and one line that
+  says what was kept ("7 of 12 runs kept in out/store.jsonl; rerun the same command to resume");
+- never lets a cut-short result pass as a finished one: a simulation stopped by a signal inside a
+  sweep is discarded, not stored, and no table of an incomplete sweep is written;
+- the command line prints that one line and exits ``128 + signal`` (130 for SIGINT, 143 for
+  SIGTERM), with no traceback.
+
+:func:`note` records a signal that some layer handled gracefully (the simulator's Ctrl-C handler stops
+its loop between two events and returns a partial result flagged ``interrupted``); a sweep checks
+:func:`pending` after each run so that such a partial result is not mistaken for a whole one.
+:func:`handle_sigterm` turns SIGTERM into the same exception as Ctrl-C for the time of a command, and
+:func:`script_main` gives an example script the same contract as the CLI.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+__all__ = ["Interrupted", "note", "pending", "clear", "exit_status", "handle_sigterm", "script_main"]
+
+_pending: int | None = None  # the last signal noted and not yet acted on
+
+
+class Interrupted(KeyboardInterrupt):
+    """A run, sweep or search stopped by a signal. ``signum``: SIGINT or SIGTERM; ``kept``: one line on
+    what was kept (empty when nothing long had started); ``partial``: what finished, where the caller
+    can use it (e.g. a :class:`~fluidopt.harness.Comparison` of the finished runs), else None."""
+
+    def __init__(self, signum: int = signal.SIGINT, kept: str = "", partial: Any = None) -> None:
+        super().__init__(kept or signal.Signals(signum).name)
+        self.signum = int(signum)
+        self.kept = kept
+        self.partial = partial
+
+
+def note(signum: int) -> None:
+    """Record that ``signum`` arrived and was handled gracefully somewhere below."""
+    global _pending
+    _pending = int(signum)
+
+
+def pending() -> int | None:
+    """The signal noted since the last :func:`clear`, or None."""
+    return _pending
+
+
+def clear() -> None:
+    global _pending
+    _pending = None
+
+
+def signum_of(exc: BaseException) -> int:
+    """The signal behind a KeyboardInterrupt (SIGINT unless it says otherwise)."""
+    if isinstance(exc, Interrupted):
+        return exc.signum
+    return _pending if _pending is not None else int(signal.SIGINT)
+
+
+def exit_status(exc: BaseException) -> int:
+    """``128 + signal``: 130 for Ctrl-C, 143 for SIGTERM."""
+    return 128 + signum_of(exc)
+
+
+def interrupted_from(exc: BaseException, kept: str = "", partial: Any = None) -> Interrupted:
+    """``exc`` (any KeyboardInterrupt) as an :class:`Interrupted` with what was kept."""
+    return Interrupted(signum_of(exc), kept or getattr(exc, "kept", ""), partial)
+
+
+def _on_sigterm(signum, frame) -> None:
+    note(signum)
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def handle_sigterm() -> Iterator[None]:
+    """While inside, SIGTERM raises :class:`Interrupted` as Ctrl-C raises KeyboardInterrupt (main
+    thread only; elsewhere a no-op). The previous handler is restored on exit."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    clear()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def message(prog: str, exc: BaseException) -> str:
+    """The one line a command prints when interrupted."""
+    name = signal.Signals(signum_of(exc)).name
+    kept = getattr(exc, "kept", "")
+    return f"{prog}: interrupted ({name})" + (f": {kept}" if kept else "")
+
+
+def script_main(main: Callable[[], Any], prog: str | None = None) -> int:
+    """Run an example script's ``main()`` under the command line's contract: one line and exit 130/143
+    on Ctrl-C or SIGTERM, one line and exit 2 on fluidopt's own errors. Use as
+    ``sys.exit(script_main(main))``."""
+    from fluidopt.errors import FluidoptError
+
+    prog = prog or (sys.argv[0].rsplit("/", 1)[-1] if sys.argv and sys.argv[0] else "script")
+    try:
+        with handle_sigterm():
+            out = main()
+        return int(out or 0)
+    except KeyboardInterrupt as e:
+        print(message(prog, e), file=sys.stderr, flush=True)
+        return exit_status(e)
+    except FluidoptError as e:
+        print(f"{prog}: error: {' '.join(str(e).split())}", file=sys.stderr, flush=True)
+        return getattr(e, "exit_status", 2)
