@@ -510,16 +510,28 @@ def _compare_locked(scenarios, labelled, seeds, horizons, warmups, services, sam
     except interrupt.Interrupted as e:
         # Nothing of an incomplete sweep is saved as tables: the finished runs are in the store (a rerun
         # resumes), and the caller gets them as e.partial.
+        if own:
+            executor.close()
         e.partial = _assemble(jobs, e.partial or {}, True, scenarios, bounds, plans, bound_of, pricing, t0,
                               horizons, warmups, services, samples, drains, seeds, executor, options)
         raise
-    finally:
+    except BaseException:
         if own:
             executor.close()
-    result = _assemble(jobs, done, False, scenarios, bounds, plans, bound_of, pricing, t0, horizons, warmups,
-                       services, samples, drains, seeds, executor, options)
-    if out is not None:
-        result.save(out)
+        raise
+    result = None
+    try:
+        if own:
+            executor.close()
+        result = _assemble(jobs, done, False, scenarios, bounds, plans, bound_of, pricing, t0, horizons, warmups,
+                           services, samples, drains, seeds, executor, options)
+        if out is not None:
+            result.save(out)
+    except KeyboardInterrupt as e:  # the sweep is whole in the store; its tables are not written
+        where = f"are kept in {store.path}" if store is not None else "were not stored (no results folder)"
+        raise interrupt.interrupted_from(
+            e, f"all {len(jobs)} simulations finished and {where}, but the tables were not written; rerun the "
+               "same command to write them", result) from None
     return result
 
 

@@ -51,7 +51,8 @@ def cluster(tmp_path_factory):
                               stdout=open(logs / "scheduler.log", "w"), stderr=subprocess.STDOUT, env=env)]
     for k in range(2):
         procs.append(subprocess.Popen(
-            _dask_cmd("worker", address, "--nworkers", "1", "--nthreads", "1", "--no-dashboard", "--name", f"w{k}"),
+            _dask_cmd("worker", address, "--host", "127.0.0.1", "--nworkers", "1", "--nthreads", "1", "--no-dashboard",
+                      "--name", f"w{k}"),
             stdout=open(logs / f"worker{k}.log", "w"), stderr=subprocess.STDOUT, env=env))
     try:
         client = None
