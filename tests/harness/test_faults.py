@@ -387,3 +387,31 @@ def test_dask_losing_the_scheduler_or_every_worker_is_one_error_exit_3(small_clu
         assert any("no worker is connected" in str(w.message) for w in recwarn.list)  # warned first
     else:
         assert "lost the scheduler" in str(e.value)
+
+
+PRICE = ["price", "--points", "3", "--simulate", "0.001,0.002;0.002,0.001", "--seeds", "2", "--horizon", "1200",
+         "--warmup", "30", "--no-progress"]
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_price_simulate_interrupted_writes_no_partial_point_and_resumes(sig, tmp_path):
+    ref, out = tmp_path / "ref", tmp_path / "out"
+    proc = _start(PRICE, 1, ref)
+    _, err = proc.communicate(timeout=280)
+    assert proc.returncode == 0, err
+    proc = _start(PRICE, 1, out)
+    _wait_for_store(out / "runs", proc, 1)
+    time.sleep(random.Random(sig).uniform(0.0, 0.5))
+    assert proc.poll() is None, "finished before the signal; make it longer"
+    proc.send_signal(getattr(signal, sig))
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + getattr(signal, sig), err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert not (out / "simulated.csv").exists()  # not 2 of 4 points, nor a point over 1 of 2 seeds
+    proc = _start(PRICE, 1, out)
+    _, err = proc.communicate(timeout=280)
+    assert proc.returncode == 0, err
+    pd.testing.assert_frame_equal(pd.read_csv(out / "simulated.csv"), pd.read_csv(ref / "simulated.csv"),
+                                  check_exact=True)
