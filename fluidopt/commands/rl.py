@@ -94,12 +94,24 @@ def _train(args) -> int:
         raise UsageError(f"--gamma: expected a number in (0, 1], got {args.gamma}")
     if not args.reward_scale > 0.0:
         raise UsageError(f"--reward-scale: expected a number > 0, got {args.reward_scale}")
+    from fluidopt.commands._checks import check_output_file
+
+    for flag in ("out", "curves", "checkpoint"):  # before hours of training, not after
+        check_output_file(getattr(args, flag), f"--{flag}")
     scenario = load_scenario(args.scenario)
     cfg = DQNConfig(variant=args.variant, episodes=args.episodes, n_requests=args.requests, seed=args.seed,
                     eps_episodes=args.eps_episodes, train_every=args.train_every, objective=args.objective,
                     arch=args.arch, multi_dispatch=args.multi_dispatch, wait_mask=args.wait_mask, hidden=args.hidden, batch_size=args.batch_size,
                     gamma=args.gamma, reward_scale=args.reward_scale)
-    res = train(scenario, cfg, checkpoint=args.checkpoint, progress=args.progress)
+    try:
+        res = train(scenario, cfg, checkpoint=args.checkpoint, progress=args.progress)
+    except KeyboardInterrupt as e:
+        import fluidopt.interrupt as interrupt
+
+        kept = (f"no weights written to {args.out}" + (f"; the last whole episode's state is in {args.checkpoint}"
+                                                      if args.checkpoint else "")
+                + "; rerun the same command to train again (same seed, same weights)")
+        raise interrupt.interrupted_from(e, kept) from None
     cmd = (f"fluidopt rl train {args.scenario} --variant {args.variant} --episodes {args.episodes} "
            f"--requests {args.requests} --seed {args.seed} --eps-episodes {args.eps_episodes} "
            f"--train-every {args.train_every}{f' --objective {args.objective}' if args.objective != 'latency' else ''}"
@@ -137,13 +149,22 @@ def _evaluate(args) -> int:
         opts.setdefault(pol.strip(), {}).update(parse_options([rest]))
     if args.episodes < 1 or args.requests < 1:
         raise UsageError("--episodes and --requests: expected integers >= 1")
+    from fluidopt.commands._checks import check_output_file
+
+    check_output_file(args.csv, "--csv")
     scenario = load_scenario(args.scenario)
 
     def prog(row):
         print(f"  episode {row['episode']} {row['policy']}: e2e {row['e2e_mean']:.3f} s", file=sys.stderr)
 
-    df = evaluate(scenario, pols, episodes=args.episodes, n_requests=args.requests, seed=args.seed,
-                  accuracy=args.accuracy, options=opts, progress=prog if sys.stderr.isatty() else None)
+    try:
+        df = evaluate(scenario, pols, episodes=args.episodes, n_requests=args.requests, seed=args.seed,
+                      accuracy=args.accuracy, options=opts, progress=prog if sys.stderr.isatty() else None)
+    except KeyboardInterrupt as e:
+        import fluidopt.interrupt as interrupt
+
+        raise interrupt.interrupted_from(e, "no table written (an evaluation is only whole with every episode of "
+                                            "every policy); rerun the same command") from None
     if args.csv:
         from fluidopt._files import atomic_path
 

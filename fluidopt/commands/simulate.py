@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 from typing import Any
 
 from fluidopt.commands._checks import check_output_file, check_positive_int
@@ -28,7 +29,8 @@ examples:
   fluidopt simulate scenario.toml --trace requests.csv --service tokens --policy jsq --horizon 600
 
 Metrics exclude the warm-up; rates, occupancies and queues are per GPU (docs/simulator.md). Ctrl-C
-stops the run and prints the partial result, flagged as interrupted (exit status 130).
+(or SIGTERM) stops the run between two events and prints the partial result, flagged as interrupted
+(exit status 130, or 143 for SIGTERM); --records FILE is then written as FILE.interrupted.csv.
 """
 
 
@@ -157,6 +159,16 @@ def run(args: argparse.Namespace) -> int:
         records=args.records, sample_interval=args.sample_interval, progress=args.progress, batches=args.batches,
         backend=args.backend, workload=workload, **({} if args.drain is None else {"drain": args.drain}),
     )
+    if res.interrupted and res.records_path:
+        # the rows of a run cut short are kept, under a name that says so: never as a finished run's records
+        from pathlib import Path
+
+        p = Path(res.records_path)
+        cut = p.with_name(f"{p.stem}.interrupted{p.suffix}")
+        os.replace(p, cut)
+        from dataclasses import replace
+
+        res = replace(res, records_path=str(cut))
     if args.json:
         out = res.summary()
         if res.timeseries is not None:
@@ -172,8 +184,14 @@ def run(args: argparse.Namespace) -> int:
                   f"{c['cohort_unresolved']} unresolved; last resolved {c['drain_seconds']:.4g} s after the horizon"
                   + ("" if c["cohort_drained"] else f" (NOT drained within {c['drain_cap']:g} s)"))
     if res.interrupted:
+        import sys
+
         import fluidopt.interrupt as interrupt
 
+        kept = f"the run to t = {res.t_end:g} s of {res.horizon:g} is reported above, flagged interrupted" + (
+            f"; its records are in {res.records_path}" if res.records_path else "")
+        print(interrupt.message("fluidopt simulate", interrupt.Interrupted(interrupt.pending() or 2, kept)),
+              file=sys.stderr)
         return interrupt.exit_status(KeyboardInterrupt())  # 130, or 143 for SIGTERM
     return 0
 
