@@ -109,18 +109,26 @@ class Executor:
 
 
 class LocalExecutor(Executor):
-    """This process (``workers=1``) or a local process pool."""
+    """This process (``workers=1``) or a local process pool.
+
+    ``pool=True``: a process pool even for one worker (so the caller's thread stays free, e.g. a web
+    app's). ``stop``: a :class:`threading.Event`; once set, a pool is terminated within 0.2 s and
+    :meth:`imap` raises KeyboardInterrupt, which :func:`run_jobs` turns into
+    :class:`~fluidopt.interrupt.Interrupted` (a cancel button from another thread)."""
 
     name = "local"
 
-    def __init__(self, workers: int | None = None, imports: Sequence[str] = ()) -> None:
+    def __init__(self, workers: int | None = None, imports: Sequence[str] = (), *, pool: bool = False,
+                 stop: threading.Event | None = None) -> None:
         self.workers = _check_workers(workers)
         self.imports = tuple(str(m) for m in imports)
         self._pool: ProcessPoolExecutor | None = None
+        self.force_pool = bool(pool)
+        self.stop = stop
 
     def imap(self, fn, jobs):
         jobs = list(jobs)
-        if self.workers == 1 or len(jobs) <= 1:
+        if not self.force_pool and (self.workers == 1 or len(jobs) <= 1):
             _import(self.imports)
             for k, job in enumerate(jobs):
                 yield k, fn(job)
@@ -132,7 +140,10 @@ class LocalExecutor(Executor):
         pending = set(futures)
         try:
             while pending:
-                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                if self.stop is not None and self.stop.is_set():
+                    raise KeyboardInterrupt
+                finished, pending = wait(pending, timeout=0.2 if self.stop is not None else None,
+                                         return_when=FIRST_COMPLETED)
                 for f in sorted(finished, key=futures.__getitem__):
                     yield futures[f], f.result()
         except BaseException:
@@ -529,7 +540,8 @@ def run_jobs(fn: Callable[[dict], Any], jobs: Sequence[dict], *, executor: Execu
     """Run ``fn`` on every job not already in ``store``; return ``{index: result}`` for all of them.
 
     Stored runs are taken as they are (not re-run); each new result is appended to the store as
-    soon as it arrives. Ctrl-C or SIGTERM stops the executor within about a second and raises
+    soon as it arrives. ``progress``: a bar on stderr (True / False / None: when a terminal), or a
+    callable ``progress(done, total)`` called at the start and after each run. Ctrl-C or SIGTERM stops the executor within about a second and raises
     :class:`~fluidopt.interrupt.Interrupted` whose ``kept`` says how many runs finished and where they
     are, and whose ``partial`` is the ``{index: result}`` of those. A run cut short by the signal is
     never returned or stored (the simulator's partial result is dropped). A store that cannot be
@@ -554,7 +566,10 @@ def _run_jobs(fn, jobs, executor, store, progress, desc, note) -> dict[int, Any]
                 done[k] = stored[key]
     n_stored = len(done)
     todo = [k for k in range(len(jobs)) if k not in done]
-    bar = Progress(len(jobs), enabled=progress, desc=desc, initial=len(done))
+    report = progress if callable(progress) else None
+    bar = Progress(len(jobs), enabled=False if report else progress, desc=desc, initial=len(done))
+    if report:
+        report(len(done), len(jobs))
     own = executor is None
     ex = executor if executor is not None else LocalExecutor(1)
 
@@ -580,6 +595,8 @@ def _run_jobs(fn, jobs, executor, store, progress, desc, note) -> dict[int, Any]
                                       f"{e.strerror or type(e).__name__}; {kept()}") from None
             done[k] = res
             bar.update(1, note(jobs[k], res) if note else "")
+            if report:
+                report(len(done), len(jobs))
     except KeyboardInterrupt as e:
         raise interrupt.interrupted_from(e, kept(), dict(done)) from None
     finally:

@@ -23,7 +23,7 @@ LAYERS: dict[str, int] = {
     "control": 2,
     "sim": 3, "rl": 3,
     "harness": 4, "executor": 4, "plan": 4, "dayplan": 4, "planning": 4, "pricing": 4, "plots": 4,
-    "commands": 5, "cli": 5, "__main__": 5, "__init__": 5,
+    "commands": 5, "app": 5, "cli": 5, "__main__": 5, "__init__": 5,
 }
 
 
