@@ -220,3 +220,18 @@ def simulate_points(scenario: Scenario, points: Sequence[tuple[float, float]], *
                      "lp_revenue_per_gpu": lp, "sim_revenue_per_gpu": r["revenue"], "sim_revenue_ci": r["revenue_ci"],
                      "ratio": r["ratio"], "gap_per_gpu": lp - r["revenue"]})
     return pd.DataFrame(rows)
+
+
+# Demand that responds to price, optimal prices under capacity (docs/planning.md, section 4): the
+# program lives in fluidopt.pricing_opt; re-exported so that fluidopt.pricing is the one door.
+from fluidopt.pricing_opt import (  # noqa: E402
+    FleetResult,
+    PriceResult,
+    demand_grid,
+    optimize_fleet,
+    optimize_prices,
+    priced_scenario,
+)
+
+__all__ += ["optimize_prices", "optimize_fleet", "PriceResult", "FleetResult", "demand_grid", "priced_scenario"]
+
