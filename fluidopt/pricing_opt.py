@@ -386,14 +386,12 @@ def optimize_prices(scenario: Scenario, *, tiers: str = "per-class", pricing: st
         return _nan_result(status, msg, scenario, tiers, pricing, capacity, t0)
     price, mr = _inverse_prices(scenario, rate)
     shadow = np.where(np.isnan(mr), duals, mr)
-    if capacity:
-        shadow = np.maximum(shadow, 0.0) if not capacity else shadow
     revenue = price * served
     n = scenario.gpus
     gpu_shadow = float(np.nansum(shadow * served) / n) if capacity else 0.0
     binding = capacity and np.any(np.abs(shadow) > 1e-6 * np.maximum(price, 1.0))
-    msg = ("optimal: the fleet's capacity binds (marginal revenue = capacity's shadow price > 0)" if binding else
-           "optimal: capacity is slack (each price where marginal revenue is 0)")
+    msg = ("the fleet's capacity binds (each class's marginal revenue = its capacity shadow price > 0)" if binding else
+           "capacity is slack (each price where its marginal revenue is 0)")
     return PriceResult(status="optimal", message=msg, tiers=tiers, pricing=pricing, gpus=n,
                        class_names=scenario.class_names, price=price, rate=rate, served=served, revenue=revenue,
                        shadow_price=shadow, revenue_per_s=float(revenue.sum()), gpu_shadow_price=gpu_shadow,
@@ -434,14 +432,13 @@ def _token_program(scenario: Scenario, pricing: str, slis: Sequence[SLI], g: pd.
     lam = np.array([cl.rate for cl in s.classes])
     served = lam * np.asarray(sol.served_fraction, float)
     price = reference_prices(s)
-    duals = sol.duals
-    shadow = np.array([duals.get(f"prefill_balance[{n}]", np.nan) for n in scenario.class_names], dtype=float)
-    return PriceResult(status="local", message="local optimum: token tiers are not jointly concave (grid search, then "
+    shadow = np.full(scenario.n_classes, np.nan)  # the concave per-class program prices capacity; here none
+    return PriceResult(status="local", message="a local optimum: token tiers are not jointly concave (grid search, then "
                        "Nelder-Mead on the fluid LP's value at the induced rates)", tiers="tokens", pricing=pricing,
                        gpus=scenario.gpus, class_names=scenario.class_names, price=price, rate=lam, served=served,
                        revenue=price * served if pricing == "bundled" else price * served,
                        shadow_price=shadow, revenue_per_s=float(sol.revenue_per_gpu * s.gpus),
-                       gpu_shadow_price=float(sol.gpu_shadow_price), concave=False, prefill_price=float(c[0]),
+                       gpu_shadow_price=math.nan, concave=False, prefill_price=float(c[0]),
                        decode_price=float(c[1]), today=cmp.get("today", {}), grid_best=cmp.get("grid_best", {}),
                        solve_seconds=time.perf_counter() - t0)
 
@@ -512,3 +509,105 @@ def optimize_fleet(scenario: Scenario, *, gpu_price_per_hour: float | None = Non
                      **{f"rate[{c}]": v for c, v in zip(r.class_names, r.rate)}})
     return FleetResult(gpus=best_n, profit_per_s=profit(best_n), gpu_price_per_hour=float(price), best=solve(best_n),
                        curve=pd.DataFrame(rows))
+
+
+# -- demand fitted from observations --------------------------------------------------------------------
+FIT_COLUMNS = ("class", "price", "rate")
+
+
+def read_observations(path) -> pd.DataFrame:
+    """A CSV of observations: columns ``class``, ``price`` (per request) and ``rate`` (requests/s)."""
+    from pathlib import Path
+
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"--fit-demand: {p} is a folder, expected a CSV file")
+    if not p.is_file():
+        raise UsageError(f"--fit-demand: {p}: no such file")
+    try:
+        df = pd.read_csv(p)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise UsageError(f"--fit-demand: {p}: not a readable CSV ({' '.join(str(e).split())})") from None
+    df.columns = [str(c).strip() for c in df.columns]
+    missing = [c for c in FIT_COLUMNS if c not in df.columns]
+    if missing:
+        raise UsageError(f"--fit-demand: {p}: missing column {missing[0]!r}; expected columns "
+                         f"{', '.join(FIT_COLUMNS)} (class name, price per request, requests per second), "
+                         f"got {', '.join(map(str, df.columns)) or 'none'}")
+    for c in ("price", "rate"):
+        v = pd.to_numeric(df[c], errors="coerce")
+        bad = df.index[~np.isfinite(v) | (v < 0)]
+        if len(bad):
+            raise UsageError(f"--fit-demand: {p}: row {int(bad[0]) + 2}, column {c!r}: expected a number >= 0, "
+                             f"got {df[c].iloc[bad[0]]!r}")
+        df[c] = v.astype(float)
+    df["class"] = df["class"].astype(str)
+    return df[list(FIT_COLUMNS)]
+
+
+def fit_demand(obs: pd.DataFrame, *, alpha: float = 0.05) -> pd.DataFrame:
+    """Fit the linear and the constant-elasticity model to each class's observations (OLS, statsmodels).
+
+    Linear: rate = max_rate - slope * price. Constant elasticity: log rate = log k - elasticity * log price
+    (rows with price or rate 0 left out). One row per (class, model): estimates with ``1 - alpha`` CIs, and
+    AIC from the residuals on the rate scale for both (n log(SSE/n) + 2k, so the two compare); ``best``
+    marks the lower AIC per class. ``df.attrs['toml']``: the ``[classes.demand]`` tables to paste.
+    """
+    import statsmodels.api as sm
+
+    rows = []
+    for name, g in obs.groupby("class", sort=False):
+        price, rate = g["price"].to_numpy(float), g["rate"].to_numpy(float)
+        if len(g) < 3 or np.ptp(price) <= 0:
+            raise UsageError(f"--fit-demand: class {name!r}: expected 3 observations or more at 2 prices or more, got "
+                             f"{len(g)} at {len(np.unique(price))}")
+        lin = sm.OLS(rate, sm.add_constant(price)).fit()
+        ci = lin.conf_int(alpha)
+        sse = float(np.sum(lin.resid ** 2))
+        n = len(g)
+        aic = n * math.log(max(sse, 1e-300) / n) + 4
+        rows.append({"class": name, "model": "linear", "n": n, "param": "slope", "estimate": -lin.params[1],
+                     "ci_low": -ci[1][1], "ci_high": -ci[1][0], "param2": "max_rate", "estimate2": lin.params[0],
+                     "ci2_low": ci[0][0], "ci2_high": ci[0][1], "aic": aic, "r2": lin.rsquared})
+        ok = (price > 0) & (rate > 0)
+        if ok.sum() >= 3 and np.ptp(price[ok]) > 0:
+            ce = sm.OLS(np.log(rate[ok]), sm.add_constant(np.log(price[ok]))).fit()
+            ci = ce.conf_int(alpha)
+            pred = np.exp(ce.params[0]) * price[ok] ** ce.params[1]
+            sse = float(np.sum((rate[ok] - pred) ** 2))
+            m = int(ok.sum())
+            p_ref = float(np.median(price[ok]))
+            rows.append({"class": name, "model": "constant-elasticity", "n": m, "param": "elasticity",
+                         "estimate": -ce.params[1], "ci_low": -ci[1][1], "ci_high": -ci[1][0],
+                         "param2": f"rate at price {p_ref:g}", "estimate2": float(np.exp(ce.params[0]) * p_ref ** ce.params[1]),
+                         "ci2_low": np.nan, "ci2_high": np.nan,
+                         "aic": m * math.log(max(sse, 1e-300) / m) + 4 if m == n else math.nan, "r2": ce.rsquared})
+    df = pd.DataFrame(rows)
+    df["best"] = False
+    for name, g in df.groupby("class", sort=False):
+        df.loc[g["aic"].idxmin() if g["aic"].notna().any() else g.index[0], "best"] = True
+    df.attrs["toml"] = demand_toml(df)
+    return df
+
+
+def demand_toml(fit: pd.DataFrame) -> str:
+    """The best model of each class as a ``[classes.demand]`` table; the class's ``rate`` anchors its level."""
+    out = []
+    for _, r in fit[fit["best"]].iterrows():
+        others = fit[(fit["class"] == r["class"]) & ~fit["best"]]
+        alt = "; ".join(f"{o['model']} AIC {o['aic']:.2f}" for _, o in others.iterrows())
+        out.append(f"# class {r['class']!r}: {r['model']} fits best (AIC {r['aic']:.2f}{'; ' + alt if alt else ''})")
+        if r["model"] == "linear":
+            out.append(f"# fitted: rate = {r['estimate2']:.6g} - {r['estimate']:.6g} * price; put under its [[classes]] "
+                       f"table, with rate = the fitted rate at the scenario's price")
+            out.append("[classes.demand]")
+            out.append('model = "linear"')
+            out.append(f"slope = {r['estimate']:.6g}   # {1 - 0.05:.0%} CI [{r['ci_low']:.4g}, {r['ci_high']:.4g}]")
+        else:
+            out.append(f"# fitted: {r['param2']} = {r['estimate2']:.6g}; put under its [[classes]] table, with rate = the "
+                       f"fitted rate at the scenario's price")
+            out.append("[classes.demand]")
+            out.append('model = "constant-elasticity"')
+            out.append(f"elasticity = {r['estimate']:.6g}   # 95% CI [{r['ci_low']:.4g}, {r['ci_high']:.4g}]")
+        out.append("")
+    return "\n".join(out)

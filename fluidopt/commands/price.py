@@ -38,6 +38,21 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--out", default="", help="folder for grid.csv, shadow_prices.csv, pareto.csv, simulated.csv and "
                    "the figures (default: save nothing)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
+    g = p.add_argument_group("optimal prices (classes with a [classes.demand] model; docs/planning.md section 4)")
+    g.add_argument("--optimize", action="store_true",
+                   help="the revenue-maximising prices within the fleet's fluid capacity (a convex program), "
+                   "against today's prices and the best point of the --prefill/--decode grid")
+    g.add_argument("--tiers", choices=("per-class", "tokens"), default="per-class",
+                   help="per-class: a price per request for each class (concave program); tokens: one c_p and c_d "
+                   "for all (grid + local search; not jointly concave)")
+    g.add_argument("--gpus", type=int, default=None, help="fleet size for --optimize (default: the scenario's)")
+    g.add_argument("--fleet", action="store_true",
+                   help="with --optimize: the profit-maximising fleet size and prices, and profit against fleet size")
+    g.add_argument("--gpu-price", type=float, default=None,
+                   help="price per GPU-hour for --fleet (default: price_per_hour in the scenario's [gpu])")
+    g.add_argument("--fit-demand", default="", metavar="CSV",
+                   help="fit the demand models to observations (columns class, price, rate) and print the "
+                   "[classes.demand] tables to paste")
     add_controller_arguments(p)
     add_scale_arguments(p)
     return p
@@ -87,6 +102,10 @@ def run(args: argparse.Namespace) -> int:
     from fluidopt.scenario import load_scenario
 
     import_user_modules(args.imports)
+    if args.fit_demand:
+        return _fit(args)
+    if args.optimize or args.fleet:
+        return _optimize(args)
     options = parse_options(args.option)
     check_workers(args)
     cps = parse_range(args.prefill, "--prefill")
@@ -166,4 +185,78 @@ def run(args: argparse.Namespace) -> int:
         print(sim.to_string(index=False))
     if files:
         print(f"\nsaved: {', '.join(files)}")
+    return 0
+
+
+def _fit(args: argparse.Namespace) -> int:
+    from fluidopt.pricing_opt import fit_demand, json_records, read_observations
+
+    obs = read_observations(args.fit_demand)
+    fit = fit_demand(obs)
+    if args.json:
+        print(json.dumps({"observations": len(obs), "fits": json_records(fit), "toml": fit.attrs["toml"]}, indent=2))
+        return 0
+    print(f"fluidopt price --fit-demand: {len(obs)} observations of {obs['class'].nunique()} classes "
+          f"(OLS; 95% confidence intervals; AIC on the rate scale, lower is better)\n")
+    cols = ["class", "model", "n", "param", "estimate", "ci_low", "ci_high", "param2", "estimate2", "aic", "best"]
+    print(fit[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print("\n[classes.demand] tables to paste (the class's rate anchors the curve at its price):\n")
+    print(fit.attrs["toml"])
+    return 0
+
+
+def _optimize(args: argparse.Namespace) -> int:
+    from fluidopt.errors import UsageError
+    from fluidopt.pricing import parse_range
+    from fluidopt.pricing_opt import json_records, optimize_fleet, optimize_prices
+    from fluidopt.scenario import load_scenario
+
+    if args.fleet and not args.optimize:
+        raise UsageError("--fleet: only used with --optimize")
+    if args.gpus is not None and args.gpus < 1:
+        raise UsageError(f"--gpus: expected an integer >= 1, got {args.gpus}")
+    if args.gpu_price is not None and not (math.isfinite(args.gpu_price) and args.gpu_price > 0):
+        raise UsageError(f"--gpu-price: expected a price per GPU-hour > 0, got {args.gpu_price}")
+    if args.gpu_price is not None and not args.fleet:
+        raise UsageError("--gpu-price: only used with --fleet")
+    cps = parse_range(args.prefill, "--prefill")
+    cds = parse_range(args.decode, "--decode")
+    pricing = "bundled" if args.pricing == "both" else args.pricing
+    scenario = load_scenario(args.scenario)
+    res = optimize_prices(scenario, tiers=args.tiers, pricing=pricing, gpus=args.gpus, grid=(cps, cds))
+    fleet = None
+    if args.fleet and res.success:
+        fleet = optimize_fleet(scenario if args.gpus is None else scenario, gpu_price_per_hour=args.gpu_price,
+                               tiers=args.tiers, pricing=pricing)
+    if args.json:
+        out = {"scenario": scenario.name, **res.to_dict()}
+        if fleet is not None:
+            out["fleet"] = {"gpus": fleet.gpus, "profit_per_s": fleet.profit_per_s,
+                            "gpu_price_per_hour": fleet.gpu_price_per_hour, "best": fleet.best.to_dict(),
+                            "curve": json_records(fleet.curve)}
+        print(json.dumps(out, indent=2))
+        return 0
+    print(f"fluidopt price --optimize: {scenario.name}, {res.gpus} GPUs, tiers {res.tiers}, {res.pricing} pricing")
+    print(f"status: {res.status} ({res.message})")
+    if not res.success:
+        return 0
+    if res.tiers == "tokens":
+        print(f"token prices: c_p = {res.prefill_price:.6g} per prompt token, c_d = {res.decode_price:.6g} per output token")
+    print("\nper class (price per request; rates in requests/s, whole cluster; shadow price: revenue per s of one "
+          "more request/s of capacity):")
+    print(res.to_frame().to_string(index=False, float_format=lambda v: f"{v:.6g}"))
+    t, gb = res.today, res.grid_best
+    print(f"\nrevenue per s: optimal {res.revenue_per_s:,.2f} ({res.revenue_per_gpu:.2f} per GPU)")
+    if t:
+        print(f"  today's prices (c_p {t['prefill_price']:g}, c_d {t['decode_price']:g}): {t['revenue_per_s']:,.2f} "
+              f"({res.revenue_per_s / t['revenue_per_s'] - 1:+.2%} by optimising)")
+    if gb:
+        print(f"  best of the {gb['points']}-point token grid (c_p {gb['prefill_price']:.4g}, c_d {gb['decode_price']:.4g}, "
+              f"{'interior' if gb['interior'] else 'on the edge of the grid'}): {gb['revenue_per_s']:,.2f}")
+    if math.isfinite(res.gpu_shadow_price):
+        print(f"one more GPU is worth {res.gpu_shadow_price:.2f} per s at re-optimised prices")
+    if fleet is not None:
+        print(f"\nfleet at {fleet.gpu_price_per_hour:g} per GPU-hour: the most profit is {fleet.profit_per_s:,.2f} per s at "
+              f"{fleet.gpus} GPUs")
+        print(fleet.curve.to_string(index=False, float_format=lambda v: f"{v:.6g}"))
     return 0
