@@ -249,6 +249,8 @@ def demands_from_tables(tables: Sequence, classes: Sequence, prefill_price: floa
                 slope = (max_rate - rate) / p0
             out[i] = replace(c, demand=Demand("linear", max_rate=max_rate, slope=slope, where=w))
         elif model == "constant-elasticity":
+            if "elasticity" not in d:
+                raise ScenarioError(f"{w}.elasticity: missing, needed by model = 'constant-elasticity'")
             e = _num(w, "elasticity", d["elasticity"])
             if p0 <= 0:
                 raise ScenarioError(f"{w}.price_ref: expected a reference price > 0 (the class's price per request at "
