@@ -44,7 +44,7 @@ from fluidopt.fluid.sli import SLI
 from fluidopt.model import Scenario
 
 __all__ = ["PriceResult", "FleetResult", "optimize_prices", "optimize_fleet", "priced_scenario", "demand_grid",
-           "reference_prices", "evaluate_prices"]
+           "reference_prices", "evaluate_prices", "simulate_prices", "fit_demand", "read_observations"]
 
 TIERS = ("per-class", "tokens")
 _RATE_FLOOR = 1e-9  # requests/s: a class priced out of its market keeps this much (the LP needs a rate > 0)
@@ -611,3 +611,30 @@ def demand_toml(fit: pd.DataFrame) -> str:
             out.append(f"elasticity = {r['estimate']:.6g}   # 95% CI [{r['ci_low']:.4g}, {r['ci_high']:.4g}]")
         out.append("")
     return "\n".join(out)
+
+
+# -- checked in simulation --------------------------------------------------------------------------
+def simulate_prices(scenario: Scenario, result: PriceResult, *,
+                    policies: Sequence[str] = ("gate-and-route", "backpressure-gate-and-route"),
+                    seeds: Sequence[int] = (0,), horizon: float = 600.0, warmup: float = 150.0,
+                    service: str = "markov", executor=None, out=None, progress: bool | None = None) -> pd.DataFrame:
+    """Simulate ``policies`` at the optimal prices (the scenario at ``result``'s prices and induced rates,
+    through :func:`fluidopt.harness.compare`, so on any executor): simulated revenue per GPU per second
+    against the program's value. One row per policy."""
+    from fluidopt.harness import compare
+
+    if not result.success:
+        raise UsageError(f"simulate: the pricing result has status {result.status!r}; nothing to simulate")
+    sc = replace(result.scenario(scenario), name=f"{scenario.name}@optimal-prices")
+    c = compare([sc], list(policies), seeds=list(seeds), horizon=horizon, warmup=warmup, service=service,
+                pricing=result.pricing, executor=executor, out=out, progress=progress)
+    s = c.summary()
+    program = result.revenue_per_s / result.gpus
+    lp = float(c.bounds[f"lp_{result.pricing}"].iloc[0])
+    rows = []
+    for _, r in s.iterrows():
+        rows.append({"policy": r["policy"], "gpus": result.gpus, "seeds": int(r["seeds"]),
+                     "program_revenue_per_gpu": program, "lp_revenue_per_gpu": lp,
+                     "sim_revenue_per_gpu": r["revenue"], "sim_revenue_ci": r["revenue_ci"],
+                     "ratio_to_program": r["revenue"] / program, "abandoned_fraction": r["abandoned_fraction"]})
+    return pd.DataFrame(rows)
