@@ -44,7 +44,8 @@ from fluidopt.fluid.sli import SLI
 from fluidopt.model import Scenario
 
 __all__ = ["PriceResult", "FleetResult", "optimize_prices", "optimize_fleet", "priced_scenario", "demand_grid",
-           "reference_prices", "evaluate_prices", "simulate_prices", "fit_demand", "read_observations"]
+           "reference_prices", "evaluate_prices", "simulate_prices", "fit_demand", "read_observations",
+           "price_response", "price_response_figure", "fleet_figure", "sli_pareto", "sli_pareto_figure"]
 
 TIERS = ("per-class", "tokens")
 _RATE_FLOOR = 1e-9  # requests/s: a class priced out of its market keeps this much (the LP needs a rate > 0)
@@ -584,7 +585,7 @@ def fit_demand(obs: pd.DataFrame, *, alpha: float = 0.05) -> pd.DataFrame:
                          "aic": m * math.log(max(sse, 1e-300) / m) + 4 if m == n else math.nan, "r2": ce.rsquared})
     df = pd.DataFrame(rows)
     df["best"] = False
-    for name, g in df.groupby("class", sort=False):
+    for _name, g in df.groupby("class", sort=False):
         df.loc[g["aic"].idxmin() if g["aic"].notna().any() else g.index[0], "best"] = True
     df.attrs["toml"] = demand_toml(df)
     return df
@@ -638,3 +639,110 @@ def simulate_prices(scenario: Scenario, result: PriceResult, *,
                      "sim_revenue_per_gpu": r["revenue"], "sim_revenue_ci": r["revenue_ci"],
                      "ratio_to_program": r["revenue"] / program, "abandoned_fraction": r["abandoned_fraction"]})
     return pd.DataFrame(rows)
+
+
+# -- figures ---------------------------------------------------------------------------------------------
+def price_response(scenario: Scenario, result: PriceResult, *, points: int = 41, span: float = 0.5,
+                   pricing: str | None = None) -> pd.DataFrame:
+    """Each class's price swept over (1 -/+ span) x its optimum, the others at theirs: the fluid LP's revenue
+    per s and the class's induced and served rate at every point (the fleet rations what does not fit)."""
+    from fluidopt.fluid.lp import FluidModel, scenario_slis
+
+    if not result.success:
+        raise UsageError(f"price response: the pricing result has status {result.status!r}")
+    sc = replace(scenario, gpus=result.gpus)
+    fm = FluidModel(priced_scenario(sc, result.price), pricing or result.pricing, scenario_slis(sc))
+    fm.watch_structure = False
+    rows = []
+    for i, name in enumerate(sc.class_names):
+        for p in np.linspace((1 - span) * result.price[i], (1 + span) * result.price[i], points):
+            prices = result.price.copy()
+            prices[i] = p
+            s = priced_scenario(sc, prices)
+            fm.update(s)
+            sol = fm.solve(raise_infeasible=False)
+            lam = s.classes[i].rate
+            rows.append({"class": name, "price": float(p), "revenue_per_s": sol.revenue_per_gpu * s.gpus,
+                         "rate": lam, "served": lam * float(sol.served_fraction[i]), "optimal_price": result.price[i]})
+    return pd.DataFrame(rows)
+
+
+def price_response_figure(response: pd.DataFrame):
+    """Revenue (top) and the class's induced and served load (bottom) against its price, one column per class."""
+    import matplotlib.pyplot as plt
+
+    names = list(dict.fromkeys(response["class"]))
+    fig, axes = plt.subplots(2, len(names), figsize=(4.6 * len(names), 6.4), squeeze=False)
+    for j, n in enumerate(names):
+        d = response[response["class"] == n]
+        opt = float(d["optimal_price"].iloc[0])
+        ax = axes[0][j]
+        ax.plot(d["price"], d["revenue_per_s"], lw=1.5)
+        ax.axvline(opt, color="k", ls=":", lw=1)
+        ax.set_title(f"{n}: revenue against its price (others optimal)", fontsize=9)
+        ax.set_ylabel("fluid revenue per s (cluster)")
+        ax = axes[1][j]
+        ax.plot(d["price"], d["rate"], label="induced rate", lw=1.5)
+        ax.plot(d["price"], d["served"], label="served rate", lw=1.5, ls="--")
+        ax.axvline(opt, color="k", ls=":", lw=1)
+        ax.set_xlabel("price per request")
+        ax.set_ylabel("requests per s (cluster)")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def fleet_figure(fleet: FleetResult):
+    """Optimal price per class (left) and optimal profit (right) against the fleet size."""
+    import matplotlib.pyplot as plt
+
+    c = fleet.curve
+    fig, axes = plt.subplots(1, 2, figsize=(9.6, 3.8))
+    for col in [k for k in c.columns if k.startswith("price[")]:
+        axes[0].plot(c["gpus"], c[col], marker="o", ms=3, label=col[6:-1])
+    axes[0].set_xlabel("GPUs")
+    axes[0].set_ylabel("optimal price per request")
+    axes[0].legend(fontsize=8)
+    axes[1].plot(c["gpus"], c["profit_per_s"], marker="o", ms=3)
+    axes[1].axvline(fleet.gpus, color="k", ls=":", lw=1)
+    axes[1].set_xlabel("GPUs")
+    axes[1].set_ylabel(f"optimal profit per s (GPU at {fleet.gpu_price_per_hour:g}/h)")
+    fig.tight_layout()
+    return fig
+
+
+def sli_pareto(scenario: Scenario, kind: str, bounds: Sequence[float], *, gpus: int | None = None,
+               pricing: str = "bundled") -> pd.DataFrame:
+    """Revenue against an SLI bound (``kind`` 'tpot', 'fairness' or 'decode_fairness'), at the optimal prices of
+    each bound (re-optimised) and at today's prices (the fluid LP at today's rates). One row per bound."""
+    from fluidopt.fluid.sli import TPOT, DecodeFairness, PrefillFairness
+
+    make = {"tpot": TPOT, "fairness": PrefillFairness, "prefill_fairness": PrefillFairness,
+            "decode_fairness": DecodeFairness}.get(kind)
+    if make is None:
+        raise UsageError(f"--pareto: expected fairness, decode_fairness or tpot, got {kind!r}")
+    sc = scenario if gpus is None else replace(scenario, gpus=int(gpus))
+    rows = []
+    for b in bounds:
+        sli = (make(float(b)),)
+        r = optimize_prices(sc, pricing=pricing, slis=sli, compare=False)
+        today = evaluate_prices(sc, reference_prices(sc), pricing=pricing, slis=sli)
+        rows.append({"sli": sli[0].key, "bound": float(b), "status": r.status, "revenue_per_s": r.revenue_per_s,
+                     "today_revenue_per_s": today["revenue_per_s"],
+                     **{f"price[{c}]": v for c, v in zip(sc.class_names, r.price)}})
+    return pd.DataFrame(rows)
+
+
+def sli_pareto_figure(curve: pd.DataFrame):
+    """Revenue against the SLI bound at optimal prices and at today's prices."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.0, 3.8))
+    ax.plot(curve["bound"], curve["revenue_per_s"], marker="o", ms=3, label="optimal prices")
+    ax.plot(curve["bound"], curve["today_revenue_per_s"], marker="s", ms=3, label="today's prices")
+    ax.set_xlabel(f"{curve['sli'].iloc[0]} bound")
+    ax.set_ylabel("fluid revenue per s (cluster)")
+    ax.set_title("revenue against the SLI at optimal prices", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

@@ -222,19 +222,29 @@ def _optimize(args: argparse.Namespace) -> int:
     cps = parse_range(args.prefill, "--prefill")
     cds = parse_range(args.decode, "--decode")
     pricing = "bundled" if args.pricing == "both" else args.pricing
+    kinds = [k.strip() for k in args.pareto.split(",") if k.strip()]
+    for k in kinds:
+        if k not in ("fairness", "prefill_fairness", "decode_fairness", "tpot"):
+            raise UsageError(f"--pareto: expected fairness, decode_fairness or tpot, got {k!r}")
+    if args.points < 2:
+        raise UsageError(f"--points: expected an integer >= 2, got {args.points}")
+    out = Path(args.out) if args.out else None
+    if out is not None and out.exists() and not out.is_dir():
+        raise UsageError(f"--out: {out} exists and is not a folder")
     scenario = load_scenario(args.scenario)
     res = optimize_prices(scenario, tiers=args.tiers, pricing=pricing, gpus=args.gpus, grid=(cps, cds))
     fleet = None
     if args.fleet and res.success:
         fleet = optimize_fleet(scenario if args.gpus is None else scenario, gpu_price_per_hour=args.gpu_price,
                                tiers=args.tiers, pricing=pricing)
+    files = _save_optimum(args, out, scenario, res, fleet, kinds) if out is not None and res.success else []
     if args.json:
-        out = {"scenario": scenario.name, **res.to_dict()}
+        d = {"scenario": scenario.name, **res.to_dict(), "files": files}
         if fleet is not None:
-            out["fleet"] = {"gpus": fleet.gpus, "profit_per_s": fleet.profit_per_s,
-                            "gpu_price_per_hour": fleet.gpu_price_per_hour, "best": fleet.best.to_dict(),
-                            "curve": json_records(fleet.curve)}
-        print(json.dumps(out, indent=2))
+            d["fleet"] = {"gpus": fleet.gpus, "profit_per_s": fleet.profit_per_s,
+                          "gpu_price_per_hour": fleet.gpu_price_per_hour, "best": fleet.best.to_dict(),
+                          "curve": json_records(fleet.curve)}
+        print(json.dumps(d, indent=2))
         return 0
     print(f"fluidopt price --optimize: {scenario.name}, {res.gpus} GPUs, tiers {res.tiers}, {res.pricing} pricing")
     print(f"status: {res.status} ({res.message})")
@@ -259,4 +269,48 @@ def _optimize(args: argparse.Namespace) -> int:
         print(f"\nfleet at {fleet.gpu_price_per_hour:g} per GPU-hour: the most profit is {fleet.profit_per_s:,.2f} per s at "
               f"{fleet.gpus} GPUs")
         print(fleet.curve.to_string(index=False, float_format=lambda v: f"{v:.6g}"))
+    if files:
+        print(f"\nsaved: {', '.join(files)}")
     return 0
+
+
+def _save_optimum(args, out: Path, scenario, res, fleet, kinds) -> list[str]:
+    """optimal.csv, price_response.csv/.png, fleet.csv/.png (--fleet) and sli_pareto.csv/.png (--pareto)."""
+    import matplotlib
+    import pandas as pd
+
+    matplotlib.use("Agg")
+    from fluidopt._files import atomic_path
+    from fluidopt.harness import write_csv_atomic
+    from fluidopt.pricing_opt import (
+        fleet_figure,
+        price_response,
+        price_response_figure,
+        sli_pareto,
+        sli_pareto_figure,
+    )
+
+    out.mkdir(parents=True, exist_ok=True)
+    files = [str(write_csv_atomic(res.to_frame(), out / "optimal.csv"))]
+    resp = price_response(scenario, res, points=args.points)
+    files.append(str(write_csv_atomic(resp, out / "price_response.csv")))
+    with atomic_path(out / "price_response.png") as tmp:
+        price_response_figure(resp).savefig(tmp, dpi=100)
+    files.append(str(out / "price_response.png"))
+    if fleet is not None:
+        files.append(str(write_csv_atomic(fleet.curve, out / "fleet.csv")))
+        with atomic_path(out / "fleet.png") as tmp:
+            fleet_figure(fleet).savefig(tmp, dpi=100)
+        files.append(str(out / "fleet.png"))
+    if kinds and res.tiers == "per-class":
+        from dataclasses import replace
+
+        sc = scenario if args.gpus is None else replace(scenario, gpus=args.gpus)
+        curves = [sli_pareto(sc, k, _pareto_bounds(sc, k, args.points), pricing=res.pricing) for k in kinds]
+        files.append(str(write_csv_atomic(pd.concat(curves, ignore_index=True), out / "sli_pareto.csv")))
+        for c in curves:
+            name = f"sli_pareto_{c['sli'].iloc[0]}.png"
+            with atomic_path(out / name) as tmp:
+                sli_pareto_figure(c).savefig(tmp, dpi=100)
+            files.append(str(out / name))
+    return files

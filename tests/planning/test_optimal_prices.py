@@ -275,3 +275,35 @@ def test_gate_and_route_at_the_optimal_prices_earns_within_3_percent_of_the_prog
     assert (sim["lp_revenue_per_gpu"] - r.revenue_per_gpu).abs().max() < 1e-6 * r.revenue_per_gpu
     for _, row in sim.iterrows():  # measured: 0.9885 and 0.9963 of 303.55 per GPU per s (3 seeds)
         assert 0.97 <= row["ratio_to_program"] <= 1.0 + 3 * row["sim_revenue_ci"] / row["program_revenue_per_gpu"]
+
+
+def test_figures_and_their_tables():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    from fluidopt.pricing_opt import (
+        fleet_figure,
+        price_response,
+        price_response_figure,
+        sli_pareto,
+        sli_pareto_figure,
+    )
+    from fluidopt.scenario import load_scenario
+
+    sc = load_scenario(EXAMPLE)
+    r = optimize_prices(sc, compare=False)
+    resp = price_response(sc, r, points=11)
+    for _, g in resp.groupby("class", sort=False):
+        # the LP at the induced rates earns the most at the optimal price (the middle point of the sweep)
+        assert g["revenue_per_s"].idxmax() == g.index[5]
+        assert g["revenue_per_s"].max() == pytest.approx(r.revenue_per_s, rel=1e-6)
+        assert (g["served"] <= g["rate"] * (1 + 1e-9)).all()
+    curve = sli_pareto(sc, "tpot", [0.0225, 0.024, 0.03])
+    assert (curve["revenue_per_s"] >= curve["today_revenue_per_s"] - 1e-6).all()
+    assert curve["revenue_per_s"].is_monotonic_increasing
+    assert curve["revenue_per_s"].iloc[-1] == pytest.approx(r.revenue_per_s, rel=1e-6)  # TPOT 30 ms is slack
+    f = optimize_fleet(sc, gpu_price_per_hour=360000.0, sizes=[200, 500, 800])
+    for fig in (price_response_figure(resp), sli_pareto_figure(curve), fleet_figure(f)):
+        assert isinstance(fig, Figure)
