@@ -54,7 +54,24 @@ def price_grid(scenario: Scenario, prefill_prices: Sequence[float], decode_price
 
     ``slis``: the LP's SLI rows (default: the scenario's own). ``df.attrs['seconds']``: wall time of
     the grid (LP builds included); ``points``.
+
+    Without a demand model the rates are fixed, so revenue is linear in the prices at any fixed
+    operating point and the grid's best point is its top corner. With one (``[classes.demand]``),
+    each point's rates are the demand at its prices (:func:`fluidopt.pricing_opt.demand_grid`, through
+    Pyomo, a few ms per point) and the best point can be interior.
     """
+    from fluidopt.demand import has_demand
+
+    if has_demand(scenario.classes):
+        from fluidopt.pricing_opt import demand_grid
+
+        if len(prefill_prices) == 0 or len(decode_prices) == 0:
+            raise UsageError("price grid: expected at least one prefill and one decode price")
+        t0 = time.perf_counter()
+        out = pd.concat([demand_grid(scenario, prefill_prices, decode_prices, pricing=p, slis=slis)
+                         for p in pricings], ignore_index=True)
+        out.attrs.update(seconds=time.perf_counter() - t0, points=len(out))
+        return out
     from fluidopt.fluid.direct import DirectFluidLP
     from fluidopt.fluid.lp import check_pricing, scenario_slis
 
