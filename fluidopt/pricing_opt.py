@@ -535,6 +535,8 @@ def read_observations(path) -> pd.DataFrame:
         raise UsageError(f"--fit-demand: {p}: missing column {missing[0]!r}; expected columns "
                          f"{', '.join(FIT_COLUMNS)} (class name, price per request, requests per second), "
                          f"got {', '.join(map(str, df.columns)) or 'none'}")
+    if df.empty:
+        raise UsageError(f"--fit-demand: {p}: no observations (expected rows of class, price, rate)")
     for c in ("price", "rate"):
         v = pd.to_numeric(df[c], errors="coerce")
         bad = df.index[~np.isfinite(v) | (v < 0)]
