@@ -30,8 +30,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="SLIs whose price to trace: comma list of fairness, decode_fairness, tpot ('' for none)")
     p.add_argument("--points", type=int, default=25, help="bounds per Pareto curve (default 25)")
     p.add_argument("--simulate", default="", metavar="CP,CD;CP,CD",
-                   help="grid points to simulate with --policy, e.g. '0.1,0.2;0.3,0.1'")
-    p.add_argument("--policy", default="gate-and-route")
+                   help="grid points to simulate with --policy, e.g. '0.1,0.2;0.3,0.1'; with --optimize: 'optimal' "
+                   "simulates the optimal prices")
+    p.add_argument("--policy", default="gate-and-route",
+                   help="controller for --simulate (with --optimize --simulate optimal: a comma list)")
     p.add_argument("--seeds", type=int, default=2)
     p.add_argument("--horizon", type=float, default=600.0)
     p.add_argument("--warmup", type=float, default=150.0)
@@ -231,15 +233,45 @@ def _optimize(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
     if out is not None and out.exists() and not out.is_dir():
         raise UsageError(f"--out: {out} exists and is not a folder")
+    if args.simulate and args.simulate.strip() != "optimal":
+        raise UsageError(f"--simulate: with --optimize, expected 'optimal', got {args.simulate!r}")
+    policies = [q.strip() for q in args.policy.split(",") if q.strip()]
+    if args.simulate:
+        from fluidopt.control.registry import available
+
+        known = set(available())
+        for q in policies:
+            if q not in known:
+                raise UsageError(f"--policy: unknown policy {q!r}; `fluidopt simulate --list-policies` lists them")
+        check_workers(args)
+        if args.seeds < 1:
+            raise UsageError(f"--seeds: expected an integer >= 1, got {args.seeds}")
     scenario = load_scenario(args.scenario)
     res = optimize_prices(scenario, tiers=args.tiers, pricing=pricing, gpus=args.gpus, grid=(cps, cds))
     fleet = None
     if args.fleet and res.success:
         fleet = optimize_fleet(scenario if args.gpus is None else scenario, gpu_price_per_hour=args.gpu_price,
                                tiers=args.tiers, pricing=pricing)
+    sim = None
+    if args.simulate and res.success:
+        from fluidopt.commands._scale import make_executor
+        from fluidopt.pricing_opt import simulate_prices
+
+        ex = make_executor(args, runs=len(policies) * args.seeds)
+        try:
+            sim = simulate_prices(scenario, res, policies=policies, seeds=list(range(args.seeds)),
+                                  horizon=args.horizon, warmup=args.warmup, executor=ex,
+                                  out=out / "runs" if out is not None else None, progress=progress_enabled(args))
+        finally:
+            ex.close()
     files = _save_optimum(args, out, scenario, res, fleet, kinds) if out is not None and res.success else []
+    if sim is not None and out is not None:
+        from fluidopt.harness import write_csv_atomic
+
+        files.append(str(write_csv_atomic(sim, out / "simulated.csv")))
     if args.json:
-        d = {"scenario": scenario.name, **res.to_dict(), "files": files}
+        d = {"scenario": scenario.name, **res.to_dict(), "files": files,
+             "simulated": json_records(sim) if sim is not None else None}
         if fleet is not None:
             d["fleet"] = {"gpus": fleet.gpus, "profit_per_s": fleet.profit_per_s,
                           "gpu_price_per_hour": fleet.gpu_price_per_hour, "best": fleet.best.to_dict(),
@@ -269,6 +301,10 @@ def _optimize(args: argparse.Namespace) -> int:
         print(f"\nfleet at {fleet.gpu_price_per_hour:g} per GPU-hour: the most profit is {fleet.profit_per_s:,.2f} per s at "
               f"{fleet.gpus} GPUs")
         print(fleet.curve.to_string(index=False, float_format=lambda v: f"{v:.6g}"))
+    if sim is not None:
+        print(f"\nthe optimal prices simulated ({args.seeds} seeds, {args.horizon:g} s after {args.warmup:g} s warm-up) "
+              f"against the program's {res.revenue_per_gpu:.2f} per GPU per s:")
+        print(sim.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     if files:
         print(f"\nsaved: {', '.join(files)}")
     return 0

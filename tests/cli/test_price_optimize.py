@@ -68,6 +68,9 @@ def write(tmp_path: Path, name: str, text: str) -> str:
     (lambda t: ["price", "--optimize"], "no class has a demand model"),
     (lambda t: ["price", str(EXAMPLE), "--fleet"], "--fleet: only used with --optimize"),
     (lambda t: ["price", str(EXAMPLE), "--optimize", "--gpus", "0"], "--gpus: expected an integer >= 1, got 0"),
+    (lambda t: ["price", str(EXAMPLE), "--optimize", "--simulate", "0.1,0.2"], "with --optimize, expected 'optimal'"),
+    (lambda t: ["price", str(EXAMPLE), "--optimize", "--simulate", "optimal", "--policy", "gate-and-route,nope"],
+     "unknown policy 'nope'"),
     (lambda t: ["price", str(EXAMPLE), "--optimize", "--fleet", "--gpu-price", "-1"], "--gpu-price: expected"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, make, message):
@@ -84,3 +87,18 @@ def test_unbounded_revenue_is_a_status_not_a_number(tmp_path, capsys):
     assert code == 0, err
     d = json.loads(out)
     assert d["status"] == "unbounded" and d["revenue_per_s"] is None and "revenue unbounded" in d["message"]
+
+
+@pytest.mark.integration
+def test_optimal_prices_simulated_from_the_command_line(capsys, tmp_path):
+    argv = ["price", str(EXAMPLE), "--optimize", "--gpus", "50", "--simulate", "optimal", "--policy",
+            "gate-and-route,backpressure-gate-and-route", "--seeds", "1", "--horizon", "120", "--warmup", "30",
+            "--no-progress", "--json", "--out", str(tmp_path / "o"), "--pareto", "", "--points", "5"]
+    code, out, err = run_cli(argv, capsys)
+    assert code == 0, err
+    d = json.loads(out)
+    assert [r["policy"] for r in d["simulated"]] == ["gate-and-route", "backpressure-gate-and-route"]
+    for r in d["simulated"]:
+        assert r["program_revenue_per_gpu"] == pytest.approx(d["revenue_per_s"] / 50)
+        assert 0.5 < r["ratio_to_program"] < 1.1
+    assert (tmp_path / "o" / "simulated.csv").is_file() and (tmp_path / "o" / "price_response.png").is_file()
