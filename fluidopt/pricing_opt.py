@@ -81,6 +81,15 @@ def _token_scenario(scenario: Scenario, cp: float, cd: float) -> Scenario:
     return replace(s, classes=tuple(replace(c, rate=float(max(r, _RATE_FLOOR))) for c, r in zip(s.classes, rates)))
 
 
+def _pin_fixed(scenario: Scenario) -> Scenario:
+    """Classes without a demand model at today's token prices, whatever the scenario's c_p, c_d become (the
+    program keeps their prices; a grid that moved them would earn without bound on their fixed rates)."""
+    cps, cds = scenario.class_prices()
+    return replace(scenario, classes=tuple(
+        c if c.demand is not None else replace(c, prefill_price=float(cps[i]), decode_price=float(cds[i]))
+        for i, c in enumerate(scenario.classes)))
+
+
 def evaluate_prices(scenario: Scenario, prices: Sequence[float], *, pricing: str = "bundled",
                     slis: Sequence[SLI] | None = None) -> dict:
     """The fluid LP at per-class prices with the rates they induce: revenue per s (cluster) and per class."""
@@ -130,8 +139,10 @@ class PriceResult:
     """Optimal prices (scipy.optimize style: check ``success`` / ``status``; ``message`` says why).
 
     Per class (arrays in class order): ``price`` per request, ``rate`` it induces and ``served`` (requests/s,
-    whole cluster), ``revenue`` per s, ``shadow_price``: revenue per s one more request/s of capacity for
-    the class would earn (its marginal revenue at the optimum; 0 where capacity does not bind). Cluster:
+    whole cluster), ``revenue`` per s, ``shadow_price``: the capacity's cost per request of the class (for a
+    priced class its marginal revenue at the optimum, what one more request/s of capacity for it would
+    earn; 0 where capacity does not bind; for a class without a demand model its revenue per request less
+    what one more arrival adds). Cluster:
     ``revenue_per_s``, ``gpu_shadow_price`` (revenue per s one more GPU earns, prices re-optimised).
     ``prefill_price``/``decode_price``: the token prices (tiers='tokens'). ``today`` and ``grid_best``:
     the comparisons (dicts with ``revenue_per_s`` and the prices), ``concave``: whether the program solved
@@ -264,6 +275,7 @@ def _per_class_program(scenario: Scenario, pricing: str, slis: Sequence[SLI], ca
         u = np.array([cls[i].demand.utility for i in idx])
         rev_terms.append((M / b) * (u @ s + cp.sum(cp.entr(s)) + cp.log(s0) + cp.entr(s0)))
     fixed = [i for i in range(I) if cls[i].demand is None]
+    fixed_rev: dict = {}  # cluster revenue per s of each class without a demand model (linear in what is served)
     duals = np.full(I, np.nan)
     if capacity:
         lam = cp.hstack([L[pos[i]] / n if i in pos else cp.Constant(cls[i].rate / n) for i in range(I)])
@@ -274,18 +286,27 @@ def _per_class_program(scenario: Scenario, pricing: str, slis: Sequence[SLI], ca
             cons += [qp[dem] == 0, qd[dem] == 0]
         for i in fixed:
             if pricing == "bundled":
-                rev_terms.append(n * r.w[i] * f["served"][i])
+                fixed_rev[i] = n * r.w[i] * f["served"][i]
             else:
-                rev_terms.append(n * (r.prefill_reward[i] * r.mu_p[i] * x[i] + r.decode_reward[i] * f["served"][i]))
+                fixed_rev[i] = n * (r.prefill_reward[i] * r.mu_p[i] * x[i] + r.decode_reward[i] * f["served"][i])
+            rev_terms.append(fixed_rev[i])
         cons += list(f["rows"].values()) + f["extra"]
     else:
         for i in fixed:
-            rev_terms.append(cp.Constant(ref[i] * cls[i].rate))
+            fixed_rev[i] = cp.Constant(ref[i] * cls[i].rate)
+            rev_terms.append(fixed_rev[i])
     obj = cp.Maximize(cp.sum(cp.hstack(rev_terms)) / n)
     prob = cp.Problem(obj, cons)
+    import warnings
+
     opts = dict(CLARABEL_TIGHT) if solver.upper() == "CLARABEL" else {}
     try:
-        prob.solve(solver=solver, **opts)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "may be inaccurate": asked again below
+            prob.solve(solver=solver, **opts)
+        if prob.status == cp.OPTIMAL_INACCURATE and opts:
+            # the tight tolerances can stall on exponential cones (logit); the solver's defaults (1e-8) then finish
+            prob.solve(solver=solver)
     except cp.error.SolverError as e:
         raise SolverError(f"pricing program of {scenario.name!r}: cvxpy solver {solver} failed: {e}") from None
     if prob.status in (cp.UNBOUNDED, cp.UNBOUNDED_INACCURATE):
@@ -297,13 +318,19 @@ def _per_class_program(scenario: Scenario, pricing: str, slis: Sequence[SLI], ca
     rate = np.array([float(L.value[pos[i]]) if i in pos else cls[i].rate for i in range(I)])
     rate = np.maximum(rate, 0.0)
     served = rate.copy()
+    revenue = np.full(I, np.nan)
+    for i in fixed:
+        revenue[i] = float(fixed_rev[i].value)
     if capacity:
         sv = np.asarray(f["served"].value, dtype=float) * n
+        d = f["rows"]["prefill_balance"].dual_value
         for i in fixed:
             served[i] = max(0.0, float(sv[i]))
-            d = f["rows"]["prefill_balance"].dual_value
+            # d revenue / d Lambda_i: what one more arrival of the class earns, capacity cost deducted
             duals[i] = float(np.atleast_1d(d)[i]) if d is not None else np.nan
-    return "optimal", rate, served, np.zeros(I), duals
+    else:
+        duals[fixed] = ref[fixed]
+    return "optimal", rate, served, revenue, duals
 
 
 def _inverse_prices(scenario: Scenario, rate: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -371,26 +398,32 @@ def optimize_prices(scenario: Scenario, *, tiers: str = "per-class", pricing: st
         cmp["today"] = {"revenue_per_s": today["revenue_per_s"], "price": today_p, "rate": today["rate"],
                         "served": today["served"], "prefill_price": scenario.prefill_price,
                         "decode_price": scenario.decode_price}
-        g = demand_grid(scenario, cps, cds, pricing=pricing, slis=slis)
+        g = demand_grid(_pin_fixed(scenario), cps, cds, pricing=pricing, slis=slis)
         best = g.loc[g["revenue_per_s"].idxmax()]
         cmp["grid_best"] = {"revenue_per_s": float(best["revenue_per_s"]), "prefill_price": float(best["prefill_price"]),
                             "decode_price": float(best["decode_price"]), "points": len(g),
                             "interior": bool(cps.min() < best["prefill_price"] < cps.max()
                                              and cds.min() < best["decode_price"] < cds.max())}
     if tiers == "tokens":
-        return _token_program(scenario, pricing, slis, g, cmp, t0)
-    status, rate, served, _, duals = _per_class_program(scenario, pricing, slis, capacity, solver)
+        return _token_program(_pin_fixed(scenario), pricing, slis, g, cmp, t0)
+    status, rate, served, fixed_revenue, duals = _per_class_program(scenario, pricing, slis, capacity, solver)
     if status != "optimal":
         msg = ("revenue unbounded: the solver found no finite optimum" if status == "unbounded" else
                "infeasible: no rates meet the fleet's capacity and SLIs (a class without a demand model may need "
                "more than the fleet)")
         return _nan_result(status, msg, scenario, tiers, pricing, capacity, t0)
     price, mr = _inverse_prices(scenario, rate)
-    shadow = np.where(np.isnan(mr), duals, mr)
-    revenue = price * served
+    fixed = np.isnan(mr)
+    revenue = np.where(fixed, fixed_revenue, price * served)
+    # capacity cost per request: a priced class's marginal revenue (KKT); for a class without a demand model,
+    # what it earns per request less what one more arrival adds (its balance row's dual)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cost_fixed = np.where(served > 0, (revenue - duals * rate) / served, price)
+    shadow = np.where(fixed, cost_fixed, mr)
     n = scenario.gpus
-    gpu_shadow = float(np.nansum(shadow * served) / n) if capacity else 0.0
-    binding = capacity and np.any(np.abs(shadow) > 1e-6 * np.maximum(price, 1.0))
+    # d revenue / d n = sum_i (capacity cost_i x served_i) / n: the capacity rows are homogeneous in n
+    gpu_shadow = float(np.sum(shadow * served) / n) if capacity else 0.0
+    binding = capacity and np.any(np.abs(shadow) > 1e-5 * np.maximum(price, 1.0))  # the solver's precision
     msg = ("the fleet's capacity binds (each class's marginal revenue = its capacity shadow price > 0)" if binding else
            "capacity is slack (each price where its marginal revenue is 0)")
     return PriceResult(status="optimal", message=msg, tiers=tiers, pricing=pricing, gpus=n,

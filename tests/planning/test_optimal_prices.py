@@ -307,3 +307,61 @@ def test_figures_and_their_tables():
     f = optimize_fleet(sc, gpu_price_per_hour=360000.0, sizes=[200, 500, 800])
     for fig in (price_response_figure(resp), sli_pareto_figure(curve), fleet_figure(f)):
         assert isinstance(fig, Figure)
+
+
+def test_a_class_without_demand_keeps_its_price_and_the_fluid_lp_agrees():
+    text = EXAMPLE.read_text().replace('[classes.demand]\nmodel = "linear"   # max_rate = 250 + 1 * 380 = 630\nslope = 1.0',
+                                       "")
+    sc = loads_scenario(text)
+    assert sc.classes[1].demand is None
+    r = optimize_prices(sc)
+    assert r.price[1] == 380.0 and r.rate[1] == 250.0
+    # the fluid LP at the program's prices and rates earns the program's value
+    lp = solve_fluid(priced_scenario(sc, r.price))
+    assert lp.revenue_per_gpu * 500 == pytest.approx(r.revenue_per_s, rel=1e-6)
+    assert r.revenue_per_s >= r.today["revenue_per_s"] and r.revenue_per_s >= r.grid_best["revenue_per_s"] - 1e-6
+    up, down = (optimize_prices(sc, gpus=k, compare=False).revenue_per_s for k in (501, 499))
+    assert r.gpu_shadow_price == pytest.approx((up - down) / 2, rel=2e-3)
+
+
+def logit_example() -> Scenario:
+    text = EXAMPLE.read_text()
+    for old in ('model = "linear"   # rate = max_rate - slope * price; max_rate = 250 + 2 * 230 = 710 is derived\n'
+                'slope = 2.0', 'model = "linear"   # max_rate = 250 + 1 * 380 = 630\nslope = 1.0'):
+        text = text.replace(old, 'model = "logit"\nmarket = "chat"\nmarket_size = 3000.0\nprice_sensitivity = 0.01')
+    return loads_scenario(text)
+
+
+def test_logit_with_binding_capacity_matches_scipy_in_the_prices():
+    """The same program solved by SLSQP in the prices themselves (the MNL rates written out), not the shares."""
+    from scipy.optimize import minimize
+
+    sc = logit_example()
+    r = optimize_prices(sc, compare=False)
+    assert r.shadow_price.min() > 1  # 500 GPUs bind
+    alpha, beta, gamma, C, B, n = 0.0174, 6.2e-5, 45.45, 256, 16, 500
+    tau = alpha + beta * C
+    P, D = np.array([300.0, 3000.0]), np.array([1000.0, 400.0])
+    mu_p, mu_m, mu_s = C / (P * tau), 1 / (D * tau), gamma / D
+    # utilities from the rates 250, 250 of a market of 3000 at today's 230 and 380: ln(s_i / s_0) + b P_i
+    u = np.log(250 / 2500) + 0.01 * np.array([230.0, 380.0])
+
+    def rates(p):
+        e = np.exp(u - 0.01 * p)
+        return 3000 * e / (1 + e.sum())
+
+    # variables: prices (2), then per GPU x (2), y_m (2), y_s (2)
+    cons = [
+        {"type": "eq", "fun": lambda v: n * mu_p * v[2:4] - rates(v[0:2])},
+        {"type": "eq", "fun": lambda v: mu_p * v[2:4] - mu_m * v[4:6] - mu_s * v[6:8]},
+        {"type": "ineq", "fun": lambda v: 1 - v[2] - v[3]},
+        {"type": "ineq", "fun": lambda v: (B - 1) * (v[2] + v[3]) - v[4] - v[5]},
+        {"type": "ineq", "fun": lambda v: B - B * (v[2] + v[3]) - v[6] - v[7]},
+    ]
+    v0 = np.array([300.0, 400.0, 0.01, 0.05, 0.5, 0.5, 5.0, 5.0])
+    res = minimize(lambda v: -float(v[0:2] @ rates(v[0:2])) / 1e5, v0, method="SLSQP",
+                   bounds=[(0, None)] * 8, constraints=cons, options={"ftol": 1e-15, "maxiter": 3000})
+    assert res.success, res.message
+    np.testing.assert_allclose(r.price, res.x[0:2], rtol=1e-4)
+    up, down = (optimize_prices(sc, gpus=k, compare=False).revenue_per_s for k in (501, 499))
+    assert r.gpu_shadow_price == pytest.approx((up - down) / 2, rel=2e-3)
