@@ -222,7 +222,14 @@ def simulate_points(scenario: Scenario, points: Sequence[tuple[float, float]], *
 
     if not points:
         raise UsageError("--simulate: expected at least one CP,CD point")
-    scens = [replace(scenario.with_prices(cp, cd), name=f"cp={cp:g},cd={cd:g}") for cp, cd in points]
+    from fluidopt.demand import has_demand
+
+    if has_demand(scenario.classes):  # the rates follow the demand at each point's prices
+        from fluidopt.pricing_opt import _token_scenario
+
+        scens = [replace(_token_scenario(scenario, cp, cd), name=f"cp={cp:g},cd={cd:g}") for cp, cd in points]
+    else:
+        scens = [replace(scenario.with_prices(cp, cd), name=f"cp={cp:g},cd={cd:g}") for cp, cd in points]
     c = compare(scens, [policy], seeds=list(seeds), horizon=horizon, warmup=warmup, service=service, pricing=pricing,
                 executor=executor, out=out, progress=progress)
     s = c.summary()

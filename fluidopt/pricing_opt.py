@@ -295,7 +295,8 @@ def _per_class_program(scenario: Scenario, pricing: str, slis: Sequence[SLI], ca
         for i in fixed:
             fixed_rev[i] = cp.Constant(ref[i] * cls[i].rate)
             rev_terms.append(fixed_rev[i])
-    obj = cp.Maximize(cp.sum(cp.hstack(rev_terms)) / n)
+    # soft SLIs (a penalty weight) subtract their penalty per GPU per s, as in the fluid LP's objective
+    obj = cp.Maximize(cp.sum(cp.hstack(rev_terms)) / n - (f["penalty"] if capacity else 0))
     prob = cp.Problem(obj, cons)
     import warnings
 

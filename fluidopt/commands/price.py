@@ -108,6 +108,10 @@ def run(args: argparse.Namespace) -> int:
         return _fit(args)
     if args.optimize or args.fleet:
         return _optimize(args)
+    for flag, given in (("--gpus", args.gpus is not None), ("--tiers", args.tiers != "per-class"),
+                        ("--gpu-price", args.gpu_price is not None)):
+        if given:
+            raise UsageError(f"{flag}: only used with --optimize")
     options = parse_options(args.option)
     check_workers(args)
     cps = parse_range(args.prefill, "--prefill")

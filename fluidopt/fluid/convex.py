@@ -140,11 +140,17 @@ def _formulate(scenario: Scenario, pricing: str, slis: Sequence[SLI], lam: Any =
             e = (num - s.max_seconds * slots) / B
         elif isinstance(s, MinServedFraction):
             k = names.index(s.cls)
-            # with variable arrivals the row is multiplied through by them (same sign, hard rows alike)
-            e = s.fraction - r.mu_p[k] * x[k] / r.lam[k] if lam is None else s.fraction * lam[k] - r.mu_p[k] * x[k]
+            if lam is None or lam[k].is_constant():
+                lk = r.lam[k] if lam is None else float(lam[k].value)
+                e = s.fraction - r.mu_p[k] * x[k] / lk
+            else:  # variable arrivals: the row multiplied through by them (same sign; a penalty then weighs rates)
+                e = s.fraction * lam[k] - r.mu_p[k] * x[k]
         elif isinstance(s, MaxPrefillWait):
             k = names.index(s.cls)
-            e = qp[k] / r.lam[k] - s.seconds if lam is None else qp[k] - s.seconds * lam[k]
+            if lam is None or lam[k].is_constant():
+                e = qp[k] / (r.lam[k] if lam is None else float(lam[k].value)) - s.seconds
+            else:
+                e = qp[k] - s.seconds * lam[k]
         else:  # pragma: no cover - validate_slis rejects anything else
             raise ScenarioError(f"unknown SLI {s!r}")
         excess[s.key] = e

@@ -67,6 +67,7 @@ def write(tmp_path: Path, name: str, text: str) -> str:
     (lambda t: ["price", "--fit-demand", str(t / "none.csv")], "no such file"),
     (lambda t: ["price", "--optimize"], "no class has a demand model"),
     (lambda t: ["price", str(EXAMPLE), "--fleet"], "--fleet: only used with --optimize"),
+    (lambda t: ["price", str(EXAMPLE), "--gpus", "3"], "--gpus: only used with --optimize"),
     (lambda t: ["price", str(EXAMPLE), "--optimize", "--gpus", "0"], "--gpus: expected an integer >= 1, got 0"),
     (lambda t: ["price", str(EXAMPLE), "--optimize", "--simulate", "0.1,0.2"], "with --optimize, expected 'optimal'"),
     (lambda t: ["price", str(EXAMPLE), "--optimize", "--simulate", "optimal", "--policy", "gate-and-route,nope"],

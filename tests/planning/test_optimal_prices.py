@@ -365,3 +365,20 @@ def test_logit_with_binding_capacity_matches_scipy_in_the_prices():
     np.testing.assert_allclose(r.price, res.x[0:2], rtol=1e-4)
     up, down = (optimize_prices(sc, gpus=k, compare=False).revenue_per_s for k in (501, 499))
     assert r.gpu_shadow_price == pytest.approx((up - down) / 2, rel=2e-3)
+
+
+def test_slis_hard_and_soft_in_the_pricing_program():
+    from fluidopt.fluid.sli import parse_slis
+    from fluidopt.scenario import load_scenario
+
+    sc = load_scenario(EXAMPLE)
+    free = optimize_prices(sc, slis=(), compare=False)
+    hard = optimize_prices(sc, slis=parse_slis(["tpot=0.023"]), compare=False)
+    heavy = optimize_prices(sc, slis=parse_slis(["tpot=0.023:penalty=1e6"]), compare=False)
+    light = optimize_prices(sc, slis=parse_slis(["tpot=0.023:penalty=1"]), compare=False)
+    assert hard.revenue_per_s < 0.8 * free.revenue_per_s  # a tight TPOT costs capacity, so prices rise
+    assert heavy.revenue_per_s == pytest.approx(hard.revenue_per_s, rel=1e-6)  # an exact penalty acts as the row
+    assert light.revenue_per_s == pytest.approx(free.revenue_per_s, rel=1e-6)  # a cheap one is paid, not met
+    # the fluid LP with the same hard SLI at the program's prices and rates earns the same
+    lp = solve_fluid(priced_scenario(sc, hard.price), slis=parse_slis(["tpot=0.023"]))
+    assert lp.revenue_per_gpu * 500 == pytest.approx(hard.revenue_per_s, rel=1e-6)
