@@ -705,10 +705,11 @@ def price_response(scenario: Scenario, result: PriceResult, *, points: int = 41,
 
 def price_response_figure(response: pd.DataFrame):
     """Revenue (top) and the class's induced and served load (bottom) against its price, one column per class."""
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     names = list(dict.fromkeys(response["class"]))
-    fig, axes = plt.subplots(2, len(names), figsize=(4.6 * len(names), 6.4), squeeze=False)
+    fig = Figure(figsize=(4.6 * len(names), 6.4), layout="constrained")  # no pyplot state (plots.py's style)
+    axes = fig.subplots(2, len(names), squeeze=False)
     for j, n in enumerate(names):
         d = response[response["class"] == n]
         opt = float(d["optimal_price"].iloc[0])
@@ -724,16 +725,16 @@ def price_response_figure(response: pd.DataFrame):
         ax.set_xlabel("price per request")
         ax.set_ylabel("requests per s (cluster)")
         ax.legend(fontsize=8)
-    fig.tight_layout()
     return fig
 
 
 def fleet_figure(fleet: FleetResult):
     """Optimal price per class (left) and optimal profit (right) against the fleet size."""
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     c = fleet.curve
-    fig, axes = plt.subplots(1, 2, figsize=(9.6, 3.8))
+    fig = Figure(figsize=(9.6, 3.8), layout="constrained")
+    axes = fig.subplots(1, 2)
     for col in [k for k in c.columns if k.startswith("price[")]:
         axes[0].plot(c["gpus"], c[col], marker="o", ms=3, label=col[6:-1])
     axes[0].set_xlabel("GPUs")
@@ -743,7 +744,6 @@ def fleet_figure(fleet: FleetResult):
     axes[1].axvline(fleet.gpus, color="k", ls=":", lw=1)
     axes[1].set_xlabel("GPUs")
     axes[1].set_ylabel(f"optimal profit per s (GPU at {fleet.gpu_price_per_hour:g}/h)")
-    fig.tight_layout()
     return fig
 
 
@@ -771,14 +771,14 @@ def sli_pareto(scenario: Scenario, kind: str, bounds: Sequence[float], *, gpus: 
 
 def sli_pareto_figure(curve: pd.DataFrame):
     """Revenue against the SLI bound at optimal prices and at today's prices."""
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
-    fig, ax = plt.subplots(figsize=(5.0, 3.8))
+    fig = Figure(figsize=(5.0, 3.8), layout="constrained")
+    ax = fig.subplots()
     ax.plot(curve["bound"], curve["revenue_per_s"], marker="o", ms=3, label="optimal prices")
     ax.plot(curve["bound"], curve["today_revenue_per_s"], marker="s", ms=3, label="today's prices")
     ax.set_xlabel(f"{curve['sli'].iloc[0]} bound")
     ax.set_ylabel("fluid revenue per s (cluster)")
     ax.set_title("revenue against the SLI at optimal prices", fontsize=9)
     ax.legend(fontsize=8)
-    fig.tight_layout()
     return fig
