@@ -579,16 +579,20 @@ def read_observations(path) -> pd.DataFrame:
                              f"got {df[c].iloc[bad[0]]!r}")
         df[c] = v.astype(float)
     df["class"] = df["class"].astype(str)
-    return df[list(FIT_COLUMNS)]
+    return df[list(FIT_COLUMNS) + (["period"] if "period" in df.columns else [])]
 
 
-def fit_demand(obs: pd.DataFrame, *, alpha: float = 0.05) -> pd.DataFrame:
+def fit_demand(obs: pd.DataFrame, *, alpha: float = 0.05, market_size: float | None = None) -> pd.DataFrame:
     """Fit the linear and the constant-elasticity model to each class's observations (OLS, statsmodels).
 
     Linear: rate = max_rate - slope * price. Constant elasticity: log rate = log k - elasticity * log price
     (rows with price or rate 0 left out). One row per (class, model): estimates with ``1 - alpha`` CIs, and
     AIC from the residuals on the rate scale for both (n log(SSE/n) + 2k, so the two compare); ``best``
     marks the lower AIC per class. ``df.attrs['toml']``: the ``[classes.demand]`` tables to paste.
+
+    ``market_size`` (requests/s): also fit the logit over all the classes as one market, from a ``period``
+    column that groups simultaneous observations: ln(rate_i / M) - ln(s_0) = u_i - b price_i, s_0 the
+    outside share of the period (OLS with a utility per class and a common price coefficient).
     """
     import statsmodels.api as sm
 
@@ -619,12 +623,54 @@ def fit_demand(obs: pd.DataFrame, *, alpha: float = 0.05) -> pd.DataFrame:
                          "param2": f"rate at price {p_ref:g}", "estimate2": float(np.exp(ce.params[0]) * p_ref ** ce.params[1]),
                          "ci2_low": np.nan, "ci2_high": np.nan,
                          "aic": m * math.log(max(sse, 1e-300) / m) + 4 if m == n else math.nan, "r2": ce.rsquared})
+    if market_size is not None:
+        rows += _fit_logit(obs, float(market_size), alpha)
     df = pd.DataFrame(rows)
     df["best"] = False
     for _name, g in df.groupby("class", sort=False):
         df.loc[g["aic"].idxmin() if g["aic"].notna().any() else g.index[0], "best"] = True
     df.attrs["toml"] = demand_toml(df)
     return df
+
+
+def _fit_logit(obs: pd.DataFrame, M: float, alpha: float) -> list[dict]:
+    import statsmodels.api as sm
+
+    if not (math.isfinite(M) and M > 0):
+        raise UsageError(f"--market-size: expected requests per second > 0, got {M!r}")
+    if "period" not in obs.columns:
+        raise UsageError("--market-size: the logit fit needs a 'period' column (observations of the market's "
+                         "classes at the same time share a period)")
+    names = list(dict.fromkeys(obs["class"]))
+    wide = obs.pivot_table(index="period", columns="class", values=["price", "rate"], aggfunc="mean")
+    if wide.isna().any().any():
+        raise UsageError("--fit-demand: the logit fit needs every class observed in every period")
+    rates, prices = wide["rate"][names].to_numpy(float), wide["price"][names].to_numpy(float)
+    s0 = 1 - rates.sum(axis=1) / M
+    if np.any(s0 <= 0):
+        k = int(np.argmax(s0 <= 0))
+        raise UsageError(f"--market-size: expected more than the rates of every period add up to; period "
+                         f"{wide.index[k]!r} has {rates[k].sum():g} requests/s against {M:g}")
+    ok = rates > 0
+    y = (np.log(np.where(ok, rates, 1.0) / M) - np.log(s0)[:, None])[ok]
+    X = np.column_stack([np.broadcast_to(np.arange(len(names)) == j, rates.shape)[ok].astype(float)
+                         for j in range(len(names))] + [prices[ok]])
+    if len(y) <= X.shape[1]:
+        raise UsageError(f"--fit-demand: the logit fit needs more than {X.shape[1]} positive observations, got {len(y)}")
+    fit = sm.OLS(y, X).fit()
+    ci = fit.conf_int(alpha)
+    u, b = fit.params[:-1], -fit.params[-1]
+    v = np.exp(u[None, :] - b * prices)
+    pred = M * v / (1 + v.sum(axis=1, keepdims=True))
+    out = []
+    for j, name in enumerate(names):
+        n = rates.shape[0]
+        sse = float(np.sum((rates[:, j] - pred[:, j]) ** 2))
+        out.append({"class": name, "model": "logit", "n": n, "param": "price_sensitivity", "estimate": b,
+                    "ci_low": -ci[-1][1], "ci_high": -ci[-1][0], "param2": "utility", "estimate2": u[j],
+                    "ci2_low": ci[j][0], "ci2_high": ci[j][1],
+                    "aic": n * math.log(max(sse, 1e-300) / n) + 4, "r2": fit.rsquared, "market_size": M})
+    return out
 
 
 def demand_toml(fit: pd.DataFrame) -> str:
@@ -640,6 +686,14 @@ def demand_toml(fit: pd.DataFrame) -> str:
             out.append("[classes.demand]")
             out.append('model = "linear"')
             out.append(f"slope = {r['estimate']:.6g}   # {1 - 0.05:.0%} CI [{r['ci_low']:.4g}, {r['ci_high']:.4g}]")
+        elif r["model"] == "logit":
+            out.append(f"# fitted: utility = {r['estimate2']:.6g}; put under its [[classes]] table, with rate = the fitted "
+                       f"rate at the scenario's prices (the utilities are derived from the rates)")
+            out.append("[classes.demand]")
+            out.append('model = "logit"')
+            out.append('market = "market"')
+            out.append(f"market_size = {r['market_size']:.6g}")
+            out.append(f"price_sensitivity = {r['estimate']:.6g}   # 95% CI [{r['ci_low']:.4g}, {r['ci_high']:.4g}]")
         else:
             out.append(f"# fitted: {r['param2']} = {r['estimate2']:.6g}; put under its [[classes]] table, with rate = the "
                        f"fitted rate at the scenario's price")

@@ -55,6 +55,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--fit-demand", default="", metavar="CSV",
                    help="fit the demand models to observations (columns class, price, rate) and print the "
                    "[classes.demand] tables to paste")
+    g.add_argument("--market-size", type=float, default=None, metavar="RATE",
+                   help="with --fit-demand: also fit the logit over all classes as one market of RATE requests/s "
+                   "(needs a 'period' column grouping simultaneous observations)")
     add_controller_arguments(p)
     add_scale_arguments(p)
     return p
@@ -108,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
         return _fit(args)
     if args.optimize or args.fleet:
         return _optimize(args)
+    if args.market_size is not None:
+        raise UsageError("--market-size: only used with --fit-demand")
     for flag, given in (("--gpus", args.gpus is not None), ("--tiers", args.tiers != "per-class"),
                         ("--gpu-price", args.gpu_price is not None)):
         if given:
@@ -198,7 +203,7 @@ def _fit(args: argparse.Namespace) -> int:
     from fluidopt.pricing_opt import fit_demand, json_records, read_observations
 
     obs = read_observations(args.fit_demand)
-    fit = fit_demand(obs)
+    fit = fit_demand(obs, market_size=args.market_size)
     if args.json:
         print(json.dumps({"observations": len(obs), "fits": json_records(fit), "toml": fit.attrs["toml"]}, indent=2))
         return 0

@@ -103,3 +103,27 @@ def test_optimal_prices_simulated_from_the_command_line(capsys, tmp_path):
         assert r["program_revenue_per_gpu"] == pytest.approx(d["revenue_per_s"] / 50)
         assert 0.5 < r["ratio_to_program"] < 1.1
     assert (tmp_path / "o" / "simulated.csv").is_file() and (tmp_path / "o" / "price_response.png").is_file()
+
+
+def test_fit_demand_recovers_a_logit_market(capsys):
+    # examples/demand-observations-logit.csv: 12 periods drawn (seed 7) from a market of 1000 requests/s with
+    # utilities 1.0 and 0.5, price sensitivity 0.01 and 2% multiplicative noise
+    code, out, err = run_cli(["price", "--fit-demand", str(ROOT / "examples/demand-observations-logit.csv"),
+                              "--market-size", "1000", "--json"], capsys)
+    assert code == 0, err
+    fits = [f for f in json.loads(out)["fits"] if f["model"] == "logit"]
+    assert all(f["best"] for f in fits)
+    for f, u in zip(fits, (1.0, 0.5)):
+        assert f["ci_low"] <= 0.01 <= f["ci_high"] and f["ci2_low"] <= u <= f["ci2_high"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["price", "--fit-demand", str(OBS), "--market-size", "1000"], "needs a 'period' column"),
+    (["price", "--fit-demand", str(ROOT / "examples/demand-observations-logit.csv"), "--market-size", "100"],
+     "expected more than the rates of every period add up to"),
+    (["price", str(EXAMPLE), "--market-size", "100"], "--market-size: only used with --fit-demand"),
+])
+def test_bad_logit_fits(capsys, argv, message):
+    code, out, err = run_cli(argv, capsys)
+    assert_clean(argv, code, err)
+    assert code == 2 and message in err, err
