@@ -259,7 +259,7 @@ def _optimize(args: argparse.Namespace) -> int:
     res = optimize_prices(scenario, tiers=args.tiers, pricing=pricing, gpus=args.gpus, grid=(cps, cds))
     fleet = None
     if args.fleet and res.success:
-        fleet = optimize_fleet(scenario if args.gpus is None else scenario, gpu_price_per_hour=args.gpu_price,
+        fleet = optimize_fleet(scenario, gpu_price_per_hour=args.gpu_price,
                                tiers=args.tiers, pricing=pricing)
     sim = None
     if args.simulate and res.success:
