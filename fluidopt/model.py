@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from fluidopt.demand import Demand, check_markets
 from fluidopt.errors import ScenarioError
 
 LENGTH_DISTRIBUTIONS = ("exponential", "fixed", "lognormal")
@@ -142,6 +143,8 @@ class RequestClass:
     itl_slo: float | None = None  # s per output token
     deadline: float | None = None  # s after arrival
     deadline_at: float | None = None  # s, absolute simulation time
+    # how ``rate`` responds to the class's price per request (fluidopt.demand; None: it does not)
+    demand: Demand | None = None
 
     @property
     def has_slo(self) -> bool:
@@ -176,6 +179,8 @@ class RequestClass:
                 _check_positive(w, s, v)
         if self.deadline_at is not None:
             _check_positive(w, "deadline_at", self.deadline_at, allow_zero=True)
+        if self.demand is not None and not isinstance(self.demand, Demand):
+            raise ScenarioError(f"{w}.demand: expected a fluidopt.demand.Demand, got {type(self.demand).__name__}")
 
 
 @dataclass(frozen=True)
@@ -253,6 +258,7 @@ class Scenario:
             raise ScenarioError(f"classes.name: class names must be unique, repeated: {', '.join(dup)}")
         _check_positive("pricing", "prefill", self.prefill_price, allow_zero=True)
         _check_positive("pricing", "decode", self.decode_price, allow_zero=True)
+        check_markets(classes)
         if self.fleet is not None:
             if not isinstance(self.fleet, Fleet):
                 raise ScenarioError(f"fleet: expected a Fleet, got {type(self.fleet).__name__}")

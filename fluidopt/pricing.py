@@ -54,7 +54,24 @@ def price_grid(scenario: Scenario, prefill_prices: Sequence[float], decode_price
 
     ``slis``: the LP's SLI rows (default: the scenario's own). ``df.attrs['seconds']``: wall time of
     the grid (LP builds included); ``points``.
+
+    Without a demand model the rates are fixed, so revenue is linear in the prices at any fixed
+    operating point and the grid's best point is its top corner. With one (``[classes.demand]``),
+    each point's rates are the demand at its prices (:func:`fluidopt.pricing_opt.demand_grid`, through
+    Pyomo, a few ms per point) and the best point can be interior.
     """
+    from fluidopt.demand import has_demand
+
+    if has_demand(scenario.classes):
+        from fluidopt.pricing_opt import demand_grid
+
+        if len(prefill_prices) == 0 or len(decode_prices) == 0:
+            raise UsageError("price grid: expected at least one prefill and one decode price")
+        t0 = time.perf_counter()
+        out = pd.concat([demand_grid(scenario, prefill_prices, decode_prices, pricing=p, slis=slis)
+                         for p in pricings], ignore_index=True)
+        out.attrs.update(seconds=time.perf_counter() - t0, points=len(out))
+        return out
     from fluidopt.fluid.direct import DirectFluidLP
     from fluidopt.fluid.lp import check_pricing, scenario_slis
 
@@ -205,7 +222,14 @@ def simulate_points(scenario: Scenario, points: Sequence[tuple[float, float]], *
 
     if not points:
         raise UsageError("--simulate: expected at least one CP,CD point")
-    scens = [replace(scenario.with_prices(cp, cd), name=f"cp={cp:g},cd={cd:g}") for cp, cd in points]
+    from fluidopt.demand import has_demand
+
+    if has_demand(scenario.classes):  # the rates follow the demand at each point's prices
+        from fluidopt.pricing_opt import _token_scenario
+
+        scens = [replace(_token_scenario(scenario, cp, cd), name=f"cp={cp:g},cd={cd:g}") for cp, cd in points]
+    else:
+        scens = [replace(scenario.with_prices(cp, cd), name=f"cp={cp:g},cd={cd:g}") for cp, cd in points]
     c = compare(scens, [policy], seeds=list(seeds), horizon=horizon, warmup=warmup, service=service, pricing=pricing,
                 executor=executor, out=out, progress=progress)
     s = c.summary()
@@ -220,3 +244,18 @@ def simulate_points(scenario: Scenario, points: Sequence[tuple[float, float]], *
                      "lp_revenue_per_gpu": lp, "sim_revenue_per_gpu": r["revenue"], "sim_revenue_ci": r["revenue_ci"],
                      "ratio": r["ratio"], "gap_per_gpu": lp - r["revenue"]})
     return pd.DataFrame(rows)
+
+
+# Demand that responds to price, optimal prices under capacity (docs/planning.md, section 4): the
+# program lives in fluidopt.pricing_opt; re-exported so that fluidopt.pricing is the one door.
+from fluidopt.pricing_opt import (  # noqa: E402
+    FleetResult,
+    PriceResult,
+    demand_grid,
+    optimize_fleet,
+    optimize_prices,
+    priced_scenario,
+)
+
+__all__ += ["optimize_prices", "optimize_fleet", "PriceResult", "FleetResult", "demand_grid", "priced_scenario"]
+

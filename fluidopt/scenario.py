@@ -53,7 +53,7 @@ _TOP_KEYS = {"name", "gpu", "cluster", "pricing", "classes", "description", "sli
 # Keys added for the simulator's orchestration features; accepted, but kept out of the lists that
 # the unknown-key errors print (those lists are part of the documented error texts).
 _TOP_EXTRA = {"fleet"}
-_CLASS_EXTRA = {"ttft_slo", "itl_slo", "deadline", "deadline_at"}
+_CLASS_EXTRA = {"ttft_slo", "itl_slo", "deadline", "deadline_at", "demand"}
 _CLUSTER_KEYS = {"gpus"}
 _PRICING_KEYS = {"prefill", "decode"}
 _CLASS_REQUIRED = ("name", "prompt", "decode", "rate")
@@ -122,6 +122,10 @@ def scenario_from_dict(data: Mapping[str, Any], *, source: str = "<dict>") -> Sc
     if not isinstance(classes, list) or not classes:
         raise ScenarioError(f"classes: expected a non-empty array of tables ([[classes]]), got {classes!r}")
     parsed = tuple(class_from_dict(c, i) for i, c in enumerate(classes))
+    if any(isinstance(c, Mapping) and "demand" in c for c in classes):
+        from fluidopt.demand import demands_from_tables
+
+        parsed = demands_from_tables(classes, parsed, _number("pricing.prefill", cp), _number("pricing.decode", cd))
     meta: dict[str, Any] = {}
     if "slis" in data:
         meta["slis"] = _slis(data["slis"], tuple(c.name for c in parsed))
@@ -195,6 +199,8 @@ def scenario_to_dict(s: Scenario) -> dict[str, Any]:
                 d[k] = getattr(c, k)
         if c.lengths != "exponential":
             d["lengths"] = c.lengths
+        if c.demand is not None:
+            d["demand"] = c.demand.to_dict()
         classes.append(d)
     out: dict[str, Any] = {
         "name": s.name,

@@ -92,7 +92,9 @@ def _coefficients(scenario: Scenario) -> _Coefficients:
     )
 
 
-def _formulate(scenario: Scenario, pricing: str, slis: Sequence[SLI]) -> dict[str, Any]:
+def _formulate(scenario: Scenario, pricing: str, slis: Sequence[SLI], lam: Any = None) -> dict[str, Any]:
+    """The fluid LP's rows in cvxpy. ``lam``: arrivals per GPU per second as a cvxpy expression (the
+    pricing program of :mod:`fluidopt.pricing_opt` makes them variables); None: the scenario's rates."""
     import cvxpy as cp
 
     if not isinstance(scenario, Scenario):
@@ -110,7 +112,7 @@ def _formulate(scenario: Scenario, pricing: str, slis: Sequence[SLI]) -> dict[st
         "prefill_capacity": X <= 1,
         "mixed_decode_capacity": cp.sum(ym) - (B - 1) * X <= 0,
         "solo_decode_capacity": cp.sum(ys) + B * X <= B,
-        "prefill_balance": cp.multiply(r.mu_p, x) + cp.multiply(r.theta, qp) == r.lam,
+        "prefill_balance": cp.multiply(r.mu_p, x) + cp.multiply(r.theta, qp) == (r.lam if lam is None else lam),
         "decode_balance": cp.multiply(r.mu_p, x) - cp.multiply(r.theta, qd) - served_decodes == 0,
     }
     extra = []
@@ -138,10 +140,17 @@ def _formulate(scenario: Scenario, pricing: str, slis: Sequence[SLI]) -> dict[st
             e = (num - s.max_seconds * slots) / B
         elif isinstance(s, MinServedFraction):
             k = names.index(s.cls)
-            e = s.fraction - r.mu_p[k] * x[k] / r.lam[k]
+            if lam is None or lam[k].is_constant():
+                lk = r.lam[k] if lam is None else float(lam[k].value)
+                e = s.fraction - r.mu_p[k] * x[k] / lk
+            else:  # variable arrivals: the row multiplied through by them (same sign; a penalty then weighs rates)
+                e = s.fraction * lam[k] - r.mu_p[k] * x[k]
         elif isinstance(s, MaxPrefillWait):
             k = names.index(s.cls)
-            e = qp[k] / r.lam[k] - s.seconds
+            if lam is None or lam[k].is_constant():
+                e = qp[k] / (r.lam[k] if lam is None else float(lam[k].value)) - s.seconds
+            else:
+                e = qp[k] - s.seconds * lam[k]
         else:  # pragma: no cover - validate_slis rejects anything else
             raise ScenarioError(f"unknown SLI {s!r}")
         excess[s.key] = e

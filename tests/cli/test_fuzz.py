@@ -113,6 +113,46 @@ def test_scenario_files(tmp_path, capsys, key, value, extra, bom, policy):
         assert_clean(argv, code, err)
 
 
+# -- demand tables and observations (fluidopt price --optimize / --fit-demand) -------------------------
+DEMAND_EXAMPLE = (ROOT / "examples/scenarios/paper-two-class-demand.toml").read_text()
+DEMAND_TABLES = st.sampled_from([
+    'model = "linear"\nslope = 2.0', 'model = "linear"\nmax_rate = 900.0', 'model = "linear"\nslope = 2.0\nmax_rate = 1.0',
+    'model = "constant-elasticity"\nelasticity = 1.5', 'model = "constant-elasticity"\nelasticity = 0.5',
+    'model = "constant-elasticity"\nelasticity = 1.5\nprice_ref = 0',
+    'model = "logit"\nmarket = "m"\nmarket_size = 1000.0\nprice_sensitivity = 0.01',
+    'model = "logit"\nmarket = "m"\nmarket_size = 250.0\nprice_sensitivity = 0.01\noutside_option = false',
+    'model = "logit"\nmarket = "m"\nmarket_size = 1000.0\nprice_sensitivity = 0.01\nutility = 3.0',
+    'model = "nope"', "", "slope = 2.0", 'model = "linear"\nslope = "x"', 'model = 3',
+])
+
+
+@SETTINGS
+@given(first=DEMAND_TABLES, second=DEMAND_TABLES, value=BAD_VALUES, key=st.sampled_from(["slope", "rate", "gpus"]),
+       flags=st.sampled_from([[], ["--tiers", "tokens"], ["--json"], ["--gpus", "3"], ["--fleet"]]))
+@pytest.mark.integration
+def test_demand_scenario_files(tmp_path, capsys, first, second, value, key, flags):
+    parts = DEMAND_EXAMPLE.split("[classes.demand]")
+    text = parts[0] + "[classes.demand]\n" + first + "\n\n" + parts[1].split("\n\n", 1)[1] + "[classes.demand]\n" + second
+    f = tmp_path / "s.toml"
+    f.write_text(mutate(text, key, value, "") if key != "slope" else text)
+    argv = ["price", str(f), "--optimize", "--prefill", "0:0.5:3", "--decode", "0:0.5:3", *flags]
+    code, out, err = run_cli(argv, capsys)
+    assert_clean(argv, code, err)
+
+
+@SETTINGS
+@given(header=st.sampled_from(["class,price,rate", "price,rate", "class,price", "class,rate,price", "a,b,c", ""]),
+       rows=st.lists(st.tuples(st.sampled_from(["a", "b", ""]), st.sampled_from(["1", "2.5", "0", "-1", "x", "", "1e300"]),
+                               st.sampled_from(["3", "0", "-2", "nan", "7.5", "y"])), max_size=10))
+@pytest.mark.integration
+def test_observation_csvs(tmp_path, capsys, header, rows):
+    f = tmp_path / "o.csv"
+    f.write_text(header + "\n" + "\n".join(",".join(r) for r in rows) + "\n")
+    argv = ["price", "--fit-demand", str(f)]
+    code, out, err = run_cli(argv, capsys)
+    assert_clean(argv, code, err)
+
+
 # -- calibration CSVs -------------------------------------------------------------------------------
 CELL = st.sampled_from(["64", "128", "0", "-1", "32.5", "fast", "", "nan", "inf", "1e300", "0.02", "0.03",
                         "99999999999999999999", "solo", "mixed"])
