@@ -146,11 +146,11 @@ class AttentionModel:
     their own peaks (:func:`validate_attention` reports the held-out error).
     """
 
-    prefill_launch: float = 2.27e-5  # s
+    prefill_launch: float = 2.274e-5  # s
     causal_efficiency: float = 0.1738  # fraction of peak FLOP/s
     prefix_efficiency: float = 0.4157  # fraction of peak FLOP/s
-    decode_launch: float = 1.35e-5  # s
-    decode_efficiency: float = 0.7640  # fraction of peak bandwidth
+    decode_launch: float = 1.348e-5  # s
+    decode_efficiency: float = 0.7644  # fraction of peak bandwidth
 
     def prefill(self, spec: GPUSpec, chunk: np.ndarray | float, context: np.ndarray | float, q_heads: float,
                 head_dim: int) -> np.ndarray:
@@ -469,7 +469,7 @@ def default_batch(capacity: float) -> int:
 
 
 def fit_table(table: OperatorTable, *, chunk: int = CHUNK, batch: int | None = None,
-              chunks: Sequence[int] = FIT_CHUNKS) -> VidurFit:
+              chunks: Sequence[int] = FIT_CHUNKS, attention: AttentionModel = ATTENTION) -> VidurFit:
     """Compose iterations from ``table`` and fit the law (see :class:`VidurFit`)."""
     import statsmodels.api as sm
 
@@ -483,8 +483,8 @@ def fit_table(table: OperatorTable, *, chunk: int = CHUNK, batch: int | None = N
     if b < 1:
         raise CalibrationError(f"batch: expected an integer >= 1 (requests per replica), got {batch!r}")
     c = np.asarray(sorted(chunks), dtype=float)
-    tau = iteration_time(table, c, b - 1)
-    solo = float(iteration_time(table, 0.0, b))
+    tau = iteration_time(table, c, b - 1, attention=attention)
+    solo = float(iteration_time(table, 0.0, b, attention=attention))
     train = np.arange(c.size) % 2 == 0
     rows = pd.DataFrame({"chunk_tokens": np.r_[c[train], 0.0], "iteration_seconds": np.r_[tau[train], solo],
                          "decodes": np.r_[np.full(train.sum(), b - 1), b].astype(np.int64),
@@ -494,7 +494,7 @@ def fit_table(table: OperatorTable, *, chunk: int = CHUNK, batch: int | None = N
     err = (fit.alpha + fit.beta * c[held]) / tau[held] - 1.0
     k = int(np.argmax(np.abs(err)))
     ctx = np.asarray(KV_CONTEXTS, dtype=float)
-    ts = iteration_time(table, 0.0, b, ctx)
+    ts = iteration_time(table, 0.0, b, ctx, attention=attention)
     res = sm.OLS(ts, np.column_stack([np.ones_like(ctx), b * ctx])).fit()
     ci = np.asarray(res.conf_int(alpha=0.05))[1]
     return VidurFit(table, fit, int(chunk), b, float(cap), float(res.params[1]), (float(ci[0]), float(ci[1])),

@@ -54,12 +54,12 @@ def _list(args: argparse.Namespace) -> int:
         return 0
     cols = ["alpha", "beta", "tau_solo", "gamma", "chunk", "batch", "tau_mix", "r2"]
     w = max(16, max(len(str(n)) for n in df.index) + 2)
-    header = f"{'name':<{w}}{'model':<12}{'hardware':<18}{'gpus':>5}" + "".join(f"{c:>11}" for c in cols)
+    header = f"{'name':<{w}}{'model':<16}{'hardware':<18}{'gpus':>5}" + "".join(f"{c:>11}" for c in cols)
     print(header)
     for name, row in df.iterrows():
         cells = "".join(f"{_fmt(row[c]):>11}" for c in cols)
         model = str(row["model"]).split("/")[-1]
-        print(f"{name:<{w}}{model[:11]:<12}{str(row['hardware'])[:17]:<18}{int(row['gpus']):>5}{cells}")
+        print(f"{name:<{w}}{model[:15]:<16}{str(row['hardware'])[:17]:<18}{int(row['gpus']):>5}{cells}")
     print("\nunits: alpha, tau_solo, tau_mix in s; beta in s/token; gamma in tokens/s; chunk in tokens; gpus per replica.")
     print('Use one in a scenario with  gpu = "<name>"; sources: fluidopt calibrate --list --json')
     return 0
