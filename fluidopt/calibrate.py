@@ -721,9 +721,10 @@ def from_vidur(data_dir: str | Path, gpu: str, model: str, tp: int, *, chunk: in
     and ``batch`` (default: from the KV capacity) are serving settings. Unknown GPU, model or TP
     degree raise :class:`CalibrationError` naming what the folder holds. See fluidopt/vidur.py.
     """
-    from fluidopt import vidur
+    from fluidopt.vidur import CHUNK
+    from fluidopt.vidur import from_vidur as compose_and_fit
 
-    return vidur.from_vidur(data_dir, gpu, model, tp, chunk=vidur.CHUNK if chunk is None else chunk, batch=batch)
+    return compose_and_fit(data_dir, gpu, model, tp, chunk=CHUNK if chunk is None else chunk, batch=batch)
 
 
 __all__ = [

@@ -179,7 +179,7 @@ def _legacy_frame(data_dir: str | Path) -> tuple[pd.DataFrame, Path]:
     if not path.is_file():
         raise CalibrationError(f"{path}: the A100 attention profile is missing; expected legacy/a100/attention.csv "
                                "under the Vidur profiling folder")
-    d = pd.read_csv(path)
+    d = _read_csv(path, [])
     need = {"is_prefill", "prefill_chunk_size", "kv_cache_size", "batch_size", "n_q_head", "n_kv_head", "n_embd",
             "num_tensor_parallel_workers", "time_stats.attn_prefill.median", "time_stats.attn_decode.median"}
     missing = sorted(need - set(d.columns))
@@ -285,10 +285,36 @@ def _some(names: list[str], k: int = 8) -> str:
     return ", ".join(names[:k]) + more
 
 
-@functools.lru_cache(maxsize=64)
+GEOMETRY_COLUMNS = ("n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size")
+
+
+def _read_csv(path: Path, columns: Sequence[str]) -> pd.DataFrame:
+    """``path`` as a DataFrame whose ``columns`` are present and numeric; CalibrationError otherwise."""
+    try:
+        d = pd.read_csv(path)
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError, OSError, ValueError) as e:
+        raise CalibrationError(f"{path}: not a readable Vidur profile table: {type(e).__name__}: {e}") from None
+    missing = [c for c in columns if c not in d.columns]
+    if missing:
+        raise CalibrationError(f"{path}: missing column {missing[0]!r}; expected Vidur's profile columns")
+    for c in columns:
+        v = pd.to_numeric(d[c], errors="coerce")
+        if v.isna().any() or not np.all(np.isfinite(v.to_numpy(float))):
+            r = int(np.flatnonzero(v.isna().to_numpy() | ~np.isfinite(v.to_numpy(float)))[0])
+            raise CalibrationError(f"{path}: row {r + 2}: {c} = {d[c].iloc[r]!r}: expected a finite number")
+        d[c] = v
+    return d
+
+
 def _tp_degrees(path: Path) -> tuple[int, ...]:
-    return tuple(sorted(int(v) for v in pd.read_csv(path, usecols=["num_tensor_parallel_workers"])
-                        ["num_tensor_parallel_workers"].unique()))
+    st = path.stat()
+    return _tp_degrees_cached(path, st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _tp_degrees_cached(path: Path, mtime_ns: int, size: int) -> tuple[int, ...]:
+    d = _read_csv(path, ["num_tensor_parallel_workers"])
+    return tuple(sorted(int(v) for v in d["num_tensor_parallel_workers"].unique()))
 
 
 @dataclass(frozen=True)
@@ -337,21 +363,25 @@ def read_operator_table(data_dir: str | Path, gpu: str, model: str, tp: int) -> 
                                f"{', '.join(map(str, have[g][model]))}")
     path = Path(data_dir) / "compute" / g / model / "mlp.csv"
     raw = path.read_bytes()
-    d = pd.read_csv(path)
+    d = _read_csv(path, ["num_tokens", "num_tensor_parallel_workers", *GEOMETRY_COLUMNS,
+                         *(f"time_stats.{op}.median" for op in REQUIRED_OPS)])
     d = d[d["num_tensor_parallel_workers"] == int(tp)].sort_values("num_tokens")
     d = d.drop_duplicates("num_tokens", keep="first")
+    if len(d) < 2 or d["num_tokens"].iloc[0] < 1:
+        raise CalibrationError(f"{path}: tp {tp}: expected rows at two or more token counts >= 1, got "
+                               f"{d['num_tokens'].tolist()}")
     first = d.iloc[0]
+    if first["n_head"] < 1 or first["n_embd"] < first["n_head"] or first["n_kv_head"] < 1:
+        raise CalibrationError(f"{path}: geometry n_head = {first['n_head']!r}, n_kv_head = {first['n_kv_head']!r}, "
+                               f"n_embd = {first['n_embd']!r}: expected n_embd >= n_head >= 1 and n_kv_head >= 1")
     geo = MODELS[model]
     geo = ModelGeometry(geo.name, geo.slug, geo.layers, geo.params, int(first["n_head"]), int(first["n_kv_head"]),
                         int(first["n_embd"]), int(first["n_expanded_embd"]), int(first["vocab_size"]),
                         str(first["use_gated_mlp"]).lower() == "true")
     ms = 1e-3
-    for op in REQUIRED_OPS:
-        if f"time_stats.{op}.median" not in d.columns:
-            raise CalibrationError(f"{path}: missing column 'time_stats.{op}.median'; expected Vidur's mlp.csv columns")
     # an operator the model does not have is absent (phi-2 has one norm per layer): it counts 0
-    ops = sum(d[f"time_stats.{op}.median"].to_numpy(float) for op in LAYER_OPS
-              if f"time_stats.{op}.median" in d.columns) * ms
+    ops = sum(pd.to_numeric(d[f"time_stats.{op}.median"], errors="coerce").fillna(0.0).to_numpy(float)
+              for op in LAYER_OPS if f"time_stats.{op}.median" in d.columns) * ms
     return OperatorTable(GPUS[g], geo, int(tp), d["num_tokens"].to_numpy(float), ops,
                          d["time_stats.emb.median"].to_numpy(float) * ms,
                          d["time_stats.mlp_up_proj.median"].to_numpy(float) * ms, path,
