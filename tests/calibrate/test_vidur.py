@@ -198,6 +198,21 @@ def test_cli_json_equals_the_library(tmp_path, capsys):
     assert d["profile"] == "a100-llama-2-7b-tp2" and d["tp"] == 2 and d["data_sha256"] == v.table.sha256
 
 
+def test_cli_toml_is_a_valid_gpu_table(tmp_path, capsys):
+    from fluidopt.scenario import gpu_from_dict
+
+    root = write_table(tmp_path)
+    argv = ["calibrate", "--vidur", str(root), "--gpu", "a100", "--model", MODEL, "--tp", "1", "--toml", "--batch", "8"]
+    assert main(argv) == 0
+    g = gpu_from_dict(tomllib.loads(capsys.readouterr().out)["gpu"])
+    assert g == from_vidur(root, "a100", MODEL, 1, batch=8).to_profile() and g.batch == 8 and g.chunk == 1024
+
+
+def test_cli_rejects_vidur_flags_without_vidur(capsys):
+    assert main(["calibrate", "--gpu", "h100"]) == 2
+    assert "--gpu: only with --vidur DIR" in capsys.readouterr().err
+
+
 # -- the shipped library ----------------------------------------------------------------------------
 GENERATED = [n for n in profile_names() if profile_info(n).get("data_file")]
 
