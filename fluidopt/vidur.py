@@ -189,7 +189,7 @@ def _legacy_frame(data_dir: str | Path) -> tuple[pd.DataFrame, Path]:
 
 
 def _legacy_design(d: pd.DataFrame) -> dict[str, Any]:
-    """Per-GPU heads and the split of rows into fitted (even position) and held-out (odd) halves."""
+    """Heads per GPU, head dim and the two phases (prefill and decode rows) of the attention profile."""
     tp = int(d["num_tensor_parallel_workers"].iloc[0])
     hq = int(d["n_q_head"].iloc[0]) / tp
     hkv = max(1.0, int(d["n_kv_head"].iloc[0]) / tp)
