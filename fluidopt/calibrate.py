@@ -682,7 +682,8 @@ def load_profile(name: str) -> GPUProfile:
 
 
 def list_profiles() -> pd.DataFrame:
-    """One row per named profile: fitted law, serving settings, R^2 and source (index: name)."""
+    """One row per named profile: fitted law, serving settings, GPUs per replica, R^2, the worst
+    held-out relative error of a generated profile (``cv_max_error``) and source (index: name)."""
     rows = []
     for name in profile_names():
         g = load_profile(name)
@@ -702,6 +703,7 @@ def list_profiles() -> pd.DataFrame:
                 "tau_mix": g.tau_mix,
                 "gpus": int(info.get("gpus", 1)),
                 "r2": float(info["r2"]) if "r2" in info else math.nan,
+                "cv_max_error": float(info["cv_max_error"]) if "cv_max_error" in info else math.nan,
                 "kv_capacity": math.nan if g.kv_capacity is None else g.kv_capacity,
                 "kv_time_per_token": g.kv_time_per_token,
                 "source": info.get("source", ""),

@@ -227,6 +227,17 @@ def test_library_holds_the_generated_profiles_with_provenance():
         assert len(info["data_sha256"]) == 64 and info["data_file"].endswith("/mlp.csv") and info["r2"] > 0.96
     df = list_profiles()
     assert {"qwen-8b-a100", "h100-llama-2-70b-tp4", "a100-llama-3-70b-tp4"} <= set(df.index)
+    assert df.loc["h100-llama-2-70b-tp2", "cv_max_error"] == df["cv_max_error"].max()
+    assert df.loc["a100-llama-3-70b-tp4", "gpus"] == 4 and df.loc["qwen-8b-a100", "gpus"] == 1
+
+
+def test_list_shows_the_generated_profiles(capsys):
+    assert main(["calibrate", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "h100-llama-2-70b-tp4" in out and "gpus per replica" in out
+    assert main(["calibrate", "--list", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert len(d) == 58 and d["a40-llama-2-70b-tp8"]["gpus"] == 8 and d["qwen-8b-a100"]["cv_max_error"] is None
 
 
 def test_h100_over_a100_beta_ratio_matches_the_spec_sheets():
