@@ -62,7 +62,7 @@ _PROFILE_META_KEYS = {"model", "hardware", "engine", "r2", "source", "notes",
                       # generated from published operator profiles (fluidopt.vidur): GPUs per replica,
                       # 95% intervals, cross-validation errors, the data file and its hash
                       "gpus", "alpha_ci", "beta_ci", "kv_time_per_token_ci", "cv_median_error", "cv_max_error",
-                      "data_file", "data_sha256"}
+                      "data_file", "data_sha256", "layers_from"}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -713,7 +713,7 @@ def list_profiles() -> pd.DataFrame:
 
 
 def from_vidur(data_dir: str | Path, gpu: str, model: str, tp: int, *, chunk: int | None = None,
-               batch: int | None = None) -> Any:
+               batch: int | None = None, layers_from: str | None = None) -> Any:
     """Fit the iteration law of one (GPU, model, tensor-parallel degree) replica from Vidur's
     published operator profiles under ``data_dir`` (``compute/GPU/ORG/MODEL/mlp.csv``).
 
@@ -721,12 +721,14 @@ def from_vidur(data_dir: str | Path, gpu: str, model: str, tp: int, *, chunk: in
     (seconds, tokens) on composed iterations, ``kv_time_per_token`` (s per resident KV token), the KV
     capacity (tokens per replica) and the held-out cross-validation error. ``chunk`` (default 1024)
     and ``batch`` (default: from the KV capacity) are serving settings. Unknown GPU, model or TP
-    degree raise :class:`CalibrationError` naming what the folder holds. See fluidopt/vidur.py.
+    degree raise :class:`CalibrationError` naming what the folder holds. ``layers_from``: a model with
+    the same layer shapes whose table on ``gpu`` stands in for a missing one. See fluidopt/vidur.py.
     """
     from fluidopt.vidur import CHUNK
     from fluidopt.vidur import from_vidur as compose_and_fit
 
-    return compose_and_fit(data_dir, gpu, model, tp, chunk=CHUNK if chunk is None else chunk, batch=batch)
+    return compose_and_fit(data_dir, gpu, model, tp, chunk=CHUNK if chunk is None else chunk, batch=batch,
+                           layers_from=layers_from)
 
 
 __all__ = [

@@ -330,6 +330,7 @@ class OperatorTable:
     up_proj: np.ndarray = field(repr=False)  # s, MLP up-projection at each token count (LM head scaling)
     path: Path = Path()
     sha256: str = ""
+    layers_from: str = ""  # the model whose layer table stands in for this one's ("" for its own)
 
     def interp(self, values: np.ndarray, tokens: np.ndarray | float) -> np.ndarray:
         """``values`` linearly interpolated at ``tokens`` (within the profiled range)."""
@@ -342,10 +343,50 @@ class OperatorTable:
         return np.where(t > 0, np.interp(t, self.tokens, values), 0.0)
 
 
-def read_operator_table(data_dir: str | Path, gpu: str, model: str, tp: int) -> OperatorTable:
+def _geometry_row(path: Path) -> dict[str, Any]:
+    """The model geometry columns of the first row of an mlp.csv."""
+    d = _read_csv(path, GEOMETRY_COLUMNS)
+    first = d.iloc[0]
+    out: dict[str, Any] = {c: int(first[c]) for c in GEOMETRY_COLUMNS}
+    out["gated"] = str(first.get("use_gated_mlp", True)).lower() == "true"
+    if out["n_head"] < 1 or out["n_embd"] < out["n_head"] or out["n_kv_head"] < 1:
+        raise CalibrationError(f"{path}: geometry n_head = {out['n_head']}, n_kv_head = {out['n_kv_head']}, "
+                               f"n_embd = {out['n_embd']}: expected n_embd >= n_head >= 1 and n_kv_head >= 1")
+    return out
+
+
+def _layer_shape(geo: dict[str, Any]) -> tuple:
+    """What a layer's operator times depend on: heads, widths and the MLP kind (not the vocabulary)."""
+    return tuple(geo[k] for k in ("n_head", "n_kv_head", "n_embd", "n_expanded_embd", "gated"))
+
+
+def _model_geometry(data_dir: str | Path, have: dict[str, dict[str, tuple[int, ...]]], model: str) -> dict | None:
+    """The geometry of ``model`` from its table on any GPU (first in name order); None if it has none."""
+    for gpu in sorted(have):
+        if model in have[gpu]:
+            return _geometry_row(Path(data_dir) / "compute" / gpu / model / "mlp.csv")
+    return None
+
+
+def stand_ins(data_dir: str | Path, gpu: str, model: str) -> list[str]:
+    """Models profiled on ``gpu`` whose layers have the shapes of ``model``'s (e.g. Llama-2-70B for
+    Llama-3-70B on H100): their layer table can stand in for ``model``'s (``layers_from=``)."""
+    have = available(data_dir)
+    geo = _model_geometry(data_dir, have, model)
+    if geo is None or gpu not in have or model in have[gpu]:
+        return []
+    return [m for m in have[gpu] if m in MODELS and
+            _layer_shape(_geometry_row(Path(data_dir) / "compute" / gpu / m / "mlp.csv")) == _layer_shape(geo)]
+
+
+def read_operator_table(data_dir: str | Path, gpu: str, model: str, tp: int, *,
+                        layers_from: str | None = None) -> OperatorTable:
     """The (``gpu``, ``model``, ``tp``) slice of ``DATA_DIR/compute/GPU/MODEL/mlp.csv``.
 
-    Unknown GPU, model or TP degree raise :class:`CalibrationError` naming what the folder holds.
+    ``layers_from``: another model profiled on ``gpu`` whose layers have exactly ``model``'s shapes
+    (heads, widths, MLP kind; the vocabulary may differ): its per-layer times stand in for the
+    missing table, ``model``'s geometry (read from its table on another GPU), layer count and size
+    are kept. Unknown GPU, model or TP degree raise :class:`CalibrationError` naming what the folder holds.
     """
     have = available(data_dir)
     g = str(gpu).lower()
@@ -353,15 +394,27 @@ def read_operator_table(data_dir: str | Path, gpu: str, model: str, tp: int) -> 
         raise CalibrationError(f"--gpu {gpu!r}: no operator tables for it; the folder has {', '.join(sorted(have))}")
     if g not in GPUS:  # pragma: no cover - the data has exactly the three GPUs of GPUS
         raise CalibrationError(f"--gpu {gpu!r}: no published peak numbers; known: {', '.join(GPUS)}")
-    if model not in have[g]:
-        raise CalibrationError(f"--model {model!r}: no table for {g}; it has {', '.join(have[g])}")
+    if layers_from is None and model not in have[g]:
+        alt = stand_ins(data_dir, g, model) if model in MODELS else []
+        hint = f" ({alt[0]} has the same layer shapes: --layers-from {alt[0]})" if alt else ""
+        raise CalibrationError(f"--model {model!r}: no table for {g}; it has {', '.join(have[g])}{hint}")
     if model not in MODELS:
         raise CalibrationError(f"--model {model!r}: no geometry (layers, parameters) in fluidopt.vidur.MODELS; "
                                f"known: {', '.join(MODELS)}")
-    if isinstance(tp, bool) or not isinstance(tp, (int, np.integer)) or int(tp) not in have[g][model]:
-        raise CalibrationError(f"--tp {tp!r}: {g} {model} was profiled at tensor-parallel degrees "
-                               f"{', '.join(map(str, have[g][model]))}")
-    path = Path(data_dir) / "compute" / g / model / "mlp.csv"
+    if layers_from is None:
+        source = model
+        geo_model = None
+    else:
+        if layers_from not in have[g]:
+            raise CalibrationError(f"--layers-from {layers_from!r}: no table for {g}; it has {', '.join(have[g])}")
+        geo_model = _model_geometry(data_dir, have, model)
+        if geo_model is None:
+            raise CalibrationError(f"--model {model!r}: no table on any GPU to read its geometry from")
+        source = layers_from
+    if isinstance(tp, bool) or not isinstance(tp, (int, np.integer)) or int(tp) not in have[g][source]:
+        raise CalibrationError(f"--tp {tp!r}: {g} {source} was profiled at tensor-parallel degrees "
+                               f"{', '.join(map(str, have[g][source]))}")
+    path = Path(data_dir) / "compute" / g / source / "mlp.csv"
     raw = path.read_bytes()
     d = _read_csv(path, ["num_tokens", "num_tensor_parallel_workers", *GEOMETRY_COLUMNS,
                          *(f"time_stats.{op}.median" for op in REQUIRED_OPS)])
@@ -370,22 +423,24 @@ def read_operator_table(data_dir: str | Path, gpu: str, model: str, tp: int) -> 
     if len(d) < 2 or d["num_tokens"].iloc[0] < 1:
         raise CalibrationError(f"{path}: tp {tp}: expected rows at two or more token counts >= 1, got "
                                f"{d['num_tokens'].tolist()}")
-    first = d.iloc[0]
-    if first["n_head"] < 1 or first["n_embd"] < first["n_head"] or first["n_kv_head"] < 1:
-        raise CalibrationError(f"{path}: geometry n_head = {first['n_head']!r}, n_kv_head = {first['n_kv_head']!r}, "
-                               f"n_embd = {first['n_embd']!r}: expected n_embd >= n_head >= 1 and n_kv_head >= 1")
-    geo = MODELS[model]
-    geo = ModelGeometry(geo.name, geo.slug, geo.layers, geo.params, int(first["n_head"]), int(first["n_kv_head"]),
-                        int(first["n_embd"]), int(first["n_expanded_embd"]), int(first["vocab_size"]),
-                        str(first["use_gated_mlp"]).lower() == "true")
+    geo_src = _geometry_row(path)
+    if geo_model is not None and _layer_shape(geo_model) != _layer_shape(geo_src):
+        raise CalibrationError(
+            f"--layers-from {layers_from!r}: its layers (n_head, n_kv_head, n_embd, n_expanded_embd, gated) = "
+            f"{_layer_shape(geo_src)} differ from {model}'s {_layer_shape(geo_model)}; expected identical shapes"
+        )
+    geo = geo_model or geo_src
+    m = MODELS[model]
+    m = ModelGeometry(m.name, m.slug, m.layers, m.params, geo["n_head"], geo["n_kv_head"], geo["n_embd"],
+                      geo["n_expanded_embd"], geo["vocab_size"], geo["gated"])
     ms = 1e-3
     # an operator the model does not have is absent (phi-2 has one norm per layer): it counts 0
     ops = sum(pd.to_numeric(d[f"time_stats.{op}.median"], errors="coerce").fillna(0.0).to_numpy(float)
               for op in LAYER_OPS if f"time_stats.{op}.median" in d.columns) * ms
-    return OperatorTable(GPUS[g], geo, int(tp), d["num_tokens"].to_numpy(float), ops,
+    return OperatorTable(GPUS[g], m, int(tp), d["num_tokens"].to_numpy(float), ops,
                          d["time_stats.emb.median"].to_numpy(float) * ms,
                          d["time_stats.mlp_up_proj.median"].to_numpy(float) * ms, path,
-                         hashlib.sha256(raw).hexdigest())
+                         hashlib.sha256(raw).hexdigest(), "" if layers_from is None else layers_from)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -466,6 +521,8 @@ class VidurFit:
         lo, hi = self.kv_time_per_token_ci
         return "\n".join([
             f"Vidur operator profile: {t.gpu.name}, {t.model.name}, tensor parallel {t.tp} ({self.name})",
+            *([f"layer times: {t.layers_from}'s table (same layer shapes; {t.model.name} has none for {t.gpu.key})"]
+              if t.layers_from else []),
             f"data: {t.path} (sha256 {t.sha256[:16]}, vidur@{VIDUR_COMMIT}); attention: roofline "
             f"(fluidopt.vidur.ATTENTION); batch B = {self.batch}, chunk C = {self.chunk}",
             "",
@@ -484,7 +541,7 @@ class VidurFit:
                   "kv_capacity": self.kv_capacity, "kv_time_per_token": self.kv_time_per_token,
                   "kv_time_per_token_ci": list(self.kv_time_per_token_ci), "cv_max_error": self.cv_max_error,
                   "cv_worst_chunk": self.cv_worst_chunk, "cv_median_error": self.cv_median_error, "data_file": str(self.table.path),
-                  "data_sha256": self.table.sha256})
+                  "data_sha256": self.table.sha256, "layers_from": self.table.layers_from or None})
         return d
 
 
@@ -532,9 +589,10 @@ def fit_table(table: OperatorTable, *, chunk: int = CHUNK, batch: int | None = N
 
 
 def from_vidur(data_dir: str | Path, gpu: str, model: str, tp: int, *, chunk: int = CHUNK,
-               batch: int | None = None) -> VidurFit:
-    """Read the (``gpu``, ``model``, ``tp``) operator table under ``data_dir`` and fit its law."""
-    return fit_table(read_operator_table(data_dir, gpu, model, tp), chunk=chunk, batch=batch)
+               batch: int | None = None, layers_from: str | None = None) -> VidurFit:
+    """Read the (``gpu``, ``model``, ``tp``) operator table under ``data_dir`` and fit its law
+    (``layers_from``: see :func:`read_operator_table`)."""
+    return fit_table(read_operator_table(data_dir, gpu, model, tp, layers_from=layers_from), chunk=chunk, batch=batch)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -545,6 +603,54 @@ GENERATED_MARK = "# ---- generated by tools/vidur_profiles.py from the Vidur ope
 
 def _g(x: float) -> str:
     return repr(float(f"{x:.6g}"))
+
+
+def _render_slice(data_dir: str | Path, gpu: str, model: str, tp: int, layers_from: str | None,
+                  skipped: list[str]) -> list[str]:
+    """The TOML lines of one generated profile, or none (with the reason appended to ``skipped``)."""
+    table = read_operator_table(data_dir, gpu, model, tp, layers_from=layers_from)
+    if kv_capacity(table) <= 0:
+        skipped.append(f"{profile_name(gpu, model, tp)}: weights do not fit")
+        return []
+    v = fit_table(table)
+    f = v.fit
+    if f.alpha < 0:
+        skipped.append(f"{v.name}: the OLS intercept alpha = {f.alpha:.3g} s is negative (the composed "
+                       f"time is convex over C = {FIT_CHUNKS[0]}-{FIT_CHUNKS[-1]} at batch {v.batch})")
+        return []
+    rel = table.path.relative_to(Path(data_dir)).as_posix()
+    stand_in = []
+    if layers_from:
+        stand_in = [f'layers_from = "{layers_from}"',
+                    f'notes = "{gpu} has no {model} table: the per-layer times are {layers_from}\'s (identical '
+                    f'layer shapes), with {model}\'s layers, vocabulary and weights. On A100, where both are '
+                    f'profiled, this stand-in gives beta within 1.6%, tau_solo within 1.4% (TP 2, 4, 8)."']
+    return [
+        f"[{v.name}]",
+        f'model = "{model}"',
+        f'hardware = "{table.gpu.name}"',
+        f"gpus = {tp}",
+        'engine = "composed from Vidur per-operator GPU kernel times (no CPU overhead)"',
+        f"alpha = {_g(f.alpha)}",
+        f"beta = {_g(f.beta)}",
+        f"tau_solo = {_g(f.tau_solo)}",
+        f"chunk = {v.chunk}",
+        f"batch = {v.batch}",
+        f"kv_capacity = {round(v.kv_capacity)}",
+        f"kv_time_per_token = {_g(v.kv_time_per_token)}",
+        f"alpha_ci = [{_g(f.alpha_ci[0])}, {_g(f.alpha_ci[1])}]",
+        f"beta_ci = [{_g(f.beta_ci[0])}, {_g(f.beta_ci[1])}]",
+        f"kv_time_per_token_ci = [{_g(v.kv_time_per_token_ci[0])}, {_g(v.kv_time_per_token_ci[1])}]",
+        f"r2 = {float(f'{f.r2:.6f}')!r}",
+        f"cv_median_error = {float(f'{v.cv_median_error:.4g}')!r}",
+        f"cv_max_error = {float(f'{v.cv_max_error:.4g}')!r}",
+        f'data_file = "{rel}"',
+        f'data_sha256 = "{table.sha256}"',
+        *stand_in,
+        f'source = "Vidur (Agrawal et al., MLSys 2024), microsoft/vidur@{VIDUR_COMMIT} data/profiling/{rel}; '
+        f'attention: roofline validated on legacy A100 profile (vidur@{LEGACY_COMMIT})"',
+        "",
+    ]
 
 
 def render_profiles(data_dir: str | Path) -> tuple[str, list[str]]:
@@ -559,49 +665,22 @@ def render_profiles(data_dir: str | Path) -> tuple[str, list[str]]:
                 skipped.append(f"{gpu} {model}: no geometry")
                 continue
             for tp in have[gpu][model]:
-                table = read_operator_table(data_dir, gpu, model, tp)
-                if kv_capacity(table) <= 0:
-                    skipped.append(f"{profile_name(gpu, model, tp)}: weights do not fit")
-                    continue
-                v = fit_table(table)
-                f = v.fit
-                if f.alpha < 0:
-                    skipped.append(f"{v.name}: the OLS intercept alpha = {f.alpha:.3g} s is negative (the composed "
-                                   f"time is convex over C = {FIT_CHUNKS[0]}-{FIT_CHUNKS[-1]} at batch {v.batch})")
-                    continue
-                rel = table.path.relative_to(Path(data_dir)).as_posix()
-                out += [
-                    f"[{v.name}]",
-                    f'model = "{model}"',
-                    f'hardware = "{table.gpu.name}"',
-                    f"gpus = {tp}",
-                    'engine = "composed from Vidur per-operator GPU kernel times (no CPU overhead)"',
-                    f"alpha = {_g(f.alpha)}",
-                    f"beta = {_g(f.beta)}",
-                    f"tau_solo = {_g(f.tau_solo)}",
-                    f"chunk = {v.chunk}",
-                    f"batch = {v.batch}",
-                    f"kv_capacity = {round(v.kv_capacity)}",
-                    f"kv_time_per_token = {_g(v.kv_time_per_token)}",
-                    f"alpha_ci = [{_g(f.alpha_ci[0])}, {_g(f.alpha_ci[1])}]",
-                    f"beta_ci = [{_g(f.beta_ci[0])}, {_g(f.beta_ci[1])}]",
-                    f"kv_time_per_token_ci = [{_g(v.kv_time_per_token_ci[0])}, {_g(v.kv_time_per_token_ci[1])}]",
-                    f"r2 = {float(f'{f.r2:.6f}')!r}",
-                    f"cv_median_error = {float(f'{v.cv_median_error:.4g}')!r}",
-                    f"cv_max_error = {float(f'{v.cv_max_error:.4g}')!r}",
-                    f'data_file = "{rel}"',
-                    f'data_sha256 = "{table.sha256}"',
-                    f'source = "Vidur (Agrawal et al., MLSys 2024), microsoft/vidur@{VIDUR_COMMIT} data/profiling/{rel}; '
-                    f'attention: roofline validated on legacy A100 profile (vidur@{LEGACY_COMMIT})"',
-                    "",
-                ]
+                out += _render_slice(data_dir, gpu, model, tp, None, skipped)
+        for model in sorted(set(MODELS) - set(have[gpu]), key=lambda m: MODELS[m].slug):
+            for alt in stand_ins(data_dir, gpu, model)[:1]:
+                for tp in have[gpu][alt]:
+                    out += _render_slice(data_dir, gpu, model, tp, alt, skipped)
     n = sum(len(t) for m in have.values() for t in m.values())
+    made = sum(1 for line in out if line.startswith("["))
+    derived = sum(1 for line in out if line.startswith("layers_from"))
     head = [GENERATED_MARK,
-            f"# One profile per (GPU, model, TP) slice of the tables: {n} slices, {n - len(skipped)} profiles. A profile",
-            "# is one replica of `gpus` GPUs (fleets count replicas). alpha/beta: OLS on composed iterations, C = "
-            f"{FIT_CHUNKS[0]}-{FIT_CHUNKS[-1]},",
-            "# batch - 1 decodes; *_ci: 95% intervals; cv_*: |relative error| at held-out chunk sizes. Attention:",
-            f"# roofline (fluidopt.vidur.ATTENTION), held-out median error on the A100 profile: prefill "
+            f"# One profile per (GPU, model, TP) slice of the tables ({n} slices) and per stand-in slice (a model",
+            "# missing on a GPU, timed with the layer table of a model of identical layer shapes; marked",
+            f"# layers_from): {made} profiles, {derived} of them stand-ins. A profile is one replica of `gpus` GPUs",
+            f"# (fleets count replicas). alpha/beta: OLS on composed iterations, C = {FIT_CHUNKS[0]}-{FIT_CHUNKS[-1]}, "
+            "batch - 1 decodes;",
+            "# *_ci: 95% intervals; cv_*: |relative error| at held-out chunk sizes. Attention: roofline",
+            f"# (fluidopt.vidur.ATTENTION), held-out median error on the A100 profile: prefill "
             f"{100 * val.prefill_median_abs:.1f}%, decode {100 * val.decode_median_abs:.1f}%.",
             "# No price: give yours (fluidopt plan --price GPU=DOLLARS_PER_GPU_HOUR). Skipped slices:",
             *(f"#   {x}" for x in skipped), ""]

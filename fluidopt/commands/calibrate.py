@@ -34,6 +34,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     v.add_argument("--gpu", help="GPU of the tables: a100, a40 or h100")
     v.add_argument("--model", help="model as in the folder, e.g. meta-llama/Llama-2-70b-hf")
     v.add_argument("--tp", type=int, help="tensor-parallel degree (GPUs per replica)")
+    v.add_argument("--layers-from", metavar="MODEL", help="a model with the same layer shapes whose table on --gpu "
+                   "stands in for a missing one (e.g. meta-llama/Llama-2-70b-hf for Meta-Llama-3-70B on h100)")
     return p
 
 
@@ -83,7 +85,8 @@ def _vidur(args: argparse.Namespace) -> int:
     from fluidopt.errors import CalibrationError as CE
 
     try:
-        v = from_vidur(args.vidur, args.gpu, args.model, args.tp, chunk=args.chunk, batch=args.batch)
+        v = from_vidur(args.vidur, args.gpu, args.model, args.tp, chunk=args.chunk, batch=args.batch,
+                       layers_from=args.layers_from)
     except CE as e:
         raise UsageError(str(e)) from None
     if args.plot:
@@ -117,9 +120,10 @@ def run(args: argparse.Namespace) -> int:
         return _list(args)
     if args.vidur is not None:
         return _vidur(args)
-    for flag in ("gpu", "model", "tp"):
+    for flag in ("gpu", "model", "tp", "layers_from"):
         if getattr(args, flag) is not None:
-            raise CalibrationError(f"--{flag}: only with --vidur DIR (Vidur's published operator profiles)")
+            raise CalibrationError(f"--{flag.replace('_', '-')}: only with --vidur DIR (Vidur's published operator "
+                                   "profiles)")
     if not args.csv:
         raise CalibrationError("give a measurement CSV (fluidopt calibrate PROFILE.csv) or --list")
     if args.toml and (args.chunk is None or args.batch is None):
