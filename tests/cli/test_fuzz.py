@@ -138,7 +138,9 @@ def test_calibration_csvs(tmp_path, capsys, header, rows, flags):
        content=st.sampled_from(["", "num_tokens\n1\n", "a,b\n1,2\n", "\x00\x01"]),
        gpu=st.sampled_from(["a100", "h100", "A100", "", "x"]),
        model=st.sampled_from(["meta-llama/Llama-2-7b-hf", "meta-llama/Meta-Llama-3-70B", "x", ""]),
-       tp=st.sampled_from(["1", "3", "0", "-1", "x"]), flags=st.sampled_from([[], ["--json"], ["--toml"], ["--robust"]]))
+       tp=st.sampled_from(["1", "3", "0", "-1", "x"]),
+       flags=st.sampled_from([[], ["--json"], ["--toml"], ["--robust"], ["--layers-from", "meta-llama/Llama-2-7b-hf"],
+                              ["--layers-from", "x"]]))
 @pytest.mark.integration
 def test_vidur_folders(tmp_path, capsys, folder, content, gpu, model, tp, flags):
     d = tmp_path / "v" / folder
