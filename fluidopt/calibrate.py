@@ -58,7 +58,11 @@ _NA_STRINGS = {"", "nan", "na", "n/a", "null", "none"}
 PROFILES_FILE = "profiles.toml"
 _PROFILE_GPU_KEYS = {"alpha", "beta", "tau_solo", "gamma", "chunk", "batch", "kv_capacity", "kv_time_per_token",
                      "price_per_hour"}
-_PROFILE_META_KEYS = {"model", "hardware", "engine", "r2", "source", "notes"}
+_PROFILE_META_KEYS = {"model", "hardware", "engine", "r2", "source", "notes",
+                      # generated from published operator profiles (fluidopt.vidur): GPUs per replica,
+                      # 95% intervals, cross-validation errors, the data file and its hash
+                      "gpus", "alpha_ci", "beta_ci", "kv_time_per_token_ci", "cv_median_error", "cv_max_error",
+                      "data_file", "data_sha256", "layers_from"}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -678,7 +682,8 @@ def load_profile(name: str) -> GPUProfile:
 
 
 def list_profiles() -> pd.DataFrame:
-    """One row per named profile: fitted law, serving settings, R^2 and source (index: name)."""
+    """One row per named profile: fitted law, serving settings, GPUs per replica, R^2, the worst
+    held-out relative error of a generated profile (``cv_max_error``) and source (index: name)."""
     rows = []
     for name in profile_names():
         g = load_profile(name)
@@ -696,7 +701,9 @@ def list_profiles() -> pd.DataFrame:
                 "chunk": g.chunk,
                 "batch": g.batch,
                 "tau_mix": g.tau_mix,
+                "gpus": int(info.get("gpus", 1)),
                 "r2": float(info["r2"]) if "r2" in info else math.nan,
+                "cv_max_error": float(info["cv_max_error"]) if "cv_max_error" in info else math.nan,
                 "kv_capacity": math.nan if g.kv_capacity is None else g.kv_capacity,
                 "kv_time_per_token": g.kv_time_per_token,
                 "source": info.get("source", ""),
@@ -705,9 +712,29 @@ def list_profiles() -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("name")
 
 
+def from_vidur(data_dir: str | Path, gpu: str, model: str, tp: int, *, chunk: int | None = None,
+               batch: int | None = None, layers_from: str | None = None) -> Any:
+    """Fit the iteration law of one (GPU, model, tensor-parallel degree) replica from Vidur's
+    published operator profiles under ``data_dir`` (``compute/GPU/ORG/MODEL/mlp.csv``).
+
+    Returns a :class:`fluidopt.vidur.VidurFit`: the :class:`CalibrationFit` of tau = alpha + beta * C
+    (seconds, tokens) on composed iterations, ``kv_time_per_token`` (s per resident KV token), the KV
+    capacity (tokens per replica) and the held-out cross-validation error. ``chunk`` (default 1024)
+    and ``batch`` (default: from the KV capacity) are serving settings. Unknown GPU, model or TP
+    degree raise :class:`CalibrationError` naming what the folder holds. ``layers_from``: a model with
+    the same layer shapes whose table on ``gpu`` stands in for a missing one. See fluidopt/vidur.py.
+    """
+    from fluidopt.vidur import CHUNK
+    from fluidopt.vidur import from_vidur as compose_and_fit
+
+    return compose_and_fit(data_dir, gpu, model, tp, chunk=CHUNK if chunk is None else chunk, batch=batch,
+                           layers_from=layers_from)
+
+
 __all__ = [
     "CalibrationFit",
     "fit_iteration_time",
+    "from_vidur",
     "list_profiles",
     "load_profile",
     "profile_info",

@@ -348,7 +348,7 @@ def plan(
             if g.price_per_hour is None:
                 raise ScenarioError(
                     f"profile {g.name or '(scenario gpu)'!r}: no price per GPU-hour; add price_per_hour = DOLLARS "
-                    "to its table (or to the scenario's [gpu]) to cost a fleet")
+                    "to its table (or to the scenario's [gpu], or fluidopt plan --price KEY=DOLLARS) to cost a fleet")
     if sum(c.rate for c in scenario.classes) <= 0:  # pragma: no cover - RequestClass forbids it
         raise ScenarioError("plan: demand: expected arrival rates > 0, got none")
     from fluidopt.sim.api import check_run

@@ -1,7 +1,8 @@
 """Suite-wide settings.
 
 ``FLUIDOPT_REQUIRE`` (comma-separated: ``compiled``, ``trace``, ``docs``) turns the skips that a missing
-compiled simulator core or a missing shared workload trace would cause into failures, so that a
+compiled simulator core or a missing shared workload trace (or the Vidur operator profiles in
+../shared/data/vidur-profiling, also under ``trace``) would cause into failures, so that a
 run which must exercise them (CI: .ci/run sets it) cannot be green by skipping. Without it those
 tests skip, as a contributor without a C compiler or without ../shared expects.
 """
@@ -18,7 +19,8 @@ if _UNKNOWN:
     raise pytest.UsageError(f"FLUIDOPT_REQUIRE: unknown {sorted(_UNKNOWN)}; expected any of 'compiled', 'trace', 'docs'")
 
 # what a skip's reason says when the compiled core or the shared trace is missing
-_MARKERS = {"compiled": ("compiled core", "backend='compiled'"), "trace": ("trace not", "Azure trace not found"),
+_MARKERS = {"compiled": ("compiled core", "backend='compiled'"),
+            "trace": ("trace not", "Azure trace not found", "Vidur profiling data not found"),
             "docs": ("docs extra is not installed",)}
 
 

@@ -17,7 +17,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         description=(
             "Fit tau = alpha + beta*C by OLS to a raw iteration-time CSV (columns chunk_tokens, "
             "iteration_seconds, optional decodes and mode; see docs/calibration.md). Decode-only rows "
-            "(chunk_tokens = 0) give tau_solo. With --list, show the named GPU profiles instead."
+            "(chunk_tokens = 0) give tau_solo. With --vidur DIR --gpu G --model M --tp N, compose iterations "
+            "from Vidur's published operator profiles instead and fit them. With --list, show the named GPU profiles."
         ),
     )
     p.add_argument("csv", nargs="?", metavar="PROFILE.csv", help="raw measurements to fit")
@@ -28,6 +29,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--batch", type=int, metavar="B", help="batch size B (requests per GPU) for --toml")
     p.add_argument("--toml", action="store_true", help="print a [gpu] table for a scenario file (needs --chunk, --batch)")
     p.add_argument("--list", action="store_true", help="list the named GPU profiles and exit")
+    v = p.add_argument_group("published operator profiles (Vidur; docs/calibration.md)")
+    v.add_argument("--vidur", metavar="DIR", help="Vidur profiling folder (compute/GPU/ORG/MODEL/mlp.csv)")
+    v.add_argument("--gpu", help="GPU of the tables: a100, a40 or h100")
+    v.add_argument("--model", help="model as in the folder, e.g. meta-llama/Llama-2-70b-hf")
+    v.add_argument("--tp", type=int, help="tensor-parallel degree (GPUs per replica)")
+    v.add_argument("--layers-from", metavar="MODEL", help="a model with the same layer shapes whose table on --gpu "
+                   "stands in for a missing one (e.g. meta-llama/Llama-2-70b-hf for Meta-Llama-3-70B on h100)")
     return p
 
 
@@ -47,19 +55,75 @@ def _list(args: argparse.Namespace) -> int:
         print(json.dumps(records, indent=2))
         return 0
     cols = ["alpha", "beta", "tau_solo", "gamma", "chunk", "batch", "tau_mix", "r2"]
-    header = f"{'name':<16}{'model':<12}{'hardware':<18}" + "".join(f"{c:>10}" for c in cols)
+    w = max(16, max(len(str(n)) for n in df.index) + 2)
+    header = f"{'name':<{w}}{'model':<16}{'hardware':<18}{'gpus':>5}" + "".join(f"{c:>11}" for c in cols)
     print(header)
     for name, row in df.iterrows():
-        cells = "".join(f"{_fmt(row[c]):>10}" for c in cols)
-        print(f"{name:<16}{str(row['model'])[:11]:<12}{str(row['hardware'])[:17]:<18}{cells}")
-    print("\nunits: alpha, tau_solo, tau_mix in s; beta in s/token; gamma in tokens/s; chunk in tokens.")
+        cells = "".join(f"{_fmt(row[c]):>11}" for c in cols)
+        model = str(row["model"]).split("/")[-1]
+        print(f"{name:<{w}}{model[:15]:<16}{str(row['hardware'])[:17]:<18}{int(row['gpus']):>5}{cells}")
+    print("\nunits: alpha, tau_solo, tau_mix in s; beta in s/token; gamma in tokens/s; chunk in tokens; gpus per replica.")
     print('Use one in a scenario with  gpu = "<name>"; sources: fluidopt calibrate --list --json')
+    return 0
+
+
+def _vidur(args: argparse.Namespace) -> int:
+    from fluidopt.errors import UsageError
+
+    if args.csv:
+        raise UsageError(f"give either a measurement CSV ({args.csv!r}) or --vidur DIR, not both")
+    for flag in ("gpu", "model", "tp"):
+        if getattr(args, flag) is None:
+            raise UsageError(f"--vidur needs --{flag} (e.g. --gpu h100 --model meta-llama/Llama-2-70b-hf --tp 4)")
+    if args.robust:
+        raise UsageError("--robust: not with --vidur (composed iterations carry no measurement noise)")
+    if args.chunk is not None and args.chunk < 1:
+        raise UsageError(f"--chunk: expected an integer >= 1 (tokens), got {args.chunk}")
+    if args.batch is not None and args.batch < 1:
+        raise UsageError(f"--batch: expected an integer >= 1 (requests per replica), got {args.batch}")
+    from fluidopt.calibrate import from_vidur
+    from fluidopt.errors import CalibrationError as CE
+
+    try:
+        v = from_vidur(args.vidur, args.gpu, args.model, args.tp, chunk=args.chunk, batch=args.batch,
+                       layers_from=args.layers_from)
+    except CE as e:
+        raise UsageError(str(e)) from None
+    if args.plot:
+        fig = v.fit.plot()
+        fig.axes[0].set_title(f"{v.name}: composed from Vidur operator profiles")
+        try:
+            fig.savefig(args.plot, dpi=120)
+        except (OSError, ValueError) as e:
+            raise CalibrationError(f"--plot {args.plot!r}: cannot write the plot: {e}") from None
+    if args.json:
+        d = v.to_dict()
+        if args.plot:
+            d["plot"] = str(Path(args.plot))
+        print(json.dumps(d, indent=2))
+    elif args.toml:
+        prof = v.to_profile()
+        print(f"# composed from {v.table.path} (R^2 = {v.fit.r2:.4f}); one replica of {v.table.tp} GPU(s)")
+        print("[gpu]")
+        print(f'name = "{prof.name}"')
+        for k in ("alpha", "beta", "tau_solo", "chunk", "batch", "kv_capacity", "kv_time_per_token"):
+            print(f"{k} = {getattr(prof, k)!r}")
+    else:
+        print(v.summary())
+        if args.plot:
+            print(f"plot written to {args.plot}")
     return 0
 
 
 def run(args: argparse.Namespace) -> int:
     if args.list:
         return _list(args)
+    if args.vidur is not None:
+        return _vidur(args)
+    for flag in ("gpu", "model", "tp", "layers_from"):
+        if getattr(args, flag) is not None:
+            raise CalibrationError(f"--{flag.replace('_', '-')}: only with --vidur DIR (Vidur's published operator "
+                                   "profiles)")
     if not args.csv:
         raise CalibrationError("give a measurement CSV (fluidopt calibrate PROFILE.csv) or --list")
     if args.toml and (args.chunk is None or args.batch is None):

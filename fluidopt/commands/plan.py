@@ -30,7 +30,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    "checked in simulation)")
     p.add_argument("--fairness", type=float, default=None, help="prefill fairness bound eta (fluid bound only)")
     p.add_argument("--profiles", default=None, help="comma-separated named GPU profiles (default: the scenario's "
-                   "GPU); each needs a price_per_hour")
+                   "GPU); each needs a price_per_hour or a --price")
+    p.add_argument("--price", action="append", default=[], metavar="KEY=DOLLARS",
+                   help="price per GPU-hour for the --profiles whose name is KEY or starts with 'KEY-' (e.g. "
+                        "h100=2.5); a profile of a multi-GPU replica costs gpus x DOLLARS per hour (repeatable)")
     p.add_argument("--growth", default="1", help="comma-separated demand growth factors (default 1)")
     p.add_argument("--policy", default="gate-and-route", help="controller verified in simulation "
                    "(default gate-and-route)")
@@ -83,6 +86,39 @@ def _growth(text: str) -> list[float]:
     return out
 
 
+def _priced(names: list[str], prices: list[str]) -> list:
+    """The named profiles with ``--price KEY=DOLLARS`` (per GPU-hour) applied; a profile of a replica of
+    ``gpus`` GPUs costs ``gpus * DOLLARS`` per hour. Every KEY must match one of ``names``."""
+    from dataclasses import replace
+
+    from fluidopt.calibrate import load_profile, profile_info
+    from fluidopt.errors import UsageError
+
+    table: dict[str, float] = {}
+    for text in prices:
+        key, sep, val = str(text).partition("=")
+        key = key.strip()
+        try:
+            dollars = float(val) if sep and key else math.nan
+        except ValueError:
+            dollars = math.nan
+        if not math.isfinite(dollars) or dollars < 0:
+            raise UsageError(f"--price: expected KEY=DOLLARS per GPU-hour with DOLLARS >= 0 (e.g. h100=2.5), got {text!r}")
+        if not any(n == key or n.startswith(f"{key}-") for n in names):
+            raise UsageError(f"--price {text!r}: {key!r} matches none of the --profiles ({', '.join(names)}); "
+                             "give a profile name or its GPU prefix")
+        table[key] = dollars
+    out = []
+    for n in names:
+        g = load_profile(n)
+        hits = [k for k in table if n == k or n.startswith(f"{k}-")]
+        if hits:
+            key = max(hits, key=len)  # an exact name wins over a GPU prefix
+            g = replace(g, price_per_hour=table[key] * int(profile_info(n).get("gpus", 1)))
+        out.append(g)
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     from fluidopt.errors import UsageError
     from fluidopt.plan import PlanSLIs
@@ -102,6 +138,10 @@ def run(args: argparse.Namespace) -> int:
     args.first_seed = seed_list(args)[0]
     scenario = load_scenario(args.scenario)
     profiles = [p.strip() for p in args.profiles.split(",") if p.strip()] if args.profiles else None
+    if args.price:
+        if not profiles:
+            raise UsageError("--price: only with --profiles NAME,... (the named profiles to price)")
+        profiles = _priced(profiles, args.price)
     out = Path(args.out) if args.out else None
     from fluidopt._files import maybe_lock
 
@@ -162,6 +202,14 @@ def _run_plan(args, scenario, slis, growth, profiles, options, out) -> int:
           f"(whole fleet), SLIs: {slis.describe()}")
     print()
     print(_report(res.table, args.fluid_only))
+    if args.profiles:
+        from fluidopt.calibrate import profile_info, profile_names
+
+        for p in dict.fromkeys(res.table["profile"]):
+            k = int(profile_info(p).get("gpus", 1)) if p in profile_names() else 1
+            if k > 1:
+                print(f"note: {p} is one replica of {k} GPUs: its fleet sizes count replicas and its $/GPU-h column "
+                      f"is per replica-hour ({k} GPUs)")
     ch = res.table[res.table["cheapest"]]
     for _, r in ch.iterrows():
         print(f"cheapest at demand x{r['growth']:g}: {r['profile']} "

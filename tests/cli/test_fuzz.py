@@ -172,6 +172,39 @@ def test_calibration_csvs(tmp_path, capsys, header, rows, flags):
     assert_clean(argv, code, err)
 
 
+# -- Vidur operator profiles and GPU prices ---------------------------------------------------------
+@SETTINGS
+@given(folder=st.sampled_from(["", "compute", "compute/a100", "compute/a100/meta-llama/Llama-2-7b-hf"]),
+       content=st.sampled_from(["", "num_tokens\n1\n", "a,b\n1,2\n", "\x00\x01"]),
+       gpu=st.sampled_from(["a100", "h100", "A100", "", "x"]),
+       model=st.sampled_from(["meta-llama/Llama-2-7b-hf", "meta-llama/Meta-Llama-3-70B", "x", ""]),
+       tp=st.sampled_from(["1", "3", "0", "-1", "x"]),
+       flags=st.sampled_from([[], ["--json"], ["--toml"], ["--robust"], ["--layers-from", "meta-llama/Llama-2-7b-hf"],
+                              ["--layers-from", "x"]]))
+@pytest.mark.integration
+def test_vidur_folders(tmp_path, capsys, folder, content, gpu, model, tp, flags):
+    d = tmp_path / "v" / folder
+    d.mkdir(parents=True, exist_ok=True)
+    if folder:
+        (d / "mlp.csv").write_text(content)
+    argv = ["calibrate", "--vidur", str(tmp_path / "v"), "--gpu", gpu, "--model", model, "--tp", tp, *flags]
+    code, out, err = run_cli(argv, capsys)
+    assert_clean(argv, code, err)
+
+
+@SETTINGS
+@given(prices=st.lists(st.sampled_from(["h100=4", "a100=2", "h100", "=3", "h100=x", "h100=-1", "h200=1", "h100=nan",
+                                        "h100-llama-2-70b-tp4=inf", "a100-llama-2-70b-tp4=1e300"]), max_size=3),
+       profiles=st.sampled_from(["h100-llama-2-70b-tp4,a100-llama-2-70b-tp4", "h100-llama-2-70b-tp4", "nope", ""]))
+@pytest.mark.integration
+def test_plan_prices(capsys, prices, profiles):
+    argv = ["plan", "--fluid-only", *(["--profiles", profiles] if profiles else [])]
+    for p in prices:
+        argv += ["--price", p]
+    code, out, err = run_cli(argv, capsys)
+    assert_clean(argv, code, err)
+
+
 # -- traces -----------------------------------------------------------------------------------------
 TCELL = st.sampled_from(["0", "0.5", "1", "2.25", "-1", "", "x", "1e300", "nan", "12", "300", "100000000000",
                          "2023-11-16 18:15:46.6805900", "short-prompt", "c9"])

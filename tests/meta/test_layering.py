@@ -19,7 +19,7 @@ PKG = Path(__file__).resolve().parents[2] / "fluidopt"
 # a new module must be placed deliberately.
 LAYERS: dict[str, int] = {
     "errors": 0, "_files": 0, "interrupt": 0, "demand": 0, "model": 0, "tables": 0, "queueing": 0, "calibrate": 0,
-    "profiles": 0,
+    "vidur": 0, "profiles": 0,
     "fluid": 1, "scenario": 1,  # a scenario file's SLIs are parsed with the fluid layer's SLI grammar
     "control": 2,
     "sim": 3, "rl": 3,
