@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from fluidopt.errors import FluidoptError
 
 # Order is the order of ``fluidopt --help``.
-COMMANDS = ("run", "plan", "price", "solve", "simulate", "calibrate", "rl")
+COMMANDS = ("run", "plan", "price", "solve", "simulate", "calibrate", "rl", "app")
 
 
 class _ArgumentError(Exception):

@@ -60,12 +60,13 @@ def _watch_parent(parent: int) -> None:
             os._exit(1)
 
 
-def _init_worker(imports: tuple[str, ...], parent: int) -> None:
+def _init_worker(imports: tuple[str, ...]) -> None:
     # Workers leave Ctrl-C to the parent, which stops the pool and keeps what finished; SIGTERM (the
     # parent terminating the pool) ends them at once.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    threading.Thread(target=_watch_parent, args=(parent,), daemon=True, name="fluidopt-parent-watch").start()
+    # the process that started this one (the caller, or a forkserver that dies with the caller)
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True, name="fluidopt-parent-watch").start()
     _import(imports)
 
 
@@ -114,13 +115,16 @@ class LocalExecutor(Executor):
     ``pool=True``: a process pool even for one worker (so the caller's thread stays free, e.g. a web
     app's). ``stop``: a :class:`threading.Event`; once set, a pool is terminated within 0.2 s and
     :meth:`imap` raises KeyboardInterrupt, which :func:`run_jobs` turns into
-    :class:`~fluidopt.interrupt.Interrupted` (a cancel button from another thread)."""
+    :class:`~fluidopt.interrupt.Interrupted` (a cancel button from another thread). ``start_method``: the
+    pool's multiprocessing start method (default: the platform's; ``"forkserver"`` for a caller with
+    threads of its own, such as a web server)."""
 
     name = "local"
 
     def __init__(self, workers: int | None = None, imports: Sequence[str] = (), *, pool: bool = False,
-                 stop: threading.Event | None = None) -> None:
+                 stop: threading.Event | None = None, start_method: str | None = None) -> None:
         self.workers = _check_workers(workers)
+        self.start_method = start_method
         self.imports = tuple(str(m) for m in imports)
         self._pool: ProcessPoolExecutor | None = None
         self.force_pool = bool(pool)
@@ -135,7 +139,7 @@ class LocalExecutor(Executor):
             return
         if self._pool is None:
             self._pool = ProcessPoolExecutor(max_workers=self.workers, initializer=_init_worker,
-                                             initargs=(self.imports, os.getpid()))
+                                             initargs=(self.imports,), mp_context=self._context())
         futures: dict[Future, int] = {self._pool.submit(fn, job): k for k, job in enumerate(jobs)}
         pending = set(futures)
         try:
@@ -152,6 +156,11 @@ class LocalExecutor(Executor):
                 f.cancel()
             self._kill()
             raise
+
+    def _context(self):
+        import multiprocessing
+
+        return multiprocessing.get_context(self.start_method) if self.start_method else None
 
     def _kill(self) -> None:
         # Terminate the workers, then let the pool's manager thread see them gone and fail the pending

@@ -14,14 +14,15 @@ import os
 import pytest
 
 _REQUIRE = {x.strip() for x in os.environ.get("FLUIDOPT_REQUIRE", "").split(",") if x.strip()}
-_UNKNOWN = _REQUIRE - {"compiled", "trace", "docs"}
+_UNKNOWN = _REQUIRE - {"compiled", "trace", "docs", "browser"}
 if _UNKNOWN:
-    raise pytest.UsageError(f"FLUIDOPT_REQUIRE: unknown {sorted(_UNKNOWN)}; expected any of 'compiled', 'trace', 'docs'")
+    raise pytest.UsageError(f"FLUIDOPT_REQUIRE: unknown {sorted(_UNKNOWN)}; expected any of 'compiled', 'trace', 'docs', "
+                            "'browser'")
 
 # what a skip's reason says when the compiled core or the shared trace is missing
 _MARKERS = {"compiled": ("compiled core", "backend='compiled'"),
             "trace": ("trace not", "Azure trace not found", "Vidur profiling data not found"),
-            "docs": ("docs extra is not installed",)}
+            "docs": ("docs extra is not installed",), "browser": ("browser not available",)}
 
 
 def pytest_runtest_setup(item):

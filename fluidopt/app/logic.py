@@ -24,7 +24,7 @@ from fluidopt.errors import FluidoptError, ScenarioError
 from fluidopt.model import Scenario
 
 __all__ = ["set_field", "build", "field_error", "to_toml", "from_toml", "operating_point", "capacity",
-           "price_curve", "Job", "compare_job", "verify_job"]
+           "price_curve", "optimal_prices", "Job", "compare_job", "verify_job"]
 
 Path_ = tuple  # a field's path in the scenario dict: ("classes", 0, "rate")
 
@@ -154,6 +154,14 @@ def price_curve(scenario: Scenario, which: str, prices: Sequence[float], pricing
     return grid.reset_index(drop=True)
 
 
+def optimal_prices(scenario: Scenario):
+    """Revenue-maximising prices under the fleet's fluid capacity (:func:`fluidopt.pricing.optimize_prices`);
+    a scenario without demand models is a :class:`ScenarioError` saying why none can be optimal."""
+    from fluidopt.pricing import optimize_prices
+
+    return optimize_prices(scenario)
+
+
 # -- background jobs -----------------------------------------------------------------------------------
 @dataclass
 class Job:
@@ -214,7 +222,8 @@ def start(name: str, work: Callable[[Job], Any]) -> Job:
 def _executor(job: Job, workers: int):
     from fluidopt.executor import LocalExecutor
 
-    return LocalExecutor(max(1, workers), pool=True, stop=job.stop)
+    # forkserver: the page's server has threads of its own, which a plain fork would copy mid-flight
+    return LocalExecutor(max(1, workers), pool=True, stop=job.stop, start_method="forkserver")
 
 
 def compare_job(scenario: Scenario, policies: Sequence[str], *, seeds: int = 2, horizon: float = 300.0,

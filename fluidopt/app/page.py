@@ -40,6 +40,13 @@ class State:
         self.data = data
         self.scenario = L.build(data)
         self.listeners: list = []
+        self._op: tuple | None = None
+
+    def op(self):
+        """The operating point of the current scenario, solved once per change (the header and the tab share it)."""
+        if self._op is None or self._op[0] is not self.scenario:
+            self._op = (self.scenario, L.operating_point(self.scenario))
+        return self._op[1]
 
     def set(self, path: tuple, value: Any) -> str | None:
         err = L.field_error(self.data, path, value)
@@ -68,6 +75,8 @@ def build_page(initial: dict, *, workers: int = 2) -> None:
     with ui.header().classes("items-center"):
         ui.label("fluidopt what-if").classes("text-lg font-bold")
         tid(ui.label(state.scenario.name), "scenario-name")
+        ui.label("R* (bundled) per GPU per s:").classes("ml-8")
+        head = tid(ui.label(""), "header-rstar").classes("font-bold")
         ui.space()
         ui.label("Edits live in this browser tab only: a reload restores the loaded scenario. "
                  "Download the TOML to keep them.").classes("text-xs")
@@ -77,17 +86,32 @@ def build_page(initial: dict, *, workers: int = 2) -> None:
         t_cap = ui.tab("Capacity")
         t_pr = ui.tab("Pricing")
         t_ct = ui.tab("Controllers")
+    def headline() -> None:
+        try:
+            head.text = fmt(state.op().headline.set_index("pricing").loc["bundled", "revenue_per_gpu"])
+        except FluidoptError as e:
+            head.text = f"- ({e})"
+
+    state.listeners.append(headline)
+    headline()
+    # The operating point paints first; the other tabs are built when first opened (a fast first paint).
+    builders = {"Scenario": lambda: _scenario_panel(state), "Operating point": lambda: _operating_panel(state),
+                "Capacity": lambda: _capacity_panel(state, workers), "Pricing": lambda: _pricing_panel(state),
+                "Controllers": lambda: _controllers_panel(state, workers)}
+    panels = {}
     with ui.tab_panels(tabs, value=t_op).classes("w-full"):
-        with ui.tab_panel(t_sc):
-            _scenario_panel(state)
-        with ui.tab_panel(t_op):
-            _operating_panel(state)
-        with ui.tab_panel(t_cap):
-            _capacity_panel(state, workers)
-        with ui.tab_panel(t_pr):
-            _pricing_panel(state)
-        with ui.tab_panel(t_ct):
-            _controllers_panel(state, workers)
+        for t in (t_sc, t_op, t_cap, t_pr, t_ct):
+            panels[t._props["name"]] = ui.tab_panel(t)
+
+    def open_tab(name: str) -> None:
+        panel = panels[name]
+        if not getattr(panel, "_built", False):
+            panel._built = True
+            with panel:
+                builders[name]()
+
+    open_tab("Operating point")
+    tabs.on_value_change(lambda e: open_tab(e.value if isinstance(e.value, str) else e.value._props["name"]))
 
 
 # -- Scenario ------------------------------------------------------------------------------------------
@@ -178,7 +202,7 @@ def _operating_panel(state: State) -> None:
         box.clear()
         with box:
             try:
-                op = L.operating_point(state.scenario)
+                op = state.op()
             except FluidoptError as e:
                 tid(ui.label(str(e)).classes("text-negative"), "op-error")
                 return
@@ -236,6 +260,8 @@ def _job_view(start_job, on_done, name: str) -> None:
         bar.value = job.done / job.total if job.total else 0.0
         status.text = job.message or f"{job.done} of {job.total or '?'} runs, {job.elapsed:.0f} s"
         if job.finished:
+            if job.status == "done":
+                bar.value = 1.0
             timer.active = False
             run_btn.enable()
             cancel_btn.set_visibility(False)
@@ -328,6 +354,26 @@ def _pricing_panel(state: State) -> None:
         n = tid(ui.number("points", value=13, min=2, max=200, step=1), "pr-points")
     err = tid(ui.label("").classes("text-negative"), "pr-error")
     box = ui.column().classes("w-full")
+    ui.label("Optimal prices under the fleet's capacity (needs [classes.demand] in the scenario)").classes("font-bold")
+    opt = ui.column().classes("w-full")
+
+    def render_optimum() -> None:
+        opt.clear()
+        with opt:
+            try:
+                res = L.optimal_prices(state.scenario)
+            except FluidoptError as e:
+                tid(ui.label(str(e)), "pr-opt-note")
+                return
+            with ui.row():
+                ui.label(f"status {res.status}:")
+                tid(ui.label(fmt(res.revenue_per_gpu)), "pr-opt-revenue")
+                ui.label("per GPU per s at the optimal prices")
+            if res.success:
+                _table(res.to_frame(), "pr-opt-table")
+
+    state.listeners.append(render_optimum)
+    render_optimum()
 
     def render() -> None:
         import numpy as np
