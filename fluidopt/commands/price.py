@@ -133,12 +133,7 @@ def _run(args: argparse.Namespace) -> int:
     cps = parse_range(args.prefill, "--prefill")
     cds = parse_range(args.decode, "--decode")
     pricings = ("bundled", "separate") if args.pricing == "both" else (args.pricing,)
-    kinds = [k.strip() for k in args.pareto.split(",") if k.strip()]
-    for k in kinds:
-        if k not in ("fairness", "prefill_fairness", "decode_fairness", "tpot"):
-            raise UsageError(f"--pareto: expected fairness, decode_fairness or tpot, got {k!r}")
-    if args.points < 2:
-        raise UsageError(f"--points: expected an integer >= 2, got {args.points}")
+    kinds = _pareto_kinds(args)
     points = _points(args.simulate)
     if options and not points:
         raise UsageError("--option: only used with --simulate")
@@ -205,6 +200,19 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pareto_kinds(args: argparse.Namespace) -> list[str]:
+    """The SLIs of --pareto, checked, and --points checked with them."""
+    from fluidopt.errors import UsageError
+
+    kinds = [k.strip() for k in args.pareto.split(",") if k.strip()]
+    for k in kinds:
+        if k not in ("fairness", "prefill_fairness", "decode_fairness", "tpot"):
+            raise UsageError(f"--pareto: expected fairness, decode_fairness or tpot, got {k!r}")
+    if args.points < 2:
+        raise UsageError(f"--points: expected an integer >= 2, got {args.points}")
+    return kinds
+
+
 def _fit(args: argparse.Namespace) -> int:
     from fluidopt.pricing_opt import fit_demand, json_records, read_observations
 
@@ -239,12 +247,7 @@ def _optimize(args: argparse.Namespace) -> int:
     cps = parse_range(args.prefill, "--prefill")
     cds = parse_range(args.decode, "--decode")
     pricing = "bundled" if args.pricing == "both" else args.pricing
-    kinds = [k.strip() for k in args.pareto.split(",") if k.strip()]
-    for k in kinds:
-        if k not in ("fairness", "prefill_fairness", "decode_fairness", "tpot"):
-            raise UsageError(f"--pareto: expected fairness, decode_fairness or tpot, got {k!r}")
-    if args.points < 2:
-        raise UsageError(f"--points: expected an integer >= 2, got {args.points}")
+    kinds = _pareto_kinds(args)
     out = Path(args.out) if args.out else None
     if args.simulate and args.simulate.strip() != "optimal":
         raise UsageError(f"--simulate: with --optimize, expected 'optimal', got {args.simulate!r}")

@@ -516,6 +516,21 @@ def build_result(
     )
 
 
+def _remove_dead_parts(folder: str, name: str) -> None:
+    """Remove ``.NAME.PID.part`` files that a killed run (kill -9: no handler ran) left for the same target."""
+    from fluidopt._files import _pid_alive
+
+    prefix = f".{name}."
+    for f in os.listdir(folder):
+        if f.startswith(prefix) and f.endswith(".part"):
+            pid = f[len(prefix):-len(".part")]
+            if pid.isdigit() and not _pid_alive(int(pid)):
+                try:
+                    os.remove(os.path.join(folder, f))
+                except OSError:
+                    pass
+
+
 class RecordsWriter:
     """Streams per-request rows to CSV under a temporary name; :meth:`close` renames it into place."""
 
@@ -530,6 +545,7 @@ class RecordsWriter:
 
             raise ScenarioError(f"records: directory {d!r} does not exist")
         self.tmp = os.path.join(d, f".{os.path.basename(self.path)}.{os.getpid()}.part")
+        _remove_dead_parts(d, os.path.basename(self.path))
         self._f = open(self.tmp, "w", encoding="utf-8", newline="")
         self._f.write(",".join(self.COLUMNS) + "\n")
         self._names = np.asarray(class_names, dtype=object)
