@@ -49,12 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"fluidopt {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
-        try:
-            mod = importlib.import_module(f"fluidopt.commands.{name}")
-        except ModuleNotFoundError as e:
-            if e.name == f"fluidopt.commands.{name}":
-                continue  # subcommand not built yet
-            raise
+        mod = importlib.import_module(f"fluidopt.commands.{name}")
         p = mod.add_parser(sub)
         p.set_defaults(_run=mod.run)
     return parser
