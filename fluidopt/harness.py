@@ -389,6 +389,7 @@ def compare(
     resume: bool = True,
     workloads: dict[str, Any] | None = None,
     drain: float | dict[str, float | None] | None = None,
+    save: bool = True,
 ) -> Comparison:
     """Simulate every policy on every scenario for every seed and compare with the LP bound.
 
@@ -414,6 +415,9 @@ def compare(
     folder gets :class:`~fluidopt.errors.FolderInUseError` naming the holder. ``workloads``: maps a
     scenario name to a replay workload (a trace, :func:`fluidopt.sim.trace.replay`) that replaces its
     Poisson arrivals in every run of that scenario (``service="tokens"``).
+
+    ``save=False``: keep the store in ``out`` but leave the tables to the caller (who writes them with
+    :meth:`Comparison.save`, e.g. with figures of the same generation).
 
     ``drain``: seconds (a cap; one value or a dict per scenario name) every run may go on past its
     horizon so that the requests that arrived in its window resolve (``simulate(..., drain=...)``,
@@ -448,15 +452,33 @@ def compare(
             samples[name] = _seconds("sample_interval", samples[name], caller="compare")
         if drains[name] is not None:
             drains[name] = _seconds("drain", drains[name], caller="compare")
+    import fluidopt.interrupt as interrupt
     from fluidopt._files import maybe_lock
 
     with maybe_lock(out, "out", "compare"):
-        return _compare_locked(scenarios, labelled, seeds, horizons, warmups, services, samples, drains, pricing,
-                               options, workloads, out, resume, progress, executor, workers, imports)
+        try:
+            return _compare_locked(scenarios, labelled, seeds, horizons, warmups, services, samples, drains, pricing,
+                                   options, workloads, out, resume, progress, executor, workers, imports, save)
+        except KeyboardInterrupt as e:
+            if getattr(e, "kept", ""):
+                raise
+            # stopped before the runs started (the LP solves, the pool's start): say what the store holds
+            raise interrupt.interrupted_from(e, stored_line(out)) from None
+
+
+def stored_line(out: str | os.PathLike | None) -> str:
+    """What a results folder's store holds, in one line (for an interruption message)."""
+    if out is None:
+        return "nothing was stored (no results folder)"
+    from fluidopt.executor import ResultStore
+
+    store = ResultStore(out)
+    n = len(store.load()) if store.path.exists() else 0
+    return f"{n} finished run{'s' if n != 1 else ''} kept in {store.path}; rerun the same command to resume"
 
 
 def _compare_locked(scenarios, labelled, seeds, horizons, warmups, services, samples, drains, pricing, options,
-                    workloads, out, resume, progress, executor, workers, imports) -> Comparison:
+                    workloads, out, resume, progress, executor, workers, imports, save=True) -> Comparison:
     import fluidopt.interrupt as interrupt
     from fluidopt.control.registry import uses_plan
     from fluidopt.executor import LocalExecutor, ResultStore, run_jobs
@@ -525,7 +547,7 @@ def _compare_locked(scenarios, labelled, seeds, horizons, warmups, services, sam
             executor.close()
         result = _assemble(jobs, done, False, scenarios, bounds, plans, bound_of, pricing, t0, horizons, warmups,
                            services, samples, drains, seeds, executor, options)
-        if out is not None:
+        if out is not None and save:
             result.save(out)
     except KeyboardInterrupt as e:  # the sweep is whole in the store; its tables are not written
         where = f"are kept in {store.path}" if store is not None else "were not stored (no results folder)"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
 
@@ -55,3 +56,18 @@ def seed_list(args: argparse.Namespace) -> list[int]:
         print(f"note: --seed {first} is the first seed (seeds {first}..{first + args.seeds - 1}); for a number of "
               "seeds use --seeds N (--seed no longer abbreviates --seeds)", file=sys.stderr)
     return list(range(first, first + args.seeds))
+
+
+@contextlib.contextmanager
+def say_what_is_stored(out):
+    """An interruption outside the sweep itself (the LP solve, the pool's start, a probe between two sweeps)
+    still says in its one line what the results folder holds."""
+    try:
+        yield
+    except KeyboardInterrupt as e:
+        if getattr(e, "kept", ""):
+            raise
+        import fluidopt.interrupt as interrupt
+        from fluidopt.harness import stored_line
+
+        raise interrupt.interrupted_from(e, stored_line(out)) from None

@@ -8,7 +8,14 @@ import math
 from pathlib import Path
 
 from fluidopt.commands._options import add_controller_arguments, import_user_modules, parse_options
-from fluidopt.commands._scale import add_scale_arguments, add_seed_arguments, check_workers, progress_enabled, seed_list
+from fluidopt.commands._scale import (
+    add_scale_arguments,
+    add_seed_arguments,
+    check_workers,
+    progress_enabled,
+    say_what_is_stored,
+    seed_list,
+)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -146,7 +153,8 @@ def run(args: argparse.Namespace) -> int:
     from fluidopt._files import maybe_lock
 
     with maybe_lock(out, "--out", "fluidopt plan"):  # created, writable, ours alone: before any work
-        return _run_plan(args, scenario, slis, growth, profiles, options, out)
+        with say_what_is_stored(out):
+            return _run_plan(args, scenario, slis, growth, profiles, options, out)
 
 
 def _run_plan(args, scenario, slis, growth, profiles, options, out) -> int:

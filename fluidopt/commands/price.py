@@ -8,7 +8,14 @@ import math
 from pathlib import Path
 
 from fluidopt.commands._options import add_controller_arguments, import_user_modules, parse_options
-from fluidopt.commands._scale import add_scale_arguments, add_seed_arguments, check_workers, progress_enabled, seed_list
+from fluidopt.commands._scale import (
+    add_scale_arguments,
+    add_seed_arguments,
+    check_workers,
+    progress_enabled,
+    say_what_is_stored,
+    seed_list,
+)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -98,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
 
     # --out is created, proved writable and held as ours alone before any work
     with maybe_lock(args.out or None, "--out", "fluidopt price"):
-        return _run(args)
+        with say_what_is_stored(Path(args.out) / "runs" if args.out else None):
+            return _run(args)
 
 
 PRICE_FILES = ("grid.csv", "shadow_prices.csv", "grid.png", "pareto.csv", "pareto.png", "simulated.csv")

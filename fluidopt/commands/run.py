@@ -20,6 +20,7 @@ from fluidopt.commands._scale import (
     add_seed_arguments,
     check_workers,
     progress_enabled,
+    say_what_is_stored,
     seed_list,
 )
 
@@ -76,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     out = Path(args.out) if args.out else None
     with maybe_lock(out, "--out", "fluidopt run"):  # created, writable, ours alone: before any work
-        return _run(args, scenario, policies, options, out, workloads)
+        with say_what_is_stored(out):
+            return _run(args, scenario, policies, options, out, workloads)
 
 
 def _run(args, scenario, policies, options, out, workloads) -> int:
@@ -105,7 +107,7 @@ def _run(args, scenario, policies, options, out, workloads) -> int:
             service=args.service, pricing=args.pricing, progress=progress,
             options={p: options for p in policies} if options else None, imports=args.imports,
             sample_interval=max(args.horizon / 300, 0.5) if out is not None else None,
-            executor=executor, out=out, resume=not args.fresh, workloads=workloads,
+            executor=executor, out=out, resume=not args.fresh, workloads=workloads, save=False,
         )
     finally:
         executor.close()
@@ -113,7 +115,14 @@ def _run(args, scenario, policies, options, out, workloads) -> int:
     files: list[str] = []
     if out is not None:
         # the figures belong to the sweep's generation: replaced with its tables, or not at all
-        files += [str(p) for p in comp.save(out, extra=_figures(comp, sol), owned=FIGURES)]
+        try:
+            files += [str(p) for p in comp.save(out, extra=_figures(comp, sol), owned=FIGURES)]
+        except KeyboardInterrupt as e:
+            import fluidopt.interrupt as interrupt
+
+            raise interrupt.interrupted_from(
+                e, f"all {len(comp.runs)} simulations finished and are kept in {out / 'store.jsonl'}, but the "
+                   "tables were not written; rerun the same command to write them") from None
     if args.json:
         print(json.dumps({
             "scenario": scenario.name,

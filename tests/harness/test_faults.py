@@ -99,7 +99,6 @@ def test_signal_mid_sweep_keeps_what_finished_and_the_rerun_matches(sig, workers
     _wait_for_store(out, proc, rng.choice([0, 1, 2]))
     time.sleep(rng.uniform(0.0, 0.8))  # a random moment: the LP solve, the pool's start or inside a run
     assert proc.poll() is None, "the sweep finished before the signal; make it longer"
-    sweeping = (out / "store.jsonl").exists()
     kids = _children(proc.pid)
     t0 = time.monotonic()
     proc.send_signal(getattr(signal, sig))
@@ -111,9 +110,8 @@ def test_signal_mid_sweep_keeps_what_finished_and_the_rerun_matches(sig, workers
         assert "Traceback" not in err
         lines = [ln for ln in err.splitlines() if ln.strip()]
         assert len(lines) == 1 and lines[0].startswith(f"fluidopt run: interrupted ({sig})"), err
-        if sweeping:  # what was kept, and where
-            assert "simulations finished" in lines[0] and str(out / "store.jsonl") in lines[0], lines[0]
-            assert "6 of 6" not in lines[0]
+        # what was kept, and where, whatever the moment (the LP solve, the pool's start, a run, the tables)
+        assert str(out / "store.jsonl") in lines[0] and ("finished" in lines[0] or "kept" in lines[0]), lines[0]
     time.sleep(PARENT_GRACE)
     assert not [k for k in kids if _alive(k)], "pool workers outlived their parent"
     # nothing partial written as if whole: no table of the incomplete sweep, no temporary file
