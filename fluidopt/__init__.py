@@ -14,13 +14,22 @@ from fluidopt.errors import (
     TraceError,
     UsageError,
 )
-from fluidopt.model import GPUProfile, Rates, RequestClass, Scenario, paper_scenario
-from fluidopt.scenario import default_scenario, load_scenario, loads_scenario, scenario_from_dict
 
 __version__ = "0.1.0"
 
-# Heavy parts (Pyomo, statsmodels, the simulator) load on first use, so `import fluidopt` stays fast.
+# Everything past the errors loads on first use (numpy and the model included), so `import fluidopt`
+# stays fast and the command line has its signal handlers in place before any heavy import: a Ctrl-C
+# during start-up is then one line, not a traceback from inside an import.
 _LAZY = {
+    "GPUProfile": "fluidopt.model",
+    "Rates": "fluidopt.model",
+    "RequestClass": "fluidopt.model",
+    "Scenario": "fluidopt.model",
+    "paper_scenario": "fluidopt.model",
+    "default_scenario": "fluidopt.scenario",
+    "load_scenario": "fluidopt.scenario",
+    "loads_scenario": "fluidopt.scenario",
+    "scenario_from_dict": "fluidopt.scenario",
     "solve_fluid": "fluidopt.fluid.lp",
     "build_fluid_model": "fluidopt.fluid.lp",
     "FluidSolution": "fluidopt.fluid.solution",
@@ -36,10 +45,16 @@ _LAZY = {
 
 
 def __getattr__(name: str):
+    import importlib
+
     mod = _LAZY.get(name)
     if mod is None:
+        from pathlib import Path
+
+        here = Path(__file__).parent
+        if (here / f"{name}.py").is_file() or (here / name / "__init__.py").is_file():
+            return importlib.import_module(f"fluidopt.{name}")  # a submodule, e.g. fluidopt.scenario
         raise AttributeError(f"module 'fluidopt' has no attribute {name!r}")
-    import importlib
 
     value = getattr(importlib.import_module(mod), name)
     globals()[name] = value

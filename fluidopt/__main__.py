@@ -1,5 +1,3 @@
-import sys
+from fluidopt.cli import entry
 
-from fluidopt.cli import main
-
-sys.exit(main())
+entry()

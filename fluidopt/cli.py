@@ -65,6 +65,20 @@ def _error(args: argparse.Namespace, message: str, status: int) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    import fluidopt.interrupt as interrupt
+
+    # The handlers go in first: a Ctrl-C or SIGTERM while the commands and their libraries load is one
+    # line and exit 130 / 143 too.
+    with interrupt.handle_sigterm():
+        try:
+            return _main(argv)
+        except KeyboardInterrupt as e:
+            _quiet_after_interrupt()
+            print(interrupt.message("fluidopt", e), file=sys.stderr, flush=True)
+            return interrupt.exit_status(e)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -93,8 +107,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     import fluidopt.interrupt as interrupt
 
     try:
-        with interrupt.handle_sigterm():  # SIGTERM stops a command as Ctrl-C does (exit 143, not 130)
-            return int(args._run(args) or 0)
+        return int(args._run(args) or 0)
     except FluidoptError as e:
         return _error(args, str(e), e.exit_status)
     except MemoryError:
@@ -110,11 +123,31 @@ def _dispatch(args: argparse.Namespace) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except Exception as e:
+        if interrupt.pending() is not None:
+            # the aftermath of a signal (an import it cut short, a library wrapping the KeyboardInterrupt):
+            # the interruption, not an internal error
+            _quiet_after_interrupt()
+            print(interrupt.message(f"fluidopt {args.command}", interrupt.Interrupted(interrupt.pending())),
+                  file=sys.stderr, flush=True)
+            return 128 + interrupt.pending()
         # A bug, not bad input: say so in one line; FLUIDOPT_DEBUG=1 shows the traceback.
         if os.environ.get("FLUIDOPT_DEBUG"):
             raise
         return _error(args, f"internal error ({type(e).__name__}: {e}); please report it with the command "
                             f"line (FLUIDOPT_DEBUG=1 shows the traceback)", 1)
+
+
+def entry() -> None:
+    """The ``fluidopt`` program: :func:`main`, then exit with its status. Once the status is decided, a late
+    Ctrl-C or SIGTERM (the work is done, the output written) is ignored rather than turned into a
+    traceback during the interpreter's shutdown."""
+    import signal
+
+    code = main()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sys.stdout.flush()
+    sys.exit(code)
 
 
 def _quiet_after_interrupt() -> None:

@@ -14,7 +14,8 @@ Ctrl-C (SIGINT) or SIGTERM at any moment of a sweep, a search or a training run:
 :func:`note` records a signal that some layer handled gracefully (the simulator's Ctrl-C handler stops
 its loop between two events and returns a partial result flagged ``interrupted``); a sweep checks
 :func:`pending` after each run so that such a partial result is not mistaken for a whole one.
-:func:`handle_sigterm` turns SIGTERM into the same exception as Ctrl-C for the time of a command, and
+:func:`handle_sigterm` turns SIGTERM into the same exception as Ctrl-C for the time of a command (and
+notes both), and
 :func:`script_main` gives an example script the same contract as the CLI.
 """
 
@@ -77,31 +78,44 @@ def interrupted_from(exc: BaseException, kept: str = "", partial: Any = None) ->
     return Interrupted(signum_of(exc), kept or getattr(exc, "kept", ""), partial)
 
 
-def _on_sigterm(signum, frame) -> None:
+def _quiet_threads() -> None:
+    # Threads torn down by the interruption (a pool's manager, a solver's output reader) may raise in
+    # turn; their tracebacks would bury the one line the user should read.
+    threading.excepthook = lambda args: None
+
+
+def _on_signal(signum, frame) -> None:
     note(signum)
+    _quiet_threads()
     raise Interrupted(signum)
 
 
 @contextlib.contextmanager
 def handle_sigterm() -> Iterator[None]:
-    """While inside, SIGTERM raises :class:`Interrupted` as Ctrl-C raises KeyboardInterrupt (main
-    thread only; elsewhere a no-op). The previous handler is restored on exit."""
+    """While inside, SIGTERM raises :class:`Interrupted` as Ctrl-C raises KeyboardInterrupt, and both are
+    noted (:func:`pending`), so that an error an interrupted import or thread raises later (a half-loaded
+    module, a wrapped KeyboardInterrupt) is still reported as the interruption it is. Main thread only
+    (elsewhere a no-op); the previous handlers are restored on exit. A Ctrl-C that the process inherited
+    as ignored (a background job) stays ignored."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     clear()
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, _on_signal)}
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, _on_signal)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 
 def message(prog: str, exc: BaseException) -> str:
     """The one line a command prints when interrupted."""
     name = signal.Signals(signum_of(exc)).name
-    kept = getattr(exc, "kept", "")
-    return f"{prog}: interrupted ({name})" + (f": {kept}" if kept else "")
+    kept = getattr(exc, "kept", "") or "nothing was written"
+    return f"{prog}: interrupted ({name}): {kept}"
 
 
 def script_main(main: Callable[[], Any], prog: str | None = None) -> int:
@@ -121,3 +135,9 @@ def script_main(main: Callable[[], Any], prog: str | None = None) -> int:
     except FluidoptError as e:
         print(f"{prog}: error: {' '.join(str(e).split())}", file=sys.stderr, flush=True)
         return getattr(e, "exit_status", 2)
+    except Exception:
+        if _pending is None:
+            raise  # a bug: its traceback
+        # the aftermath of a signal (an import it cut short): the interruption, in one line
+        print(message(prog, Interrupted(_pending)), file=sys.stderr, flush=True)
+        return 128 + _pending
