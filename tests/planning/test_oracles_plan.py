@@ -1,0 +1,145 @@
+"""Oracles for `fluidopt plan --fluid-only` (fluidopt.plan, fluidopt.fluid.capacity): a one-class fleet
+whose fluid bound, tokens per second and cost are arithmetic.
+
+The instance (round numbers): tau_mix = alpha + beta C = 0.01 + 0.001 * 10 = 0.02 s, gamma = 1 / tau_solo
+= 200 tokens/s, C = 10, B = 4; one class with P = 20, D = 5 (or 100), Lambda = 10 requests/s for the whole
+fleet, patience 1/s; 2.00 per GPU-hour. Rates (docs/lp.md): mu_p = C / (P tau_mix) = 25 prefills/s per
+prefilling GPU, mu_m = 1 / (D tau_mix), mu_s = gamma / D.
+
+Capacity LP (docs/planning.md section 1): minimise n over
+    X <= n;  Ym <= (B - 1) X;  Ys + B X <= B n;  mu_p X + theta Qp = Lambda;  mu_p X = mu_m Ym + mu_s Ys;
+    mu_p X / Lambda >= s.
+Served s = 0.99: X >= 0.99 * 10 / 25 = 0.396, and n is smallest at X = 0.396 (a larger X only adds
+decode work). Output tokens per second at the bound: mu_p X D = 9.9 D (every prefilled request
+completes: the capacity LP keeps no decode buffer). Cost per hour: ceil(n*) * price; per million output
+tokens: cost per hour / (tokens per second * 3600 / 1e6).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fluidopt.fluid.capacity import fluid_fleet_bound
+from fluidopt.fluid.sli import MinServedFraction
+from fluidopt.model import GPUProfile, RequestClass, Scenario
+from fluidopt.plan import PlanSLIs, fluid_plan_slis, plan
+
+PRICE = 2.0
+
+
+def one_class(decode: float = 5.0, rate: float = 10.0, price: float | None = PRICE, batch: int = 4) -> Scenario:
+    gpu = GPUProfile(alpha=0.01, beta=0.001, tau_solo=0.005, chunk=10, batch=batch, price_per_hour=price,
+                     name="hand-gpu")
+    cl = (RequestClass("a", prompt=20.0, decode=decode, rate=rate, patience=1.0),)
+    return Scenario(gpu=gpu, gpus=1, classes=cl, prefill_price=1.0, decode_price=1.0, name="one-class")
+
+
+def test_prefill_bound_fleet_tokens_and_cost_by_hand():
+    """D = 5: mixed decode capacity (B - 1) X mu_m = 3 * 0.396 * 10 = 11.88 >= 9.9 decodes/s, so the
+    decodes fit on the prefilling GPU and n* = X = 0.396; ceil -> 1 GPU."""
+    res = plan(one_class(decode=5.0), PlanSLIs(served=0.99), fluid_only=True)
+    row = res.table.iloc[0]
+    assert row["n_fluid"] == pytest.approx(0.396, rel=1e-7)
+    assert row["n_fluid_int"] == 1 and math.isnan(row["n_sim"]) and math.isnan(row["correction"])
+    assert row["binding"] == "served_fraction[a]"
+    assert row["output_tokens_per_s"] == pytest.approx(9.9 * 5, rel=1e-7)  # 49.5 tokens/s
+    assert row["price_per_gpu_hour"] == PRICE
+    assert row["cost_per_hour"] == pytest.approx(1 * PRICE)
+    # 2.00 per hour / (49.5 tokens/s * 3600 s / 1e6) = 2 / 0.1782 = 11.2233... per million output tokens
+    assert row["cost_per_million_output_tokens"] == pytest.approx(2.0 / 0.1782, rel=1e-7)
+    assert bool(row["cheapest"]) is True
+
+
+def test_decode_bound_fleet_tokens_and_cost_by_hand():
+    """D = 100: mu_m = 0.5, mu_s = 2. The prefilling GPU's B - 1 = 3 mixed slots decode 3 * 0.396 * 0.5 =
+    0.594 requests/s; the other 9.306/s need Ys = 4.653 solo-decoding slots; solo capacity
+    Ys + B X <= B n gives n* = (4.653 + 4 * 0.396) / 4 = 1.55925 -> 2 GPUs. Tokens 9.9 * 100 = 990/s;
+    cost 2 * 2.00 = 4.00 per hour, 4 / (990 * 3600 / 1e6) = 1.12233... per million."""
+    res = plan(one_class(decode=100.0), PlanSLIs(served=0.99), fluid_only=True)
+    row = res.table.iloc[0]
+    assert row["n_fluid"] == pytest.approx(1.55925, rel=1e-7)
+    assert row["n_fluid_int"] == 2
+    assert row["output_tokens_per_s"] == pytest.approx(990.0, rel=1e-7)
+    assert row["cost_per_hour"] == pytest.approx(4.0)
+    assert row["cost_per_million_output_tokens"] == pytest.approx(4.0 / 3.564, rel=1e-7)
+    assert "solo_decode_capacity" in row["binding_rows"].split(";")
+
+
+def test_growth_scales_tokens_and_the_bound_exactly():
+    """Demand x3: n* = 3 * 0.396 = 1.188 -> 2 GPUs; tokens 3 * 49.5 = 148.5/s; cost 4.00 per hour,
+    4 / (148.5 * 0.0036) per million; the cheaper of two profiles is marked at each growth factor."""
+    sc = one_class(decode=5.0)
+    dear = replace(sc.gpu, price_per_hour=3.0, name="dear")
+    res = plan(sc, PlanSLIs(served=0.99), profiles=[sc.gpu, dear], growth=[1, 3], fluid_only=True)
+    t = res.table.set_index(["profile", "growth"])
+    r = t.loc[("hand-gpu", 3.0)]
+    assert r["n_fluid"] == pytest.approx(1.188, rel=1e-7) and r["n_fluid_int"] == 2
+    assert r["output_tokens_per_s"] == pytest.approx(148.5, rel=1e-7)
+    assert r["cost_per_million_output_tokens"] == pytest.approx(4.0 / (148.5 * 3600 / 1e6), rel=1e-7)
+    assert t.loc[("dear", 1.0), "cost_per_hour"] == pytest.approx(3.0)
+    assert t.loc[("dear", 3.0), "cost_per_million_output_tokens"] == pytest.approx(6.0 / (148.5 * 0.0036), rel=1e-7)
+    assert bool(t.loc[("hand-gpu", 1.0), "cheapest"]) and not bool(t.loc[("dear", 1.0), "cheapest"])
+    assert bool(t.loc[("hand-gpu", 3.0), "cheapest"]) and not bool(t.loc[("dear", 3.0), "cheapest"])
+
+
+def test_unpriced_profile_has_no_cost_columns():
+    res = plan(one_class(price=None), PlanSLIs(served=0.99), fluid_only=True, require_price=False)
+    row = res.table.iloc[0]
+    assert row["output_tokens_per_s"] == pytest.approx(49.5, rel=1e-7)
+    assert math.isnan(row["cost_per_hour"]) and math.isnan(row["cost_per_million_output_tokens"])
+    assert math.isnan(row["price_per_gpu_hour"]) and not bool(row["cheapest"])
+
+
+def test_cli_fluid_only_json_reports_the_hand_numbers(tmp_path, capsys):
+    from fluidopt.cli import main
+
+    toml = tmp_path / "one.toml"
+    toml.write_text(
+        'name = "one-class"\n'
+        "[gpu]\nalpha = 0.01\nbeta = 0.001\ntau_solo = 0.005\nchunk = 10\nbatch = 4\nprice_per_hour = 2.0\n"
+        "[cluster]\ngpus = 1\n"
+        '[[classes]]\nname = "a"\nprompt = 20\ndecode = 5\nrate = 10.0\npatience = 1.0\n', encoding="utf-8")
+    rc = main(["plan", str(toml), "--fluid-only", "--served", "0.99", "--json"])
+    d = json.loads(capsys.readouterr().out)
+    assert rc == 0 and len(d["fleets"]) == 1
+    f = d["fleets"][0]
+    assert f["n_fluid"] == pytest.approx(0.396, rel=1e-7) and f["n_fluid_int"] == 1
+    assert f["output_tokens_per_s"] == pytest.approx(49.5, rel=1e-7)
+    assert f["cost_per_million_output_tokens"] == pytest.approx(2.0 / 0.1782, rel=1e-7)
+
+
+def test_mean_ttft_becomes_a_prefill_wait_by_hand():
+    """--ttft 0.5 s: class a's prefill takes P/C = 2 iterations of 0.02 s = 0.04 s, so its mean prefill
+    wait is bounded by 0.46 s; Little's law: Qp <= 0.46 * Lambda."""
+    sc = one_class()
+    slis = fluid_plan_slis(sc, PlanSLIs(served=0.99, ttft=0.5))
+    waits = [s for s in slis if type(s).__name__ == "MaxPrefillWait"]
+    assert len(waits) == 1 and waits[0].cls == "a" and waits[0].seconds == pytest.approx(0.46)
+
+
+@settings(max_examples=15, deadline=None, derandomize=True)
+@given(decode=st.floats(1.0, 300.0), rate=st.floats(0.5, 50.0), served=st.floats(0.5, 1.0))
+def test_one_class_bound_and_tokens_match_the_closed_form(decode, rate, served):
+    """For any one-class instance: X = s Lambda / mu_p; n* = max(X, X + (s Lambda - 3 X mu_m)+ / (B mu_s))
+    (mixed slots first, the rest solo, each solo slot-row B n >= Ys + B X); tokens = s Lambda D."""
+    sc = one_class(decode=decode, rate=rate)
+    mu_p, mu_m, mu_s = 25.0, 1.0 / (decode * 0.02), 200.0 / decode
+    X = served * rate / mu_p
+    rest = max(0.0, served * rate - 3 * X * mu_m)
+    n_star = X + rest / mu_s / 4
+    fb = fluid_fleet_bound(sc, [MinServedFraction("a", served)])
+    assert fb.gpus == pytest.approx(n_star, rel=1e-6)
+    res = plan(sc, PlanSLIs(served=served), fluid_only=True)
+    row = res.table.iloc[0]
+    assert row["output_tokens_per_s"] == pytest.approx(served * rate * decode, rel=1e-6)
+    n_int = math.ceil(n_star - 1e-9 * max(1.0, n_star))
+    if abs(n_star - round(n_star)) > 1e-6:
+        assert row["n_fluid_int"] == n_int
+        assert row["cost_per_million_output_tokens"] == pytest.approx(
+            n_int * PRICE / (served * rate * decode * 3600 / 1e6), rel=1e-6)
