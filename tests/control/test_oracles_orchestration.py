@@ -122,3 +122,170 @@ def test_the_orchestrators_throughputs_by_hand():
     assert (q.b_int, q.b_bat) == (B_MIX, 63)
     assert q.mu_mix == pytest.approx(MU_MIX, rel=1e-12) and q.mu_bat == pytest.approx(MU_BAT, rel=1e-12)
     assert q.ttft_pre == pytest.approx([2 * TAU_MIX, 2 * TAU_MIX])
+
+
+# -- the orchestrators' other decisions (mutation survivors of orchestration.py, issue 35) ---------------
+
+
+def test_split_classes_takes_one_name_as_a_string():
+    from fluidopt.control.orchestration import split_classes
+
+    # naming the deadline-free class as the batch class (not the default split)
+    assert split_classes(scenario(), "interactive") == ([1], [0])
+    assert split_classes(scenario()) == ([0], [1])
+
+
+def test_head_of_several_classes_is_the_earliest_arrival():
+    sc = Scenario(gpu=GPU, gpus=2, classes=(*scenario().classes, RequestClass("chat", prompt=100, decode=50, rate=1.0)),
+                  name="three")
+    q = make_controller("qlm", sc)
+    st = HandState(2, 10.0, {}, {0: (4, 7.5), 2: (5, 3.0)})
+    assert q.inter == [0, 2] and q.head_of(st, PREFILL_QUEUE, q.inter) == 5
+    st = HandState(2, 10.0, {}, {0: (4, 2.5), 2: (5, 3.0)})
+    assert q.head_of(st, PREFILL_QUEUE, q.inter) == 4
+    assert q.head_of(HandState(2, 10.0, {}, {}), PREFILL_QUEUE, q.inter) == -1
+
+
+def test_chiron_and_autoscaler_options():
+    from fluidopt.errors import ScenarioError
+
+    c = make_controller("chiron", scenario(), interactive_gpus=0)
+    assert c.n_int == 0 and c.int_scaling is True
+    with pytest.raises(ScenarioError, match="interactive_gpus"):
+        make_controller("chiron", scenario(), interactive_gpus=-1)
+    ua = make_controller("utilisation-autoscaler", scenario())
+    assert (ua.up, ua.down, ua.step, ua.min_gpus, ua.bsize) == (0.8, 0.3, 0.25, 1, B_MIX)
+    with pytest.raises(ScenarioError, match="utilisation-autoscaler: step: expected"):
+        make_controller("utilisation-autoscaler", scenario(), step=0)
+
+
+class UAState:
+    """What the utilisation autoscaler reads and does, recorded: per-GPU requests, online GPUs."""
+
+    def __init__(self, load, online=None, queued=None):
+        self.load, self.n_gpus = load, len(load)
+        self.online = list(range(len(load))) if online is None else online
+        self.queued = queued or {}
+        self.log = []
+
+    def set_pool(self, gpus, pool, max_decodes=None):
+        pass
+
+    def instance_queue(self, g):
+        return 100 + g
+
+    def fleet_online(self):
+        return list(self.online)
+
+    def gpu_online(self, g):
+        return g in self.online
+
+    def instance_requests(self, g):
+        return self.load[g]
+
+    def enqueue(self, r, q, front=False):
+        self.log.append(("enqueue", r, q, front))
+
+    def queue_requests(self, q):
+        return list(self.queued.get(q, []))
+
+    def drain_gpu(self, g):
+        self.log.append(("drain", g))
+        self.online.remove(g)
+
+    def add_gpu(self, g=None):
+        self.log.append(("add", g))
+
+    def qlen(self, *a):
+        return 0
+
+    def gpu_prefill(self, g):
+        return 0  # busy: nothing admitted
+
+
+def _ua(fleet: bool = True):
+    from fluidopt.model import Fleet
+
+    sc = scenario(4)
+    if fleet:
+        from dataclasses import replace
+
+        sc = replace(sc, fleet=Fleet(initial=2, startup_delay=10.0))
+    return make_controller("utilisation-autoscaler", sc)
+
+
+def test_a_preempted_request_goes_back_to_the_front_of_its_own_instance():
+    ua = _ua()
+    st = UAState([5, 0, 3, 9])
+    ua.setup(st)
+    ua.on_preempt(st, 42, 0)  # GPU 0 is online: its own queue, although GPU 1 is emptier
+    assert st.log == [("enqueue", 42, 100, True)]
+    st = UAState([5, 0, 3, 9], online=[2, 3])
+    ua.setup(st)
+    ua.on_preempt(st, 43, 0)  # GPU 0 went offline: the least-loaded online instance
+    assert st.log == [("enqueue", 43, 102, True)]
+
+
+def test_draining_the_least_loaded_instance_redispatches_its_queue():
+    ua = _ua()
+    st = UAState([1, 0, 1, 1], online=[0, 1, 2], queued={101: [7, 8]})
+    ua.setup(st)
+    ua.on_tick(st)  # utilisation 2 / (3 x 36) < 0.3: drain GPU 1, its two queued requests to the others
+    assert st.log[0] == ("drain", 1)
+    assert st.log[1:] == [("enqueue", 7, 100, False), ("enqueue", 8, 100, False)]
+    busy = UAState([40, 40, 40, 40], online=[0, 1])
+    ua.setup(busy)
+    ua.on_tick(busy)  # 80 / (2 x 36) > 0.8: add ceil(0.25 x 2) = 1 instance
+    assert busy.log == [("add", None)]
+
+
+def test_qlm_starts_an_arrival_on_gpu_0():
+    """One GPU: QLM must start work on GPU 0 at arrival (nothing else would ever start it)."""
+    import pandas as pd
+
+    from fluidopt.sim.api import simulate
+    from fluidopt.sim.workload import TraceWorkload
+
+    sc = Scenario(gpu=GPU, gpus=1, classes=scenario().classes, name="qlm-one")
+    wl = TraceWorkload(pd.DataFrame({"time": [0.5, 1.0], "prompt": [300, 300], "output": [20, 20], "cls": [0, 1]}),
+                       sc.class_names)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = simulate(sc, "qlm", horizon=30.0, service="tokens", workload=wl, seed=0, progress=False)
+    assert res.totals["completed"] == 2
+
+
+def test_chiron_types_its_interactive_spares_and_base_with_the_itl_safe_limit():
+    from fluidopt.sim.api import make_engine
+
+    from .test_orchestration import workflow
+
+    sc, wl = workflow()  # 10 GPUs, 4 online: 1 interactive, 3 mixed; 2 offline spares typed interactive
+    ctrl = make_controller("chiron", sc, interactive_spares=2)
+    eng = make_engine(sc, ctrl, horizon=5.0, seed=3, service="tokens", workload=wl)
+    eng.start()
+    # pools (0 interactive, 1 mixed, 2 batch) and batch limits (offline GPUs: 0 until added)
+    assert [(eng.gpu_pool(g), eng.gpu_max_decodes(g)) for g in range(10)] == (
+        [(0, ctrl.b_int)] + [(1, ctrl.b_int)] * 3 + [(2, 0)] * 4 + [(0, 0)] * 2)
+    assert ctrl._spares(0, 4) == 0 and ctrl._spares(6, 4) == 2
+    off = make_controller("chiron", sc, interactive_scaling=False, interactive_spares=2)
+    assert off._spares(6, 4) == 0
+
+
+@pytest.mark.parametrize("pol", ["fluid-plan", "chiron"])
+def test_batch_autoscalers_meet_the_deadline_without_running_every_gpu(pol):
+    """The small workflow (function-scoped, so that mutation testing attributes each run to this test):
+    the backlog is done by its deadline, batch instances are added and drained again, and the
+    fleet-hours stay below the whole fleet's for the whole run (10 GPUs x 450 s = 1.25 GPU-hours)."""
+    from fluidopt.sim.api import simulate
+
+    from .test_orchestration import workflow
+
+    sc, wl = workflow()
+    res = simulate(sc, pol, horizon=450.0, seed=3, service="tokens", workload=wl, check=False)
+    assert res.per_class.loc["batch", "slo_attainment"] == 1.0
+    log = res.meta["fleet_log"]
+    assert log["gpus"].max() > 4 and log["online"].iloc[-1] == 4
+    assert res.gpu_hours < 0.75 * 10 * 450.0 / 3600.0

@@ -114,3 +114,17 @@ def test_a_longer_context_never_raises_a_batch_limit(itl, ctx, more):
     assert b == my_limit(itl, ctx)
     assert largest_batch(GPU, itl, ctx + more) <= b
     assert largest_batch(GPU, itl * 1.5, ctx) >= b  # a looser ITL never lowers it
+
+
+def test_the_first_stage_serves_batch_work_as_early_as_possible():
+    """Without levelling, the tiny cost on late service picks, among the equally cheap schedules, the one
+    that serves the backlog first: all of it in the first slot of its window."""
+    fp = plan_fleet(scenario(), [BacklogJob("batch", 500.0, 60.0, 240.0)], start=0.0, end=240.0, slot=60.0,
+                    interactive_rate=0.0, level=False)
+    assert fp.served_batch == pytest.approx([0.0, 500.0, 0.0, 0.0], abs=1e-6)
+    assert fp.batch[1] == pytest.approx(500.0 / (60.0 * fp.mu_bat), rel=1e-7)
+    # levelled: spread evenly over slots 1-3, the same GPU-hours
+    lv = plan_fleet(scenario(), [BacklogJob("batch", 500.0, 60.0, 240.0)], start=0.0, end=240.0, slot=60.0,
+                    interactive_rate=0.0, level=True)
+    assert lv.batch == pytest.approx([0.0] + [500.0 / (180.0 * fp.mu_bat)] * 3, rel=1e-6)
+    assert lv.gpu_hours == pytest.approx(fp.gpu_hours, rel=1e-8)

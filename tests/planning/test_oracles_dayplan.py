@@ -148,3 +148,26 @@ def test_gpu_hours_never_rise_with_a_later_deadline_or_more_gpus(rates, n, at, d
     h_big = hours(dl, nmax + more)
     assert h_late <= h0 * (1 + 1e-7) + 1e-9
     assert h_big <= h0 * (1 + 1e-7) + 1e-9
+
+
+def test_the_reported_summary_and_rows():
+    N = 3 * H * MU_BAT * 2.0
+    day = plan_day(day_scenario(), [2.0] * 6, slot=H, backlogs=[("batch", N, 9000.0)])
+    d = day.to_dict()
+    assert d["slot_seconds"] == H and d["slots"] == 6 and d["hours"] == pytest.approx(6.0)
+    assert d["throughput_per_gpu"] == pytest.approx({"interactive": MU_INT, "batch_on_base": MU_MIX,
+                                                     "batch_instance": MU_BAT}, rel=1e-12)
+    assert d["gpu_hours"] == pytest.approx(day.gpu_hours) and d["cost_int"] == pytest.approx(18.0)
+    f = day.to_frame()
+    assert list(f.columns) == ["t_start", "rate", "gpus", "gpus_int", "base_gpus", "batch_gpus", "interactive_gpus",
+                               "served_batch_requests", "binding"]
+    assert f["base_gpus"].to_numpy() == pytest.approx([2.0 / MU_INT] * 6, rel=1e-6)
+    assert f["served_batch_requests"].sum() == pytest.approx(N, rel=1e-7)
+    assert d["per_slot"][2]["binding"] == "deadline:batch" and d["per_slot"][0]["t_start"] == 0.0
+
+
+def test_plan_day_names_a_bad_scenario():
+    from fluidopt.errors import ScenarioError
+
+    with pytest.raises(ScenarioError, match="plan_day: scenario: expected a Scenario, got str"):
+        plan_day("day.toml", [1.0])

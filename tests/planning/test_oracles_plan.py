@@ -143,3 +143,111 @@ def test_one_class_bound_and_tokens_match_the_closed_form(decode, rate, served):
         assert row["n_fluid_int"] == n_int
         assert row["cost_per_million_output_tokens"] == pytest.approx(
             n_int * PRICE / (served * rate * decode * 3600 / 1e6), rel=1e-6)
+
+
+# -- the rest of what plan reports (mutation survivors of fluidopt/plan.py, issue 35) -------------------
+
+
+def test_simulation_window_by_hand():
+    """warm-up 3 T (at least 60 s), then 10 T (at least 300 s), T = the largest D_i times the slower of
+    tau_mix and tau_solo; both scaled by ``scale``."""
+    from fluidopt.plan import simulation_window
+
+    # T = 5 * 0.02 = 0.1 s: the floors apply
+    assert simulation_window(one_class(decode=5.0)) == (360.0, 60.0)
+    # D = 2000: T = 2000 * 0.02 = 40 s -> warm-up 120, measured 400
+    assert simulation_window(one_class(decode=2000.0)) == pytest.approx((520.0, 120.0))
+    assert simulation_window(one_class(decode=2000.0), scale=0.5) == pytest.approx((260.0, 60.0))
+    # tau_solo the slower (0.05 s > tau_mix 0.02): T = 2000 * 0.05 = 100 -> 300 + 1000
+    slow = replace(one_class(decode=2000.0), gpu=replace(one_class().gpu, tau_solo=0.05))
+    assert simulation_window(slow) == pytest.approx((1300.0, 300.0))
+
+
+def test_each_probe_runs_on_a_fleet_of_that_size_named_after_it():
+    from fluidopt.plan import _on_fleet
+
+    s = _on_fleet(one_class(), 7)
+    assert s.gpus == 7 and s.name == "one-class-n7" and s.classes == one_class().classes
+
+
+class _Recording:
+    """An executor that runs the jobs here and counts them."""
+
+    name, workers = "recording", 1
+
+    def __init__(self):
+        self.jobs = 0
+
+    def imap(self, fn, jobs):
+        jobs = list(jobs)
+        self.jobs += len(jobs)
+        for k, j in enumerate(jobs):
+            yield k, fn(j)
+
+    def close(self):
+        pass
+
+    def describe(self):
+        return "recording"
+
+
+def test_the_search_runs_on_the_given_executor_and_reports_it():
+    sc = one_class()
+    rec = _Recording()
+    res = plan(sc, PlanSLIs(served=0.5), seeds=2, horizon=40.0, warmup=10.0, executor=rec, policy="fcfs")
+    assert rec.jobs >= 2 and res.meta["executor"] == "recording" and res.meta["fluid_only"] is False
+    assert res.table.iloc[0]["n_sim"] >= 1
+    # without one: a local pool of min(cores, seeds) workers, here one seed -> one worker
+    one = plan(sc, PlanSLIs(served=0.5), seeds=1, horizon=40.0, warmup=10.0, policy="fcfs")
+    assert one.meta["executor"] == "local (1 worker)"
+    fo = plan(sc, PlanSLIs(served=0.5), fluid_only=True)
+    assert fo.meta["fluid_only"] is True and fo.meta["executor"] is None and fo.to_dict()["fluid_only"] is True
+
+
+def test_figure_draws_mean_bound_target_and_fluid_bound():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import pandas as pd
+
+    from fluidopt.plan import PlanResult
+
+    table = pd.DataFrame([{"profile": "p", "growth": 1.0, "n_fluid": 2.5, "cost_per_hour": 1.0}])
+    curves = pd.DataFrame([{"profile": "p", "growth": 1.0, "n": n, "metric": "served", "class": "a", "mean": m,
+                            "bound": b, "target": 0.9, "met": b >= 0.9}
+                           for n, m, b in ((3, 0.85, 0.8), (4, 0.95, 0.93))])
+    fig = PlanResult(table=table, curves=curves, slis=PlanSLIs(served=0.9), policy="fcfs", seeds=2).figure()
+    ax = fig.axes[0]
+    mean_line = ax.lines[0]
+    assert list(mean_line.get_xdata()) == [3, 4] and list(mean_line.get_ydata()) == [0.85, 0.95]
+    assert mean_line.get_markersize() == 4
+    # the shaded band runs between the mean and the bound
+    verts = ax.collections[0].get_paths()[0].vertices
+    ys = {round(float(y), 6) for y in verts[:, 1]}
+    assert {0.8, 0.93, 0.85, 0.95} <= ys
+    assert any(list(ln.get_xdata()) == [2.5, 2.5] for ln in ax.lines)  # the fluid bound
+    assert ax.get_title() == "p, demand x1"
+
+
+def test_fleet_bound_duals_and_report():
+    """n* = s Lambda / mu_p = 0.4 s on the prefill-bound instance: d n* / d s = 0.4 (the served-fraction
+    row's dual); on the decode-bound one n* is linear in s too: 1.55925 / 0.99."""
+    fb = fluid_fleet_bound(one_class(decode=5.0), [MinServedFraction("a", 0.99)])
+    assert fb.duals["served_fraction[a]"] == pytest.approx(0.4, rel=1e-7)
+    assert fb.x == pytest.approx([1.0]) and fb.q_prefill == pytest.approx([0.1 / 0.396], rel=1e-6)
+    d = fb.to_dict()
+    assert d["gpus"] == pytest.approx(0.396) and d["gpus_int"] == 1 and d["slis"] == ["served:a=0.99"]
+    assert d["binding"][0] == "served_fraction[a]" and d["binding_sli"] == "served_fraction[a]"
+    fb2 = fluid_fleet_bound(one_class(decode=100.0), [MinServedFraction("a", 0.99)])
+    assert fb2.duals["served_fraction[a]"] == pytest.approx(1.55925 / 0.99, rel=1e-6)
+
+
+def test_an_unattainable_tpot_names_the_profile():
+    from fluidopt.errors import ScenarioError
+    from fluidopt.fluid.sli import TPOT
+
+    with pytest.raises(ScenarioError, match=r"solo decode time is 0.005 s per token \(1/gamma, profile hand-gpu\)"):
+        fluid_fleet_bound(one_class(), [MinServedFraction("a", 0.9), TPOT(0.004)])
+    anon = replace(one_class(), gpu=replace(one_class().gpu, name=None))
+    with pytest.raises(ScenarioError, match=r"profile custom\)"):
+        fluid_fleet_bound(anon, [MinServedFraction("a", 0.9), TPOT(0.005)])

@@ -115,3 +115,59 @@ def T_975(n: int) -> float:
     from scipy import stats
 
     return float(stats.t.ppf(0.975, n - 1))
+
+
+# -- evaluate(), run_episode(), policy_options() on a tiny scenario (mutation survivors, issue 35) --------
+
+
+def _tiny():
+    from .conftest import tiny_scenario
+
+    return tiny_scenario()
+
+
+def test_evaluate_draws_the_episodes_and_reports_every_column():
+    from fluidopt.rl.core import episode_seed
+    from fluidopt.rl.evaluate import evaluate
+
+    df = evaluate(_tiny(), ["round-robin", "jsq"], episodes=2, n_requests=25, seed=4)
+    assert len(df) == 4 and list(df.policy) == ["round-robin", "jsq", "round-robin", "jsq"]
+    assert list(df.columns) == ["policy", "episode", "seed", "e2e_mean", "ttft_mean", "tpot_mean", "e2e_p99",
+                                "preemptions", "router_wait_mean", "completed", "requests", "t_end", "wall_seconds"]
+    assert (df.requests == 25).all() and (df.completed == 25).all()
+    assert list(df.seed) == [episode_seed(4, 0)] * 2 + [episode_seed(4, 1)] * 2
+    assert df.router_wait_mean.isna().all()  # the heuristic routers do not wait
+    assert (df.tpot_mean > 0).all() and (df.e2e_mean >= df.ttft_mean).all()
+
+
+def test_evaluate_hands_each_policy_its_own_options():
+    from fluidopt.errors import UsageError
+    from fluidopt.rl.evaluate import evaluate
+
+    with pytest.raises(UsageError, match="bogus"):
+        evaluate(_tiny(), ["round-robin"], episodes=1, n_requests=5, options={"round-robin": {"bogus": 1}})
+
+
+def test_policy_options_seed_the_predictions():
+    from fluidopt.rl.evaluate import policy_options
+
+    jsq = policy_options("jsq", 7, accuracy=0.5)
+    assert jsq["predictor"].bp.seed == 7 and jsq["predictor"].bp.accuracy == (0.5,)
+    rl = policy_options("wa-rl", 9, accuracy=0.6, extra={"x": 1})
+    assert rl == {"x": 1, "predictor_seed": 9, "accuracy": 0.6}
+    assert policy_options("round-robin", 9) == {}
+
+
+def test_run_episode_stops_once_every_request_is_resolved():
+    import pandas as pd
+
+    from fluidopt.rl.evaluate import run_episode
+    from fluidopt.sim.workload import TraceWorkload
+
+    sc = _tiny()
+    wl = TraceWorkload(pd.DataFrame({"time": [0.0, 1.0, 2.0], "prompt": [50, 50, 50], "output": [20, 20, 20],
+                                     "cls": [0, 0, 0]}), sc.class_names)
+    res = run_episode(sc, "round-robin", wl, seed=1)
+    assert res.totals["completed"] == 3
+    # checked every 5 s after the last arrival: done by 5 s, not run on to the 3,600 s drain cap
+    assert res.t_end <= 2.0 + 5.0 + 1e-9

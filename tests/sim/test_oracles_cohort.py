@@ -143,3 +143,40 @@ def test_engine_cohort_matches_a_second_implementation_from_its_records(tmp_path
     assert c["cohort_revenue_per_gpu_ci"] == pytest.approx(
         stats.t.ppf(0.975, 4) * per.std(ddof=1) / math.sqrt(5), rel=1e-9)
     assert c["cohort_arrived"] == len(coh) and c["cohort_completed"] == int(done.sum())
+
+
+def test_a_request_just_before_the_horizon_falls_in_the_last_slice():
+    """(arrival - warmup) / L can round up to K for an arrival one ulp before the horizon
+    (0.9999999999999999 / (1/3) = 3.0): it belongs to the last of the K slices, not past them."""
+    df = pd.DataFrame({"class": ["a", "a"], "arrival": [0.1, 0.9999999999999999], "prompt": [10, 10],
+                       "output": [10, 10], "outcome": ["completed", "completed"], "end": [0.5, 1.5],
+                       "ttft": [0.1, 0.1]})
+    m = cohort_from_records(df, _scenario(gpus=1), warmup=0.0, horizon=1.0, service="tokens", batches=3)
+    # 3 per request (1 + 2); slices 3 / (1/3) = 9, 0, 9 per GPU-second
+    assert m["cohort_revenue_per_gpu"] == pytest.approx(6.0)
+    assert m["cohort_revenue_per_gpu_ci"] == pytest.approx(
+        4.302652729911275 * np.std([9.0, 0.0, 9.0], ddof=1) / math.sqrt(3), rel=1e-9)
+
+
+def test_records_of_unknown_classes_and_the_per_class_index():
+    from fluidopt.errors import UsageError
+
+    df = _records()
+    df.loc[0, "class"] = "zz"
+    with pytest.raises(UsageError, match=r"cohort_from_records: classes \['zz'\] are not the scenario's \['a'\]"):
+        cohort_from_records(df, _scenario(), warmup=2.0, horizon=10.0)
+    m = cohort_from_records(_records(), _scenario(), warmup=2.0, horizon=10.0, batches=4)
+    assert m["per_class"].index.name == "class" and list(m["per_class"].index) == ["a"]
+    assert m["per_class"].loc["a", "arrived"] == 7 and m["per_class"].loc["a", "completed"] == 4
+
+
+def test_an_undrained_cohort_warns_at_the_callers_line():
+    from fluidopt.sim.api import simulate
+    from fluidopt.sim.cohort import CohortWarning
+
+    sc = Scenario(gpu=_scenario().gpu, gpus=1, classes=(RequestClass("a", prompt=100, decode=2000, rate=5.0),),
+                  prefill_price=CP, decode_price=CD, name="undrained")
+    with pytest.warns(CohortWarning, match="were still in the system 1 s after the horizon") as rec:
+        res = simulate(sc, "fcfs", horizon=20.0, warmup=5.0, seed=1, service="tokens", drain=1.0, progress=False)
+    assert rec[0].filename == __file__
+    assert res.cluster["cohort_drained"] is False and res.cluster["cohort_unresolved"] > 0
