@@ -289,3 +289,24 @@ def test_batch_autoscalers_meet_the_deadline_without_running_every_gpu(pol):
     log = res.meta["fleet_log"]
     assert log["gpus"].max() > 4 and log["online"].iloc[-1] == 4
     assert res.gpu_hours < 0.75 * 10 * 450.0 / 3600.0
+
+
+def test_fluid_plan_measures_its_batch_instance_seconds():
+    """The fluid-plan controller re-plans with a measured batch rate: batch requests done over the batch
+    instances' GPU-seconds, counted per tick as (online batch instances) x tick. Those GPU-seconds are
+    the area of the fleet log's online count above the 4-GPU base (batch instances start on tick times)."""
+    from fluidopt.sim.api import make_engine
+
+    from .test_orchestration import workflow
+
+    sc, wl = workflow()
+    ctrl = make_controller("fluid-plan", sc)
+    eng = make_engine(sc, ctrl, horizon=450.0, seed=3, service="tokens", workload=wl)
+    eng.start()
+    eng.advance()
+    res = eng.finish()
+    log = res.meta["fleet_log"]
+    t = list(log["time"]) + [450.0]
+    area = sum(max(0, on - 4) * (t[k + 1] - t[k]) for k, on in enumerate(log["online"]))
+    assert area > 100 and ctrl.batch_gpu_s == pytest.approx(area, abs=2 * ctrl.tick_interval)
+    assert ctrl.plans and all(gh > 0 for _, gh in ctrl.plans)
