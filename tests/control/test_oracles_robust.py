@@ -82,11 +82,13 @@ def test_staffing_charges_the_other_b_minus_1_slots_of_a_busy_prefill_gpu():
     assert off.plan_mixed_gpus(n) == M
 
 
-@pytest.mark.parametrize("n", [30, 35])
+@pytest.mark.parametrize("n", [19, 30, 35])
 def test_staffing_level_matches_the_hand_rule_at_other_fleet_sizes(n):
     s, sol = instance(n)
     M, extra = hand_staffing(s, sol, n, s.gpu.batch - 1)
     assert make_controller("staffed-prioritize-and-route", s, plan=sol).plan_mixed_gpus(n) == M + extra
+    if n == 19:  # here charging B - 2 slowed decodes would staff one more GPU than B - 1
+        assert extra == 0 and hand_staffing(s, sol, n, s.gpu.batch - 2)[1] == 1
 
 
 def test_my_erlang_a_agrees_with_closed_cases():
