@@ -98,3 +98,26 @@ def test_my_erlang_a_agrees_with_closed_cases():
     pk = [math.exp(-3) * 3 ** k / math.factorial(k) for k in range(80)]
     want = sum((k - 2) * p for k, p in enumerate(pk) if k > 2) * mu / lam
     assert p_abandon(lam, mu, 2, mu) == pytest.approx(want, rel=1e-9)
+
+
+@pytest.mark.parametrize("option", ["backpressure", "caps", "staffing", "overflow", "resolve", "elastic",
+                                    "elastic_slots", "coupled"])
+def test_a_non_boolean_switch_is_named(option):
+    from fluidopt.errors import ScenarioError
+
+    s = fluidopt.default_scenario().with_gpus(20)
+    with pytest.raises(ScenarioError, match=f"backpressure-gate-and-route: {option}: expected true or false, got 'yes'"):
+        make_controller("backpressure-gate-and-route", s, plan=solve_fluid(s), **{option: "yes"})
+
+
+def test_mixing_cost_is_gamma_times_tau():
+    """'a mixed iteration slows decodes' is gamma tau_mix > 1 (solo tokens per second times the mixed
+    iteration): 200 * 0.02 = 4 here, 20 * 0.03 = 0.6 on a GPU whose solo decode is slow."""
+    from fluidopt import GPUProfile, RequestClass, Scenario
+
+    for tau_solo, tau_mix, want in ((0.005, 0.02, 4.0), (0.05, 0.03, 0.6)):
+        gpu = GPUProfile(alpha=tau_mix - 0.001 * 10, beta=0.001, tau_solo=tau_solo, chunk=10, batch=4)
+        s = Scenario(gpu=gpu, gpus=4, classes=(RequestClass("a", prompt=20, decode=5, rate=2.0, patience=0.5),),
+                     prefill_price=1.0, decode_price=1.0)
+        c = make_controller("backpressure-gate-and-route", s, plan=solve_fluid(s))
+        assert c._gamma_tau == pytest.approx(want, rel=1e-9)
