@@ -310,3 +310,14 @@ def test_fluid_plan_measures_its_batch_instance_seconds():
     area = sum(max(0, on - 4) * (t[k + 1] - t[k]) for k, on in enumerate(log["online"]))
     assert area > 100 and ctrl.batch_gpu_s == pytest.approx(area, abs=2 * ctrl.tick_interval)
     assert ctrl.plans and all(gh > 0 for _, gh in ctrl.plans)
+
+
+def test_class_defaults_and_an_all_batch_split():
+    from fluidopt.control.orchestration import Chiron, UtilisationAutoscaler
+
+    c = Chiron(scenario())
+    assert c.int_scaling is True and c.n_int >= 1
+    assert UtilisationAutoscaler(scenario()).step == 0.25
+    # every class named batch: no interactive load (its mean lengths default to 1 token), still builds
+    allb = make_controller("chiron", scenario(), batch_classes=["interactive", "batch"])
+    assert allb.inter == [] and allb.bat == [0, 1]
