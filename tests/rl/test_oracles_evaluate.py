@@ -171,3 +171,21 @@ def test_run_episode_stops_once_every_request_is_resolved():
     assert res.totals["completed"] == 3
     # checked every 5 s after the last arrival: done by 5 s, not run on to the 3,600 s drain cap
     assert res.t_end <= 2.0 + 5.0 + 1e-9
+
+
+def test_router_wait_is_read_from_the_episodes_controller(monkeypatch):
+    """A router that reports ``router_wait`` (total seconds its requests waited for a routing decision,
+    as the RL routers do): the row's router_wait_mean is that total over the episode's requests."""
+    from fluidopt.control import registry
+    from fluidopt.control.instance import RoundRobin
+    from fluidopt.rl.evaluate import evaluate
+
+    class WaitingRoundRobin(RoundRobin):
+        name = "waiting-round-robin"
+        router_wait = 3.0
+
+    registry.available()  # load the built-in policies first
+    monkeypatch.setitem(registry._REGISTRY, "waiting-round-robin",
+                        registry._Entry("waiting-round-robin", lambda scenario: WaitingRoundRobin(), "test router"))
+    df = evaluate(_tiny(), ["waiting-round-robin"], episodes=1, n_requests=12, seed=1)
+    assert df.router_wait_mean.tolist() == [pytest.approx(3.0 / 12)]
