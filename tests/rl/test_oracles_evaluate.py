@@ -189,3 +189,18 @@ def test_router_wait_is_read_from_the_episodes_controller(monkeypatch):
                         registry._Entry("waiting-round-robin", lambda scenario: WaitingRoundRobin(), "test router"))
     df = evaluate(_tiny(), ["waiting-round-robin"], episodes=1, n_requests=12, seed=1)
     assert df.router_wait_mean.tolist() == [pytest.approx(3.0 / 12)]
+
+
+def test_run_episode_waits_for_a_last_arrival_on_a_check_time():
+    """The last request arrives at 5.0 s, exactly when the loop checks (every 5 s): the episode is not
+    over until it has arrived and been served (the run stops only once now is past the last arrival)."""
+    import pandas as pd
+
+    from fluidopt.rl.evaluate import run_episode
+    from fluidopt.sim.workload import TraceWorkload
+
+    sc = _tiny()
+    wl = TraceWorkload(pd.DataFrame({"time": [0.0, 1.0, 5.0], "prompt": [50] * 3, "output": [20] * 3,
+                                     "cls": [0] * 3}), sc.class_names)
+    res = run_episode(sc, "round-robin", wl, seed=1)
+    assert res.totals["requests"] == 3 and res.totals["completed"] == 3 and res.t_end == 10.0
