@@ -87,3 +87,25 @@ def test_a_free_point_earns_nothing_and_has_no_ratio():
     assert free["lp_revenue_per_gpu"] == 0.0 and free["sim_revenue_per_gpu"] == 0.0
     assert math.isnan(free["ratio"]) and free["gap_per_gpu"] == 0.0
     assert df.iloc[1]["lp_revenue_per_gpu"] == pytest.approx(0.1 * (2 * 20 + 1 * 40), rel=1e-7)
+
+
+def test_grid_figure_shows_each_grid_value_on_its_own_scale():
+    """One heatmap per (pricing, column): its pixels are the grid's values (decode price up, prefill price
+    across), revenue on its own scale, served fractions on [0, 1]."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import numpy as np
+    import pandas as pd
+
+    from fluidopt.pricing import grid_figure
+
+    rows = [{"pricing": "bundled", "prefill_price": cp, "decode_price": cd, "revenue_per_gpu": 10 * cp + cd,
+             "served[a]": 0.5 + cp / 4} for cp in (0.0, 1.0, 2.0) for cd in (0.0, 0.5)]
+    fig = grid_figure(pd.DataFrame(rows))
+    rev, served = fig.axes[0], fig.axes[1]  # (the colorbar axes come after the heatmaps)
+    img = rev.images[0]
+    assert np.asarray(img.get_array()).tolist() == [[0.0, 10.0, 20.0], [0.5, 10.5, 20.5]]
+    assert img.get_clim() == (0.0, 20.5) and tuple(img.get_extent()) == (0.0, 2.0, 0.0, 0.5)
+    assert served.images[0].get_clim() == (0.0, 1.0)
+    assert rev.get_title() == "bundled: revenue per GPU per s" and served.get_title() == "bundled: served fraction [a]"
