@@ -109,3 +109,21 @@ def test_grid_figure_shows_each_grid_value_on_its_own_scale():
     assert img.get_clim() == (0.0, 20.5) and tuple(img.get_extent()) == (0.0, 2.0, 0.0, 0.5)
     assert served.images[0].get_clim() == (0.0, 1.0)
     assert rev.get_title() == "bundled: revenue per GPU per s" and served.get_title() == "bundled: served fraction [a]"
+
+
+def test_pareto_figure_plots_revenue_against_the_bound_per_pricing():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import pandas as pd
+
+    from fluidopt.pricing import pareto_figure
+
+    df = pd.DataFrame({"sli": "tpot", "pricing": ["bundled"] * 2 + ["separate"] * 2, "bound": [0.03, 0.05] * 2,
+                       "revenue_per_gpu": [1.0, 2.0, 1.5, 2.5]})
+    ax = pareto_figure(df).axes[0]
+    assert [list(ln.get_ydata()) for ln in ax.lines] == [[1.0, 2.0], [1.5, 2.5]]
+    assert ax.lines[0].get_markersize() == 3 and ax.get_title() == "price of the tpot SLI"
+    assert ax.get_xlabel() == "TPOT bound (s per output token)"
+    leg = ax.get_legend()
+    assert [t.get_text() for t in leg.get_texts()] == ["bundled", "separate"] and leg.get_texts()[0].get_fontsize() == 8
