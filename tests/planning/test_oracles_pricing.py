@@ -127,3 +127,34 @@ def test_pareto_figure_plots_revenue_against_the_bound_per_pricing():
     assert ax.get_xlabel() == "TPOT bound (s per output token)"
     leg = ax.get_legend()
     assert [t.get_text() for t in leg.get_texts()] == ["bundled", "separate"] and leg.get_texts()[0].get_fontsize() == 8
+
+
+def test_separate_pricing_points_report_the_simulators_separate_revenue():
+    """pricing='separate': each point's simulated revenue is the run's separate-pricing revenue (c_p P at
+    the first prefill completion, c_d D at completion) at that point's prices, and the LP promise the
+    separate LP's; the same run's bundled revenue differs (window edges)."""
+    df = simulate_points(SC, [(0.1, 0.2)], policy="fcfs", pricing="separate", executor=LocalExecutor(1), **RUN)
+    res = simulate(SC.with_prices(0.1, 0.2), "fcfs", horizon=200.0, warmup=50.0, seed=0, service="markov",
+                   progress=False)
+    row = df.iloc[0]
+    assert row["pricing"] == "separate"
+    assert row["sim_revenue_per_gpu"] == pytest.approx(res.cluster["revenue_per_gpu_separate"], rel=1e-12)
+    assert res.cluster["revenue_per_gpu_separate"] != pytest.approx(res.cluster["revenue_per_gpu"], rel=1e-9)
+    assert row["lp_revenue_per_gpu"] == pytest.approx(16.0, rel=1e-7)  # every arrival served: same total
+
+
+def test_shadow_prices_table():
+    """Ample capacity: no capacity row binds, so one more GPU earns nothing and the rows' duals are 0."""
+    from fluidopt.pricing import shadow_prices
+
+    t = shadow_prices(SC)
+    assert list(t.columns) == ["pricing", "item", "shadow_price", "unit"]
+    items = ["gpu", "row:prefill_capacity", "row:mixed_decode_capacity", "row:solo_decode_capacity"]
+    assert list(t["pricing"]) == ["bundled"] * 4 + ["separate"] * 4 and list(t["item"]) == items * 2
+    assert t["shadow_price"].abs().max() == pytest.approx(0.0, abs=1e-9)
+    assert t["unit"].iloc[0] == "revenue per s per extra GPU"
+    from fluidopt.fluid.sli import TPOT
+
+    s = shadow_prices(SC, pricings=("bundled",), slis=[TPOT(0.5)])
+    assert list(s["item"]) == ["gpu", "sli:tpot", *items[1:]]
+    assert s.loc[1, "unit"] == "revenue per GPU per s per unit of the bound" and s.loc[1, "pricing"] == "bundled"
