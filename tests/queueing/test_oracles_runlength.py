@@ -88,7 +88,6 @@ def test_abandonment_estimate_spread_matches_a_simulation(lam, c, theta):
     """The relative sd of the per-customer P(abandon) estimate against 400 simulated runs of 2,000
     customers (a second implementation: the chain itself, not the Poisson-equation algebra). The sd of a
     sample sd of 400 is about 3.5%; the tolerance is 12%."""
-    import numpy as np
 
     n, mu = 2000, 1.0
     est = _simulate_abandon_share(lam, mu, c, theta, n, reps=400, seed=7)
