@@ -321,3 +321,44 @@ def test_class_defaults_and_an_all_batch_split():
     # every class named batch: no interactive load (its mean lengths default to 1 token), still builds
     allb = make_controller("chiron", scenario(), batch_classes=["interactive", "batch"])
     assert allb.inter == [] and allb.bat == [0, 1]
+
+
+def test_fluid_plan_drains_down_to_its_target_and_no_further():
+    """Little batch work left on four running batch instances: the plan's target is one instance
+    (ceil of its mean batch GPUs), so it drains len(active) - target = 3, the idlest first, keeping one."""
+    from .test_orchestration import workflow
+
+    sc, _ = workflow()
+    fp = make_controller("fluid-plan", sc)
+
+    class State:
+        now = 100.0
+
+        def __init__(self):
+            self.drained = []
+
+        def gpu_online(self, g):
+            return True
+
+        def gpu_state(self, g):
+            return "online"
+
+        def gpu_decodes(self, g):
+            return {4: 5, 5: 1, 6: 3, 7: 2}[g]
+
+        def drain_gpu(self, g):
+            self.drained.append(g)
+
+    st = State()
+    fp.pool_of = [0, 1, 1, 1, 2, 2, 2, 2, 2, 2]
+    fp.batch_gpus = [4, 5, 6, 7, 8, 9]
+    fp.mixed_done = fp.batch_done = 0
+    fp.batch_gpu_s = 0.0
+    fp.win4 = [(0.0, 0, 0, 0.0)]
+    fp.startup = 20.0
+    fp._batch_work = lambda ctx: (50, [4, 5, 6, 7])  # 50 batch requests left, four instances up
+    fp.batch_deadline = lambda ctx: 400.0
+    fp._global_autoscaler(st)
+    target = 4 - len(st.drained)
+    assert fp.plans and target == 1
+    assert st.drained == [5, 7, 6]  # fewest decodes first
