@@ -128,3 +128,15 @@ def test_the_first_stage_serves_batch_work_as_early_as_possible():
                     interactive_rate=0.0, level=True)
     assert lv.batch == pytest.approx([0.0] + [500.0 / (180.0 * fp.mu_bat)] * 3, rel=1e-6)
     assert lv.gpu_hours == pytest.approx(fp.gpu_hours, rel=1e-8)
+
+
+def test_interactive_rate_as_a_function_of_the_slot_start_and_an_unknown_backlog_class():
+    from fluidopt.errors import ScenarioError
+
+    fp = plan_fleet(scenario(), [], start=0.0, end=180.0, slot=60.0, utilisation=1.0,
+                    interactive_rate=lambda t: 1.0 if t < 60.0 else 3.0)
+    mu = 0.07 / 0.0212
+    assert fp.interactive_demand == pytest.approx([1.0 / mu, 3.0 / mu, 3.0 / mu], rel=1e-12)
+    assert fp.gpu_hours == pytest.approx(60.0 * 7.0 / mu / 3600.0, rel=1e-7)
+    with pytest.raises(ScenarioError, match="plan_fleet: backlog class 'nope' is not a class of the scenario"):
+        plan_fleet(scenario(), [BacklogJob("nope", 1.0, 0.0, 60.0)], slot=60.0)

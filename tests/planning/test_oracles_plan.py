@@ -251,3 +251,16 @@ def test_an_unattainable_tpot_names_the_profile():
     anon = replace(one_class(), gpu=replace(one_class().gpu, name=None))
     with pytest.raises(ScenarioError, match=r"profile custom\)"):
         fluid_fleet_bound(anon, [MinServedFraction("a", 0.9), TPOT(0.005)])
+
+
+def test_fleet_bound_operating_point_per_gpu():
+    """Per-GPU operating point at n*: prefill-bound, the 9.9 decodes/s fill Ym = 0.99 mixed slots
+    (mu_m = 10) on n* = 0.396 GPUs -> y_mixed = 2.5, y_solo = 0; decode-bound (D = 100), Ym = 3 X = 1.188 and
+    Ys = 4.653 on n* = 1.55925."""
+    fb = fluid_fleet_bound(one_class(decode=5.0), [MinServedFraction("a", 0.99)])
+    assert fb.y_mixed == pytest.approx([2.5], rel=1e-6) and fb.y_solo == pytest.approx([0.0], abs=1e-9)
+    fb2 = fluid_fleet_bound(one_class(decode=100.0), [MinServedFraction("a", 0.99)])
+    assert fb2.x == pytest.approx([0.396 / 1.55925], rel=1e-6)
+    assert fb2.y_mixed == pytest.approx([1.188 / 1.55925], rel=1e-6)
+    assert fb2.y_solo == pytest.approx([4.653 / 1.55925], rel=1e-6)
+    assert fb2.class_names == ("a",) and len(fb2.slis) == 1
