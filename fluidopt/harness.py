@@ -83,6 +83,12 @@ CLASS_COLUMNS = (
 )
 
 
+def _per_bound(hw: float, bound: float) -> float:
+    """A revenue half-width as a ratio half-width; NaN where the bound is not positive (the ratio is NaN
+    there too, e.g. a price point whose LP earns nothing)."""
+    return hw / bound if bound > 0 else math.nan
+
+
 @dataclass(frozen=True)
 class Comparison:
     """Outcome of :func:`compare`.
@@ -150,11 +156,11 @@ class Comparison:
                     src = "cohort_revenue_ci" if m == "ratio_cohort" else "revenue_ci"
                     hw = float(np.sqrt(np.sum(g[src].to_numpy(dtype=float) ** 2)) / k)
                     if m == "ratio":
-                        hw /= float(g["lp_bound"].iloc[0])
+                        hw = _per_bound(hw, float(g["lp_bound"].iloc[0]))
                     elif m == "ratio_realised":  # R*(window) may differ between the runs of a seeded workload
-                        hw /= float(g["lp_bound_realised"].mean())
+                        hw = _per_bound(hw, float(g["lp_bound_realised"].mean()))
                     elif m == "ratio_cohort":
-                        hw /= float(g["cohort_bound"].mean())
+                        hw = _per_bound(hw, float(g["cohort_bound"].mean()))
                     row[f"{m}_ci"] = hw
                 elif k > 1:
                     row[f"{m}_ci"] = float(stats.t.ppf(0.975, k - 1) * row[f"{m}_std"] / math.sqrt(k))

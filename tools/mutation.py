@@ -4,9 +4,11 @@
 Not part of CI. See docs/testing.md for what it measures, the last recorded score and the survivors.
 
     pip install mutmut==3.8.1
-    python tools/mutation.py                       # sampled run, the recorded configuration
+    python tools/mutation.py                       # sampled run, the recorded configuration (--set core)
     python tools/mutation.py --per-module 0        # every mutant (many hours on 2 cores)
     python tools/mutation.py --report-only         # reprint the table of the last run
+    python tools/mutation.py --set newer --per-module 20 --work /tmp/mut_newer   # issue 35's modules
+    python tools/mutation.py --set newer --rows pricing.py,executor.py --reuse --work /tmp/mut_newer
 
 What it does:
 
@@ -33,13 +35,32 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-MODULES = {  # table row -> files (as mutmut names them: fluidopt.x.y)
-    "fluid/lp.py": ["fluidopt.fluid.lp"],
-    "sim/engine.py": ["fluidopt.sim.engine"],
-    "sim/metrics.py": ["fluidopt.sim.metrics"],
-    "control/*": ["fluidopt.control.gate_and_route", "fluidopt.control.fcfs", "fluidopt.control.paper_baselines",
-                  "fluidopt.control.load_balancers", "fluidopt.control.instance"],
+SETS = {  # --set -> {table row -> files (as mutmut names them: fluidopt.x.y)}
+    # the recorded configuration of docs/testing.md (LP, engine, metrics, controllers)
+    "core": {
+        "fluid/lp.py": ["fluidopt.fluid.lp"],
+        "sim/engine.py": ["fluidopt.sim.engine"],
+        "sim/metrics.py": ["fluidopt.sim.metrics"],
+        "control/*": ["fluidopt.control.gate_and_route", "fluidopt.control.fcfs", "fluidopt.control.paper_baselines",
+                      "fluidopt.control.load_balancers", "fluidopt.control.instance"],
+    },
+    # issue 35: the newer modules (planning, day plan, multi-period LP, robust staffing, orchestration,
+    # RL evaluation, pricing, cohort revenue, run-length queueing, the executor layer)
+    "newer": {
+        "plan.py": ["fluidopt.plan"],
+        "dayplan.py": ["fluidopt.dayplan"],
+        "fluid/multiperiod.py": ["fluidopt.fluid.multiperiod"],
+        "fluid/capacity.py": ["fluidopt.fluid.capacity"],
+        "control/robust.py": ["fluidopt.control.robust"],
+        "control/orchestration.py": ["fluidopt.control.orchestration"],
+        "rl/evaluate.py": ["fluidopt.rl.evaluate"],
+        "sim/cohort.py": ["fluidopt.sim.cohort"],
+        "queueing/runlength.py": ["fluidopt.queueing.runlength"],
+        "pricing.py": ["fluidopt.pricing"],
+        "executor.py": ["fluidopt.executor"],
+    },
 }
+MODULES = dict(SETS["core"])  # the rows of the current run (main() sets them from --set / --rows)
 KILLED = {1, 3}
 TIMEOUT = {36, -24, 24, 152, 255}
 SURVIVED = {0}
@@ -51,7 +72,33 @@ def sh(cmd, cwd, env=None, check=True):
     return subprocess.run(cmd, cwd=cwd, env=env, check=check)
 
 
-def make_copy(work: Path) -> None:
+def _toml_list(key: str, values: list[str]) -> str:
+    return f"{key} = [\n" + "".join(f"    {json.dumps(v)},\n" for v in values) + "]\n"
+
+
+def mutmut_section(set_name: str) -> str:
+    """tools/mutmut.toml's [tool.mutmut] section for a set: ``core`` as written; another set replaces
+    ``only_mutate`` and the test selection by those of its ``[tool.fluidopt-mutation.SET]`` table."""
+    import tomllib
+
+    text = (ROOT / "tools" / "mutmut.toml").read_text(encoding="utf-8")
+    if set_name == "core":
+        return text
+    conf = tomllib.loads(text)
+    mm = dict(conf["tool"]["mutmut"])
+    extra = conf["tool"]["fluidopt-mutation"][set_name]
+    mm["only_mutate"] = extra["only_mutate"]
+    mm["pytest_add_cli_args_test_selection"] = extra["pytest_add_cli_args_test_selection"]
+    out = ["[tool.mutmut]\n"]
+    for k, v in mm.items():
+        if isinstance(v, list):
+            out.append(_toml_list(k, v))
+        else:
+            out.append(f"{k} = {json.dumps(v)}\n")
+    return "".join(out)
+
+
+def make_copy(work: Path, set_name: str = "core") -> None:
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
@@ -66,7 +113,7 @@ def make_copy(work: Path) -> None:
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dst)
     with open(work / "pyproject.toml", "a", encoding="utf-8") as fh:
-        fh.write("\n" + (ROOT / "tools" / "mutmut.toml").read_text(encoding="utf-8"))
+        fh.write("\n" + mutmut_section(set_name))
 
 
 def generate(work: Path, children: int) -> None:
@@ -140,16 +187,31 @@ def main() -> int:
     ap.add_argument("--reuse", action="store_true", help="keep the scratch copy and its generated mutants")
     ap.add_argument("--report-only", action="store_true")
     ap.add_argument("--show", action="store_true", help="print each survivor's diff")
+    ap.add_argument("--set", dest="set_name", choices=sorted(SETS), default="core",
+                    help="which modules: core (the recorded configuration) or newer (issue 35's modules)")
+    ap.add_argument("--rows", default="", help="comma-separated table rows of the set to sample and run "
+                    "(default: all; e.g. run pricing.py,executor.py last with --reuse)")
     a = ap.parse_args()
+    rows = SETS[a.set_name]
+    if a.rows:
+        want = [r.strip() for r in a.rows.split(",") if r.strip()]
+        bad = [r for r in want if r not in rows]
+        if bad:
+            raise SystemExit(f"--rows: unknown row(s) {bad}; the rows of --set {a.set_name}: {', '.join(rows)}")
+        rows = {r: rows[r] for r in want}
+    MODULES.clear()
+    MODULES.update(rows)
     work = a.work.resolve()
     if ROOT == work or ROOT in work.parents:
         raise SystemExit("--work must be outside the repository")
     if not a.report_only:
         if not a.reuse:
-            make_copy(work)
-        else:  # refresh the tests only (new or changed tests, same mutants)
-            for f in (ROOT / "tests").glob("*.py"):
-                shutil.copy2(f, work / "tests" / f.name)
+            make_copy(work, a.set_name)
+        else:  # refresh the tests only (new or changed tests, same mutants), in every folder of tests/
+            for f in (ROOT / "tests").rglob("*.py"):
+                dst = work / f.relative_to(ROOT)
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(f, dst)
         generate(work, a.children)
     chosen = sample(sorted(results(work)), a.per_module, a.seed)
     (work / "mutation_sample.txt").write_text("\n".join(chosen) + "\n")
