@@ -24,13 +24,12 @@ def _square(job):
 
 
 def test_run_jobs_without_an_executor_runs_here():
-    done, interrupted = run_jobs(_square, [{"x": 2}, {"x": 3}])
-    assert done == {0: 4, 1: 9} and interrupted is False
+    assert run_jobs(_square, [{"x": 2}, {"x": 3}]) == {0: 4, 1: 9}
 
 
 def test_plain_progress_lines_on_stderr_without_tqdm(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "tqdm", None)  # import tqdm fails: the plain-line fallback
-    done, _ = run_jobs(_square, [{"x": 1}, {"x": 2}], progress=True, note=lambda j, r: f"x={j['x']}")
+    done = run_jobs(_square, [{"x": 1}, {"x": 2}], progress=True, note=lambda j, r: f"x={j['x']}")
     assert done == {0: 1, 1: 4}
     cap = capsys.readouterr()
     assert cap.out == ""
