@@ -264,10 +264,20 @@ class DaskExecutor(Executor):
                 if now - alone_since >= self.worker_timeout:
                     raise ExecutorLost(f"Dask: no worker connected to {self.address} for {self.worker_timeout:g} s; "
                                        "finished runs are kept, rerun to resume once workers are back")
-        except BaseException:
+        except BaseException as e:
+            if isinstance(e, KeyboardInterrupt):
+                self._kill_local_workers()  # a busy worker would hold a graceful close for seconds
             with contextlib.suppress(Exception):
                 self.client.cancel(list(pending))
             raise
+
+    def _kill_local_workers(self) -> None:
+        """SIGKILL the LocalCluster's worker processes (ours to stop; never an existing cluster's)."""
+        if self._cluster is None:
+            return
+        for nanny in list(getattr(self._cluster, "workers", {}).values()):
+            with contextlib.suppress(Exception):
+                os.kill(nanny.process.process.pid, signal.SIGKILL)
 
     def _result(self, f):
         from concurrent.futures import CancelledError
@@ -286,10 +296,10 @@ class DaskExecutor(Executor):
 
     def close(self) -> None:
         try:
-            self.client.close()
+            self.client.close(timeout=5)
         finally:
             if self._cluster is not None:
-                self._cluster.close()
+                self._cluster.close(timeout=5)
 
     def describe(self) -> str:
         where = "LocalCluster" if self._cluster is not None else self.address

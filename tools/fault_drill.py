@@ -9,7 +9,9 @@ end. Checked at each interruption (not for SIGKILL, which no process can handle)
 child process left after 2 s, no temporary file left (SIGKILL's are removed by the next run). Checked
 at the end: the rerun's tables equal the reference's byte for byte, apart from wall-clock columns.
 
-Not part of CI (about 15 minutes on 2 cores); docs/scaling.md records its last table.
+Columns: ``stopped`` (exit 130/143 and one line), ``done_first`` (the run ended before the signal, or
+the signal came after its work and was ignored: exit 0), ``killed`` (SIGKILL), ``bad`` (anything else,
+printed). Not part of CI (about 15 minutes on 2 cores); docs/scaling.md records its last table.
 
     python tools/fault_drill.py                  # every command
     python tools/fault_drill.py --only run-1w,plan --trials 4
@@ -107,13 +109,14 @@ def drill(name: str, trials: int, rng: random.Random, work: Path) -> dict:
         return {"command": name, "error": f"reference exit {p.returncode}: {err.strip()[-300:]}"}
     sigs = [signal.SIGINT] * (trials // 2) + [signal.SIGTERM, signal.SIGKILL] * ((trials + 1) // 4 + 1)
     sigs = sigs[:trials]
-    row = {"command": name, "reference_s": round(wall, 1), "trials": len(sigs), "exit_ok": 0, "one_line": 0,
-           "max_stop_s": 0.0, "orphans": 0, "temps_left": 0, "finished_before_signal": 0}
+    row = {"command": name, "reference_s": round(wall, 1), "trials": len(sigs), "stopped": 0, "done_first": 0,
+           "killed": 0, "bad": 0, "max_stop_s": 0.0, "orphans": 0, "temps_left": 0}
+    bad: list[str] = []
     for sig in sigs:
         p = start(argv, out)
         time.sleep(rng.uniform(0.3, max(0.4, 0.9 * wall)))
         if p.poll() is not None:
-            row["finished_before_signal"] += 1
+            row["done_first"] += 1  # finished before the signal (later trials resume a fuller store)
             p.communicate()
             continue
         kids = children(p.pid)
@@ -123,19 +126,29 @@ def drill(name: str, trials: int, rng: random.Random, work: Path) -> dict:
         stop = time.monotonic() - t
         time.sleep(2.0)
         row["orphans"] += sum(alive(k) for k in kids)
-        if sig != signal.SIGKILL:
-            row["max_stop_s"] = max(row["max_stop_s"], round(stop, 2))
-            row["exit_ok"] += p.returncode == 128 + sig
-            lines = [ln for ln in err.splitlines() if ln.strip()]
-            # (simulate prints its partial result on stdout, and the one line on stderr)
-            row["one_line"] += len(lines) == 1 and "interrupted (" in lines[0] and "Traceback" not in err
-            row["temps_left"] += len(temps(out))
+        if sig == signal.SIGKILL:
+            row["killed"] += 1
+            continue
+        row["max_stop_s"] = max(row["max_stop_s"], round(stop, 2))
+        lines = [ln for ln in err.splitlines() if ln.strip()]
+        # (simulate prints its partial result on stdout, and the one line on stderr)
+        one_line = len(lines) == 1 and "interrupted (" in lines[0] and "Traceback" not in err
+        if p.returncode == 128 + sig and one_line:
+            row["stopped"] += 1
+        elif p.returncode == 0 and "Traceback" not in err:
+            row["done_first"] += 1  # the signal came after the work was done: ignored, exit 0
+        else:
+            row["bad"] += 1
+            bad.append(f"{signal.Signals(sig).name}: exit {p.returncode}: {err.strip()[-200:]!r}")
+        row["temps_left"] += len(temps(out))
     p = start(argv, out)
     _, err = p.communicate(timeout=1200)
     row["rerun_exit"] = p.returncode
     row["temps_left"] += len(temps(out))
     same = [f for f in files if (out / f).exists() and table(out / f, ignore) == table(ref / f, ignore)]
     row["identical"] = f"{len(same)}/{len(files)}"
+    for b in bad:
+        print(f"  {name}: {b}", flush=True)
     return row
 
 
