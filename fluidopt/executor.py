@@ -203,9 +203,8 @@ class DaskExecutor(Executor):
         self._cluster = None
         if scheduler is None:
             self.workers = _check_workers(workers)
-            # The worker processes start with Ctrl-C ignored (a spawned Python keeps an inherited
-            # SIG_IGN), so a Ctrl-C in the terminal reaches this process alone and it stops them quietly
-            # instead of each printing a traceback.
+            # The worker processes start with Ctrl-C blocked, so a Ctrl-C in the terminal reaches this
+            # process alone and it stops them quietly instead of each printing a traceback.
             with _sigint_ignored():
                 self._cluster = LocalCluster(n_workers=self.workers, threads_per_worker=1, processes=True,
                                              host="127.0.0.1", dashboard_address=None, silence_logs=50)
@@ -308,14 +307,17 @@ class DaskExecutor(Executor):
 
 @contextlib.contextmanager
 def _sigint_ignored():
+    # Ctrl-C is blocked, not ignored, while the cluster starts: the threads and processes started meanwhile
+    # inherit the blocked mask (the workers never see a terminal's Ctrl-C), and a Ctrl-C that arrives now
+    # stays pending and interrupts this process the moment the mask is restored, instead of being lost.
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _check_workers(workers: int | None) -> int:
