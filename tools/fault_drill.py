@@ -140,7 +140,7 @@ def drill(name: str, trials: int, rng: random.Random, work: Path) -> dict:
         else:
             row["bad"] += 1
             bad.append(f"{signal.Signals(sig).name}: exit {p.returncode}: {err.strip()[-200:]!r}")
-        row["temps_left"] += len(temps(out))
+        row["temps_left"] += len([t for t in temps(out) if str(p.pid) in t])  # this process's own
     p = start(argv, out)
     _, err = p.communicate(timeout=1200)
     row["rerun_exit"] = p.returncode
