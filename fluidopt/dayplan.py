@@ -14,8 +14,8 @@ end of its last slot plus ``deadline`` (rounded up to a slot boundary), or by ``
 group that starts at or after ``deadline_at`` can never meet it and is left out (counted in
 ``notes``). Both are relaxations (work available earlier, due no earlier than the real requests),
 so the optimum stays a lower bound. Explicit backlogs are rounded outwards to whole slots the same
-way. Deadlines after the day's end are moved to its end: the plan finishes, within the day, every
-request that arrives in it.
+way. Deadlines after the day's end are kept as they are: the plan runs on, in whole slots, to the
+last deadline, with no interactive traffic after the day's end (a note says so).
 """
 
 from __future__ import annotations
@@ -103,7 +103,8 @@ class DayPlan:
             "price_per_gpu_hour": self.price_per_gpu_hour, "cost": self.cost, "cost_int": self.cost_int,
             "utilisation": self.utilisation, "lower_bound": self.utilisation == 1.0,
             "throughput_per_gpu": {"interactive": self.fleet_plan.mu_int, "batch_on_base": self.fleet_plan.mu_mix,
-                                   "batch_instance": self.fleet_plan.mu_bat},
+                                   "batch_instance": self.fleet_plan.mu_bat,
+                                   "model": "calibrated" if self.fleet_plan.calibrated else "fluid"},
             "backlogs": [{"class": j.cls, "requests": j.n, "at": j.at, "deadline": j.deadline} for j in self.backlogs],
             "notes": list(self.notes), "per_slot": rows,
         }
@@ -208,7 +209,7 @@ def _class_jobs(scenario: Scenario, bat: Sequence[int], K: int, slot: float, end
         lost = 0.0
         for k0 in range(0, K, per):
             a, b = k0 * slot, min(K, k0 + per) * slot
-            due = end
+            due = math.inf
             if c.deadline is not None:
                 due = min(due, math.ceil((b + c.deadline) / slot - 1e-9) * slot)
             if c.deadline_at is not None:
@@ -259,6 +260,7 @@ def plan_day(
     min_gpus: float = 0.0,
     max_gpus: int | None = None,
     class_arrivals: bool = True,
+    calibrated: bool = True,
 ) -> DayPlan:
     """The fewest GPU-hours for a day: the multi-period LP over ``len(rates)`` slots of ``slot`` seconds.
 
@@ -268,7 +270,10 @@ def plan_day(
     deadline from the class (``deadline_at``, or ``at`` + ``deadline``); ``class_arrivals``: also the
     scenario's batch classes at their ``rate`` (module docstring). ``utilisation`` (rho in (0, 1]):
     target utilisation of the interactive GPUs (1: the lower bound); ``min_gpus``: a fleet kept in
-    every slot; ``max_gpus``: the fleet's maximum (default the scenario's ``gpus``). Raises
+    every slot; ``max_gpus``: the fleet's maximum (default the scenario's ``gpus``); ``calibrated``: the
+    roles' rates are the simulator's saturated throughputs (default; False: the fluid estimates, see
+    :func:`fluidopt.fluid.multiperiod.role_rates`). A deadline after the day's end is kept: the plan
+    runs on in whole slots to the last deadline, with no interactive traffic after the day. Raises
     :class:`UsageError` / :class:`ScenarioError` on bad input, :class:`InfeasibleError` when no
     fleet of at most ``max_gpus`` serves the day.
     """
@@ -316,6 +321,7 @@ def plan_day(
     end = K * slot
     names = scenario.class_names
     jobs: list[BacklogJob] = []
+    late: list[str] = []  # deadlines after the day's end, as given
     for b in backlogs:
         if isinstance(b, BacklogJob):
             jobs.append(b)
@@ -329,22 +335,33 @@ def plan_day(
         due = min(x for x in (c.deadline_at, None if c.deadline is None else at + c.deadline) if x is not None)
         if at >= end:
             raise UsageError(f"--backlog {name}={n:g}@{at:g}: expected a time within the day [0, {end:g}) s")
-        if due > end:
-            notes.append(f"backlog {name}: deadline {due:g} s after the day's end; due at the end ({end:g} s)")
-            due = end
         if due <= at:
             raise UsageError(f"--backlog {name}={n:g}@{at:g}: its deadline {due:g} s is not after its arrival")
+        if due > end + 1e-9:
+            late.append(f"backlog {name} due at {due:g} s")
         # whole slots, rounded outwards (available from the slot it arrives in, due at the end of the slot
         # holding its deadline): a relaxation, so the optimum stays a lower bound at any slot length
-        jobs.append(BacklogJob(name, float(n), math.floor(at / slot + 1e-9) * slot,
-                               min(end, math.ceil(due / slot - 1e-9) * slot)))
+        jobs.append(BacklogJob(name, float(n), math.floor(at / slot + 1e-9) * slot, math.ceil(due / slot - 1e-9) * slot))
     if class_arrivals and bat:
         jobs += _class_jobs(scenario, bat, K, slot, end, notes)
+    # deadlines after the day's end are kept: the plan runs on to the last one (whole slots), with no
+    # interactive traffic after the day's end (the day's work is what arrives in the day)
+    last = max([j.deadline for j in jobs], default=end)
+    if last > end + 1e-9:
+        extra = math.ceil((last - end) / slot - 1e-9)
+        given = {x.split(" due at ")[0].removeprefix("backlog ") for x in late}
+        late += sorted({f"class {j.cls} due by {j.deadline:g} s" for j in jobs
+                        if j.deadline > end + 1e-9 and j.cls not in given})
+        notes.append(f"deadline after the day's end ({end:g} s): {'; '.join(late)}; the plan runs {extra} slot"
+                     f"{'s' if extra > 1 else ''} of {slot:g} s longer, to {end + extra * slot:g} s (deadlines rounded "
+                     "up to whole slots), with no interactive traffic after the day's end")
+        lam = np.concatenate([lam, np.zeros(extra)])
+        end = end + extra * slot
     try:
         fp = plan_fleet(scenario, jobs, start=0.0, end=end, slot=slot, interactive_rate=lam, utilisation=utilisation,
-                        min_gpus=float(min_gpus), max_gpus=nmax, interactive=inter, level=True)
+                        min_gpus=float(min_gpus), max_gpus=nmax, interactive=inter, level=True, calibrated=calibrated)
     except InfeasibleError as e:
-        peak = float(lam.max()) / (utilisation * _mu_int(scenario, inter))
+        peak = float(lam.max()) / (utilisation * _mu_int(scenario, inter, calibrated))
         raise InfeasibleError(f"plan --day: {e} (peak interactive need {peak:.2f} GPUs); raise --max-gpus "
                               "(or cluster.gpus) or move the deadlines",
                               conflicting=e.conflicting) from None
@@ -360,7 +377,7 @@ def plan_day(
                    backlogs=tuple(jobs), fleet_plan=fp, notes=tuple(notes))
 
 
-def _mu_int(scenario: Scenario, inter: Sequence[int]) -> float:
+def _mu_int(scenario: Scenario, inter: Sequence[int], calibrated: bool = True) -> float:
     from fluidopt.fluid.multiperiod import _rates
 
-    return _rates(scenario, inter, [i for i in range(len(scenario.classes)) if i not in inter], None)[0]
+    return _rates(scenario, inter, [i for i in range(len(scenario.classes)) if i not in inter], None, calibrated)[0]

@@ -58,6 +58,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    "(default 1: the lower bound; below 1 keeps headroom)")
     d.add_argument("--min-gpus", type=float, default=0.0, help="GPUs kept in every slot (default 0)")
     d.add_argument("--max-gpus", type=int, default=None, help="the fleet's maximum (default the scenario's gpus)")
+    d.add_argument("--fluid-throughputs", action="store_true", help="plan with the GPU law's fluid throughputs "
+                   "(context prompt + output/2: optimistic) instead of the simulator's saturated ones")
     add_controller_arguments(p)
     add_scale_arguments(p)
     add_seed_arguments(p, seeds=5)
@@ -91,9 +93,9 @@ def run(args: argparse.Namespace) -> int:
     import_user_modules(args.imports)
     if args.day:
         return _run_day(args)
-    for flag in ("rates", "trace", "backlog"):
+    for flag in ("rates", "trace", "backlog", "fluid_throughputs"):
         if getattr(args, flag):
-            raise UsageError(f"--{flag}: only with --day (GPU-hours for a day)")
+            raise UsageError(f"--{flag.replace('_', '-')}: only with --day (GPU-hours for a day)")
     options = parse_options(args.option)
     check_workers(args)
     slis = PlanSLIs(served=args.served, tpot=args.tpot, ttft=args.ttft, ttft_p99=args.ttft_p99,
@@ -216,7 +218,8 @@ def _run_day(args: argparse.Namespace) -> int:
 
         check_writable_folder(args.out, "--out")  # before the work, not after it
     d = plan_day(scenario, rates, trace=args.trace or None, slot=args.slot, backlogs=backlogs,
-                 utilisation=args.utilisation, min_gpus=args.min_gpus, max_gpus=args.max_gpus)
+                 utilisation=args.utilisation, min_gpus=args.min_gpus, max_gpus=args.max_gpus,
+                 calibrated=not args.fluid_throughputs)
     files: list[str] = []
     if args.out:
         from fluidopt._files import lock_folder, write_generation
