@@ -29,6 +29,7 @@ among the equally cheap schedules, the one that serves batch work as early as po
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -149,6 +150,13 @@ def role_rates(scenario: Scenario, interactive: Sequence[int], batch: Sequence[i
     of the two mean contexts, for interactive and mixed instances; ``batch_itl`` or the batch classes'
     ``itl_slo`` for batch instances). The interactive classes are weighted by rate, the batch classes
     equally (a backlog's class rates are placeholders)."""
+    return _role_rates(scenario, tuple(interactive), tuple(batch), batch_itl, bool(calibrated))
+
+
+@functools.lru_cache(maxsize=64)
+def _role_rates(scenario: Scenario, interactive: tuple[int, ...], batch: tuple[int, ...], batch_itl: float | None,
+                calibrated: bool) -> RoleRates:
+    # (cached: a controller re-plans every tick)
     cl = scenario.classes
     gpu = scenario.gpu
     itls = [cl[i].itl_slo for i in interactive if cl[i].itl_slo is not None]
