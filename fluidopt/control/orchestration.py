@@ -28,8 +28,11 @@ A prefill is admitted only on a GPU whose decodes are below its batch limit, so 
 follows has a slot.
 
 The GPU law used for the estimates is the engine's: an iteration takes tau_mix (with a prefill
-chunk) or tau_solo, plus ``kv_time_per_token`` per token of resident context; a decode's mean
-resident context is prompt + output / 2 tokens.
+chunk) or tau_solo, plus ``kv_time_per_token`` per token of resident context. Batch limits use a
+decode's mean resident context of prompt + output / 2 tokens (:func:`largest_batch`); the planning
+rates of the roles (``calibrated=True``, the default) are the simulator's saturated throughputs
+(:func:`fluidopt.fluid.multiperiod.role_rates`, :mod:`fluidopt.fluid.saturation`), else the fluid
+estimates of :func:`batch_throughput`.
 """
 
 from __future__ import annotations
@@ -601,7 +604,10 @@ def make_chiron(scenario: Scenario, *, interactive_gpus: int | None = None, batc
     before a drain), ``window`` (s of per-tick rates whose peak guards a drain), ``headroom`` (share of
     the TTFT SLO a waiting interactive request may use before the pool counts as short).
     ``calibrated``: plan with the simulator's saturated throughputs of the roles (default; False: the
-    fluid estimates of :func:`batch_throughput`, optimistic by 5-25% here)."""
+    fluid estimates of :func:`batch_throughput`, optimistic by 5-25% here). ``shed_mixed`` (an
+    ablation, default off): the interactive autoscaler may drain over-provisioned mixed instances
+    while batch work is in the system (on the 100k workflow: 24.51 instead of 26.49 GPU-hours, but an
+    interactive SLO of 0.98; docs/orchestration.md section 5)."""
     return Chiron(scenario, interactive_gpus=interactive_gpus, batch_classes=batch_classes, batch_itl=batch_itl,
                   tick=tick, safety=safety, margin=margin, host_eviction=host_eviction,
                   interactive_scaling=interactive_scaling, interactive_spares=interactive_spares,
