@@ -33,7 +33,8 @@ from fluidopt.errors import InfeasibleError, ScenarioError, UsageError
 from fluidopt.fluid.multiperiod import BacklogJob, FleetPlan, plan_fleet
 from fluidopt.model import Scenario
 
-__all__ = ["DayPlan", "MAX_GROUPS", "parse_backlog", "plan_day", "rates_from_trace", "read_rates_csv"]
+__all__ = ["DayPlan", "MAX_GROUPS", "parse_backlog", "plan_day", "rates_from_trace", "read_rates_csv",
+           "workflow_rates"]
 
 MAX_GROUPS = 48  # arrival groups per ongoing batch class (keeps the LP at O(48 x slots) columns)
 
@@ -185,6 +186,49 @@ def parse_backlog(text: str) -> tuple[str, float, float]:
     return name.strip(), n, at
 
 
+def workflow_rates(scenario: Scenario, slot: float) -> tuple[np.ndarray | None, str | None, list[str]]:
+    """The interactive rate per slot from a scenario's workflow (``[[arrivals]]``), over its
+    ``[workflow] horizon``: (rates, None, notes), or (None, trace file, notes) when the one interactive
+    class with arrivals replays a trace. ``poisson`` / ``gamma``: their constant rate; ``rates``: the
+    file's piecewise rate averaged over each slot; a class without arrivals adds nothing."""
+    from fluidopt.sim.workload import read_slot_rates
+
+    wf = scenario.workflow
+    inter = [c for c in scenario.classes if c.deadline is None and c.deadline_at is None]
+    specs = {a.cls: a for a in wf.arrivals}
+    traced = [specs[c.name] for c in inter if c.name in specs and specs[c.name].process == "trace"]
+    if traced:
+        if len([c for c in inter if c.name in specs]) > 1:
+            raise UsageError("plan --day: the workflow replays a trace for one interactive class next to other "
+                             "interactive arrivals; give the day's rates with --rates FILE")
+        return None, traced[0].file, [f"interactive rates from the workflow's trace {traced[0].file}"]
+    if wf.horizon is None:
+        raise UsageError("plan --day: expected the day's interactive rates: --rates FILE, --trace FILE, or a "
+                         "workflow with [workflow] horizon in the scenario")
+    K = max(1, math.ceil(wf.horizon / slot - 1e-9))
+    lam = np.zeros(K)
+    edges = slot * np.arange(K + 1)
+    for c in inter:
+        a = specs.get(c.name)
+        if a is None:
+            continue
+        if a.process in ("poisson", "gamma"):
+            lam += c.rate if a.rate is None else a.rate
+        else:  # per-slot rates of their own slot length: the average over each plan slot
+            r = read_slot_rates(a.file, f"arrivals[{c.name}].file")
+            cum = np.concatenate([[0.0], np.cumsum(r * a.slot)])
+            ends = np.append(a.slot * np.arange(1, r.size + 1), np.inf)
+
+            def integral(t):
+                j = np.minimum(np.searchsorted(ends, t, side="right"), r.size)
+                start = a.slot * j
+                return np.where(j < r.size, cum[j] + np.where(j < r.size, r[np.minimum(j, r.size - 1)], 0.0)
+                                * (t - start), cum[-1])
+
+            lam += np.diff(integral(edges)) / slot
+    return lam, None, [f"interactive rates from the scenario's workflow over its horizon ({wf.horizon:g} s)"]
+
+
 def _check_slot(slot) -> float:
     if isinstance(slot, bool) or not isinstance(slot, (int, float)) or not math.isfinite(slot) or slot <= 0:
         raise UsageError(f"--slot: expected seconds > 0, got {slot!r}")
@@ -280,6 +324,14 @@ def plan_day(
     if not isinstance(scenario, Scenario):
         raise ScenarioError(f"plan_day: scenario: expected a Scenario, got {type(scenario).__name__}")
     slot = _check_slot(slot)
+    wf_notes: list[str] = []
+    if scenario.workflow is not None:
+        if rates is None and trace is None:
+            rates, trace, wf_notes = workflow_rates(scenario, slot)
+        if not backlogs and scenario.workflow.backlogs:
+            backlogs = [(b.cls, float(b.count), float(b.at)) for b in scenario.workflow.backlogs]
+            wf_notes.append(f"backlogs from the scenario's workflow: "
+                            f"{', '.join(f'{b.cls}={b.count}@{b.at:g}' for b in scenario.workflow.backlogs)}")
     if (rates is None) == (trace is None):
         raise UsageError("plan --day: expected the day's interactive rates from exactly one of --rates FILE and "
                          "--trace FILE (Python: rates= or trace=)")
@@ -297,7 +349,7 @@ def plan_day(
     if not inter:
         raise ScenarioError(f"plan --day: scenario {scenario.name!r} has no interactive class (every class has a "
                             "deadline); expected at least one class without deadline / deadline_at")
-    notes: list[str] = []
+    notes: list[str] = list(wf_notes)
     if trace is not None:
         lam, P, D = rates_from_trace(trace, slot)
         if len(inter) == 1:
@@ -342,6 +394,9 @@ def plan_day(
         # whole slots, rounded outwards (available from the slot it arrives in, due at the end of the slot
         # holding its deadline): a relaxation, so the optimum stays a lower bound at any slot length
         jobs.append(BacklogJob(name, float(n), math.floor(at / slot + 1e-9) * slot, math.ceil(due / slot - 1e-9) * slot))
+    if scenario.workflow is not None:  # with a workflow, a batch class arrives only through [[arrivals]]
+        flowing = {a.cls for a in scenario.workflow.arrivals}
+        bat = [i for i in bat if cl[i].name in flowing]
     if class_arrivals and bat:
         jobs += _class_jobs(scenario, bat, K, slot, end, notes)
     # deadlines after the day's end are kept: the plan runs on to the last one (whole slots), with no

@@ -206,11 +206,11 @@ def _run_day(args: argparse.Namespace) -> int:
 
     if args.rates and args.trace:
         raise UsageError("plan --day: expected one of --rates FILE and --trace FILE, got both")
-    if not args.rates and not args.trace:
-        raise UsageError("plan --day: expected the day's interactive rate per slot: --rates FILE.csv or --trace FILE")
     if not math.isfinite(args.slot) or args.slot <= 0:
         raise UsageError(f"--slot: expected seconds > 0, got {args.slot:g}")
     scenario = load_scenario(args.scenario)
+    if not args.rates and not args.trace and scenario.workflow is None:  # a workflow gives its own rates
+        raise UsageError("plan --day: expected the day's interactive rate per slot: --rates FILE.csv or --trace FILE")
     rates = read_rates_csv(args.rates) if args.rates else None
     backlogs = [parse_backlog(b) for b in args.backlog]
     if args.out:

@@ -249,3 +249,25 @@ def test_cli_day_keeps_a_late_deadline(tmp_path, capsys):
     assert main(["plan", str(toml), "--day", "--rates", str(f), "--slot", "60", "--backlog", "batch=145000@0",
                  "--max-gpus", "20"]) == 2
     assert "no fleet of at most 20 GPUs" in capsys.readouterr().err
+
+
+def test_day_from_the_workflow_file(tmp_path, capsys):
+    """plan --day without --rates / --backlog reads the scenario's workflow: the constant Gamma rate over
+    its horizon and its backlog give the calibrated bound of docs/orchestration.md (19.27 GPU-hours)."""
+    toml = Path(__file__).resolve().parents[2] / "examples/scenarios/chiron-workflow.toml"
+    sc = load_scenario(toml)
+    d = plan_day(sc, slot=60.0)
+    assert d.slots == 70 and d.rates.tolist() == [30.0] * 70
+    assert [(j.cls, j.n, j.at, j.deadline) for j in d.backlogs] == [("batch", 100_000.0, 300.0, 3900.0)]
+    fp = plan_fleet(sc, [BacklogJob("batch", 100_000, 300.0, 3900.0)], end=4200.0, slot=60.0, utilisation=1.0)
+    assert d.gpu_hours == pytest.approx(fp.gpu_hours, rel=1e-6) and d.gpu_hours == pytest.approx(19.27, abs=0.005)
+    # a per-slot rate file of its own slot length is averaged over the plan's slots
+    (tmp_path / "r.csv").write_text("rate\n10\n20\n")
+    text = toml.read_text().replace('process = "gamma"\nrate = 30.0               # requests/s\ncv = 4.0',
+                                    'process = "rates"\nfile = "r.csv"\nslot = 90.0')
+    (tmp_path / "wf.toml").write_text(text.replace("horizon = 4200.0", "horizon = 360.0"))
+    d = plan_day(load_scenario(tmp_path / "wf.toml"), slot=60.0, class_arrivals=False)
+    # rates 10 on [0, 90), 20 on [90, 180), none after: slot means 10, 15, 20, 0, 0, 0
+    assert d.rates[:6].tolist() == pytest.approx([10.0, 15.0, 20.0, 0.0, 0.0, 0.0])
+    assert main(["plan", str(toml), "--day", "--slot", "60", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["gpu_hours"] == pytest.approx(19.27, abs=0.005)
