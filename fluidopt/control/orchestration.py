@@ -15,8 +15,8 @@ run (the simulator's fleet actions: ``add_gpu``, ``drain_gpu``, ``set_max_decode
   over-provisioning, never below a minimum);
 * ``qlm``: a fixed fleet; requests grouped by class (one SLO per class); the group served next is
   the one with the least predicted slack (the waiting-time estimate against its SLO), which
-  maximises predicted attainment when some group must wait; batch work is evicted for an interactive
-  request about to miss its TTFT;
+  maximises predicted attainment when some group must wait; an interactive request that arrives when
+  no instance has room evicts batch work at once (not only when about to miss its TTFT);
 * ``utilisation-autoscaler``: the baseline the Chiron paper compares against (Llumnix-like): every
   request is dispatched at once to the least-loaded instance (join the shortest queue; interactive
   first within an instance), a fixed batch size, instances added when utilisation is high (queued
@@ -627,9 +627,11 @@ class QLM(_Orchestrator):
     ttft_slo - (its age + its prefill time); the batch groups have deadline - now - (their requests
     in the system / the fleet's batch rate). The group with the least slack goes next; groups already
     beyond saving (slack below -``give_up`` seconds) go last, since serving them first would only add
-    misses elsewhere. An interactive request with negative slack and no room evicts batch work (to
-    host memory). Instances are identical, so the per-instance virtual queues of QLM collapse to this
-    one global group order.
+    misses elsewhere. An interactive request that arrives when no instance has room evicts batch work
+    at once (to host memory; a batch prefill first, else a batch decode), whatever its slack: QLM as
+    published evicts only for a request about to miss its TTFT (issue 31, item 5, left for later).
+    Instances are identical, so the per-instance virtual queues of QLM collapse to this one global
+    group order.
     """
 
     name = "qlm"
