@@ -137,3 +137,15 @@ def test_planned_equals_simulated_prefill_bound_and_fixed_lengths():
     assert batch_throughput(GPU, 127, 3000, 20) < 0.2 * planned
     planned, sim = _check(35, "fixed", 300, 400)
     assert sim == pytest.approx(planned, rel=0.02)
+
+
+def test_prefill_cycle_chain_equals_the_iteration_chain():
+    """The decode-count chain embedded at prefill starts equals the iteration-by-iteration one."""
+    from fluidopt.fluid.saturation import _decode_chain, _prefill_cycles
+
+    for b, P, D in ((35, 300, 100), (127, 300, 400), (1, 300, 400), (64, 3000, 20), (5, 1, 1), (3, 700, 2)):
+        law = length_law("exponential", P)
+        k = np.ceil(law.values / 256).astype(int)
+        kp = np.bincount(k, weights=law.probs)[1:]
+        a, c = _decode_chain(b, 1 / D, kp), _prefill_cycles(b, 1 / D, kp)
+        assert c == pytest.approx(a, rel=1e-10, abs=1e-12), (b, P, D)
