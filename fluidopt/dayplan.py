@@ -215,18 +215,20 @@ def workflow_rates(scenario: Scenario, slot: float) -> tuple[np.ndarray | None, 
         if a.process in ("poisson", "gamma"):
             lam += c.rate if a.rate is None else a.rate
         else:  # per-slot rates of their own slot length: the average over each plan slot
-            r = read_slot_rates(a.file, f"arrivals[{c.name}].file")
-            cum = np.concatenate([[0.0], np.cumsum(r * a.slot)])
-            ends = np.append(a.slot * np.arange(1, r.size + 1), np.inf)
-
-            def integral(t):
-                j = np.minimum(np.searchsorted(ends, t, side="right"), r.size)
-                start = a.slot * j
-                return np.where(j < r.size, cum[j] + np.where(j < r.size, r[np.minimum(j, r.size - 1)], 0.0)
-                                * (t - start), cum[-1])
-
-            lam += np.diff(integral(edges)) / slot
+            lam += _slot_means(read_slot_rates(a.file, f"arrivals[{c.name}].file"), a.slot, edges)
     return lam, None, [f"interactive rates from the scenario's workflow over its horizon ({wf.horizon:g} s)"]
+
+
+def _slot_means(r: np.ndarray, width: float, edges: np.ndarray) -> np.ndarray:
+    """Mean over each [edges[k], edges[k+1]) of the piecewise rate r[j] on [j width, (j+1) width), 0 after."""
+    cum = np.concatenate([[0.0], np.cumsum(r * width)])  # the integral at each breakpoint
+
+    def integral(t: np.ndarray) -> np.ndarray:
+        j = np.minimum(np.floor(t / width).astype(np.int64), r.size)
+        inside = j < r.size
+        return cum[j] + np.where(inside, r[np.minimum(j, r.size - 1)] * (t - j * width), 0.0)
+
+    return np.diff(integral(edges)) / np.diff(edges)
 
 
 def _check_slot(slot) -> float:
