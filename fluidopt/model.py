@@ -399,9 +399,19 @@ class Scenario:
         return tuple(c.name for c in self.classes)
 
     def with_gpus(self, gpus: int) -> Scenario:
-        """Same per-GPU load on a fleet of ``gpus`` GPUs (cluster arrival rates scale with n)."""
+        """Same per-GPU load on a fleet of ``gpus`` GPUs (cluster arrival rates scale with n). A workflow's
+        Poisson and Gamma arrivals scale with it and its backlogs' counts too (rounded); a trace or a
+        rate file cannot be rescaled (ScenarioError)."""
         f = gpus / self.gpus
-        return replace(self, gpus=gpus, classes=tuple(replace(c, rate=c.rate * f) for c in self.classes))
+        wf = self.workflow
+        if wf is not None:
+            for k, a in enumerate(wf.arrivals):
+                if a.process in ("trace", "rates"):
+                    raise ScenarioError(f"arrivals[{k}] ({a.cls}): a {a.process} file cannot be rescaled to {gpus} "
+                                        f"GPUs; expected the scenario's own cluster.gpus = {self.gpus}")
+            wf = replace(wf, arrivals=tuple(a if a.rate is None else replace(a, rate=a.rate * f) for a in wf.arrivals),
+                         backlogs=tuple(replace(b, count=int(round(b.count * f))) for b in wf.backlogs))
+        return replace(self, gpus=gpus, classes=tuple(replace(c, rate=c.rate * f) for c in self.classes), workflow=wf)
 
     def with_prices(self, prefill: float | None = None, decode: float | None = None) -> Scenario:
         return replace(

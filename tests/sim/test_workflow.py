@@ -142,3 +142,14 @@ def test_simulate_runs_the_whole_workflow_from_the_file(capsys):
     gh, si, sb, met, done = float(m[1]), float(m[2]), float(m[3]), int(m[4]), int(m[5])
     assert done == 100_000 and met >= 99_990 and sb >= 0.9999 and si >= 0.99
     assert 20.0 < gh < 35.0
+
+
+def test_with_gpus_scales_the_workflow():
+    """The same per-GPU load on another fleet: the Gamma rate and the backlog scale with n."""
+    sc = load_scenario(WORKFLOW)
+    half = replace(sc, fleet=replace(sc.fleet, initial=5)).with_gpus(25)
+    assert half.workflow.arrivals[0].rate == 15.0 and half.classes[0].rate == 15.0
+    assert half.workflow.backlogs[0].count == 50_000
+    traced = replace(sc, workflow=replace(sc.workflow, arrivals=(ArrivalSpec("interactive", "trace", file="t.csv"),)))
+    with pytest.raises(ScenarioError, match=r"arrivals\[0\] \(interactive\): a trace file cannot be rescaled to 25 GPUs"):
+        traced.with_gpus(25)
