@@ -1,10 +1,11 @@
 """The Chiron workflow (docs/orchestration.md): interactive and batch SLOs on an autoscaling fleet.
 
-Interactive Gamma arrivals (mean 30/s, CV 4) on an over-provisioned fleet of 15 instances; at minute 5
-a batch backlog arrives (default 100,000 requests; the seed's 1,000,000 with --backlog 1000000),
-due at minute 65; at most 50 instances. Each controller runs with several seeds; the script prints
-and writes the table (GPU-hours, SLO attainment of both classes, with 95% intervals over seeds, and
-GPU-hours over the multi-period LP's lower bound) and the figures (fleet size and batch queue over time).
+The whole workflow is the scenario file examples/scenarios/chiron-workflow.toml (interactive Gamma
+arrivals, mean 30/s, CV 4, on an over-provisioned fleet of 15 instances; at minute 5 a batch backlog
+of 100,000 requests due at minute 65; at most 50 instances; 70 minutes); this script only runs it for
+several controllers and seeds (`fluidopt simulate FILE --policy chiron` runs one), and prints and writes
+the table (GPU-hours, SLO attainment of both classes, with 95% intervals over seeds, and GPU-hours
+over the multi-period LP's lower bound with calibrated throughputs) and the figures.
 
     python examples/orchestration.py                        # 100,000-request backlog, 5 seeds
     python examples/orchestration.py --backlog 10000 --seeds 2 --out /tmp/orch   # a quick look
@@ -18,6 +19,7 @@ import json
 import math
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -26,67 +28,42 @@ from scipy import stats
 
 from fluidopt.executor import add_executor_arguments, executor_from_args, run_jobs
 from fluidopt.fluid.multiperiod import BacklogJob, plan_fleet
+from fluidopt.model import ArrivalSpec
 from fluidopt.plots import save_figure
 from fluidopt.scenario import load_scenario
 from fluidopt.sim.api import simulate
-from fluidopt.sim.workload import Backlog, BacklogWorkload, ClassSpec, Exponential, GammaRenewal, SyntheticWorkload
 
 HERE = Path(__file__).resolve().parent
 SCENARIO = HERE / "scenarios" / "chiron-workflow.toml"
 POLICIES = ("chiron", "qlm", "utilisation-autoscaler", "fluid-plan")
-BACKLOG_AT = 300.0  # s: minute 5
 
 
-class Renamed:
-    """A one-class workload under another class name."""
-
-    def __init__(self, base, name: str):
-        self.base = base
-        self.class_names = (name,)
-
-    def batches(self, rng, horizon, size=65536):
-        return self.base.batches(rng, horizon, size)
-
-
-def scenario_for(azure: str | None):
-    """The workflow scenario; with the Azure trace, its interactive class takes the trace's mean
-    prompt, output and rate (the controllers size their pools from them)."""
+def scenario_for(azure: str | None, backlog: int | None = None):
+    """The workflow scenario (its backlog's size replaced by ``backlog``); with the Azure trace, the
+    interactive arrivals are the trace's and the interactive class takes its mean prompt, output and
+    rate (the controllers size their pools from them)."""
     sc = load_scenario(SCENARIO)
-    if not azure:
-        return sc
-    from dataclasses import replace
-
-    from fluidopt.sim.trace import read_azure_trace
-
-    df = read_azure_trace(azure)
-    dur = float(df["time"].max() - df["time"].min())
-    inter = replace(sc.classes[0], prompt=float(df["prompt"].mean()), decode=float(df["output"].mean()),
-                    rate=len(df) / dur)
-    return replace(sc, classes=(inter, sc.classes[1]), name="chiron-workflow-azure")
-
-
-def workload(scenario, backlog: int, *, cv: float = 4.0, azure: str | None = None):
-    """Interactive arrivals (Gamma with the class's rate and CV ``cv``, or the Azure conversation trace)
-    plus the batch backlog at minute 5."""
-    inter, bat = scenario.classes
+    wf = sc.workflow
+    if backlog is not None:
+        wf = replace(wf, backlogs=tuple(replace(b, count=backlog) for b in wf.backlogs))
     if azure:
-        from fluidopt.sim.trace import load_azure_trace
+        from fluidopt.sim.trace import read_azure_trace
 
-        base = Renamed(load_azure_trace(azure, classes="single"), inter.name)
-    else:
-        base = SyntheticWorkload([ClassSpec(GammaRenewal(inter.rate, cv), Exponential(inter.prompt),
-                                            Exponential(inter.decode), name=inter.name)])
-    return BacklogWorkload(base, [Backlog(bat.name, backlog, BACKLOG_AT, Exponential(bat.prompt), Exponential(bat.decode))],
-                           class_names=scenario.class_names)
+        df = read_azure_trace(azure)
+        dur = float(df["time"].max() - df["time"].min())
+        inter = replace(sc.classes[0], prompt=float(df["prompt"].mean()), decode=float(df["output"].mean()),
+                        rate=len(df) / dur)
+        sc = replace(sc, classes=(inter, sc.classes[1]), name="chiron-workflow-azure")
+        wf = replace(wf, arrivals=(ArrivalSpec(inter.name, "trace", file=str(azure)),))
+    return replace(sc, workflow=wf)
 
 
 def run_one(job: dict) -> dict:
     """One controller on the workflow (job: policy, seed, backlog, horizon, azure)."""
     policy, seed, backlog, horizon, azure = (job[k] for k in ("policy", "seed", "backlog", "horizon", "azure"))
-    sc = scenario_for(azure)
+    sc = scenario_for(azure, backlog)
     t0 = time.perf_counter()
-    res = simulate(sc, policy, horizon=horizon, seed=seed, service="tokens", workload=workload(sc, backlog, azure=azure),
-                   sample_interval=30.0)
+    res = simulate(sc, policy, horizon=horizon, seed=seed, service="tokens", sample_interval=30.0)
     ts = res.timeseries
     bq = ts["q_prefill[batch]"] + ts["q_decode[batch]"]
     bs = bq + ts["x[batch]"] + ts["y_mixed[batch]"] + ts["y_solo[batch]"]
@@ -114,11 +91,15 @@ def ci(v) -> tuple[float, float]:
     return float(v.mean()), float(stats.t.ppf(0.975, v.size - 1) * v.std(ddof=1) / math.sqrt(v.size))
 
 
-def lower_bound(backlog: int, horizon: float, rate=None, azure=None) -> float:
-    sc = scenario_for(azure)
-    dl = sc.classes[1].deadline_at
-    plan = plan_fleet(sc, [BacklogJob("batch", backlog, BACKLOG_AT, dl)], end=horizon, slot=60.0,
-                      utilisation=1.0, interactive_rate=rate)
+def lower_bound(backlog: int, horizon: float, rate=None, azure=None, *, calibrated: bool = True,
+                kept: float = 0.0) -> float:
+    """The multi-period LP's fewest GPU-hours for the workflow over [0, horizon) in minute slots (rho = 1):
+    with the calibrated throughputs (the simulator's saturated rates; False: the fluid estimates) and
+    ``kept`` base GPUs in every slot."""
+    sc = scenario_for(azure, backlog)
+    b = sc.workflow.backlogs[0]
+    plan = plan_fleet(sc, [BacklogJob(b.cls, b.count, b.at, sc.classes[1].deadline_at)], end=horizon, slot=60.0,
+                      utilisation=1.0, interactive_rate=rate, calibrated=calibrated, min_gpus=kept)
     return plan.gpu_hours
 
 
@@ -156,9 +137,10 @@ def figures(rows: list[dict], out: Path, tag: str) -> list[Path]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--backlog", type=int, default=100_000)
+    ap.add_argument("--backlog", type=int, default=None, help="requests (default the file's: 100,000)")
     ap.add_argument("--seeds", type=int, default=5)
-    ap.add_argument("--horizon", type=float, default=4200.0, help="s (default 70 min: past the 65-minute deadline)")
+    ap.add_argument("--horizon", type=float, default=None, help="s (default the file's: 70 min, past the 65-minute "
+                    "deadline)")
     ap.add_argument("--policies", default=",".join(POLICIES))
     add_executor_arguments(ap, workers=1)
     ap.add_argument("--azure", default=None, help="the Azure conversation trace CSV for the interactive arrivals")
@@ -167,6 +149,11 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    sc0 = scenario_for(None)
+    if a.backlog is None:
+        a.backlog = sc0.workflow.backlogs[0].count
+    if a.horizon is None:
+        a.horizon = sc0.workflow.horizon
     jobs = [{"policy": p, "seed": s, "backlog": a.backlog, "horizon": a.horizon, "azure": a.azure}
             for p in a.policies.split(",") for s in range(1, a.seeds + 1)]
 
@@ -181,7 +168,9 @@ def main(argv=None) -> int:
     rows = [done[k] for k in sorted(done)]
     rate = None
     if a.azure:
-        t = np.concatenate([b.time for b in workload(scenario_for(a.azure), 0, azure=a.azure)
+        from fluidopt.sim.workload import workflow_workload
+
+        t = np.concatenate([b.time for b in workflow_workload(scenario_for(a.azure, 0))
                             .batches(np.random.default_rng(0), a.horizon)])
         counts = np.histogram(t, bins=np.arange(0, a.horizon + 60, 60.0))[0]
         rate = (counts / 60.0).tolist()
@@ -189,25 +178,31 @@ def main(argv=None) -> int:
 
     try:
         lb = lower_bound(a.backlog, a.horizon, rate, a.azure)
+        lb_fluid = lower_bound(a.backlog, a.horizon, rate, a.azure, calibrated=False)
+        lb_kept = lower_bound(a.backlog, a.horizon, rate, a.azure, kept=scenario_for(a.azure).fleet.initial)
     except InfeasibleError as e:  # e.g. the seed's 1,000,000 requests on at most 50 instances
         print(f"multi-period LP: {e}")
-        lb = math.nan
+        lb = lb_fluid = lb_kept = math.nan
     table = []
     for p in a.policies.split(","):
         rs = [r for r in rows if r["policy"] == p]
         gh = ci([r["gpu_hours"] for r in rs])
         si = ci([r["slo_interactive"] for r in rs])
         sb = ci([r["slo_batch"] for r in rs])
+        ratios = [r["gpu_hours"] / lb for r in rs]
         table.append({"policy": p, "gpu_hours": gh[0], "gpu_hours_ci": gh[1], "ratio_to_lp": gh[0] / lb,
+                      "min_ratio_to_lp": min(ratios), "ratio_to_lp_kept": gh[0] / lb_kept,
+                      "ratio_to_fluid_lp": gh[0] / lb_fluid,
                       "slo_interactive": si[0], "slo_interactive_ci": si[1], "slo_batch": sb[0], "slo_batch_ci": sb[1],
                       "max_gpus": max(r["max_gpus"] for r in rs), "seeds": len(rs),
                       "wall_s": float(np.mean([r["wall"] for r in rs]))})
     tab = pd.DataFrame(table)
-    print(f"\nbacklog {a.backlog:,} at minute 5, deadline minute 65; multi-period LP lower bound {lb:.2f} GPU-hours")
+    print(f"\nbacklog {a.backlog:,} at minute 5, deadline minute 65; multi-period LP lower bound {lb:.2f} GPU-hours "
+          f"(calibrated throughputs; {lb_kept:.2f} with the initial fleet kept; {lb_fluid:.2f} with the fluid ones)")
     print(tab.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
     tab.to_csv(out / f"orch_table{a.tag}.csv", index=False)
     (out / f"orch_runs{a.tag}.json").write_text(json.dumps(
-        {"lp_lower_bound": lb, "backlog": a.backlog, "runs": [{k: v for k, v in r.items() if not isinstance(v, list)}
+        {"lp_lower_bound": lb, "lp_lower_bound_kept": lb_kept, "lp_lower_bound_fluid": lb_fluid, "backlog": a.backlog, "runs": [{k: v for k, v in r.items() if not isinstance(v, list)}
                                                               for r in rows]}, indent=1))
     for p in figures(rows, out, a.tag):
         print("wrote", os.path.relpath(p))

@@ -14,8 +14,8 @@ end of its last slot plus ``deadline`` (rounded up to a slot boundary), or by ``
 group that starts at or after ``deadline_at`` can never meet it and is left out (counted in
 ``notes``). Both are relaxations (work available earlier, due no earlier than the real requests),
 so the optimum stays a lower bound. Explicit backlogs are rounded outwards to whole slots the same
-way. Deadlines after the day's end are moved to its end: the plan finishes, within the day, every
-request that arrives in it.
+way. Deadlines after the day's end are kept as they are: the plan runs on, in whole slots, to the
+last deadline, with no interactive traffic after the day's end (a note says so).
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ from fluidopt.errors import InfeasibleError, ScenarioError, UsageError
 from fluidopt.fluid.multiperiod import BacklogJob, FleetPlan, plan_fleet
 from fluidopt.model import Scenario
 
-__all__ = ["DayPlan", "MAX_GROUPS", "parse_backlog", "plan_day", "rates_from_trace", "read_rates_csv"]
+__all__ = ["DayPlan", "MAX_GROUPS", "parse_backlog", "plan_day", "rates_from_trace", "read_rates_csv",
+           "workflow_rates"]
 
 MAX_GROUPS = 48  # arrival groups per ongoing batch class (keeps the LP at O(48 x slots) columns)
 
@@ -103,7 +104,8 @@ class DayPlan:
             "price_per_gpu_hour": self.price_per_gpu_hour, "cost": self.cost, "cost_int": self.cost_int,
             "utilisation": self.utilisation, "lower_bound": self.utilisation == 1.0,
             "throughput_per_gpu": {"interactive": self.fleet_plan.mu_int, "batch_on_base": self.fleet_plan.mu_mix,
-                                   "batch_instance": self.fleet_plan.mu_bat},
+                                   "batch_instance": self.fleet_plan.mu_bat,
+                                   "model": "calibrated" if self.fleet_plan.calibrated else "fluid"},
             "backlogs": [{"class": j.cls, "requests": j.n, "at": j.at, "deadline": j.deadline} for j in self.backlogs],
             "notes": list(self.notes), "per_slot": rows,
         }
@@ -184,6 +186,51 @@ def parse_backlog(text: str) -> tuple[str, float, float]:
     return name.strip(), n, at
 
 
+def workflow_rates(scenario: Scenario, slot: float) -> tuple[np.ndarray | None, str | None, list[str]]:
+    """The interactive rate per slot from a scenario's workflow (``[[arrivals]]``), over its
+    ``[workflow] horizon``: (rates, None, notes), or (None, trace file, notes) when the one interactive
+    class with arrivals replays a trace. ``poisson`` / ``gamma``: their constant rate; ``rates``: the
+    file's piecewise rate averaged over each slot; a class without arrivals adds nothing."""
+    from fluidopt.sim.workload import read_slot_rates
+
+    wf = scenario.workflow
+    inter = [c for c in scenario.classes if c.deadline is None and c.deadline_at is None]
+    specs = {a.cls: a for a in wf.arrivals}
+    traced = [specs[c.name] for c in inter if c.name in specs and specs[c.name].process == "trace"]
+    if traced:
+        if len([c for c in inter if c.name in specs]) > 1:
+            raise UsageError("plan --day: the workflow replays a trace for one interactive class next to other "
+                             "interactive arrivals; give the day's rates with --rates FILE")
+        return None, traced[0].file, [f"interactive rates from the workflow's trace {traced[0].file}"]
+    if wf.horizon is None:
+        raise UsageError("plan --day: expected the day's interactive rates: --rates FILE, --trace FILE, or a "
+                         "workflow with [workflow] horizon in the scenario")
+    K = max(1, math.ceil(wf.horizon / slot - 1e-9))
+    lam = np.zeros(K)
+    edges = slot * np.arange(K + 1)
+    for c in inter:
+        a = specs.get(c.name)
+        if a is None:
+            continue
+        if a.process in ("poisson", "gamma"):
+            lam += c.rate if a.rate is None else a.rate
+        else:  # per-slot rates of their own slot length: the average over each plan slot
+            lam += _slot_means(read_slot_rates(a.file, f"arrivals[{c.name}].file"), a.slot, edges)
+    return lam, None, [f"interactive rates from the scenario's workflow over its horizon ({wf.horizon:g} s)"]
+
+
+def _slot_means(r: np.ndarray, width: float, edges: np.ndarray) -> np.ndarray:
+    """Mean over each [edges[k], edges[k+1]) of the piecewise rate r[j] on [j width, (j+1) width), 0 after."""
+    cum = np.concatenate([[0.0], np.cumsum(r * width)])  # the integral at each breakpoint
+
+    def integral(t: np.ndarray) -> np.ndarray:
+        j = np.minimum(np.floor(t / width).astype(np.int64), r.size)
+        inside = j < r.size
+        return cum[j] + np.where(inside, r[np.minimum(j, r.size - 1)] * (t - j * width), 0.0)
+
+    return np.diff(integral(edges)) / np.diff(edges)
+
+
 def _check_slot(slot) -> float:
     if isinstance(slot, bool) or not isinstance(slot, (int, float)) or not math.isfinite(slot) or slot <= 0:
         raise UsageError(f"--slot: expected seconds > 0, got {slot!r}")
@@ -208,7 +255,7 @@ def _class_jobs(scenario: Scenario, bat: Sequence[int], K: int, slot: float, end
         lost = 0.0
         for k0 in range(0, K, per):
             a, b = k0 * slot, min(K, k0 + per) * slot
-            due = end
+            due = math.inf
             if c.deadline is not None:
                 due = min(due, math.ceil((b + c.deadline) / slot - 1e-9) * slot)
             if c.deadline_at is not None:
@@ -259,6 +306,7 @@ def plan_day(
     min_gpus: float = 0.0,
     max_gpus: int | None = None,
     class_arrivals: bool = True,
+    calibrated: bool = True,
 ) -> DayPlan:
     """The fewest GPU-hours for a day: the multi-period LP over ``len(rates)`` slots of ``slot`` seconds.
 
@@ -268,13 +316,24 @@ def plan_day(
     deadline from the class (``deadline_at``, or ``at`` + ``deadline``); ``class_arrivals``: also the
     scenario's batch classes at their ``rate`` (module docstring). ``utilisation`` (rho in (0, 1]):
     target utilisation of the interactive GPUs (1: the lower bound); ``min_gpus``: a fleet kept in
-    every slot; ``max_gpus``: the fleet's maximum (default the scenario's ``gpus``). Raises
+    every slot; ``max_gpus``: the fleet's maximum (default the scenario's ``gpus``); ``calibrated``: the
+    roles' rates are the simulator's saturated throughputs (default; False: the fluid estimates, see
+    :func:`fluidopt.fluid.multiperiod.role_rates`). A deadline after the day's end is kept: the plan
+    runs on in whole slots to the last deadline, with no interactive traffic after the day. Raises
     :class:`UsageError` / :class:`ScenarioError` on bad input, :class:`InfeasibleError` when no
     fleet of at most ``max_gpus`` serves the day.
     """
     if not isinstance(scenario, Scenario):
         raise ScenarioError(f"plan_day: scenario: expected a Scenario, got {type(scenario).__name__}")
     slot = _check_slot(slot)
+    wf_notes: list[str] = []
+    if scenario.workflow is not None:
+        if rates is None and trace is None:
+            rates, trace, wf_notes = workflow_rates(scenario, slot)
+        if not backlogs and scenario.workflow.backlogs:
+            backlogs = [(b.cls, float(b.count), float(b.at)) for b in scenario.workflow.backlogs]
+            wf_notes.append(f"backlogs from the scenario's workflow: "
+                            f"{', '.join(f'{b.cls}={b.count}@{b.at:g}' for b in scenario.workflow.backlogs)}")
     if (rates is None) == (trace is None):
         raise UsageError("plan --day: expected the day's interactive rates from exactly one of --rates FILE and "
                          "--trace FILE (Python: rates= or trace=)")
@@ -292,7 +351,7 @@ def plan_day(
     if not inter:
         raise ScenarioError(f"plan --day: scenario {scenario.name!r} has no interactive class (every class has a "
                             "deadline); expected at least one class without deadline / deadline_at")
-    notes: list[str] = []
+    notes: list[str] = list(wf_notes)
     if trace is not None:
         lam, P, D = rates_from_trace(trace, slot)
         if len(inter) == 1:
@@ -316,6 +375,7 @@ def plan_day(
     end = K * slot
     names = scenario.class_names
     jobs: list[BacklogJob] = []
+    late: list[str] = []  # deadlines after the day's end, as given
     for b in backlogs:
         if isinstance(b, BacklogJob):
             jobs.append(b)
@@ -329,22 +389,36 @@ def plan_day(
         due = min(x for x in (c.deadline_at, None if c.deadline is None else at + c.deadline) if x is not None)
         if at >= end:
             raise UsageError(f"--backlog {name}={n:g}@{at:g}: expected a time within the day [0, {end:g}) s")
-        if due > end:
-            notes.append(f"backlog {name}: deadline {due:g} s after the day's end; due at the end ({end:g} s)")
-            due = end
         if due <= at:
             raise UsageError(f"--backlog {name}={n:g}@{at:g}: its deadline {due:g} s is not after its arrival")
+        if due > end + 1e-9:
+            late.append(f"backlog {name} due at {due:g} s")
         # whole slots, rounded outwards (available from the slot it arrives in, due at the end of the slot
         # holding its deadline): a relaxation, so the optimum stays a lower bound at any slot length
-        jobs.append(BacklogJob(name, float(n), math.floor(at / slot + 1e-9) * slot,
-                               min(end, math.ceil(due / slot - 1e-9) * slot)))
+        jobs.append(BacklogJob(name, float(n), math.floor(at / slot + 1e-9) * slot, math.ceil(due / slot - 1e-9) * slot))
+    if scenario.workflow is not None:  # with a workflow, a batch class arrives only through [[arrivals]]
+        flowing = {a.cls for a in scenario.workflow.arrivals}
+        bat = [i for i in bat if cl[i].name in flowing]
     if class_arrivals and bat:
         jobs += _class_jobs(scenario, bat, K, slot, end, notes)
+    # deadlines after the day's end are kept: the plan runs on to the last one (whole slots), with no
+    # interactive traffic after the day's end (the day's work is what arrives in the day)
+    last = max([j.deadline for j in jobs], default=end)
+    if last > end + 1e-9:
+        extra = math.ceil((last - end) / slot - 1e-9)
+        given = {x.split(" due at ")[0].removeprefix("backlog ") for x in late}
+        late += sorted({f"class {j.cls} due by {j.deadline:g} s" for j in jobs
+                        if j.deadline > end + 1e-9 and j.cls not in given})
+        notes.append(f"deadline after the day's end ({end:g} s): {'; '.join(late)}; the plan runs {extra} slot"
+                     f"{'s' if extra > 1 else ''} of {slot:g} s longer, to {end + extra * slot:g} s (deadlines rounded "
+                     "up to whole slots), with no interactive traffic after the day's end")
+        lam = np.concatenate([lam, np.zeros(extra)])
+        end = end + extra * slot
     try:
         fp = plan_fleet(scenario, jobs, start=0.0, end=end, slot=slot, interactive_rate=lam, utilisation=utilisation,
-                        min_gpus=float(min_gpus), max_gpus=nmax, interactive=inter, level=True)
+                        min_gpus=float(min_gpus), max_gpus=nmax, interactive=inter, level=True, calibrated=calibrated)
     except InfeasibleError as e:
-        peak = float(lam.max()) / (utilisation * _mu_int(scenario, inter))
+        peak = float(lam.max()) / (utilisation * _mu_int(scenario, inter, calibrated))
         raise InfeasibleError(f"plan --day: {e} (peak interactive need {peak:.2f} GPUs); raise --max-gpus "
                               "(or cluster.gpus) or move the deadlines",
                               conflicting=e.conflicting) from None
@@ -360,7 +434,7 @@ def plan_day(
                    backlogs=tuple(jobs), fleet_plan=fp, notes=tuple(notes))
 
 
-def _mu_int(scenario: Scenario, inter: Sequence[int]) -> float:
+def _mu_int(scenario: Scenario, inter: Sequence[int], calibrated: bool = True) -> float:
     from fluidopt.fluid.multiperiod import _rates
 
-    return _rates(scenario, inter, [i for i in range(len(scenario.classes)) if i not in inter], None)[0]
+    return _rates(scenario, inter, [i for i in range(len(scenario.classes)) if i not in inter], None, calibrated)[0]

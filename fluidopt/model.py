@@ -205,6 +205,131 @@ class Fleet:
         _check_positive("fleet", "kv_swap_time_per_token", self.kv_swap_time_per_token, allow_zero=True)
 
 
+ARRIVAL_PROCESSES = ("poisson", "gamma", "trace", "rates")
+
+
+@dataclass(frozen=True)
+class ArrivalSpec:
+    """Ongoing arrivals of class ``cls`` in a workflow (the scenario file's ``[[arrivals]]`` tables).
+
+    ``process``: ``"poisson"`` (``rate`` requests/s, default the class's rate), ``"gamma"`` (a
+    stationary Gamma renewal process with ``rate`` and coefficient of variation ``cv``), ``"trace"``
+    (the rows of a trace file ``file``, Azure LLM inference or generic CSV, all of them this class's,
+    with the trace's token counts) or ``"rates"`` (Poisson with a piecewise-constant rate: a CSV ``file``
+    of per-slot rates, a ``rate`` column or one column of numbers, slots of ``slot`` seconds). Lengths
+    (except for a trace) follow the class's ``prompt``, ``decode`` and ``lengths``."""
+
+    cls: str
+    process: str = "poisson"
+    rate: float | None = None  # requests/s (poisson, gamma); None: the class's rate
+    cv: float | None = None  # gamma only
+    file: str | None = None  # trace, rates
+    slot: float | None = None  # s, rates only
+
+    def __post_init__(self) -> None:
+        w = f"arrivals[{self.cls}]"
+        if not isinstance(self.cls, str) or not self.cls:
+            raise ScenarioError(f"arrivals.class: expected a class name, got {self.cls!r}")
+        if self.process not in ARRIVAL_PROCESSES:
+            raise ScenarioError(f"{w}.process: expected one of {', '.join(ARRIVAL_PROCESSES)}, got {self.process!r}")
+        if self.rate is not None:
+            _check_positive(w, "rate", self.rate)
+        need = {"poisson": (), "gamma": ("cv",), "trace": ("file",), "rates": ("file", "slot")}[self.process]
+        allowed = {"poisson": ("rate",), "gamma": ("rate", "cv"), "trace": ("file",), "rates": ("file", "slot")}
+        for k in need:
+            if getattr(self, k) is None:
+                raise ScenarioError(f"{w}.{k}: expected a value for process = {self.process!r}, got none")
+        for k in ("rate", "cv", "file", "slot"):
+            if getattr(self, k) is not None and k not in allowed[self.process]:
+                raise ScenarioError(f"{w}.{k}: not used by process = {self.process!r} (it takes "
+                                    f"{', '.join(allowed[self.process]) or 'no option'})")
+        if self.cv is not None:
+            _check_positive(w, "cv", self.cv)
+        if self.slot is not None:
+            _check_positive(w, "slot", self.slot)
+        if self.file is not None and (not isinstance(self.file, str) or not self.file):
+            raise ScenarioError(f"{w}.file: expected a file path, got {self.file!r}")
+
+
+@dataclass(frozen=True)
+class BacklogSpec:
+    """``count`` requests of class ``cls`` all arriving at ``at`` seconds (the scenario file's
+    ``[[backlogs]]`` tables), due by ``deadline`` (absolute seconds; default the class's ``deadline_at``,
+    or ``at`` + its ``deadline``). Lengths follow the class's ``prompt``, ``decode`` and ``lengths``."""
+
+    cls: str
+    count: int
+    at: float = 0.0
+    deadline: float | None = None
+
+    def __post_init__(self) -> None:
+        w = f"backlogs[{self.cls}]"
+        if not isinstance(self.cls, str) or not self.cls:
+            raise ScenarioError(f"backlogs.class: expected a class name, got {self.cls!r}")
+        _check_int(w, "count", self.count, minimum=0)
+        _check_positive(w, "at", self.at, allow_zero=True)
+        if self.deadline is not None:
+            _check_positive(w, "deadline", self.deadline, allow_zero=True)
+            if self.deadline <= self.at:
+                raise ScenarioError(f"{w}.deadline: expected a time after its arrival at = {self.at:g} s, "
+                                    f"got {self.deadline:g}")
+
+
+@dataclass(frozen=True)
+class Workflow:
+    """A whole workflow in the scenario: ongoing ``arrivals`` per class and batch ``backlogs`` (the
+    file's ``[[arrivals]]`` and ``[[backlogs]]``), and the run's ``horizon`` (``[workflow] horizon``). With
+    a workflow, a class gets ongoing arrivals only from an :class:`ArrivalSpec` (its ``rate`` is then
+    used only by the planners)."""
+
+    arrivals: tuple[ArrivalSpec, ...] = ()
+    backlogs: tuple[BacklogSpec, ...] = ()
+    horizon: float | None = None  # s: the run's default length (``fluidopt simulate``)
+
+    def __post_init__(self) -> None:
+        if self.horizon is not None:
+            _check_positive("workflow", "horizon", self.horizon)
+        object.__setattr__(self, "arrivals", tuple(self.arrivals))
+        object.__setattr__(self, "backlogs", tuple(self.backlogs))
+        seen = [a.cls for a in self.arrivals]
+        dup = sorted({c for c in seen if seen.count(c) > 1})
+        if dup:
+            raise ScenarioError(f"arrivals: one [[arrivals]] table per class, repeated: {', '.join(dup)}")
+
+
+def _check_workflow(wf: Workflow, classes: tuple[RequestClass, ...]) -> tuple[RequestClass, ...]:
+    """Check a workflow against the classes; a backlog's deadline becomes its class's ``deadline_at``
+    when the class has none (the simulator keeps one deadline per class). Returns the classes."""
+    if not isinstance(wf, Workflow):
+        raise ScenarioError(f"workflow: expected a Workflow, got {type(wf).__name__}")
+    names = [c.name for c in classes]
+    out = list(classes)
+    for k, a in enumerate(wf.arrivals):
+        if a.cls not in names:
+            raise ScenarioError(f"arrivals[{k}].class: expected a class of the scenario ({', '.join(names)}), "
+                                f"got {a.cls!r}")
+    for k, b in enumerate(wf.backlogs):
+        w = f"backlogs[{k}]"
+        if b.cls not in names:
+            raise ScenarioError(f"{w}.class: expected a class of the scenario ({', '.join(names)}), got {b.cls!r}")
+        i = names.index(b.cls)
+        c = out[i]
+        if b.deadline is not None:
+            if c.deadline_at is None:
+                out[i] = c = replace(c, deadline_at=float(b.deadline))
+            elif c.deadline_at != b.deadline:
+                raise ScenarioError(f"{w}.deadline: expected the class's deadline_at = {c.deadline_at:g} s (the "
+                                    f"simulator keeps one deadline per class), got {b.deadline:g}")
+        if c.deadline is None and c.deadline_at is None:
+            raise ScenarioError(f"{w}: class {b.cls!r} has no deadline: expected a deadline here or deadline / "
+                                "deadline_at in its [[classes]] table")
+        if c.deadline is None and c.deadline_at <= b.at:
+            raise ScenarioError(f"{w}: the deadline of class {b.cls!r}, deadline_at = {c.deadline_at:g} s, is not "
+                                f"after the backlog's arrival at = {b.at:g} s: expected a later deadline or an "
+                                "earlier arrival")
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class Rates:
     """Per-class rates of a scenario, per GPU, as numpy arrays indexed by class (fluid LP inputs).
@@ -240,6 +365,7 @@ class Scenario:
     name: str = "scenario"
     meta: dict = field(default_factory=dict, compare=False, hash=False)
     fleet: Fleet | None = None  # autoscaling fleet (simulator only); None: a fixed fleet of ``gpus``
+    workflow: Workflow | None = None  # arrival processes and batch backlogs (None: Poisson at each class's rate)
 
     def __post_init__(self) -> None:
         if not isinstance(self.gpu, GPUProfile):
@@ -266,6 +392,8 @@ class Scenario:
                 raise ScenarioError(
                     f"fleet.initial: expected at most cluster.gpus = {self.gpus} (the fleet's maximum), got {self.fleet.initial}"
                 )
+        if self.workflow is not None:
+            object.__setattr__(self, "classes", _check_workflow(self.workflow, classes))
 
     # -- convenience -------------------------------------------------------------------------
     @property
@@ -277,9 +405,19 @@ class Scenario:
         return tuple(c.name for c in self.classes)
 
     def with_gpus(self, gpus: int) -> Scenario:
-        """Same per-GPU load on a fleet of ``gpus`` GPUs (cluster arrival rates scale with n)."""
+        """Same per-GPU load on a fleet of ``gpus`` GPUs (cluster arrival rates scale with n). A workflow's
+        Poisson and Gamma arrivals scale with it and its backlogs' counts too (rounded); a trace or a
+        rate file cannot be rescaled (ScenarioError)."""
         f = gpus / self.gpus
-        return replace(self, gpus=gpus, classes=tuple(replace(c, rate=c.rate * f) for c in self.classes))
+        wf = self.workflow
+        if wf is not None:
+            for k, a in enumerate(wf.arrivals):
+                if a.process in ("trace", "rates"):
+                    raise ScenarioError(f"arrivals[{k}] ({a.cls}): a {a.process} file cannot be rescaled to {gpus} "
+                                        f"GPUs; expected the scenario's own cluster.gpus = {self.gpus}")
+            wf = replace(wf, arrivals=tuple(a if a.rate is None else replace(a, rate=a.rate * f) for a in wf.arrivals),
+                         backlogs=tuple(replace(b, count=int(round(b.count * f))) for b in wf.backlogs))
+        return replace(self, gpus=gpus, classes=tuple(replace(c, rate=c.rate * f) for c in self.classes), workflow=wf)
 
     def with_prices(self, prefill: float | None = None, decode: float | None = None) -> Scenario:
         return replace(

@@ -52,7 +52,7 @@ else:  # pragma: no cover
 _TOP_KEYS = {"name", "gpu", "cluster", "pricing", "classes", "description", "slis"}
 # Keys added for the simulator's orchestration features; accepted, but kept out of the lists that
 # the unknown-key errors print (those lists are part of the documented error texts).
-_TOP_EXTRA = {"fleet"}
+_TOP_EXTRA = {"fleet", "arrivals", "backlogs", "workflow"}
 _CLASS_EXTRA = {"ttft_slo", "itl_slo", "deadline", "deadline_at", "demand"}
 _CLUSTER_KEYS = {"gpus"}
 _PRICING_KEYS = {"prefill", "decode"}
@@ -142,8 +142,68 @@ def scenario_from_dict(data: Mapping[str, Any], *, source: str = "<dict>") -> Sc
             if k in ft:
                 fkw[k] = _number(f"fleet.{k}", ft[k])
         fleet = Fleet(**fkw)
+    workflow = None
+    if "arrivals" in data or "backlogs" in data or "workflow" in data:
+        workflow = _workflow(data.get("arrivals", []), data.get("backlogs", []), source)
+        wt = _expect_table("workflow", data.get("workflow", {}))
+        _reject_unknown("workflow", wt, {"horizon"})
+        if "horizon" in wt:
+            from dataclasses import replace as _replace
+
+            workflow = _replace(workflow, horizon=_number("workflow.horizon", wt["horizon"]))
     return Scenario(gpu=gpu, gpus=gpus, classes=parsed, prefill_price=cp, decode_price=cd, name=name, meta=meta,
-                    fleet=fleet)
+                    fleet=fleet, workflow=workflow)
+
+
+_ARRIVAL_KEYS = {"class", "process", "rate", "cv", "file", "slot"}
+_BACKLOG_KEYS = {"class", "count", "at", "deadline"}
+
+
+def _workflow(arrivals: Any, backlogs: Any, source: str):
+    """``[[arrivals]]`` and ``[[backlogs]]`` (docs/orchestration.md section 5): a file path is taken
+    relative to the scenario file's folder."""
+    from fluidopt.model import ArrivalSpec, BacklogSpec, Workflow
+
+    base = None if source.startswith("<") else Path(source).resolve().parent
+    out_a, out_b = [], []
+    for key, rows, keys in (("arrivals", arrivals, _ARRIVAL_KEYS), ("backlogs", backlogs, _BACKLOG_KEYS)):
+        if not isinstance(rows, list):
+            raise ScenarioError(f"{key}: expected an array of tables ([[{key}]]), got {rows!r}")
+        for k, t in enumerate(rows):
+            where = f"{key}[{k}]"
+            t = _expect_table(where, t)
+            _reject_unknown(where, t, keys)
+            _require(where, t, ("class", "count") if key == "backlogs" else ("class",))
+            if not isinstance(t["class"], str):
+                raise ScenarioError(f"{where}.class: expected a class name (a string), got {t['class']!r}")
+            kw: dict[str, Any] = {"cls": t["class"]}
+            try:
+                if key == "arrivals":
+                    if "process" in t:
+                        if not isinstance(t["process"], str):
+                            raise ScenarioError(f"{where}.process: expected a string, got {t['process']!r}")
+                        kw["process"] = t["process"]
+                    for f in ("rate", "cv", "slot"):
+                        if f in t:
+                            kw[f] = _number(f"{where}.{f}", t[f])
+                    if "file" in t:
+                        if not isinstance(t["file"], str) or not t["file"]:
+                            raise ScenarioError(f"{where}.file: expected a file path (a string), got {t['file']!r}")
+                        f = Path(t["file"])
+                        kw["file"] = str(f if f.is_absolute() or base is None else base / f)
+                    out_a.append(ArrivalSpec(**kw))
+                else:
+                    kw["count"] = _integer(f"{where}.count", t["count"])
+                    for f in ("at", "deadline"):
+                        if f in t:
+                            kw[f] = _number(f"{where}.{f}", t[f])
+                    out_b.append(BacklogSpec(**kw))
+            except ScenarioError as e:
+                msg = str(e).replace(f"{key}[{t['class']}]", where, 1)
+                if not msg.startswith(where):
+                    msg = f"{msg} (in {where})"
+                raise ScenarioError(msg) from None
+    return Workflow(arrivals=tuple(out_a), backlogs=tuple(out_b))
 
 
 def _slis(value: Any, class_names: tuple[str, ...]) -> tuple[str, ...]:
@@ -216,6 +276,14 @@ def scenario_to_dict(s: Scenario) -> dict[str, Any]:
         out["fleet"] = {"startup_delay": f.startup_delay, "kv_swap_time_per_token": f.kv_swap_time_per_token}
         if f.initial is not None:
             out["fleet"]["initial"] = f.initial
+    if s.workflow is not None:
+        wf = s.workflow
+        out["arrivals"] = [{"class": a.cls, "process": a.process, **{k: getattr(a, k) for k in ("rate", "cv", "file", "slot")
+                                                                      if getattr(a, k) is not None}} for a in wf.arrivals]
+        out["backlogs"] = [{"class": b.cls, "count": b.count, "at": b.at,
+                            **({} if b.deadline is None else {"deadline": b.deadline})} for b in wf.backlogs]
+        if wf.horizon is not None:
+            out["workflow"] = {"horizon": wf.horizon}
     return out
 
 

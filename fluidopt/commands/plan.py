@@ -68,6 +68,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    "(default 1: the lower bound; below 1 keeps headroom)")
     d.add_argument("--min-gpus", type=float, default=0.0, help="GPUs kept in every slot (default 0)")
     d.add_argument("--max-gpus", type=int, default=None, help="the fleet's maximum (default the scenario's gpus)")
+    d.add_argument("--fluid-throughputs", action="store_true", help="plan with the GPU law's fluid throughputs "
+                   "(context prompt + output/2: optimistic) instead of the simulator's saturated ones")
     add_controller_arguments(p)
     add_scale_arguments(p)
     add_seed_arguments(p, seeds=5)
@@ -134,9 +136,9 @@ def run(args: argparse.Namespace) -> int:
     import_user_modules(args.imports)
     if args.day:
         return _run_day(args)
-    for flag in ("rates", "trace", "backlog"):
+    for flag in ("rates", "trace", "backlog", "fluid_throughputs"):
         if getattr(args, flag):
-            raise UsageError(f"--{flag}: only with --day (GPU-hours for a day)")
+            raise UsageError(f"--{flag.replace('_', '-')}: only with --day (GPU-hours for a day)")
     options = parse_options(args.option)
     check_workers(args)
     slis = PlanSLIs(served=args.served, tpot=args.tpot, ttft=args.ttft, ttft_p99=args.ttft_p99,
@@ -260,11 +262,11 @@ def _run_day(args: argparse.Namespace) -> int:
 
     if args.rates and args.trace:
         raise UsageError("plan --day: expected one of --rates FILE and --trace FILE, got both")
-    if not args.rates and not args.trace:
-        raise UsageError("plan --day: expected the day's interactive rate per slot: --rates FILE.csv or --trace FILE")
     if not math.isfinite(args.slot) or args.slot <= 0:
         raise UsageError(f"--slot: expected seconds > 0, got {args.slot:g}")
     scenario = load_scenario(args.scenario)
+    if not args.rates and not args.trace and scenario.workflow is None:  # a workflow gives its own rates
+        raise UsageError("plan --day: expected the day's interactive rate per slot: --rates FILE.csv or --trace FILE")
     rates = read_rates_csv(args.rates) if args.rates else None
     backlogs = [parse_backlog(b) for b in args.backlog]
     if args.out:
@@ -272,7 +274,8 @@ def _run_day(args: argparse.Namespace) -> int:
 
         check_writable_folder(args.out, "--out")  # before the work, not after it
     d = plan_day(scenario, rates, trace=args.trace or None, slot=args.slot, backlogs=backlogs,
-                 utilisation=args.utilisation, min_gpus=args.min_gpus, max_gpus=args.max_gpus)
+                 utilisation=args.utilisation, min_gpus=args.min_gpus, max_gpus=args.max_gpus,
+                 calibrated=not args.fluid_throughputs)
     files: list[str] = []
     if args.out:
         from fluidopt._files import lock_folder, write_generation

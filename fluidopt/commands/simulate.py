@@ -51,12 +51,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--policy", default=None, metavar="NAME", help="registered policy name (see --list-policies)")
     p.add_argument("--gpus", type=int, default=None, metavar="N",
                    help="number of GPUs (arrival rates scale to keep the per-GPU load)")
-    p.add_argument("--horizon", type=float, default=1000.0, metavar="T", help="simulated seconds (default 1000)")
+    p.add_argument("--horizon", type=float, default=None, metavar="T", help="simulated seconds (default 1000, or "
+                   "the scenario's [workflow] horizon)")
     p.add_argument("--warmup", type=float, default=None, metavar="W",
-                   help="warm-up seconds excluded from the metrics (default: 10%% of the horizon)")
+                   help="warm-up seconds excluded from the metrics (default: 10%% of the horizon; 0 with a workflow)")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="random seed (default 0)")
-    p.add_argument("--service", choices=("markov", "tokens"), default="markov",
-                   help="markov: the paper's exponential model; tokens: integer token lengths (default markov)")
+    p.add_argument("--service", choices=("markov", "tokens"), default=None,
+                   help="markov: the paper's exponential model; tokens: integer token lengths (default markov; "
+                   "tokens for a scenario with a KV model or a workflow)")
     p.add_argument("--records", default=None, metavar="FILE", help="write one CSV row per request to FILE")
     p.add_argument("--sample-interval", type=float, default=None, metavar="S",
                    help="sample the state every S seconds (shown only with --json as 'timeseries_rows')")
@@ -119,9 +121,24 @@ def format_result(res: Any) -> str:
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.float_format", "{:.5g}".format):
         lines.append("  per class (rates, occupancies and queues per GPU; times in seconds):")
         lines += ["    " + ln for ln in df.to_string().splitlines()]
+    lines += _slo_lines(res)
     if res.records_path:
         lines += ["", f"  records: {res.records_path}"]
     return "\n".join(lines)
+
+
+def _slo_lines(res: Any) -> list[str]:
+    """GPU-hours and each SLO class's attainment (classes with ttft_slo / itl_slo / deadline)."""
+    pc = res.per_class
+    if "slo_requests" not in pc.columns or not (pc["slo_requests"] > 0).any():
+        return []
+    parts = []
+    for name, r in pc.iterrows():
+        if r["slo_requests"] > 0:
+            left = int(r["arrived"] - r["completed"] - r["abandoned"])
+            parts.append(f"{name} {r['slo_attainment']:.4f} ({int(r['slo_met'])} of {int(r['slo_requests'])} met; "
+                         f"{int(r['completed'])} completed" + (f", {left} not done at the end" if left > 0 else "") + ")")
+    return ["", f"  GPU-hours {res.gpu_hours:.4g} (time 0 to {res.t_end:g} s); SLO attainment: " + "; ".join(parts)]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -146,7 +163,14 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.gpus is not None:
         scenario = scenario.with_gpus(args.gpus)
-    warmup = 0.1 * args.horizon if args.warmup is None else args.warmup
+    # a workflow scenario (issue 31) carries its own horizon and runs in tokens mode from t = 0
+    wf = scenario.workflow
+    if args.horizon is None:
+        args.horizon = wf.horizon if wf is not None and wf.horizon is not None else 1000.0
+    if args.service is None:
+        g = scenario.gpu
+        args.service = "tokens" if wf is not None or g.kv_time_per_token or g.kv_capacity is not None else "markov"
+    warmup = (0.0 if wf is not None else 0.1 * args.horizon) if args.warmup is None else args.warmup
     check_run(args.horizon, warmup, args.service, caller="simulate")
     scenario, workload = replay_from_args(args, scenario)
     if workload is None:

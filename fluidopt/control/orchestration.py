@@ -15,8 +15,8 @@ run (the simulator's fleet actions: ``add_gpu``, ``drain_gpu``, ``set_max_decode
   over-provisioning, never below a minimum);
 * ``qlm``: a fixed fleet; requests grouped by class (one SLO per class); the group served next is
   the one with the least predicted slack (the waiting-time estimate against its SLO), which
-  maximises predicted attainment when some group must wait; batch work is evicted for an interactive
-  request about to miss its TTFT;
+  maximises predicted attainment when some group must wait; an interactive request that arrives when
+  no instance has room evicts batch work at once (not only when about to miss its TTFT);
 * ``utilisation-autoscaler``: the baseline the Chiron paper compares against (Llumnix-like): every
   request is dispatched at once to the least-loaded instance (join the shortest queue; interactive
   first within an instance), a fixed batch size, instances added when utilisation is high (queued
@@ -28,8 +28,11 @@ A prefill is admitted only on a GPU whose decodes are below its batch limit, so 
 follows has a slot.
 
 The GPU law used for the estimates is the engine's: an iteration takes tau_mix (with a prefill
-chunk) or tau_solo, plus ``kv_time_per_token`` per token of resident context; a decode's mean
-resident context is prompt + output / 2 tokens.
+chunk) or tau_solo, plus ``kv_time_per_token`` per token of resident context. Batch limits use a
+decode's mean resident context of prompt + output / 2 tokens (:func:`largest_batch`); the planning
+rates of the roles (``calibrated=True``, the default) are the simulator's saturated throughputs
+(:func:`fluidopt.fluid.multiperiod.role_rates`, :mod:`fluidopt.fluid.saturation`), else the fluid
+estimates of :func:`batch_throughput`.
 """
 
 from __future__ import annotations
@@ -39,7 +42,15 @@ import math
 from fluidopt.control.protocol import DECODE_QUEUE, PREFILL_QUEUE, Context, Controller
 from fluidopt.control.registry import register
 from fluidopt.errors import ScenarioError
-from fluidopt.fluid.multiperiod import BacklogJob, FleetPlan, batch_throughput, largest_batch, mean_context, plan_fleet
+from fluidopt.fluid.multiperiod import (
+    BacklogJob,
+    FleetPlan,
+    batch_throughput,
+    largest_batch,
+    mean_context,
+    plan_fleet,
+    role_rates,
+)
 from fluidopt.model import GPUProfile, Scenario
 
 __all__ = [
@@ -145,8 +156,10 @@ class _Orchestrator(Controller):
     name = "orchestrator"
     chunked_prefill = True
 
-    def __init__(self, scenario: Scenario, *, batch_classes=None, batch_itl: float | None = None, tick: float = 10.0):
+    def __init__(self, scenario: Scenario, *, batch_classes=None, batch_itl: float | None = None, tick: float = 10.0,
+                 calibrated: bool = True):
         who = self.name
+        self.calibrated = bool(calibrated)
         self.tick_interval = _positive(who, "tick", tick)
         self.gpu = scenario.gpu
         self.inter, self.bat = split_classes(scenario, batch_classes)
@@ -173,8 +186,11 @@ class _Orchestrator(Controller):
         else:
             P, D = 1.0, 1.0
         self.bat_P, self.bat_D = P, D
-        self.mu_bat = batch_throughput(self.gpu, self.b_bat, P, D)  # a batch instance, requests/s
-        self.mu_mix = batch_throughput(self.gpu, self.b_int, P, D)  # a mixed instance given to batch work
+        # planning rates (requests/s of one GPU): the simulator's saturated throughputs of the roles
+        # (calibrated, issue 31) or the fluid estimates of batch_throughput
+        self.rates = role_rates(scenario, self.inter, self.bat, self.itl_bat, calibrated=self.calibrated)
+        self.mu_bat = self.rates.mu_bat  # a batch instance
+        self.mu_mix = self.rates.mu_mix  # a mixed instance given to batch work
 
     # -- helpers ---------------------------------------------------------------------------------
     def try_prefill(self, ctx: Context, r: int, g: int) -> bool:
@@ -240,9 +256,10 @@ class Chiron(_Orchestrator):
                  batch_itl: float | None = None, tick: float = 10.0, safety: float = 1.1, margin: float | None = None,
                  host_eviction: bool = True, interactive_scaling: bool = True, interactive_spares: int | None = None,
                  min_interactive: int = 1, interactive_utilisation: float = 0.8, cooldown: float = 600.0,
-                 window: float = 300.0, headroom: float = 0.5):
-        super().__init__(scenario, batch_classes=batch_classes, batch_itl=batch_itl, tick=tick)
+                 window: float = 300.0, headroom: float = 0.5, calibrated: bool = True, shed_mixed: bool = False):
+        super().__init__(scenario, batch_classes=batch_classes, batch_itl=batch_itl, tick=tick, calibrated=calibrated)
         who = self.name
+        self.shed_mixed = bool(shed_mixed)
         self.safety = _positive(who, "safety", safety)
         self.int_scaling = bool(interactive_scaling)
         for nm, v in (("interactive_spares", interactive_spares), ("min_interactive", min_interactive)):
@@ -265,16 +282,13 @@ class Chiron(_Orchestrator):
         if interactive_gpus is None:
             # enough interactive instances for the mean interactive load at the ITL-safe batch
             lam = sum(cl[i].rate for i in self.inter)
-            P = sum(cl[i].prompt * cl[i].rate for i in self.inter) / lam if lam else 1.0
-            D = sum(cl[i].decode * cl[i].rate for i in self.inter) / lam if lam else 1.0
-            mu = batch_throughput(self.gpu, self.b_int, P, D)
-            interactive_gpus = max(1, math.ceil(lam / mu)) if lam else 0
+            interactive_gpus = max(1, math.ceil(lam / self.rates.mu_int)) if lam else 0
         if isinstance(interactive_gpus, bool) or not isinstance(interactive_gpus, int) or interactive_gpus < 0:
             raise ScenarioError(f"chiron: interactive_gpus: expected an integer >= 0, got {interactive_gpus!r}")
         self.n_int = interactive_gpus
         self.fleet_fixed = scenario.fleet is None
         # one GPU's interactive completions/s at the ITL-safe batch: the interactive autoscaler's unit
-        self.mu_int_gpu = batch_throughput(self.gpu, self.b_int, *_mean_lengths(scenario, self.inter))
+        self.mu_int_gpu = self.rates.mu_int
         self.lam_int = sum(cl[i].rate for i in self.inter)
 
     def setup(self, ctx: Context) -> None:
@@ -495,7 +509,7 @@ class Chiron(_Orchestrator):
                 self.int_added.append(g)
         elif step < 0:
             self.int_added = [g for g in self.int_added if ctx.gpu_state(g) in ("online", "starting")]
-            if self.batch_in_system(ctx):
+            if self.batch_in_system(ctx) and not self.shed_mixed:
                 cands = list(self.int_added)
             else:  # the GPUs it added, then mixed, then interactive ones
                 cands = self.int_added + sorted((g for g in up if g not in self.int_added),
@@ -577,7 +591,8 @@ def make_chiron(scenario: Scenario, *, interactive_gpus: int | None = None, batc
                 batch_itl: float | None = None, tick: float = 10.0, safety: float = 1.1, margin: float | None = None,
                 host_eviction: bool = True, interactive_scaling: bool = True, interactive_spares: int | None = None,
                 min_interactive: int = 1, interactive_utilisation: float = 0.8, cooldown: float = 600.0,
-                window: float = 300.0, headroom: float = 0.5) -> Chiron:
+                window: float = 300.0, headroom: float = 0.5, calibrated: bool = True,
+                shed_mixed: bool = False) -> Chiron:
     """Chiron (options as :class:`Chiron`): ``interactive_gpus`` (default: sized from the interactive
     load), ``batch_itl`` (the batch instances' ITL target, s; default the batch class's ``itl_slo``),
     ``safety`` (the global autoscaler's factor on the needed batch rate), ``margin`` (s: plan to finish
@@ -587,12 +602,17 @@ def make_chiron(scenario: Scenario, *, interactive_gpus: int | None = None, batc
     the initial fleet, all offline GPUs without batch classes), ``min_interactive`` (the fewest
     interactive-serving instances), ``interactive_utilisation`` (rho), ``cooldown`` (s over-provisioned
     before a drain), ``window`` (s of per-tick rates whose peak guards a drain), ``headroom`` (share of
-    the TTFT SLO a waiting interactive request may use before the pool counts as short)."""
+    the TTFT SLO a waiting interactive request may use before the pool counts as short).
+    ``calibrated``: plan with the simulator's saturated throughputs of the roles (default; False: the
+    fluid estimates of :func:`batch_throughput`, optimistic by 5-25% here). ``shed_mixed`` (an
+    ablation, default off): the interactive autoscaler may drain over-provisioned mixed instances
+    while batch work is in the system (on the 100k workflow: 24.51 instead of 26.49 GPU-hours, but an
+    interactive SLO of 0.98; docs/orchestration.md section 5)."""
     return Chiron(scenario, interactive_gpus=interactive_gpus, batch_classes=batch_classes, batch_itl=batch_itl,
                   tick=tick, safety=safety, margin=margin, host_eviction=host_eviction,
                   interactive_scaling=interactive_scaling, interactive_spares=interactive_spares,
                   min_interactive=min_interactive, interactive_utilisation=interactive_utilisation,
-                  cooldown=cooldown, window=window, headroom=headroom)
+                  cooldown=cooldown, window=window, headroom=headroom, calibrated=calibrated, shed_mixed=shed_mixed)
 
 
 # --------------------------------------------------------------------------------------------
@@ -607,16 +627,18 @@ class QLM(_Orchestrator):
     ttft_slo - (its age + its prefill time); the batch groups have deadline - now - (their requests
     in the system / the fleet's batch rate). The group with the least slack goes next; groups already
     beyond saving (slack below -``give_up`` seconds) go last, since serving them first would only add
-    misses elsewhere. An interactive request with negative slack and no room evicts batch work (to
-    host memory). Instances are identical, so the per-instance virtual queues of QLM collapse to this
-    one global group order.
+    misses elsewhere. An interactive request that arrives when no instance has room evicts batch work
+    at once (to host memory; a batch prefill first, else a batch decode), whatever its slack: QLM as
+    published evicts only for a request about to miss its TTFT (issue 31, item 5, left for later).
+    Instances are identical, so the per-instance virtual queues of QLM collapse to this one global
+    group order.
     """
 
     name = "qlm"
 
     def __init__(self, scenario: Scenario, *, batch_classes=None, batch_itl: float | None = None,
-                 tick: float = 10.0, give_up: float = 60.0, host_eviction: bool = True):
-        super().__init__(scenario, batch_classes=batch_classes, batch_itl=batch_itl, tick=tick)
+                 tick: float = 10.0, give_up: float = 60.0, host_eviction: bool = True, calibrated: bool = True):
+        super().__init__(scenario, batch_classes=batch_classes, batch_itl=batch_itl, tick=tick, calibrated=calibrated)
         self.give_up = _positive(self.name, "give_up", give_up, zero=True)
         self.host = bool(host_eviction)
         self.ttft_pre = [math.ceil(c.prompt / self.gpu.chunk) * self.gpu.tau_mix for c in scenario.classes]
@@ -710,10 +732,10 @@ class QLM(_Orchestrator):
 @register("qlm", description="QLM: fixed fleet, request groups by class/SLO served in least-predicted-slack order, "
                              "batch eviction to host memory")
 def make_qlm(scenario: Scenario, *, batch_classes: list[str] | None = None, batch_itl: float | None = None,
-             tick: float = 10.0, give_up: float = 60.0, host_eviction: bool = True) -> QLM:
-    """QLM (options as :class:`QLM`)."""
+             tick: float = 10.0, give_up: float = 60.0, host_eviction: bool = True, calibrated: bool = True) -> QLM:
+    """QLM (options as :class:`QLM`; ``calibrated`` as for Chiron)."""
     return QLM(scenario, batch_classes=batch_classes, batch_itl=batch_itl, tick=tick, give_up=give_up,
-               host_eviction=host_eviction)
+               host_eviction=host_eviction, calibrated=calibrated)
 
 
 # --------------------------------------------------------------------------------------------
@@ -879,7 +901,7 @@ class FluidPlan(Chiron):
         self.rho = _positive(self.name, "utilisation", utilisation)
         self.scenario = scenario
         self.plans: list[tuple[float, float]] = []  # (time, planned GPU-hours from then on)
-        self.mu_int = batch_throughput(scenario.gpu, self.b_int, *_mean_lengths(scenario, self.inter))
+        self.mu_int = self.rates.mu_int
 
     def _global_autoscaler(self, ctx: Context) -> None:
         work = self._batch_work(ctx)
@@ -913,7 +935,7 @@ class FluidPlan(Chiron):
             try:
                 plan = plan_fleet(self.scenario, [job], start=now, slot=self.slot, utilisation=self.rho, min_gpus=base,
                                   batch_now=len(active), startup_delay=self.startup,
-                                  interactive=self.inter, mu_mix=mu_mix, mu_bat=mu_bat)
+                                  interactive=self.inter, mu_mix=mu_mix, mu_bat=mu_bat, calibrated=self.calibrated)
             except Exception:  # infeasible: as many batch instances as there are
                 target = len(self.batch_gpus)
             else:
@@ -938,8 +960,8 @@ class FluidPlan(Chiron):
 def make_fluid_plan(scenario: Scenario, *, slot: float = 60.0, utilisation: float = 0.8,
                     interactive_gpus: int | None = None, batch_classes: list[str] | None = None,
                     batch_itl: float | None = None, tick: float = 10.0, margin: float | None = None,
-                    host_eviction: bool = True) -> FluidPlan:
+                    host_eviction: bool = True, calibrated: bool = True) -> FluidPlan:
     """The fluid-plan follower (options as :class:`FluidPlan` and :class:`Chiron`)."""
     return FluidPlan(scenario, slot=slot, utilisation=utilisation, interactive_gpus=interactive_gpus,
                      batch_classes=batch_classes, batch_itl=batch_itl, tick=tick, margin=margin,
-                     host_eviction=host_eviction)
+                     host_eviction=host_eviction, calibrated=calibrated)

@@ -147,9 +147,11 @@ def make_engine(
     if tick is not None and not (isinstance(tick, (int, float)) and math.isfinite(tick) and tick > 0):
         raise ScenarioError(f"controller {ctrl.name!r}: tick_interval: expected seconds > 0 or None, got {tick!r}")
     if workload is None:
-        from fluidopt.sim.workload import workload_from_scenario
+        from fluidopt.sim.workload import check_workflow, workload_from_scenario
 
         workload = workload_from_scenario(scenario)
+        if scenario.workflow is not None:
+            check_workflow(scenario, horizon)  # a batch class that never arrives: a WorkflowWarning
     else:
         names = tuple(getattr(workload, "class_names", ()))
         if names != scenario.class_names:

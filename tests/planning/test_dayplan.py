@@ -126,9 +126,11 @@ def test_ongoing_batch_class_with_a_relative_deadline():
     fp = d.fleet_plan
     assert sum(j.n for j in d.backlogs) == pytest.approx(2.0 * 7200.0)
     assert d.gpu_hours == pytest.approx((12 * 600.0 * 6.0 / fp.mu_int + 2.0 * 7200.0 / fp.mu_bat) / 3600.0, rel=1e-7)
-    # every group is available from its first slot and due 1800 s after its end (or at the day's end)
+    # every group is available from its first slot and due 1800 s after its end, after the day's end too
     for j in d.backlogs:
-        assert j.deadline == min(7200.0, j.at + 600.0 + 1800.0)
+        assert j.deadline == j.at + 600.0 + 1800.0
+    assert d.slots == 12 + 3 and d.rates[12:].tolist() == [0.0] * 3  # the plan runs on to the last deadline
+    assert any("the plan runs 3 slots of 600 s longer, to 9000 s" in n for n in d.notes)
 
 
 def test_trace_rates_are_the_binned_arrivals(tmp_path):
@@ -207,3 +209,65 @@ def test_cli_day_json_and_errors(tmp_path, capsys):
         assert len(err) == 1 and "Traceback" not in err[0], err
     assert main(["plan", str(path), "--rates", str(rates)]) == 2
     assert "--rates: only with --day" in capsys.readouterr().err
+
+
+def test_deadline_after_the_days_end_is_kept():
+    """issue 31: an hour of chat at 30/s and 145,000 batch requests due at minute 65 (after the one-hour
+    day) on at most 20 GPUs. Before, the deadline was moved to the day's end and the plan was
+    infeasible; kept, the plan runs to 3,900 s. With the fluid throughputs (the issue's numbers) it is
+    feasible at 19.92 GPU-hours = the interactive GPU-hours plus N / mu_bat; with the calibrated ones
+    (a batch instance serves 1.96, not 2.55, requests/s) 145,000 is beyond 20 GPUs: the most they
+    finish is about 122,000 (20 GPUs for 65 minutes less the interactive GPU-seconds, at mu_bat)."""
+    sc = load_scenario(Path(__file__).resolve().parents[2] / "examples/scenarios/chiron-workflow.toml")
+    rates = [30.0] * 60
+    d = plan_day(sc, rates, slot=60.0, backlogs=[("batch", 145_000, 0.0)], max_gpus=20, calibrated=False)
+    fp = d.fleet_plan
+    assert d.slots == 65 and d.times[-1] == 3840.0 and d.rates[60:].tolist() == [0.0] * 5
+    assert d.backlogs[0].deadline == 3900.0
+    assert d.gpu_hours == pytest.approx((30.0 * 3600.0 / fp.mu_int + 145_000 / fp.mu_bat) / 3600.0, rel=1e-7)
+    assert d.gpu_hours == pytest.approx(19.92, abs=0.005)
+    assert any("backlog batch due at 3900 s; the plan runs 5 slots of 60 s longer, to 3900 s" in n for n in d.notes)
+    # calibrated: the batch capacity of 20 GPUs by minute 65 next to the interactive GPUs of the hour
+    cal = plan_day(sc, rates, slot=60.0, max_gpus=20)
+    cap = (20 * 3900.0 - 3600.0 * 30.0 / cal.fleet_plan.mu_int) * cal.fleet_plan.mu_bat
+    assert 120_000 < cap < 125_000
+    with pytest.raises(InfeasibleError, match="no fleet of at most 20 GPUs"):
+        plan_day(sc, rates, slot=60.0, backlogs=[("batch", 145_000, 0.0)], max_gpus=20)
+    d = plan_day(sc, rates, slot=60.0, backlogs=[("batch", 0.999 * cap, 0.0)], max_gpus=20)
+    assert d.gpu_hours == pytest.approx(20 * 3900.0 / 3600.0 - 0.001 * cap / d.fleet_plan.mu_bat / 3600.0, rel=1e-6)
+
+
+def test_cli_day_keeps_a_late_deadline(tmp_path, capsys):
+    f = tmp_path / "r.csv"
+    f.write_text("rate\n" + "30\n" * 60)
+    toml = Path(__file__).resolve().parents[2] / "examples/scenarios/chiron-workflow.toml"
+    assert main(["plan", str(toml), "--day", "--rates", str(f), "--slot", "60", "--backlog", "batch=145000@0",
+                 "--max-gpus", "20", "--fluid-throughputs", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["gpu_hours"] == pytest.approx(19.92, abs=0.005) and out["slots"] == 65
+    assert out["throughput_per_gpu"]["model"] == "fluid"
+    assert main(["plan", str(toml), "--day", "--rates", str(f), "--slot", "60", "--backlog", "batch=145000@0",
+                 "--max-gpus", "20"]) == 2
+    assert "no fleet of at most 20 GPUs" in capsys.readouterr().err
+
+
+def test_day_from_the_workflow_file(tmp_path, capsys):
+    """plan --day without --rates / --backlog reads the scenario's workflow: the constant Gamma rate over
+    its horizon and its backlog give the calibrated bound of docs/orchestration.md (19.27 GPU-hours)."""
+    toml = Path(__file__).resolve().parents[2] / "examples/scenarios/chiron-workflow.toml"
+    sc = load_scenario(toml)
+    d = plan_day(sc, slot=60.0)
+    assert d.slots == 70 and d.rates.tolist() == [30.0] * 70
+    assert [(j.cls, j.n, j.at, j.deadline) for j in d.backlogs] == [("batch", 100_000.0, 300.0, 3900.0)]
+    fp = plan_fleet(sc, [BacklogJob("batch", 100_000, 300.0, 3900.0)], end=4200.0, slot=60.0, utilisation=1.0)
+    assert d.gpu_hours == pytest.approx(fp.gpu_hours, rel=1e-6) and d.gpu_hours == pytest.approx(19.27, abs=0.005)
+    # a per-slot rate file of its own slot length is averaged over the plan's slots
+    (tmp_path / "r.csv").write_text("rate\n10\n20\n")
+    text = toml.read_text().replace('process = "gamma"\nrate = 30.0               # requests/s\ncv = 4.0',
+                                    'process = "rates"\nfile = "r.csv"\nslot = 90.0')
+    (tmp_path / "wf.toml").write_text(text.replace("horizon = 4200.0", "horizon = 360.0"))
+    d = plan_day(load_scenario(tmp_path / "wf.toml"), slot=60.0, class_arrivals=False)
+    # rates 10 on [0, 90), 20 on [90, 180), none after: slot means 10, 15, 20, 0, 0, 0
+    assert d.rates[:6].tolist() == pytest.approx([10.0, 15.0, 20.0, 0.0, 0.0, 0.0])
+    assert main(["plan", str(toml), "--day", "--slot", "60", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["gpu_hours"] == pytest.approx(19.27, abs=0.005)
