@@ -48,7 +48,8 @@ class DayPlan:
     * ``max_gpus``: the fleet is at its maximum;
     * ``deadline:CLASS``: GPUs beyond the interactive need are there to finish that class's batch work
       in time (the slot serves it and the fleet is above max(min_gpus, interactive GPUs));
-    * ``min_gpus``: the kept minimum fleet (above the interactive need);
+    * ``min_gpus``: the kept minimum fleet (above the interactive need), in the day's slots only (not in the
+      slots a deadline after the day's end adds: a later deadline never raises the GPU-hours);
     * ``interactive``: exactly the GPUs the interactive load needs at the target utilisation;
     * ``idle``: no load and no minimum.
 
@@ -272,12 +273,13 @@ def _class_jobs(scenario: Scenario, bat: Sequence[int], K: int, slot: float, end
     return jobs
 
 
-def _binding(fp: FleetPlan, backlogs: Sequence[BacklogJob], min_gpus: float, nmax: float) -> tuple[str, ...]:
+def _binding(fp: FleetPlan, backlogs: Sequence[BacklogJob], min_gpus_per_slot, nmax: float) -> tuple[str, ...]:
     """Per slot, the constraint that sets the fleet (see :class:`DayPlan`)."""
     out = []
     served = fp.served_mixed + fp.served_batch
     for k, t0 in enumerate(fp.times):
         g = fp.base[k] + fp.batch[k]
+        min_gpus = float(min_gpus_per_slot[k])
         floor = max(min_gpus, fp.interactive_demand[k])
         tol = 1e-6 * max(1.0, g)
         if g >= nmax - tol:
@@ -413,10 +415,13 @@ def plan_day(
                      f"{'s' if extra > 1 else ''} of {slot:g} s longer, to {end + extra * slot:g} s (deadlines rounded "
                      "up to whole slots), with no interactive traffic after the day's end")
         lam = np.concatenate([lam, np.zeros(extra)])
+        floor = np.concatenate([np.full(len(lam) - extra, float(min_gpus)), np.zeros(extra)])
         end = end + extra * slot
+    else:
+        floor = np.full(len(lam), float(min_gpus))
     try:
         fp = plan_fleet(scenario, jobs, start=0.0, end=end, slot=slot, interactive_rate=lam, utilisation=utilisation,
-                        min_gpus=float(min_gpus), max_gpus=nmax, interactive=inter, level=True, calibrated=calibrated)
+                        min_gpus=floor, max_gpus=nmax, interactive=inter, level=True, calibrated=calibrated)
     except InfeasibleError as e:
         peak = float(lam.max()) / (utilisation * _mu_int(scenario, inter, calibrated))
         raise InfeasibleError(f"plan --day: {e} (peak interactive need {peak:.2f} GPUs); raise --max-gpus "
@@ -427,7 +432,7 @@ def plan_day(
     gh_int = float(gi.sum() * slot / 3600.0)
     price = scenario.gpu.price_per_hour
     return DayPlan(slot=slot, times=fp.times, rates=lam, gpus=gpus, gpus_int=gi, base=fp.base, batch=fp.batch,
-                   interactive_gpus=fp.interactive_demand, binding=_binding(fp, jobs, float(min_gpus), nmax),
+                   interactive_gpus=fp.interactive_demand, binding=_binding(fp, jobs, floor, nmax),
                    gpu_hours=fp.gpu_hours, gpu_hours_int=gh_int, price_per_gpu_hour=price,
                    cost=None if price is None else fp.gpu_hours * price,
                    cost_int=None if price is None else gh_int * price, utilisation=float(utilisation),

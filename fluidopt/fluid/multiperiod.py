@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from fluidopt.errors import InfeasibleError, ScenarioError, SolverError
+from fluidopt.errors import InfeasibleError, ScenarioError, SolverError, UsageError
 from fluidopt.model import GPUProfile, RequestClass, Scenario
 
 __all__ = ["BacklogJob", "FleetPlan", "RoleRates", "batch_throughput", "largest_batch", "mean_context", "plan_fleet",
@@ -210,7 +210,7 @@ def plan_fleet(
     slot: float = 60.0,
     interactive_rate: float | Sequence[float] | Callable[[float], float] | None = None,
     utilisation: float = 0.8,
-    min_gpus: float = 0.0,
+    min_gpus: float | Sequence[float] = 0.0,
     max_gpus: int | None = None,
     batch_now: float | None = None,
     startup_delay: float = 0.0,
@@ -225,7 +225,7 @@ def plan_fleet(
     deadline) in slots of ``slot`` seconds. ``interactive_rate``: requests/s of the interactive
     classes, a constant, one value per slot or a function of the slot's start time (default: the
     scenario's interactive rates); ``utilisation``: rho; ``min_gpus``: the base fleet kept in every
-    slot; ``max_gpus``: the fleet's maximum (default ``scenario.gpus``); ``batch_now`` /
+    slot (one number, or one per slot); ``max_gpus``: the fleet's maximum (default ``scenario.gpus``); ``batch_now`` /
     ``startup_delay``: batch instances already up, the only ones usable before ``start +
     startup_delay``. Interactive classes default to those without a deadline. ``mu_mix`` / ``mu_bat``
     replace the GPU law's batch rates (requests/s per leftover base GPU / per batch instance), e.g.
@@ -258,6 +258,10 @@ def plan_fleet(
     if end is None:
         end = max([j.deadline for j in backlogs], default=start + slot)
     K = max(1, math.ceil((end - start) / slot - 1e-9))
+    floor = np.broadcast_to(np.asarray(min_gpus, dtype=float), (K,)) if np.ndim(min_gpus) == 0 else \
+        np.asarray(min_gpus, dtype=float)
+    if floor.shape != (K,):
+        raise UsageError(f"plan_fleet: min_gpus: expected one number or {K} (one per slot), got {len(floor)}")
     times = start + slot * np.arange(K)
     if interactive_rate is None:
         interactive_rate = sum(cl[i].rate for i in interactive)
@@ -318,7 +322,7 @@ def plan_fleet(
     beq: list[float] = []
     bounds = [(0.0, None)] * nv
     for k in range(K):
-        bounds[ib[k]] = (max(min_gpus, demand[k]), None)
+        bounds[ib[k]] = (max(floor[k], demand[k]), None)
         if batch_now is not None and times[k] < start + startup_delay:
             bounds[im[k]] = (0.0, float(batch_now))
     for j, job in enumerate(backlogs):

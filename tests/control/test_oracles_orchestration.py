@@ -92,7 +92,7 @@ def test_qlm_batch_slack_uses_the_mixed_instances_rate():
     n, now = 4, 100.0
     nb = round(1280 * MU_MIX)  # batch requests in the system: 320 s of work for the fleet at n mu_mix
     st = HandState(n, now, {0: (0, 0, 0, 0, 0), 1: (nb - 53, 3, 10, 40, 0)}, {0: (7, now - 10.0), 1: (9, 1.0)})
-    q = make_controller("qlm", scenario(n))
+    q = make_controller("qlm", scenario(n), calibrated=False)
     q.setup(st)
     assert st.max_decodes == B_MIX
     q.on_tick(st)
@@ -111,14 +111,14 @@ def test_qlm_batch_slack_uses_the_mixed_instances_rate():
 
 def test_qlm_batch_slack_is_infinite_without_batch_work():
     st = HandState(2, 50.0, {0: (3, 0, 0, 0, 0), 1: (0, 0, 0, 0, 0)}, {0: (1, 49.0)})
-    q = make_controller("qlm", scenario(2))
+    q = make_controller("qlm", scenario(2), calibrated=False)
     q.setup(st)
     q.on_tick(st)
     assert q._bslack == math.inf and q._order(st) == [0]
 
 
 def test_the_orchestrators_throughputs_by_hand():
-    q = make_controller("qlm", scenario(4))
+    q = make_controller("qlm", scenario(4), calibrated=False)
     assert (q.b_int, q.b_bat) == (B_MIX, 63)
     assert q.mu_mix == pytest.approx(MU_MIX, rel=1e-12) and q.mu_bat == pytest.approx(MU_BAT, rel=1e-12)
     assert q.ttft_pre == pytest.approx([2 * TAU_MIX, 2 * TAU_MIX])
@@ -138,7 +138,7 @@ def test_split_classes_takes_one_name_as_a_string():
 def test_head_of_several_classes_is_the_earliest_arrival():
     sc = Scenario(gpu=GPU, gpus=2, classes=(*scenario().classes, RequestClass("chat", prompt=100, decode=50, rate=1.0)),
                   name="three")
-    q = make_controller("qlm", sc)
+    q = make_controller("qlm", sc, calibrated=False)
     st = HandState(2, 10.0, {}, {0: (4, 7.5), 2: (5, 3.0)})
     assert q.inter == [0, 2] and q.head_of(st, PREFILL_QUEUE, q.inter) == 5
     st = HandState(2, 10.0, {}, {0: (4, 2.5), 2: (5, 3.0)})

@@ -15,6 +15,8 @@ mu_int = 0.07 / 0.0212, mu_mix = 0.035 / 0.03905, mu_bat = 0.075 / 0.07225 reque
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -22,7 +24,11 @@ from hypothesis import strategies as st
 from fluidopt.errors import InfeasibleError, UsageError
 from fluidopt.fluid.multiperiod import BacklogJob
 from fluidopt.model import GPUProfile, RequestClass, Scenario
-from fluidopt.plan import plan_day
+from fluidopt.plan import plan_day as _plan_day
+
+# These oracles derive the plan by hand from the documented fluid throughputs (docs/planning.md); the
+# calibrated ones (the default since the saturation model) have their own test (tests/fluid/test_saturation.py).
+plan_day = functools.partial(_plan_day, calibrated=False)
 
 GPU = GPUProfile(alpha=0.02, beta=0.0, tau_solo=0.01, chunk=100, batch=16, kv_time_per_token=1e-5,
                  price_per_hour=1.5)
@@ -67,10 +73,11 @@ def test_a_relative_deadline_on_a_slot_boundary_and_past_the_day():
     assert day.backlogs == (BacklogJob("batch", N, H, 2 * H),)
     assert day.batch == pytest.approx([0, 1.5, 0, 0], abs=1e-6)
     assert day.binding == ("idle", "deadline:batch", "idle", "idle")
-    # at 2 h + 3 h > the 4-hour day: due at its end (a note says so): slots 2 and 3
+    # at 2 h + 3 h > the 4-hour day: the deadline is kept (5 h) and the plan runs one slot past the day
+    # (a note says so): 1.5 GPU-hours levelled over slots 2, 3 and 4
     day = plan_day(day_scenario(deadline=3 * H), [0.0] * 4, slot=H, backlogs=[("batch", N, 2 * H)])
-    assert day.backlogs == (BacklogJob("batch", N, 2 * H, 4 * H),)
-    assert day.batch == pytest.approx([0, 0, 0.75, 0.75], abs=1e-6)
+    assert day.backlogs == (BacklogJob("batch", N, 2 * H, 5 * H),)
+    assert day.batch == pytest.approx([0, 0, 0.5, 0.5, 0.5], abs=1e-6)
     assert any("after the day's end" in n for n in day.notes)
 
 
@@ -88,13 +95,16 @@ def test_an_absolute_deadline_does_not_move_with_the_arrival():
 
 def test_ongoing_batch_arrivals_are_due_their_deadline_after_their_last_slot():
     """A batch class at 0.5/s with a 1.5 h relative deadline, hourly groups over a 6 h day: the group
-    of slot k (1,800 requests) is available from k h and due at ceil(k + 1 + 1.5) = k + 3 h (capped at 6 h)."""
+    of slot k (1,800 requests) is available from k h and due at ceil(k + 1 + 1.5) = k + 3 h (kept past the
+    6-hour day: the plan runs to 8 h)."""
     day = plan_day(day_scenario(deadline=1.5 * H, rate=0.5), [0.0] * 6, slot=H)
-    want = tuple(BacklogJob("batch", 1800.0, k * H, min(6, k + 3) * H) for k in range(6))
+    want = tuple(BacklogJob("batch", 1800.0, k * H, (k + 3) * H) for k in range(6))
     assert day.backlogs == want
-    # all of it on batch instances: 6 x 1800 / mu_bat GPU-seconds, levelled to 1800 / (3600 mu_bat) per slot
+    # all of it on batch instances: 6 x 1800 / mu_bat GPU-seconds whatever the schedule
     assert day.gpu_hours == pytest.approx(6 * 1800 / MU_BAT / H, rel=1e-7)
-    assert day.batch == pytest.approx([0.5 / MU_BAT] * 6, rel=1e-6)
+    # levelled: by t hours (3 <= t <= 8) at least t - 2 groups are due, so the smallest constant rate is
+    # max (t - 2) / t = 6 / 8 of a group per hour: 0.75 x 1800 / 3600 / mu_bat GPUs
+    assert max(day.batch) == pytest.approx(0.75 * 0.5 / MU_BAT, rel=1e-6)
 
 
 def test_ongoing_arrivals_after_an_absolute_deadline_are_left_out():
@@ -155,8 +165,9 @@ def test_the_reported_summary_and_rows():
     day = plan_day(day_scenario(), [2.0] * 6, slot=H, backlogs=[("batch", N, 9000.0)])
     d = day.to_dict()
     assert d["slot_seconds"] == H and d["slots"] == 6 and d["hours"] == pytest.approx(6.0)
-    assert d["throughput_per_gpu"] == pytest.approx({"interactive": MU_INT, "batch_on_base": MU_MIX,
-                                                     "batch_instance": MU_BAT}, rel=1e-12)
+    tp = dict(d["throughput_per_gpu"])
+    assert tp.pop("model") == "fluid"  # (these oracles use the documented fluid throughputs)
+    assert tp == pytest.approx({"interactive": MU_INT, "batch_on_base": MU_MIX, "batch_instance": MU_BAT}, rel=1e-12)
     assert d["gpu_hours"] == pytest.approx(day.gpu_hours) and d["cost_int"] == pytest.approx(18.0)
     f = day.to_frame()
     assert list(f.columns) == ["t_start", "rate", "gpus", "gpus_int", "base_gpus", "batch_gpus", "interactive_gpus",
