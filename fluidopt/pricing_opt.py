@@ -578,7 +578,12 @@ def read_observations(path) -> pd.DataFrame:
             raise UsageError(f"--fit-demand: {p}: row {int(bad[0]) + 2}, column {c!r}: expected a number >= 0, "
                              f"got {df[c].iloc[bad[0]]!r}")
         df[c] = v.astype(float)
-    df["class"] = df["class"].astype(str)
+    names = df["class"]
+    empty = df.index[names.isna() | (names.astype(str).str.strip() == "")]
+    if len(empty):
+        raise UsageError(f"--fit-demand: {p}: row {int(empty[0]) + 2}, column 'class': expected a class name, got an "
+                         "empty cell")
+    df["class"] = names.astype(str).str.strip()
     return df[list(FIT_COLUMNS) + (["period"] if "period" in df.columns else [])]
 
 

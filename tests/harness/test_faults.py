@@ -22,10 +22,22 @@ import pandas as pd
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def _compiled() -> bool:
+    from fluidopt.sim.backend import compiled_status
+
+    return compiled_status()[0]
+
+
 # Long enough to be interrupted mid-way (about 1 s of simulation per run on one core), short enough
-# for the suite: 2 policies x 3 seeds on 60 GPUs.
-RUN = ["run", "--gpus", "60", "--horizon", "1500", "--warmup", "20", "--seeds", "3", "--policies",
+# for the suite: 2 policies x 3 seeds on 60 GPUs (a fifth of the horizon on the 4x slower pure-Python engine).
+HORIZON = "1500" if _compiled() else "300"
+RUN = ["run", "--gpus", "60", "--horizon", HORIZON, "--warmup", "20", "--seeds", "3", "--policies",
        "gate-and-route,fi-wsp", "--no-progress"]
+# A stop is a second or less on an idle machine (tools/fault_drill.py records it); the test only catches a
+# hang, so that a loaded CI machine does not fail it.
+STOP_LIMIT_S = 10.0
 WALL = {"wall_seconds"}
 
 
@@ -105,7 +117,7 @@ def test_signal_mid_sweep_keeps_what_finished_and_the_rerun_matches(sig, workers
     _, err = proc.communicate(timeout=30)
     stopped = time.monotonic() - t0
     if sig != "SIGKILL":
-        assert stopped < 2.0, f"took {stopped:.2f} s to stop"
+        assert stopped < STOP_LIMIT_S, f"took {stopped:.2f} s to stop"
         assert proc.returncode == 128 + getattr(signal, sig)
         assert "Traceback" not in err
         lines = [ln for ln in err.splitlines() if ln.strip()]
@@ -387,7 +399,8 @@ def test_dask_losing_the_scheduler_or_every_worker_is_one_error_exit_3(small_clu
         assert "lost the scheduler" in str(e.value)
 
 
-PRICE = ["price", "--points", "3", "--simulate", "0.001,0.002;0.002,0.001", "--seeds", "2", "--horizon", "1200",
+PRICE = ["price", "--points", "3", "--simulate", "0.001,0.002;0.002,0.001", "--seeds", "2", "--horizon",
+         "1200" if _compiled() else "240",
          "--warmup", "30", "--no-progress"]
 
 
