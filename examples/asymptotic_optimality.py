@@ -22,6 +22,10 @@ summary_by_n.csv), and two figures under ``--fig-dir``: ``asymptotic_revenue.png
 
 from __future__ import annotations
 
+from fluidopt.interrupt import script_guard
+
+script_guard()  # Ctrl-C / SIGTERM from here on, the imports below included: one line, exit 130 / 143
+
 import argparse
 import dataclasses
 import os

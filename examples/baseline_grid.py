@@ -17,6 +17,10 @@ tables) and ``<fig-dir>/baseline_grid.png``.
 
 from __future__ import annotations
 
+from fluidopt.interrupt import script_guard
+
+script_guard()  # Ctrl-C / SIGTERM from here on, the imports below included: one line, exit 130 / 143
+
 import argparse
 from pathlib import Path
 

@@ -19,6 +19,10 @@ is between deployments, each with its own iteration-time law, for the same reque
 
 from __future__ import annotations
 
+from fluidopt.interrupt import script_guard
+
+script_guard()  # Ctrl-C / SIGTERM from here on, the imports below included: one line, exit 130 / 143
+
 import argparse
 import time
 from dataclasses import replace

@@ -19,6 +19,10 @@ once the module defining it is imported). The workload is the RL-router paper's 
 
 from __future__ import annotations
 
+from fluidopt.interrupt import script_guard
+
+script_guard()  # Ctrl-C / SIGTERM from here on, the imports below included: one line, exit 130 / 143
+
 import argparse
 
 import pandas as pd

@@ -14,6 +14,10 @@ over the multi-period LP's lower bound with calibrated throughputs) and the figu
 
 from __future__ import annotations
 
+from fluidopt.interrupt import script_guard
+
+script_guard()  # Ctrl-C / SIGTERM from here on, the imports below included: one line, exit 130 / 143
+
 import argparse
 import json
 import math

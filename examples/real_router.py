@@ -26,6 +26,10 @@ production they would be HTTP/gRPC calls to the GPU servers and the completions 
 
 from __future__ import annotations
 
+from fluidopt.interrupt import script_guard
+
+script_guard()  # Ctrl-C / SIGTERM from here on, the imports below included: one line, exit 130 / 143
+
 import argparse
 import asyncio
 import math

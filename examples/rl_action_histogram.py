@@ -13,6 +13,10 @@ collapsed policy shows as one or a few instances taking most of the work.
 
 from __future__ import annotations
 
+from fluidopt.interrupt import script_guard
+
+script_guard()  # Ctrl-C / SIGTERM from here on, the imports below included: one line, exit 130 / 143
+
 import argparse
 
 import numpy as np

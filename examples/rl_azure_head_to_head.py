@@ -20,6 +20,10 @@ CI), and prints a markdown table. Without the trace file it says so in one line 
 
 from __future__ import annotations
 
+from fluidopt.interrupt import script_guard
+
+script_guard()  # Ctrl-C / SIGTERM from here on, the imports below included: one line, exit 130 / 143
+
 import argparse
 import dataclasses
 import math

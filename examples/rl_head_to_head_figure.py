@@ -9,6 +9,10 @@ per speed-up).
 
 from __future__ import annotations
 
+from fluidopt.interrupt import script_guard
+
+script_guard()  # Ctrl-C / SIGTERM from here on, the imports below included: one line, exit 130 / 143
+
 import argparse
 from pathlib import Path
 

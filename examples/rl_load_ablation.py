@@ -10,6 +10,10 @@ mix unchanged) for a few routers. The RL routers were trained at 20 req/s only.
 
 from __future__ import annotations
 
+from fluidopt.interrupt import script_guard
+
+script_guard()  # Ctrl-C / SIGTERM from here on, the imports below included: one line, exit 130 / 143
+
 import argparse
 import dataclasses
 from pathlib import Path

@@ -6,6 +6,10 @@ confusion matrix on the RL setting's workload and (when present) on the Azure co
 
 from __future__ import annotations
 
+from fluidopt.interrupt import script_guard
+
+script_guard()  # Ctrl-C / SIGTERM from here on, the imports below included: one line, exit 130 / 143
+
 from pathlib import Path
 
 import numpy as np

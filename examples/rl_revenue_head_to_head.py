@@ -26,6 +26,10 @@ router queue fits on no instance (docs/rl.md section 2); with `--arch shared` it
 
 from __future__ import annotations
 
+from fluidopt.interrupt import script_guard
+
+script_guard()  # Ctrl-C / SIGTERM from here on, the imports below included: one line, exit 130 / 143
+
 import argparse
 import math
 import time

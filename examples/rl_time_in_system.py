@@ -24,6 +24,10 @@ episodes from the curves --train wrote), and prints markdown tables.
 
 from __future__ import annotations
 
+from fluidopt.interrupt import script_guard
+
+script_guard()  # Ctrl-C / SIGTERM from here on, the imports below included: one line, exit 130 / 143
+
 import argparse
 import math
 import resource

@@ -17,6 +17,10 @@ Outputs: a markdown table on stdout, the harness's tables in ``<out>``, ``<fig-d
 
 from __future__ import annotations
 
+from fluidopt.interrupt import script_guard
+
+script_guard()  # Ctrl-C / SIGTERM from here on, the imports below included: one line, exit 130 / 143
+
 import argparse
 import dataclasses
 from pathlib import Path

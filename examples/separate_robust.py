@@ -18,6 +18,10 @@ the separate LP's R*; same seed, same arrivals for every variant):
 
 from __future__ import annotations
 
+from fluidopt.interrupt import script_guard
+
+script_guard()  # Ctrl-C / SIGTERM from here on, the imports below included: one line, exit 130 / 143
+
 import argparse
 import sys
 import warnings

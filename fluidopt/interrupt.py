@@ -28,7 +28,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["Interrupted", "note", "pending", "clear", "exit_status", "handle_sigterm", "script_main"]
+__all__ = ["Interrupted", "note", "pending", "clear", "exit_status", "handle_sigterm", "script_guard", "script_main"]
 
 _pending: int | None = None  # the last signal noted and not yet acted on
 
@@ -118,6 +118,31 @@ def message(prog: str, exc: BaseException) -> str:
     return f"{prog}: interrupted ({name}): {kept}"
 
 
+def script_guard() -> None:
+    """Give a script the command line's contract from its first line on: call it right after the
+    ``__future__`` import, before the heavy imports. Ctrl-C or SIGTERM then raise :class:`Interrupted`
+    (noted), and one that escapes (during an import, before :func:`script_main` runs) prints one line and
+    exits 130 / 143 instead of a traceback or a silent kill."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    signal.signal(signal.SIGTERM, _on_signal)
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, _on_signal)
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        if isinstance(value, KeyboardInterrupt):
+            prog = sys.argv[0].rsplit("/", 1)[-1] if sys.argv and sys.argv[0] else "script"
+            print(message(prog, value), file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            import os
+
+            os._exit(exit_status(value))
+        previous(kind, value, tb)
+
+    sys.excepthook = hook
+
+
 def script_main(main: Callable[[], Any], prog: str | None = None) -> int:
     """Run an example script's ``main()`` under the command line's contract: one line and exit 130/143
     on Ctrl-C or SIGTERM, one line and exit 2 on fluidopt's own errors. Use as
@@ -128,6 +153,9 @@ def script_main(main: Callable[[], Any], prog: str | None = None) -> int:
     try:
         with handle_sigterm():
             out = main()
+        # the status is decided: a late signal is ignored rather than turned into a traceback at exit
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         return int(out or 0)
     except KeyboardInterrupt as e:
         print(message(prog, e), file=sys.stderr, flush=True)

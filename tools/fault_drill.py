@@ -130,7 +130,8 @@ def drill(name: str, trials: int, rng: random.Random, work: Path) -> dict:
             row["killed"] += 1
             continue
         row["max_stop_s"] = max(row["max_stop_s"], round(stop, 2))
-        lines = [ln for ln in err.splitlines() if ln.strip()]
+        # (a progress bar's lines on stderr are not messages)
+        lines = [ln for ln in err.replace("\r", "\n").splitlines() if ln.strip() and "run/s" not in ln and "|" not in ln]
         # (simulate prints its partial result on stdout, and the one line on stderr)
         one_line = len(lines) == 1 and "interrupted (" in lines[0] and "Traceback" not in err
         if p.returncode == 128 + sig and one_line:
