@@ -38,8 +38,10 @@ TESTS = {  # module (after "fluidopt.") -> the tests run against its mutants (-m
     "rl.evaluate": ["tests/rl/test_oracles_evaluate.py", "tests/rl/test_rl_head_to_head.py"],
     "sim.cohort": ["tests/sim/test_oracles_cohort.py", "tests/sim/test_cohort.py"],
     "queueing.runlength": ["tests/queueing/test_oracles_runlength.py", "tests/queueing/test_queueing_runlength.py"],
-    "pricing": ["tests/planning/test_oracles_pricing.py", "tests/planning/test_pricing.py"],
-    "executor": ["tests/harness/test_oracles_executor.py", "tests/harness/test_executor.py",
+    "pricing": ["tests/planning/test_oracles_pricing.py", "tests/planning/test_oracles_pricing_more.py",
+                "tests/planning/test_pricing.py"],
+    "executor": ["tests/harness/test_oracles_executor.py", "tests/harness/test_oracles_executor_more.py",
+                 "tests/harness/test_executor.py",
                  "tests/planning/test_oracles_plan.py"],
 }
 

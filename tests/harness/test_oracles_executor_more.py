@@ -8,7 +8,10 @@ import argparse
 import multiprocessing
 import os
 
-from fluidopt.executor import LocalExecutor, add_executor_arguments, executor_from_args
+import pytest
+
+from fluidopt.errors import UsageError
+from fluidopt.executor import LocalExecutor, add_executor_arguments, executor_from_args, finite_or_none
 
 
 def _square(x):
@@ -52,3 +55,45 @@ def test_close_returns_only_when_the_worker_processes_have_exited():
     assert ex._pool is None
     assert [p.exitcode for p in procs] == [0] * len(procs)  # exited (and joined), each cleanly
     ex.close()  # a second close is a no-op
+
+
+def test_a_bad_worker_count_is_refused_first_whatever_the_backend():
+    # --workers is checked before a scheduler address or Dask's presence (one line, exit 2)
+    for kw in (dict(scheduler="nonsense"), dict(dask=True), dict()):
+        for bad in (0, -1):
+            with pytest.raises(UsageError, match=rf"^--workers: expected an integer >= 1, got {bad}$"):
+                executor_from_args(_args(workers=bad, **kw), runs=4)
+
+
+def test_finite_or_none_maps_only_non_finite_floats_to_none():
+    import numpy as np
+
+    for v in (float("nan"), float("inf"), -float("inf"), np.float64("nan")):
+        assert finite_or_none(v) is None
+    for v in (0.0, 1.5, -2.0, 3, "nan", None, np.float64(2.5)):
+        assert finite_or_none(v) == v if v is not None else finite_or_none(v) is None
+
+
+def _pid(_job):
+    return os.getpid()
+
+
+def test_dask_runs_in_worker_processes_and_a_scheduler_client_is_not_the_global_default():
+    distributed = pytest.importorskip("distributed")
+    from fluidopt.executor import DaskExecutor
+
+    local = DaskExecutor(1)
+    try:
+        pids = dict(local.imap(_pid, [0, 1]))
+        assert sorted(pids) == [0, 1] and os.getpid() not in pids.values()  # processes, not threads
+        # a second executor on the same cluster, by its scheduler's address
+        remote = DaskExecutor(scheduler=local.address)
+        try:
+            assert remote.workers == 1 and remote.address == local.address
+            assert dict(remote.imap(_square, [5, 6])) == {0: 25, 1: 36}
+            with pytest.raises(ValueError):  # neither client was made Dask's global default
+                distributed.default_client()
+        finally:
+            remote.close()
+    finally:
+        local.close()
