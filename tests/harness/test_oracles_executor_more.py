@@ -86,6 +86,8 @@ def test_dask_runs_in_worker_processes_and_a_scheduler_client_is_not_the_global_
     try:
         pids = dict(local.imap(_pid, [0, 1]))
         assert sorted(pids) == [0, 1] and os.getpid() not in pids.values()  # processes, not threads
+        # many quick runs: batches of several finished futures, each yielded with its own index
+        assert dict(local.imap(_square, list(range(40)))) == {k: k * k for k in range(40)}
         # a second executor on the same cluster, by its scheduler's address
         remote = DaskExecutor(scheduler=local.address)
         try:
