@@ -11,7 +11,7 @@ import os
 import pytest
 
 from fluidopt.errors import UsageError
-from fluidopt.executor import LocalExecutor, add_executor_arguments, executor_from_args, finite_or_none
+from fluidopt.executor import LocalExecutor, Progress, add_executor_arguments, executor_from_args, finite_or_none
 
 
 def _square(x):
@@ -99,3 +99,48 @@ def test_dask_runs_in_worker_processes_and_a_scheduler_client_is_not_the_global_
             remote.close()
     finally:
         local.close()
+
+
+def _imported(name):
+    import sys
+
+    return name in sys.modules
+
+
+def test_local_pool_workers_import_the_named_modules_first():
+    # the worker initializer imports ``imports`` (e.g. a user's controller module) before any run
+    with LocalExecutor(2, imports=("colorsys",), pool=True) as ex:
+        assert dict(ex.imap(_imported, ["colorsys", "colorsys"])) == {0: True, 1: True}
+
+
+def _fail_or_mark(job):
+    import time
+
+    if job.get("fail"):
+        time.sleep(0.3)  # the other run has started by now
+        raise ValueError("run 0 failed")
+    time.sleep(2.0)
+    with open(job["marker"], "w") as fh:
+        fh.write("finished")
+    return 1
+
+
+def test_a_failed_run_stops_the_runs_still_going(tmp_path):
+    # the interruption contract: a failed run (like Ctrl-C) terminates the pool's workers at once; a
+    # run still going never finishes (its marker file is never written)
+    marker = tmp_path / "marker"
+    ex = LocalExecutor(2, pool=True)
+    with pytest.raises(ValueError, match="run 0 failed"):
+        dict(ex.imap(_fail_or_mark, [{"fail": True}, {"marker": str(marker)}]))
+    assert ex._pool is None
+    assert not marker.exists()
+    ex.close()
+
+
+def test_the_progress_bar_carries_its_label(capsys):
+    pytest.importorskip("tqdm")
+    p = Progress(3, enabled=True, desc="points")
+    try:
+        assert p._bar is not None and p._bar.desc.startswith("points")
+    finally:
+        p.close()
