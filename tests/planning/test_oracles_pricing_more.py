@@ -52,5 +52,13 @@ def test_an_empty_price_list_is_refused_with_or_without_demand():
     from fluidopt.errors import UsageError
 
     for demand in (None, Demand("linear", max_rate=2.0, slope=0.004)):
-        with pytest.raises(UsageError, match="at least one prefill and one decode price"):
-            price_grid(_one_class(10, demand, 1.0), [], [0.2])
+        for cps, cds in (([], [0.2]), ([0.1], [])):
+            with pytest.raises(UsageError, match=r"^price grid: expected at least one prefill and one decode price$"):
+                price_grid(_one_class(10, demand, 1.0), cps, cds)
+
+
+def test_a_demand_grid_with_one_price_each_is_one_point_per_pricing():
+    # (0.2, 0.2): p = 260, rate 2 - 0.004 x 260 = 0.96, revenue 249.6/s on 100 GPUs
+    g = price_grid(_one_class(100, Demand("linear", max_rate=2.0, slope=0.004), 1.0), [0.2], [0.2])
+    assert list(g["pricing"]) == ["bundled", "separate"] and g.attrs["points"] == 2
+    np.testing.assert_allclose(g["revenue_per_s"], [249.6, 249.6], rtol=1e-6)
