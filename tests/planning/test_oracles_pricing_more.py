@@ -62,3 +62,16 @@ def test_a_demand_grid_with_one_price_each_is_one_point_per_pricing():
     g = price_grid(_one_class(100, Demand("linear", max_rate=2.0, slope=0.004), 1.0), [0.2], [0.2])
     assert list(g["pricing"]) == ["bundled", "separate"] and g.attrs["points"] == 2
     np.testing.assert_allclose(g["revenue_per_s"], [249.6, 249.6], rtol=1e-6)
+
+
+def test_simulated_points_under_demand_use_the_demand_at_each_points_prices():
+    # 2 GPUs, linear demand 2 - 0.004 p: at (0.2, 0.2) p = 260, rate 0.96/s (the scenario's own 1.0/s is
+    # not used), which 2 GPUs serve in full (about 0.72/s each), so the LP earns 0.96 x 260 / 2 = 124.8
+    # per GPU; at (0.1, 0.3) p = 330, rate 0.68, 0.68 x 330 / 2 = 112.2
+    from fluidopt.pricing import simulate_points
+
+    sc = _one_class(2, Demand("linear", max_rate=2.0, slope=0.004), rate=1.0)
+    df = simulate_points(sc, [(0.2, 0.2), (0.1, 0.3)], horizon=60.0, warmup=10.0, progress=False)
+    assert list(zip(df["prefill_price"], df["decode_price"])) == [(0.2, 0.2), (0.1, 0.3)]
+    np.testing.assert_allclose(df["lp_revenue_per_gpu"], [124.8, 112.2], rtol=1e-6)
+    np.testing.assert_allclose(df["gap_per_gpu"], df["lp_revenue_per_gpu"] - df["sim_revenue_per_gpu"], rtol=1e-12)
