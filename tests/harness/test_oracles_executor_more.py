@@ -144,3 +144,23 @@ def test_the_progress_bar_carries_its_label(capsys):
         assert p._bar is not None and p._bar.desc.startswith("points")
     finally:
         p.close()
+
+
+def test_a_dask_sweep_with_no_worker_warns_then_gives_up_keeping_the_finished_runs():
+    distributed = pytest.importorskip("distributed")
+    from fluidopt.errors import ExecutorLost
+    from fluidopt.executor import DaskExecutor
+
+    cluster = distributed.LocalCluster(n_workers=0, processes=True, host="127.0.0.1",
+                                       dashboard_address=None, silence_logs=50)
+    try:
+        ex = DaskExecutor(scheduler=cluster.scheduler_address, worker_timeout=0.5)
+        try:
+            with pytest.warns(RuntimeWarning, match=r"^Dask: no worker is connected to .*; waiting up to 0.5 s for one$"):
+                with pytest.raises(ExecutorLost, match=r"no worker connected to .* for 0.5 s; finished runs are kept, "
+                                                    r"rerun to resume once workers are back$"):
+                    dict(ex.imap(_square, [1, 2]))
+        finally:
+            ex.close()
+    finally:
+        cluster.close()
