@@ -152,7 +152,7 @@ def test_a_dask_sweep_with_no_worker_warns_then_gives_up_keeping_the_finished_ru
     from fluidopt.executor import DaskExecutor
 
     cluster = distributed.LocalCluster(n_workers=0, processes=True, host="127.0.0.1",
-                                       dashboard_address=None, silence_logs=50)
+                                       dashboard_address=":0", silence_logs=50)
     try:
         ex = DaskExecutor(scheduler=cluster.scheduler_address, worker_timeout=0.5)
         try:
