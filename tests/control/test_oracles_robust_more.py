@@ -1,5 +1,6 @@
-"""A rolling re-solve's tick that does not re-plan changes nothing, not even the later decisions of the
-same seed (fluidopt.control.robust, ``_MechanismEvents.on_tick``; mutation survivor #1 of issue 35).
+"""A tick that does not re-plan, and a freed slot without backpressure, change nothing, not even the later decisions of the
+same seed (fluidopt.control.robust, ``_MechanismEvents.on_tick`` and ``on_slot_freed``; mutation survivors #1
+and #33 of issue 35).
 
 Driven through :class:`fluidopt.control.snapshot.ClusterSnapshot` (the controller protocol in plain
 Python, its ``rng`` the controller's random stream). The paper's two classes at ten times their rates on
@@ -54,3 +55,30 @@ def test_a_tick_without_a_re_plan_leaves_the_next_decisions_unchanged(seed):
         assert len(gpus) == 3 and sorted(gpus) == [0, 1, 2]
         placed.append(gpus)
     assert placed[0] == placed[1]
+
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_without_backpressure_a_freed_decode_slot_draws_nothing_and_starts_nothing(seed):
+    # a short-prompt request waits (not admitted) while a long-prompt request runs through; with no
+    # backpressure nothing a freed decode slot changes can open the gate, so handling the freed slot
+    # starts nothing and leaves the controller's random stream (the seed's later GPU choices) as it was
+    base = fluidopt.default_scenario().with_gpus(4)
+    s = replace(base, classes=tuple(replace(c, rate=10 * c.rate) for c in base.classes))
+    c = make_controller("backpressure-gate-and-route", s, plan=solve_fluid(s, "bundled"), overflow=False,
+                        backpressure=False, resolve=False)
+    snap = ClusterSnapshot(4, s.gpu.batch, s.class_names, seed=seed)
+    snap.setup(c)
+    short = snap.add_request(0, 300, 100)
+    c.on_arrival(snap, short)
+    r = snap.add_request(1, 1000, 100)
+    c.on_arrival(snap, r)
+    g = snap.prefill_finished(r)
+    c.on_prefill_done(snap, r, g)
+    (h,) = [gg for (kind, rr, gg) in snap.outbox if kind == "decode" and rr == r]
+    assert snap.decode_finished(r) == h
+    assert snap.qlen(0) == 1 and len(snap.idle_prefill(0)) == 3  # the short request waits, mixed slots idle
+    state, sent = snap.rng.getstate(), list(snap.outbox)
+    c.on_slot_freed(snap, h)
+    assert snap.outbox == sent and snap.qlen(0) == 1
+    assert snap.rng.getstate() == state
