@@ -147,6 +147,12 @@ def entry() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     sys.stdout.flush()
+    sys.stderr.flush()
+    if code > 128:
+        # Interrupted: what is kept is already durable (the store is synced line by line; no table of
+        # the sweep was written). Exit now, so that no thread a pool or a cluster left behind can hold
+        # the process in the interpreter's shutdown.
+        os._exit(code)
     sys.exit(code)
 
 

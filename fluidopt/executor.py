@@ -177,8 +177,18 @@ class LocalExecutor(Executor):
                 p.join(2.0)
                 if p.is_alive():
                     p.kill()
+        # Wake the manager thread so that it sees the workers gone, and wait for it only a little: once
+        # (in hundreds of interruptions) it was seen blocked on the result pipe for good, and a join
+        # without a limit then hangs the whole command. The command line exits with os._exit after an
+        # interruption, so a manager thread still waiting cannot hold the process either.
         with contextlib.suppress(Exception):
-            pool.shutdown(wait=True)
+            pool._executor_manager_thread_wakeup.wakeup()
+        with contextlib.suppress(Exception):
+            pool.shutdown(wait=False)
+        thread = getattr(pool, "_executor_manager_thread", None)
+        if thread is not None:
+            with contextlib.suppress(Exception):
+                thread.join(2.0)
 
     def close(self) -> None:
         pool, self._pool = self._pool, None

@@ -159,7 +159,10 @@ def script_main(main: Callable[[], Any], prog: str | None = None) -> int:
         return int(out or 0)
     except KeyboardInterrupt as e:
         print(message(prog, e), file=sys.stderr, flush=True)
-        return exit_status(e)
+        sys.stdout.flush()
+        import os
+
+        os._exit(exit_status(e))  # (as the command line: no thread left behind can hold the exit)
     except FluidoptError as e:
         print(f"{prog}: error: {' '.join(str(e).split())}", file=sys.stderr, flush=True)
         return getattr(e, "exit_status", 2)
