@@ -132,9 +132,9 @@ def lock_folder(folder: str | os.PathLike, flag: str = "--out", command: str = "
     :class:`FolderInUseError` (exit 2) naming its PID. Re-entrant within a process. On entry, finishes
     an interrupted table generation (:func:`write_generation`) and removes dead processes' temporary
     files."""
-    p = check_writable_folder(folder, flag)
+    p = Path(folder)
     key = p.resolve()
-    if key in _held:
+    if key in _held:  # held already: proved writable when it was taken (no second probe write and sync)
         fd, depth = _held[key]
         _held[key] = (fd, depth + 1)
         try:
@@ -143,6 +143,7 @@ def lock_folder(folder: str | os.PathLike, flag: str = "--out", command: str = "
             fd, depth = _held[key]
             _held[key] = (fd, depth - 1)
         return
+    p = check_writable_folder(p, flag)
     lock = p / LOCK_FILE
     fd = _acquire(lock, flag, p)
     try:

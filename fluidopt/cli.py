@@ -73,9 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             return _main(argv)
         except KeyboardInterrupt as e:
-            _quiet_after_interrupt()
-            print(interrupt.message("fluidopt", e), file=sys.stderr, flush=True)
-            return interrupt.exit_status(e)
+            return interrupt.report("fluidopt", e)
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -115,9 +113,7 @@ def _dispatch(args: argparse.Namespace) -> int:
                             "horizon or grid will fit)", 2)
     except KeyboardInterrupt as e:
         # One line on what was kept (Interrupted.kept), exit 128 + the signal; never a traceback.
-        _quiet_after_interrupt()
-        print(interrupt.message(f"fluidopt {args.command}", e), file=sys.stderr, flush=True)
-        return interrupt.exit_status(e)
+        return interrupt.report(f"fluidopt {args.command}", e)
     except BrokenPipeError:
         # Output piped into `head` and the like: stop quietly, as Unix tools do.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -126,10 +122,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         if interrupt.pending() is not None:
             # the aftermath of a signal (an import it cut short, a library wrapping the KeyboardInterrupt):
             # the interruption, not an internal error
-            _quiet_after_interrupt()
-            print(interrupt.message(f"fluidopt {args.command}", interrupt.Interrupted(interrupt.pending())),
-                  file=sys.stderr, flush=True)
-            return 128 + interrupt.pending()
+            return interrupt.report(f"fluidopt {args.command}", interrupt.Interrupted(interrupt.pending()))
         # A bug, not bad input: say so in one line; FLUIDOPT_DEBUG=1 shows the traceback.
         if os.environ.get("FLUIDOPT_DEBUG"):
             raise
@@ -154,17 +147,6 @@ def entry() -> None:
         # the process in the interpreter's shutdown.
         os._exit(code)
     sys.exit(code)
-
-
-def _quiet_after_interrupt() -> None:
-    """After Ctrl-C, threads being torn down (a pool's manager, a Dask client) may still raise; their
-    tracebacks would bury the one line the user should read."""
-    import threading
-
-    threading.excepthook = lambda args: None
-    import logging
-
-    logging.disable(logging.CRITICAL)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -215,7 +215,7 @@ class DaskExecutor(Executor):
             self.workers = _check_workers(workers)
             # The worker processes start with Ctrl-C blocked, so a Ctrl-C in the terminal reaches this
             # process alone and it stops them quietly instead of each printing a traceback.
-            with _sigint_ignored():
+            with _sigint_blocked():
                 self._cluster = LocalCluster(n_workers=self.workers, threads_per_worker=1, processes=True,
                                              host="127.0.0.1", dashboard_address=None, silence_logs=50)
             self.client = Client(self._cluster, set_as_default=False)
@@ -316,7 +316,7 @@ class DaskExecutor(Executor):
 
 
 @contextlib.contextmanager
-def _sigint_ignored():
+def _sigint_blocked():
     # Ctrl-C is blocked, not ignored, while the cluster starts: the threads and processes started meanwhile
     # inherit the blocked mask (the workers never see a terminal's Ctrl-C), and a Ctrl-C that arrives now
     # stays pending and interrupts this process the moment the mask is restored, instead of being lost.

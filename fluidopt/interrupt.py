@@ -79,9 +79,12 @@ def interrupted_from(exc: BaseException, kept: str = "", partial: Any = None) ->
 
 
 def _quiet_threads() -> None:
-    # Threads torn down by the interruption (a pool's manager, a solver's output reader) may raise in
-    # turn; their tracebacks would bury the one line the user should read.
+    # Threads torn down by the interruption (a pool's manager, a solver's output reader, a Dask client)
+    # may raise or log in turn; their tracebacks would bury the one line the user should read.
     threading.excepthook = lambda args: None
+    import logging
+
+    logging.disable(logging.CRITICAL)
 
 
 def _on_signal(signum, frame) -> None:
@@ -111,6 +114,15 @@ def handle_sigterm() -> Iterator[None]:
             signal.signal(s, h)
 
 
+def report(prog: str, exc: BaseException) -> int:
+    """Quiet the threads the interruption tears down, print :func:`message` on stderr and return the exit
+    status (128 + signal): what the command line and :func:`script_main` do when interrupted."""
+    _quiet_threads()
+    print(message(prog, exc), file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    return exit_status(exc)
+
+
 def message(prog: str, exc: BaseException) -> str:
     """The one line a command prints when interrupted."""
     name = signal.Signals(signum_of(exc)).name
@@ -133,11 +145,9 @@ def script_guard() -> None:
     def hook(kind, value, tb):
         if isinstance(value, KeyboardInterrupt):
             prog = sys.argv[0].rsplit("/", 1)[-1] if sys.argv and sys.argv[0] else "script"
-            print(message(prog, value), file=sys.stderr, flush=True)
-            sys.stdout.flush()
             import os
 
-            os._exit(exit_status(value))
+            os._exit(report(prog, value))
         previous(kind, value, tb)
 
     sys.excepthook = hook
@@ -158,11 +168,9 @@ def script_main(main: Callable[[], Any], prog: str | None = None) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         return int(out or 0)
     except KeyboardInterrupt as e:
-        print(message(prog, e), file=sys.stderr, flush=True)
-        sys.stdout.flush()
         import os
 
-        os._exit(exit_status(e))  # (as the command line: no thread left behind can hold the exit)
+        os._exit(report(prog, e))  # (as the command line: no thread left behind can hold the exit)
     except FluidoptError as e:
         print(f"{prog}: error: {' '.join(str(e).split())}", file=sys.stderr, flush=True)
         return getattr(e, "exit_status", 2)
@@ -170,5 +178,4 @@ def script_main(main: Callable[[], Any], prog: str | None = None) -> int:
         if _pending is None:
             raise  # a bug: its traceback
         # the aftermath of a signal (an import it cut short): the interruption, in one line
-        print(message(prog, Interrupted(_pending)), file=sys.stderr, flush=True)
-        return 128 + _pending
+        return report(prog, Interrupted(_pending))
