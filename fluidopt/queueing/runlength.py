@@ -120,14 +120,22 @@ def _tail_bound(log_piK: float, r: float, K: int, A: float, B: float) -> tuple[f
     return log_piK + math.log(q), log_piK + math.log(s_K), log_piK + math.log(geo)
 
 
+def _first_queue_states(lam: float, mu: float, c: int, theta: float) -> int:
+    """Queue states of the first truncation: 256, or with abandonment in overload enough that the death
+    rate beats the birth rate (r < 1) with room to spare, so the first truncation is already stable
+    instead of doubling its way there."""
+    if theta == 0:
+        return 256
+    return max(256, 2 * math.ceil(max(lam - c * mu, 0.0) / theta) + 64)
+
+
 def _analyse(lam: float, mu: float, c: int, theta: float, f: str, tol: float) -> _Analysis:
     """sigma^2 and cross-constants of f(N) for the validated chain (see the module docstring)."""
     a = lam / mu
     log_lam = math.log(lam)
     n_srv = np.arange(1, c + 1, dtype=float)
     lp_srv = np.concatenate(([0.0], np.cumsum(math.log(a) - np.log(n_srv))))  # log a^n / n!
-    # Enough queue states that the death rate beats the birth rate (r < 1) with room to spare.
-    J = 256 if theta == 0 else max(256, 2 * math.ceil(max(lam - c * mu, 0.0) / theta) + 64)
+    J = _first_queue_states(lam, mu, c, theta)
     while True:
         j = np.arange(1, J + 1, dtype=float)
         death_q = c * mu + j * theta
@@ -183,7 +191,8 @@ def _analyse_truncated(
             A, B = mean, 1.0
         # f is nondecreasing, so fbar changes sign once, at kstar
         fbar_pos = fbar > 0
-        kstar = int(np.argmax(fbar_pos)) if fbar_pos.any() else K + 1
+        # (no sign change only for a constant f: then fbar = 0, F = 0 whatever kstar is, and argmax gives 0)
+        kstar = int(np.argmax(fbar_pos))
         w = lpi + labs  # log pi_k |fbar_k|
         logF = np.empty(K)  # log |F_n|, n = 0..K-1 (F_K = 0 for the chain blocked at K)
         if kstar > 0:
@@ -243,6 +252,8 @@ def _rel_var_rate(a: _Analysis, lam: float, theta: float, metric: str, estimator
     base = math.exp(x)
     if estimator == "time":
         return base
+    if estimator != "customer":
+        raise ValueError(f"estimator {estimator!r}: expected one of {ESTIMATORS}")
     # Per-customer ratios est = X(T) / A(T), with A(T) the arrivals (a Poisson martingale, <M_A> = lam).
     # Linearising around (E X T, lam T) with the martingale covariances of the module docstring.
     cross_a = a.cross_arrivals / (lam * a.mean)
@@ -310,9 +321,9 @@ def _z(confidence: float) -> float:
 
 def _needed(fn: str, rel_var_per_customer: float, z2: float, mean_queue_log: float) -> int:
     n = rel_var_per_customer * z2
-    if not n < 1e300:
+    if not math.isfinite(n):
         raise ScenarioError(
-            f"{fn}: more than 1e300 customers needed: E[Q] = exp({mean_queue_log:.6g}) is practically 0 "
+            f"{fn}: no finite number of customers is enough: E[Q] = exp({mean_queue_log:.6g}) is practically 0 "
             "(the queue is almost never non-empty at this load)"
         )
     return max(1, math.ceil(n))

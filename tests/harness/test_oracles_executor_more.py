@@ -164,3 +164,51 @@ def test_a_dask_sweep_with_no_worker_warns_then_gives_up_keeping_the_finished_ru
             ex.close()
     finally:
         cluster.close()
+
+
+def _mark_then_wait(job):
+    import time
+
+    with open(job["marker"], "w") as fh:
+        fh.write("started")
+    time.sleep(job["sleep"])
+    return job["k"]
+
+
+def test_closing_a_pool_with_a_half_read_sweep_cancels_the_runs_not_yet_started(tmp_path):
+    # A caller that stops reading a sweep and closes the executor (the app's Stop, a notebook's break
+    # out of the loop) must not pay for the runs still queued: close() cancels them instead of running
+    # them to results no one reads. Of 8 runs on one worker, the first is read, then close(); only the
+    # one running and those already handed to the pool's call queue may still start.
+    jobs = [{"k": k, "marker": str(tmp_path / f"started-{k}"), "sleep": 0.3} for k in range(8)]
+    ex = LocalExecutor(1, pool=True)
+    sweep = ex.imap(_mark_then_wait, jobs)
+    assert next(sweep) == (0, 0)
+    ex.close()
+    started = sorted(p.name for p in tmp_path.iterdir())
+    sweep.close()
+    assert "started-0" in started
+    assert len(started) <= 5, started  # the running run and those already in the call queue
+    assert not (tmp_path / "started-7").exists()
+
+
+def test_a_scheduler_address_is_tried_for_the_scheduler_flags_timeout_only(monkeypatch):
+    # --scheduler's connect timeout is passed to Dask's Client (not Dask's own default of 30 s), and a
+    # scheduler that does not answer in it is refused with the timeout in the message
+    distributed = pytest.importorskip("distributed")
+    from fluidopt.executor import DaskExecutor
+
+    seen = {}
+
+    class _Silent:
+        def __init__(self, address, **kw):
+            seen["address"] = address
+            seen.update(kw)
+            raise OSError("timed out")
+
+    monkeypatch.setattr(distributed, "Client", _Silent)
+    with pytest.raises(UsageError, match=r"no Dask scheduler answered at tcp://127\.0\.0\.1:1 within 0\.75 s"):
+        DaskExecutor(scheduler="tcp://127.0.0.1:1", timeout=0.75)
+    assert seen["address"] == "tcp://127.0.0.1:1"
+    assert seen["timeout"] == 0.75
+    assert seen["set_as_default"] is False

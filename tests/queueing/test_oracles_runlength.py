@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from fluidopt.errors import ScenarioError
 from fluidopt.queueing.runlength import (
     customers_for_precision,
     erlang_a_abandon_relative_sd,
@@ -94,3 +95,38 @@ def test_abandonment_estimate_spread_matches_a_simulation(lam, c, theta):
     r = run_length_report(lam, mu, c, n, theta=theta)
     assert float(est.mean()) == pytest.approx(r.p_abandon, rel=0.03)
     assert float(est.std(ddof=1)) / r.p_abandon == pytest.approx(r.rel_sd_abandon_customer, rel=0.12)
+
+
+def test_the_state_cap_is_the_largest_truncation_allowed(monkeypatch):
+    # M/M/1 at load 0.9 to tol 1e-14: the first truncation (1 + 256 states beyond 0) misses the
+    # tolerance, the second (513) meets it. A cap of exactly 257 states still allows the doubling
+    # that the 257-state truncation asks for; a cap of 256 refuses it, naming the cap.
+    import fluidopt.queueing.runlength as runlength
+
+    exact = runlength.mmc_time_average_variance(0.9, 1.0, 1, "queue")
+    monkeypatch.setattr(runlength, "_MAX_STATES", 257)
+    assert runlength.mmc_time_average_variance(0.9, 1.0, 1, "queue") == exact
+    monkeypatch.setattr(runlength, "_MAX_STATES", 256)
+    with pytest.raises(ScenarioError, match="more than 256 states needed for tol = 1e-14"):
+        runlength.mmc_time_average_variance(0.9, 1.0, 1, "queue")
+
+
+@pytest.mark.parametrize("lam,c,theta", [(5_000.0, 1_000, 1.0), (300.0, 10, 0.05), (12.0, 10, 2.0), (9.0, 10, 0.5)])
+def test_the_first_truncation_of_an_erlang_a_chain_is_already_stable(lam, c, theta):
+    # In overload the first truncation leaves room for enough queue states that the death rate
+    # c mu + (J + 1) theta exceeds the arrival rate (r < 1 at once: no doubling to get there); at
+    # least 256 states in any case.
+    from fluidopt.queueing.runlength import _first_queue_states
+
+    J = _first_queue_states(lam, 1.0, c, theta)
+    assert J >= 256
+    assert lam / (c * 1.0 + (J + 1) * theta) < 1
+    assert J == max(256, 2 * math.ceil(max(lam - c, 0.0) / theta) + 64)
+
+
+def test_an_unknown_estimator_inside_the_rate_is_refused_not_taken_for_the_customer_one():
+    from fluidopt.queueing.runlength import _analyse, _rel_var_rate
+
+    a = _analyse(0.9, 1.0, 1, 0.0, "queue", 1e-14)
+    with pytest.raises(ValueError, match="estimator 'CUSTOMER'"):
+        _rel_var_rate(a, 0.9, 0.0, "wait", "CUSTOMER")
