@@ -130,3 +130,20 @@ def test_an_unknown_estimator_inside_the_rate_is_refused_not_taken_for_the_custo
     a = _analyse(0.9, 1.0, 1, 0.0, "queue", 1e-14)
     with pytest.raises(ValueError, match="estimator 'CUSTOMER'"):
         _rel_var_rate(a, 0.9, 0.0, "wait", "CUSTOMER")
+
+
+@pytest.mark.parametrize("fn,args,message", [
+    ("mmc_mean_wait_relative_sd", (0.5, 1.0, 1, -5), "mmc_mean_wait_relative_sd: customers: expected a finite number > 0, got -5.0"),
+    ("erlang_a_abandon_relative_sd", (0.5, 1.0, 1, 0.1, -5), "erlang_a_abandon_relative_sd: customers: expected"),
+    ("customers_for_precision", (0.5, 1.0, 1, -0.03), "customers_for_precision: rel_halfwidth: expected"),
+    ("run_length_report", (0.5, 1.0, 1, -5), "run_length_report: customers: expected"),
+    ("mmc_mean_wait_relative_sd", (0.5, 1.0, 1, 100), "mmc_mean_wait_relative_sd: estimator: expected one of time, customer"),
+])
+def test_bad_input_is_refused_naming_the_function_and_the_field(fn, args, message):
+    import re
+
+    import fluidopt.queueing.runlength as runlength
+
+    kw = {"estimator": "x"} if "estimator" in message else {}
+    with pytest.raises(ScenarioError, match=re.escape(message)):
+        getattr(runlength, fn)(*args, **kw)
