@@ -51,6 +51,7 @@ from fluidopt.fluid.multiperiod import (
     plan_fleet,
     role_rates,
 )
+from fluidopt.fluid.saturation import class_laws
 from fluidopt.model import GPUProfile, Scenario
 
 __all__ = [
@@ -256,10 +257,24 @@ class Chiron(_Orchestrator):
                  batch_itl: float | None = None, tick: float = 10.0, safety: float = 1.1, margin: float | None = None,
                  host_eviction: bool = True, interactive_scaling: bool = True, interactive_spares: int | None = None,
                  min_interactive: int = 1, interactive_utilisation: float = 0.8, cooldown: float = 600.0,
-                 window: float = 300.0, headroom: float = 0.5, calibrated: bool = True, shed_mixed: bool = False):
+                 window: float = 300.0, headroom: float = 0.5, calibrated: bool = True, shed_mixed: bool = False,
+                 mixed_batch_limit: bool = True, overflow_wait: float | None = None, lend_mixed: bool = True,
+                 estimator: str = "statistical", z: float = 1.645, lend_cooldown: float = 60.0):
         super().__init__(scenario, batch_classes=batch_classes, batch_itl=batch_itl, tick=tick, calibrated=calibrated)
         who = self.name
         self.shed_mixed = bool(shed_mixed)
+        # the local autoscaler sets a mixed instance's batch limit from the ITL target of the requests
+        # it serves: the batch instances' limit while it holds batch work only, the ITL-safe one as soon
+        # as an interactive request is placed there (batch decodes beyond it evicted to host memory)
+        self.mixed_batch_limit = bool(mixed_batch_limit)
+        # the interactive autoscaler lends over-provisioned mixed instances to the batch work (no
+        # interactive work placed there) instead of keeping them, and takes them back at once
+        self.lend = bool(lend_mixed) and self.mixed_batch_limit
+        self.lend_cooldown = _positive(who, "lend_cooldown", lend_cooldown, zero=True)
+        ttfts = [c.ttft_slo for c in scenario.classes if c.ttft_slo is not None]
+        if overflow_wait is None:
+            overflow_wait = 0.1 * min(ttfts) if ttfts and self.mixed_batch_limit else 0.0
+        self.overflow_wait = _positive(who, "overflow_wait", overflow_wait, zero=True)
         self.safety = _positive(who, "safety", safety)
         self.int_scaling = bool(interactive_scaling)
         for nm, v in (("interactive_spares", interactive_spares), ("min_interactive", min_interactive)):
@@ -276,7 +291,22 @@ class Chiron(_Orchestrator):
         startup = 0.0 if scenario.fleet is None else scenario.fleet.startup_delay
         # finish the batch work this long before its deadline: the last requests' own service time
         # and the start-up of instances added late are not in the fluid rate estimate
-        self.margin = startup + 120.0 if margin is None else _positive(self.name, "margin", margin, zero=True)
+        if estimator not in ("statistical", "safety"):
+            raise ScenarioError(f"{who}: estimator: expected 'statistical' or 'safety', got {estimator!r}")
+        self.estimator = estimator
+        self.z = _positive(who, "z", z, zero=True)
+        # the output-length CV of the batch classes (the statistical bound's spread per request)
+        cvs = []
+        for i in self.bat:
+            law = class_laws(scenario.classes[i])[1]
+            m = law.mean
+            cvs.append(math.sqrt(max(0.0, law.expect(lambda v, m=m: (v - m) ** 2))) / m)
+        self.cv_bat = max(cvs, default=1.0)
+        if margin is None:
+            # statistical: the last request admitted needs its own time in a batch instance (Little's
+            # law at the batch limit: b_bat / mu_bat) plus one tick; safety: the start-up + 2 minutes
+            margin = self.rates.b_bat / self.mu_bat + tick if estimator == "statistical" else startup + 120.0
+        self.margin = _positive(self.name, "margin", margin, zero=True)
         self.host = bool(host_eviction)
         cl = scenario.classes
         if interactive_gpus is None:
@@ -336,6 +366,10 @@ class Chiron(_Orchestrator):
         self.over_since: float | None = None
         self.int_added: list[int] = []
         self.base_gpus = [g for g in range(n) if self.pool_of[g] != BATCH]
+        self.mixed_gpus = [g for g in range(n) if self.pool_of[g] == MIXED]
+        self.bmode = [False] * n  # a mixed instance at the batch limit (no interactive work on it)
+        self.lent = [False] * n  # a mixed instance the interactive autoscaler lent to the batch work
+        self.mode_switches = 0  # mixed instances switched back to the ITL-safe limit (evicting batch work)
 
     def _spares(self, offline: int, base: int) -> int:
         """Offline GPUs reserved for the interactive pool: the option, or (default) enough for twice the
@@ -354,11 +388,73 @@ class Chiron(_Orchestrator):
     def _pick(self, ctx: Context, p: int) -> int:
         return _room_in(ctx, self.ip[p])
 
+    def _interactive_on(self, ctx: Context, g: int) -> bool:
+        """An interactive request runs on g (its prefill or a decode)."""
+        pr = ctx.gpu_prefill(g)
+        if pr >= 0 and not self.is_batch[ctx.req_class(pr)]:
+            return True
+        by = ctx.gpu_decodes_by_class(g)
+        return any(by[i] for i in self.inter)
+
+    def _to_batch_limit(self, ctx: Context, g: int) -> None:
+        """A mixed instance with no interactive work on it takes the batch instances' limit."""
+        if self.mixed_batch_limit and not self.bmode[g] and ctx.gpu_online(g) and not self._interactive_on(ctx, g):
+            self.bmode[g] = True
+            if ctx.gpu_max_decodes(g) < self.b_bat:
+                ctx.set_max_decodes(g, self.b_bat)
+
+    def _to_interactive_limit(self, ctx: Context, g: int) -> bool:
+        """Before an interactive request starts on mixed instance g at the batch limit: back to the
+        ITL-safe limit, evicting (to host memory) the batch decodes beyond it, the latest first, so that
+        a slot stays for the interactive decode. False if the decodes could not be brought below it."""
+        if not self.bmode[g]:
+            return True
+        self.bmode[g] = False
+        self.mode_switches += 1
+        lim = self.b_int
+        ctx.set_max_decodes(g, lim)
+        if ctx.gpu_decodes(g) >= lim:
+            pr = ctx.gpu_prefill(g)
+            for r in reversed(ctx.gpu_requests(g)):
+                if ctx.gpu_decodes(g) < lim:
+                    break
+                if r != pr and self.is_batch[ctx.req_class(r)]:
+                    ctx.evict(r, self.host)
+        return ctx.gpu_decodes(g) < lim
+
+    def _pick_mixed(self, ctx: Context, prefill: bool) -> int:
+        """A mixed instance for an interactive prefill (idle prefill slot) or decode, keeping interactive
+        work on as few mixed instances as it can: one at the ITL-safe limit with room; for a prefill,
+        else one at the ITL-safe limit whose batch prefill is evicted; else the one at the batch limit
+        with the fewest decodes, switched to the ITL-safe limit (:meth:`_to_interactive_limit`); -1."""
+        if not self.mixed_batch_limit:
+            return self._pick(ctx, MIXED) if prefill else self.fd[MIXED].choice()
+        best, bd = -1, math.inf
+        busy = -1
+        for g in self.mixed_gpus:
+            if self.lent[g] or not ctx.gpu_online(g) or ctx.gpu_free(g) <= 0:
+                continue
+            d = ctx.gpu_decodes(g)
+            pr = ctx.gpu_prefill(g)
+            if not self.bmode[g]:
+                if d < ctx.gpu_max_decodes(g):
+                    if not prefill or pr < 0:
+                        return g
+                    if busy < 0 and self.is_batch[ctx.req_class(pr)]:
+                        busy = g
+            elif d < bd and (not prefill or pr < 0):
+                best, bd = g, d
+        if busy >= 0 and ctx.evict(ctx.gpu_prefill(busy), self.host):
+            return busy
+        if best >= 0 and self._to_interactive_limit(ctx, best):
+            return best
+        return -1
+
     def _evict_batch_on_mixed(self, ctx: Context, prefill: bool) -> int:
         """Make room on a mixed instance by evicting batch work; the GPU freed, or -1."""
         bat = self.is_batch
         for g in range(len(self.pool_of)):
-            if self.pool_of[g] != MIXED or not ctx.gpu_online(g):
+            if self.pool_of[g] != MIXED or self.lent[g] or not ctx.gpu_online(g):
                 continue
             pr = ctx.gpu_prefill(g)
             if prefill:
@@ -382,25 +478,34 @@ class Chiron(_Orchestrator):
                     break
         return -1
 
-    def _place_interactive_prefill(self, ctx: Context, r: int) -> bool:
+    def _place_interactive_prefill(self, ctx: Context, r: int, overflow: bool = True) -> bool:
+        """Start interactive r's prefill: on an interactive instance, else a mixed one serving
+        interactive work; with ``overflow``, else by switching or evicting batch work on a mixed one."""
         g = self._pick(ctx, INTERACTIVE)
+        if g < 0 and not overflow:
+            return False
         if g < 0:
-            g = self._pick(ctx, MIXED)
+            g = self._pick_mixed(ctx, True)
         if g < 0:
             g = self._evict_batch_on_mixed(ctx, True)
+        if g >= 0 and self.bmode[g] and not self._to_interactive_limit(ctx, g):
+            return False
         return g >= 0 and self.has_room(ctx, g) and self.try_prefill(ctx, r, g)
 
     def _place_decode(self, ctx: Context, r: int, g: int) -> bool:
         if ctx.gpu_online(g) and ctx.gpu_decodes(g) < ctx.gpu_max_decodes(g) and ctx.gpu_free(g) > 0:
             if self.try_decode(ctx, r, g):
                 return True
-        pools = (BATCH, MIXED) if self.is_batch[ctx.req_class(r)] else (INTERACTIVE, MIXED)
+        inter = not self.is_batch[ctx.req_class(r)]
+        pools = (INTERACTIVE, MIXED) if inter else (BATCH, MIXED)
         for p in pools:
-            h = self.fd[p].choice()
+            h = self._pick_mixed(ctx, False) if p == MIXED and inter else self.fd[p].choice()
             if h >= 0 and self.try_decode(ctx, r, h):
                 return True
-        if not self.is_batch[ctx.req_class(r)]:
+        if inter:
             h = self._evict_batch_on_mixed(ctx, False)
+            if h >= 0 and self.bmode[h] and not self._to_interactive_limit(ctx, h):
+                return False
             if h >= 0 and ctx.gpu_decodes(h) < ctx.gpu_max_decodes(h) and ctx.gpu_free(h) > 0:
                 return self.try_decode(ctx, r, h)
         return False
@@ -413,7 +518,20 @@ class Chiron(_Orchestrator):
             return
         self.int_arrived += 1
         if self.interactive_waiting(ctx) == 0:
-            self._place_interactive_prefill(ctx, r)
+            self._place_interactive_prefill(ctx, r, self.overflow_wait <= 0)
+        self._overflow(ctx)
+
+    def _overflow(self, ctx: Context) -> None:
+        """Interactive requests that have waited ``overflow_wait`` seconds for an interactive instance
+        go to a mixed instance at the batch limit (switched to the ITL-safe one) or evict batch work."""
+        w = self.overflow_wait
+        if w <= 0:
+            return
+        now = ctx.now
+        while True:
+            r = self.head_of(ctx, PREFILL_QUEUE, self.inter)
+            if r < 0 or now - ctx.req_arrival(r) < w or not self._place_interactive_prefill(ctx, r):
+                return
 
     def _fill_batch(self, ctx: Context) -> None:
         mixed_ok = self.interactive_waiting(ctx) == 0
@@ -437,14 +555,21 @@ class Chiron(_Orchestrator):
                 self.mixed_done += 1
             elif self.pool_of[g] == BATCH:
                 self.batch_done += 1
+        elif self.pool_of[g] == MIXED and self.mixed_batch_limit:
+            self._to_batch_limit(ctx, g)  # (only once no interactive request is left on g)
 
     def on_slot_freed(self, ctx: Context, g: int) -> None:
         if not ctx.gpu_online(g):
             return
+        self._overflow(ctx)
         p = self.pool_of[g]
+        if self.lent[g]:
+            p = BATCH  # lent to the batch work: no interactive work placed here
         # decodes waiting for a slot first (their prefill is done), interactive before batch
         while ctx.qlen(DECODE_QUEUE) and ctx.gpu_decodes(g) < ctx.gpu_max_decodes(g) and ctx.gpu_free(g) > 0:
             r = self.head_of(ctx, DECODE_QUEUE, self.inter) if p != BATCH else -1
+            if r >= 0 and self.bmode[g] and not self._to_interactive_limit(ctx, g):
+                r = -1
             if r < 0 and p != INTERACTIVE:
                 r = self.head_of(ctx, DECODE_QUEUE, self.bat)
             if r < 0 or not self.try_decode(ctx, r, g):
@@ -453,12 +578,18 @@ class Chiron(_Orchestrator):
             return
         if p != BATCH:
             r = self.head_of(ctx, PREFILL_QUEUE, self.inter)
+            if r >= 0 and self.bmode[g] and ctx.now - ctx.req_arrival(r) < self.overflow_wait:
+                r = -1  # (it waits a little longer for an interactive instance)
             if r >= 0:
+                if self.bmode[g] and (not self._to_interactive_limit(ctx, g) or not self.has_room(ctx, g)):
+                    return
                 self.try_prefill(ctx, r, g)
                 return
         if p != INTERACTIVE and (p == BATCH or self.interactive_waiting(ctx) == 0):
             r = self.head_of(ctx, PREFILL_QUEUE, self.bat)
             if r >= 0:
+                if p == MIXED and self.mixed_batch_limit:
+                    self._to_batch_limit(ctx, g)
                 self.try_prefill(ctx, r, g)
 
     def on_tick(self, ctx: Context) -> None:
@@ -490,6 +621,14 @@ class Chiron(_Orchestrator):
         ones lend their capacity to the batch work), otherwise any of them, never below
         ``min_interactive``."""
         now = ctx.now
+        if self.lend and any(self.lent) and not self.batch_in_system(ctx):
+            # no batch work left: the lent instances were judged surplus for the interactive load
+            # (over-provisioned for ``cooldown`` seconds): drained now
+            for g in self.mixed_gpus:
+                if self.lent[g]:
+                    self.lent[g] = False
+                    if ctx.gpu_state(g) in ("online", "starting"):
+                        ctx.drain_gpu(g)
         rate = (self.int_arrived - self.int_seen) / self.tick_interval
         self.int_seen = self.int_arrived
         w = self.int_rates
@@ -497,11 +636,16 @@ class Chiron(_Orchestrator):
         while w and w[0][0] <= now - self.window_s:
             w.pop(0)
         peak = max(r for _, r in w)
-        up = [g for g in self.base_gpus if ctx.gpu_state(g) in ("online", "starting")]
+        up = [g for g in self.base_gpus if ctx.gpu_state(g) in ("online", "starting") and not self.lent[g]]
+        lending = self.lend and not self.shed_mixed and self.batch_in_system(ctx) > 0 and not self.int_added
         step, self.over_since = interactive_step(
             rate, peak, len(up), self.mu_int_gpu, self.rho_int, self._interactive_short(ctx), now, self.over_since,
-            self.cooldown, self.min_int)
+            self.lend_cooldown if lending else self.cooldown, self.min_int)
         if step > 0:
+            for g in self.mixed_gpus:  # lent mixed instances first: back at once, no start-up
+                if step > 0 and self.lent[g] and ctx.gpu_online(g):
+                    self.lent[g] = False
+                    step -= 1
             idle = [g for g in self.base_gpus if ctx.gpu_state(g) == "offline"]
             idle.sort(key=lambda g: self.pool_of[g] != INTERACTIVE)  # interactive spares first
             for g in idle[:step]:
@@ -511,6 +655,13 @@ class Chiron(_Orchestrator):
             self.int_added = [g for g in self.int_added if ctx.gpu_state(g) in ("online", "starting")]
             if self.batch_in_system(ctx) and not self.shed_mixed:
                 cands = list(self.int_added)
+                if not cands and self.lend:  # lend a mixed instance to the batch work instead
+                    mix = [g for g in up if self.pool_of[g] == MIXED and ctx.gpu_online(g)]
+                    if mix:
+                        g = min(mix, key=lambda h: sum(ctx.gpu_decodes_by_class(h)[i] for i in self.inter))
+                        self.lent[g] = True
+                        self._to_batch_limit(ctx, g)
+                        return
             else:  # the GPUs it added, then mixed, then interactive ones
                 cands = self.int_added + sorted((g for g in up if g not in self.int_added),
                                                 key=lambda g: self.pool_of[g] != MIXED)
@@ -530,10 +681,12 @@ class Chiron(_Orchestrator):
         for g in range(len(self.pool_of)):
             if not ctx.gpu_online(g):
                 continue
+            if self.mixed_batch_limit and self.pool_of[g] == MIXED and not self.bmode[g]:
+                self._to_batch_limit(ctx, g)
             k = ctx.gpu_decodes(g) + (ctx.gpu_prefill(g) >= 0)
             if k < 4:
                 continue  # too few requests for a context estimate: keep the planned limit
-            itl = self.itl_bat if self.pool_of[g] == BATCH else self.itl_int
+            itl = self.itl_bat if self.pool_of[g] == BATCH or self.bmode[g] else self.itl_int
             b = largest_batch(self.gpu, itl, ctx.gpu_kv_used(g) / k)
             if b != ctx.gpu_max_decodes(g):
                 ctx.set_max_decodes(g, b)
@@ -560,7 +713,12 @@ class Chiron(_Orchestrator):
             return
         # requests/s to start in time: those already running are served where they are
         waiting = sum(ctx.n_wait_prefill(i) + ctx.n_wait_decode(i) for i in self.bat)
-        need = self.safety * waiting / max(left, self.tick_interval)
+        if self.estimator == "statistical":
+            # Chiron's statistical bound: N requests' work is N E[D] + z sqrt(N) sd(D) tokens, so
+            # the bound on their waiting time tightens as the queue grows (1 + z cv / sqrt(N))
+            need = waiting * (1.0 + self.z * self.cv_bat / math.sqrt(max(waiting, 1))) / max(left, self.tick_interval)
+        else:
+            need = self.safety * waiting / max(left, self.tick_interval)
         # the waiting-time estimate: batch instances at their planned rate (from the GPU law at the
         # batch limit), mixed instances at the rate they were measured to lend over the last minute
         now = ctx.now
@@ -592,7 +750,9 @@ def make_chiron(scenario: Scenario, *, interactive_gpus: int | None = None, batc
                 host_eviction: bool = True, interactive_scaling: bool = True, interactive_spares: int | None = None,
                 min_interactive: int = 1, interactive_utilisation: float = 0.8, cooldown: float = 600.0,
                 window: float = 300.0, headroom: float = 0.5, calibrated: bool = True,
-                shed_mixed: bool = False) -> Chiron:
+                shed_mixed: bool = False, mixed_batch_limit: bool = True, overflow_wait: float | None = None,
+                lend_mixed: bool = True, estimator: str = "statistical", z: float = 1.645,
+                lend_cooldown: float = 60.0) -> Chiron:
     """Chiron (options as :class:`Chiron`): ``interactive_gpus`` (default: sized from the interactive
     load), ``batch_itl`` (the batch instances' ITL target, s; default the batch class's ``itl_slo``),
     ``safety`` (the global autoscaler's factor on the needed batch rate), ``margin`` (s: plan to finish
@@ -612,7 +772,9 @@ def make_chiron(scenario: Scenario, *, interactive_gpus: int | None = None, batc
                   tick=tick, safety=safety, margin=margin, host_eviction=host_eviction,
                   interactive_scaling=interactive_scaling, interactive_spares=interactive_spares,
                   min_interactive=min_interactive, interactive_utilisation=interactive_utilisation,
-                  cooldown=cooldown, window=window, headroom=headroom, calibrated=calibrated, shed_mixed=shed_mixed)
+                  cooldown=cooldown, window=window, headroom=headroom, calibrated=calibrated, shed_mixed=shed_mixed,
+                  mixed_batch_limit=mixed_batch_limit, overflow_wait=overflow_wait, lend_mixed=lend_mixed,
+                  estimator=estimator, z=z, lend_cooldown=lend_cooldown)
 
 
 # --------------------------------------------------------------------------------------------
@@ -895,6 +1057,7 @@ class FluidPlan(Chiron):
     name = "fluid-plan"
 
     def __init__(self, scenario: Scenario, *, slot: float = 60.0, utilisation: float = 0.8, **kw):
+        kw.setdefault("estimator", "safety")  # (its own plan; Chiron's rule of before for the last slot)
         kw.setdefault("interactive_scaling", False)  # its LP keeps the base fleet; the plan sets the rest
         super().__init__(scenario, **kw)
         self.slot = _positive(self.name, "slot", slot)
