@@ -259,7 +259,8 @@ class Chiron(_Orchestrator):
                  min_interactive: int = 1, interactive_utilisation: float = 0.8, cooldown: float = 600.0,
                  window: float = 300.0, headroom: float = 0.5, calibrated: bool = True, shed_mixed: bool = False,
                  mixed_batch_limit: bool = True, overflow_wait: float | None = None, lend_mixed: bool = True,
-                 estimator: str = "statistical", z: float = 1.645, lend_cooldown: float = 60.0):
+                 estimator: str = "statistical", z: float = 1.645, lend_cooldown: float = 60.0,
+                 startup_cv: float = 0.0, warm_pool: int = 0, warm_startup: float = 5.0):
         super().__init__(scenario, batch_classes=batch_classes, batch_itl=batch_itl, tick=tick, calibrated=calibrated)
         who = self.name
         self.shed_mixed = bool(shed_mixed)
@@ -271,6 +272,13 @@ class Chiron(_Orchestrator):
         # interactive work placed there) instead of keeping them, and takes them back at once
         self.lend = bool(lend_mixed) and self.mixed_batch_limit
         self.lend_cooldown = _positive(who, "lend_cooldown", lend_cooldown, zero=True)
+        # start-up times (issue 31, item 6): Gamma-distributed with the fleet's start-up delay as mean
+        # and this CV (0: fixed), and a warm pool of instances that start in warm_startup seconds
+        self.startup_cv = _positive(who, "startup_cv", startup_cv, zero=True)
+        if isinstance(warm_pool, bool) or not isinstance(warm_pool, int) or warm_pool < 0:
+            raise ScenarioError(f"{who}: warm_pool: expected an integer >= 0, got {warm_pool!r}")
+        self.warm_pool = warm_pool
+        self.warm_startup = _positive(who, "warm_startup", warm_startup)
         ttfts = [c.ttft_slo for c in scenario.classes if c.ttft_slo is not None]
         if overflow_wait is None:
             overflow_wait = 0.1 * min(ttfts) if ttfts and self.mixed_batch_limit else 0.0
@@ -358,6 +366,8 @@ class Chiron(_Orchestrator):
         self.window: list[tuple[float, int]] = [(0.0, 0)]
         self.win4: list[tuple[float, int, int, float]] = [(0.0, 0, 0, 0.0)]
         self.startup = getattr(ctx, "_startup", 0.0)
+        self.warm_back: list[float] = [-math.inf] * getattr(self, "warm_pool", 0)  # when each warm slot is ready
+        self.startups: list[float] = []  # the start-up time of every instance added
         # the interactive autoscaler's state: arrivals counted per tick, recent per-tick rates, since
         # when the interactive capacity has been above the need, the GPUs it added
         self.int_arrived = 0
@@ -649,7 +659,7 @@ class Chiron(_Orchestrator):
             idle = [g for g in self.base_gpus if ctx.gpu_state(g) == "offline"]
             idle.sort(key=lambda g: self.pool_of[g] != INTERACTIVE)  # interactive spares first
             for g in idle[:step]:
-                ctx.add_gpu(g)
+                self._add(ctx, g)
                 self.int_added.append(g)
         elif step < 0:
             self.int_added = [g for g in self.int_added if ctx.gpu_state(g) in ("online", "starting")]
@@ -672,6 +682,42 @@ class Chiron(_Orchestrator):
                 ctx.drain_gpu(g)
                 if g in self.int_added:
                     self.int_added.remove(g)
+
+    def _expected_startup(self, ctx: Context) -> float:
+        """The start-up time of the next instance added: a warm one's if a warm slot is ready, else the
+        mean."""
+        if any(t <= ctx.now for t in self.warm_back):
+            return min(self.warm_startup, self.startup)
+        return self.startup
+
+    def _add(self, ctx: Context, g: int) -> None:
+        """Add GPU g with its start-up time: from the warm pool (``warm_startup`` s; the slot is ready
+        again a cold start-up later) if a slot is ready, else Gamma with mean the fleet's start-up delay
+        and CV ``startup_cv`` (drawn from the controller's stream), else the fleet's delay.
+
+        The engine has one start-up delay per run (``add_gpu`` takes none), so a different one is set on
+        its ``_startup`` around the call: a stopgap until ``add_gpu`` takes a delay."""
+        now = ctx.now
+        delay = self.startup
+        for k, t in enumerate(self.warm_back):
+            if t <= now:
+                delay = min(self.warm_startup, self.startup)
+                self.warm_back[k] = now + self.startup
+                break
+        else:
+            if self.startup_cv > 0 and self.startup > 0:
+                shape = 1.0 / self.startup_cv ** 2
+                delay = ctx.rng.gammavariate(shape, self.startup / shape)
+        self.startups.append(delay)
+        if delay == self.startup or not hasattr(ctx, "_startup"):
+            ctx.add_gpu(g)
+            return
+        old = ctx._startup
+        ctx._startup = max(delay, 1e-6)  # (0 would bring it online inside this call)
+        try:
+            ctx.add_gpu(g)
+        finally:
+            ctx._startup = old
 
     def _local_autoscaler(self, ctx: Context) -> None:
         """Each online instance's batch limit from its ITL target and the context it holds now."""
@@ -730,13 +776,13 @@ class Chiron(_Orchestrator):
         cap = len(active) * self.mu_bat + lent
         if need > cap:
             # an instance added now serves only after its start-up delay (none: too late to help)
-            share = 1.0 - self.startup / (left + self.margin) if left + self.margin > 0 else 0.0
+            share = 1.0 - self._expected_startup(ctx) / (left + self.margin) if left + self.margin > 0 else 0.0
             k = math.ceil((need - cap) / (self.mu_bat * share)) if share > 0.05 else 0
             for g in self.batch_gpus:
                 if k <= 0:
                     break
                 if ctx.gpu_state(g) == "offline":
-                    ctx.add_gpu(g)
+                    self._add(ctx, g)
                     k -= 1
         elif active and need < cap - 1.5 * self.mu_bat:
             g = min(active, key=lambda h: (ctx.gpu_state(h) == "online", ctx.gpu_decodes(h) + ctx.gpu_free(h) * 0))
@@ -752,7 +798,8 @@ def make_chiron(scenario: Scenario, *, interactive_gpus: int | None = None, batc
                 window: float = 300.0, headroom: float = 0.5, calibrated: bool = True,
                 shed_mixed: bool = False, mixed_batch_limit: bool = True, overflow_wait: float | None = None,
                 lend_mixed: bool = True, estimator: str = "statistical", z: float = 1.645,
-                lend_cooldown: float = 60.0) -> Chiron:
+                lend_cooldown: float = 60.0, startup_cv: float = 0.0, warm_pool: int = 0,
+                warm_startup: float = 5.0) -> Chiron:
     """Chiron (options as :class:`Chiron`): ``interactive_gpus`` (default: sized from the interactive
     load), ``batch_itl`` (the batch instances' ITL target, s; default the batch class's ``itl_slo``),
     ``safety`` (the global autoscaler's factor on the needed batch rate), ``margin`` (s: plan to finish
@@ -774,7 +821,8 @@ def make_chiron(scenario: Scenario, *, interactive_gpus: int | None = None, batc
                   min_interactive=min_interactive, interactive_utilisation=interactive_utilisation,
                   cooldown=cooldown, window=window, headroom=headroom, calibrated=calibrated, shed_mixed=shed_mixed,
                   mixed_batch_limit=mixed_batch_limit, overflow_wait=overflow_wait, lend_mixed=lend_mixed,
-                  estimator=estimator, z=z, lend_cooldown=lend_cooldown)
+                  estimator=estimator, z=z, lend_cooldown=lend_cooldown, startup_cv=startup_cv,
+                  warm_pool=warm_pool, warm_startup=warm_startup)
 
 
 # --------------------------------------------------------------------------------------------

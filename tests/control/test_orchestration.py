@@ -386,3 +386,28 @@ def test_qlm_groups_keeps_models_apart_and_swaps():
         QLMGroups(sc, models={"x": "a"})
     with pytest.raises(ScenarioError, match="qlm-groups: swap_time: expected a number >= 0"):
         QLMGroups(sc, swap_time=-1.0)
+
+
+def test_chiron_warm_pool_and_startup_distribution():
+    """issue 31, item 6: a warm pool's instances start in warm_startup seconds (a used slot is ready
+    again one cold start-up later); otherwise start-up times are Gamma with the fleet's delay as mean
+    and CV startup_cv, drawn from the controller's seeded stream (the same seed, the same run); the
+    fleet log shows the first added GPU online its warm start-up later."""
+    sc, wl = workflow()
+    c = Chiron(sc, warm_pool=2, warm_startup=3.0)
+    res = simulate(sc, c, horizon=450.0, seed=3, service="tokens", workload=wl, check=False)
+    assert len(c.startups) > 2 and c.startups[:2] == [3.0, 3.0]
+    assert all(d in (3.0, 20.0) for d in c.startups)
+    log = res.meta["fleet_log"]
+    first = log[log["gpus"] > log["gpus"].iloc[0]].iloc[0]  # the first add (counted at once)
+    up = log[(log["online"] > log["online"].iloc[0])].iloc[0]  # the first GPU online beyond the base
+    assert up["time"] == pytest.approx(first["time"] + 3.0)
+    runs = []
+    for _ in range(2):
+        d = Chiron(sc, startup_cv=0.5)
+        res = simulate(sc, d, horizon=450.0, seed=3, service="tokens", workload=wl, check=False)
+        runs.append((d.startups, res.gpu_hours))
+    assert runs[0] == runs[1] and len(set(runs[0][0])) > 2  # drawn, and reproducible
+    assert 5.0 < sum(runs[0][0]) / len(runs[0][0]) < 40.0  # mean 20 s, CV 0.5
+    with pytest.raises(ScenarioError, match="chiron: warm_pool: expected an integer >= 0"):
+        Chiron(sc, warm_pool=-1)
