@@ -103,3 +103,20 @@ def loads_scenario_from(d):
     import tomli_w
 
     return loads_scenario(tomli_w.dumps(d))
+
+
+def test_plan_day_reports_the_mix_by_type(capsys):
+    """`fluidopt plan FILE --day` with instance types: the LP's mix per type and each type alone."""
+    import json
+
+    assert main(["plan", str(MIX), "--day", "--slot", "60", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    mix = out["mix"]
+    assert mix["cost"] == pytest.approx(28.60, abs=0.01)
+    assert mix["single_type_cost"]["fast"] == pytest.approx(38.54, abs=0.01)
+    assert mix["single_type_cost"]["cheap"] == pytest.approx(31.58, abs=0.01)
+    by = {r["type"]: r for r in mix["by_type"]}
+    assert by["fast"]["batch_served"] == pytest.approx(0.0, abs=1e-6) and by["cheap"]["batch_served"] == pytest.approx(1e5)
+    assert main(["plan", str(MIX), "--day", "--slot", "60"]) == 0
+    text = capsys.readouterr().out
+    assert "the cheapest mix costs 28.60 (a lower bound)" in text and "each type alone: fast 38.54, cheap 31.58" in text
