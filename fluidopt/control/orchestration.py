@@ -8,11 +8,15 @@ run (the simulator's fleet actions: ``add_gpu``, ``drain_gpu``, ``set_max_decode
 * ``chiron``: instance pools typed interactive / mixed / batch; interactive-first routing with
   overflow to mixed instances, where batch work is evicted to host memory to make room; a local
   autoscaler that sets each instance's batch limit to the largest batch whose iteration time (from
-  the GPU law) meets the ITL target of the work it serves; a global autoscaler that adds batch
-  instances when the batch queue's estimated drain time would miss the deadline and drains them when
-  it would not, and scales the interactive side from the interactive load (:func:`interactive_step`:
-  up when the last tick's rate or the TTFT/ITL headroom says it is short, down after a cooldown of
-  over-provisioning, never below a minimum);
+  the GPU law) meets the ITL target of the work it serves (a mixed instance holding batch work only:
+  the batch limit); a global autoscaler that adds batch instances when the batch queue's waiting
+  time, Chiron's statistical bound, would miss the deadline and drains them when it would not, and
+  scales the interactive side from the interactive load (:func:`interactive_step`: up when the last
+  tick's rate or the TTFT/ITL headroom says it is short, down after a cooldown of over-provisioning,
+  never below a minimum; while batch work waits, surplus mixed instances are lent to it instead);
+* ``qlm-groups``: QLM as published (:class:`QLMGroups`): request groups, per-instance virtual queues,
+  several models per fleet with a model-swap time, the waiting-time estimator, plan and reorder
+  every tick, eviction only for a request about to miss its TTFT;
 * ``qlm``: a fixed fleet; requests grouped by class (one SLO per class); the group served next is
   the one with the least predicted slack (the waiting-time estimate against its SLO), which
   maximises predicted attainment when some group must wait; an interactive request that arrives when
@@ -814,7 +818,18 @@ def make_chiron(scenario: Scenario, *, interactive_gpus: int | None = None, batc
     fluid estimates of :func:`batch_throughput`, optimistic by 5-25% here). ``shed_mixed`` (an
     ablation, default off): the interactive autoscaler may drain over-provisioned mixed instances
     while batch work is in the system (on the 100k workflow: 24.51 instead of 26.49 GPU-hours, but an
-    interactive SLO of 0.98; docs/orchestration.md section 5)."""
+    interactive SLO of 0.98; docs/orchestration.md section 5). Issue 31, round 2 (all default on; off
+    together they give round 1's Chiron bit for bit): ``mixed_batch_limit`` (a mixed instance holding
+    batch work only runs the batch limit; an interactive request placed there switches it back,
+    evicting batch decodes beyond the ITL-safe limit), ``overflow_wait`` (s an interactive request
+    waits for an interactive instance before it goes to a mixed one at the batch limit; default a
+    tenth of the tightest TTFT SLO), ``lend_mixed`` / ``lend_cooldown`` (s over-provisioned before a
+    surplus mixed instance is lent to the backlog; back at once when short, drained with the
+    backlog), ``estimator`` (``"statistical"``: Chiron's bound N (1 + z cv / sqrt N) with margin
+    b_bat / mu_bat + a tick; ``"safety"``: ``safety`` N with margin start-up + 120 s) and ``z``;
+    ``startup_cv`` (Gamma start-up times, mean the fleet's delay), ``warm_pool`` / ``warm_startup``
+    (instances that start in ``warm_startup`` s). 100k workflow: 23.75 +/- 0.23 GPU-hours, 1.232x the
+    calibrated bound (docs/orchestration.md section 5)."""
     return Chiron(scenario, interactive_gpus=interactive_gpus, batch_classes=batch_classes, batch_itl=batch_itl,
                   tick=tick, safety=safety, margin=margin, host_eviction=host_eviction,
                   interactive_scaling=interactive_scaling, interactive_spares=interactive_spares,
