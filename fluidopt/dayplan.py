@@ -23,6 +23,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -30,11 +31,11 @@ import numpy as np
 import pandas as pd
 
 from fluidopt.errors import InfeasibleError, ScenarioError, UsageError
-from fluidopt.fluid.multiperiod import BacklogJob, FleetPlan, plan_fleet
-from fluidopt.model import Scenario
+from fluidopt.fluid.multiperiod import BacklogJob, FleetPlan, MixPlan, plan_fleet
+from fluidopt.model import Fleet, Scenario
 
-__all__ = ["DayPlan", "MAX_GROUPS", "parse_backlog", "plan_day", "rates_from_trace", "read_rates_csv",
-           "workflow_rates"]
+__all__ = ["DayPlan", "MAX_GROUPS", "MixRun", "mix_roles", "parse_backlog", "plan_day", "rates_from_trace",
+           "read_rates_csv", "simulate_mix", "workflow_rates"]
 
 MAX_GROUPS = 48  # arrival groups per ongoing batch class (keeps the LP at O(48 x slots) columns)
 
@@ -443,3 +444,102 @@ def _mu_int(scenario: Scenario, inter: Sequence[int], calibrated: bool = True) -
     from fluidopt.fluid.multiperiod import _rates
 
     return _rates(scenario, inter, [i for i in range(len(scenario.classes)) if i not in inter], None, calibrated)[0]
+
+
+# --------------------------------------------------------------------------------------------
+# Mixed instance types, simulated role by role (issue 31, item 4)
+# --------------------------------------------------------------------------------------------
+# A fleet of several instance types, simulated role by role (issue 31, item 4; docs/orchestration.md).
+#
+# :func:`fluidopt.fluid.multiperiod.plan_fleet_mix` chooses the cheapest mix of instance types per
+# slot. When its plan gives each type one role (the interactive classes on some types, the batch work
+# on the others: the usual outcome, since a type is either cheaper per interactive or per batch
+# request), the types share no request, and the simulator, whose run has one GPU law, runs the mix as
+# one run per type: the interactive workload on the interactive type's fleet, the batch workload on
+# the batch type's, each with its own autoscaler (Chiron's interactive autoscaler on the first,
+# Chiron's global (batch) autoscaler on the second, or the utilisation autoscaler on both). A plan that
+# gives one type both roles (mixed instances lending to batch work) needs one engine with a GPU law per
+# instance, which the engine does not have: :func:`simulate_mix` refuses it (UsageError).
+
+
+@dataclass(frozen=True)
+class MixRun:
+    """The simulated mix: per type (``table``: role, instances at most, GPU-hours, cost, peak, SLO
+    attainment of the classes it served) and in all (``cost``, ``gpu_hours``, ``slo`` per class)."""
+
+    table: pd.DataFrame
+    cost: float
+    gpu_hours: float
+    slo: dict[str, float]
+
+
+def mix_roles(plan: MixPlan, tol: float = 1e-6) -> dict[str, str]:
+    """Each type's role in the plan: ``"interactive"`` (it serves interactive requests only),
+    ``"batch"`` (batch work only), ``"idle"`` (nothing) or ``"both"``."""
+    out = {}
+    for t, ty in enumerate(plan.types):
+        ni = float(plan.served_interactive[t].sum())
+        nb = float(plan.served_mixed[t].sum() + plan.served_batch[t].sum())
+        out[ty.name] = ("both" if ni > tol and nb > tol else "interactive" if ni > tol else "batch" if nb > tol
+                        else "idle")
+    return out
+
+
+def simulate_mix(scenario: Scenario, plan: MixPlan, *, seed: int, horizon: float | None = None,
+                 policy: str = "chiron", utilisation: float = 0.8, service: str = "tokens") -> MixRun:
+    """Run the plan's mix (module docstring). ``scenario``: the workflow (its ``[[arrivals]]`` and
+    ``[[backlogs]]``) with its instance types in ``fleet.types``; each type runs at most its ``max``
+    instances (default the scenario's ``gpus``) with its own start-up delay; the interactive type starts
+    with the instances the interactive rate needs at ``utilisation`` (ceil(lambda / (rho mu_int))), the
+    batch type with none (its autoscaler adds them when the backlog arrives)."""
+    from fluidopt.sim.api import simulate
+    from fluidopt.sim.workload import WorkflowWarning
+
+    if scenario.workflow is None:
+        raise UsageError("simulate_mix: expected a scenario with a workflow ([[arrivals]], [[backlogs]]), got none")
+    roles = mix_roles(plan)
+    both = [n for n, r in roles.items() if r == "both"]
+    if both:
+        raise UsageError(f"simulate_mix: type(s) {', '.join(both)} serve both interactive and batch work in the plan; "
+                         f"a run with one GPU law per instance is not available in the simulator")
+    horizon = scenario.workflow.horizon if horizon is None else horizon
+    swap = scenario.fleet.kv_swap_time_per_token if scenario.fleet is not None else 0.0
+    wf = scenario.workflow
+    lam = sum(c.rate for c in scenario.classes if c.deadline is None and c.deadline_at is None)
+    active = [(t, ty) for t, ty in enumerate(plan.types) if roles[ty.name] != "idle"]
+    n_int = sum(1 for _, ty in active if roles[ty.name] == "interactive")
+    n_bat = sum(1 for _, ty in active if roles[ty.name] == "batch")
+    if n_int > 1 or n_bat > 1:
+        raise UsageError("simulate_mix: expected at most one interactive and one batch type in the plan, got "
+                         f"{n_int} and {n_bat}")
+    rows = []
+    slo: dict[str, float] = {}
+    for _t, ty in active:
+        role = roles[ty.name]
+        n = ty.max if ty.max is not None else scenario.gpus
+        if role == "interactive":
+            initial = min(n, max(1, math.ceil(lam / (utilisation * ty.rates.mu_int) - 1e-9)))
+            flow = replace(wf, backlogs=())
+            opts = {"interactive_utilisation": utilisation} if policy == "chiron" else {}
+        else:
+            initial = 0
+            flow = replace(wf, arrivals=())
+            opts = {"interactive_gpus": 0} if policy == "chiron" else {}
+        gpu = next(x.gpu for x in scenario.fleet.types if x.name == ty.name)
+        sub = replace(scenario, gpu=gpu, gpus=n, name=f"{scenario.name}[{ty.name}]", workflow=flow,
+                      fleet=Fleet(initial=initial, startup_delay=ty.startup_delay, kv_swap_time_per_token=swap))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", WorkflowWarning)  # (the other role's classes never arrive here)
+            res = simulate(sub, policy, horizon=horizon, seed=seed, service=service, controller_options=opts)
+        pc = res.per_class
+        served = [c for c in pc.index if pc.loc[c, "slo_requests"] > 0]
+        log = res.meta.get("fleet_log")
+        row = {"type": ty.name, "role": role, "max": n, "initial": initial, "gpu_hours": res.gpu_hours,
+               "cost": res.gpu_hours * ty.price_per_hour,
+               "peak": int(log["gpus"].max()) if log is not None else n}
+        for c in served:
+            row[f"slo[{c}]"] = float(pc.loc[c, "slo_attainment"])
+            slo[c] = float(pc.loc[c, "slo_attainment"])
+        rows.append(row)
+    table = pd.DataFrame(rows).set_index("type")
+    return MixRun(table=table, cost=float(table["cost"].sum()), gpu_hours=float(table["gpu_hours"].sum()), slo=slo)

@@ -197,12 +197,53 @@ class Fleet:
     initial: int | None = None  # GPUs online at t = 0 (None: all)
     startup_delay: float = 0.0  # s from adding a GPU to its first work
     kv_swap_time_per_token: float = 0.0  # s per context token to restore an evicted request's KV
+    types: tuple[InstanceType, ...] = ()  # instance types a planner may mix (issue 31; the planners only)
 
     def __post_init__(self) -> None:
         if self.initial is not None:
             _check_int("fleet", "initial", self.initial, minimum=0)
         _check_positive("fleet", "startup_delay", self.startup_delay, allow_zero=True)
         _check_positive("fleet", "kv_swap_time_per_token", self.kv_swap_time_per_token, allow_zero=True)
+        types = tuple(self.types)
+        object.__setattr__(self, "types", types)
+        for k, t in enumerate(types):
+            if not isinstance(t, InstanceType):
+                raise ScenarioError(f"fleet.types[{k}]: expected an InstanceType, got {type(t).__name__}")
+        names = [t.name for t in types]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ScenarioError(f"fleet.types.name: instance type names must be unique, repeated: {', '.join(dup)}")
+
+
+@dataclass(frozen=True)
+class InstanceType:
+    """A kind of instance a fleet may mix (issue 31): ``gpu`` its GPU profile (the iteration law),
+    ``price_per_hour`` per instance-hour (default the profile's ``price_per_hour``), ``startup_delay``
+    (s from adding one to its first work) and ``max`` (the most instances of this type; None: the
+    cluster's maximum)."""
+
+    name: str
+    gpu: GPUProfile | None
+    price_per_hour: float | None = None
+    startup_delay: float = 0.0
+    max: int | None = None
+
+    def __post_init__(self) -> None:
+        w = f"fleet.types[{self.name!r}]"
+        if not isinstance(self.name, str) or not self.name:
+            raise ScenarioError(f"fleet.types.name: expected a non-empty string, got {self.name!r}")
+        if not isinstance(self.gpu, GPUProfile):
+            raise ScenarioError(f"{w}.gpu: expected a GPU profile (a shipped profile's name or a table of alpha, "
+                                f"beta, gamma or tau_solo, chunk, batch), got {self.gpu!r}")
+        price = self.price_per_hour if self.price_per_hour is not None else self.gpu.price_per_hour
+        if price is None:
+            raise ScenarioError(f"{w}.price_per_hour: expected a price per instance-hour (here or in its GPU "
+                                f"profile), got none")
+        _check_positive(w, "price_per_hour", price, allow_zero=True)
+        object.__setattr__(self, "price_per_hour", float(price))
+        _check_positive(w, "startup_delay", self.startup_delay, allow_zero=True)
+        if self.max is not None:
+            _check_int(w, "max", self.max, minimum=0)
 
 
 ARRIVAL_PROCESSES = ("poisson", "gamma", "trace", "rates")

@@ -134,13 +134,15 @@ def scenario_from_dict(data: Mapping[str, Any], *, source: str = "<dict>") -> Sc
         from fluidopt.model import Fleet
 
         ft = _expect_table("fleet", data["fleet"])
-        _reject_unknown("fleet", ft, {"initial", "startup_delay", "kv_swap_time_per_token"})
+        _reject_unknown("fleet", ft, {"initial", "startup_delay", "kv_swap_time_per_token", "types"})
         fkw: dict[str, Any] = {}
         if "initial" in ft:
             fkw["initial"] = _integer("fleet.initial", ft["initial"])
         for k in ("startup_delay", "kv_swap_time_per_token"):
             if k in ft:
                 fkw[k] = _number(f"fleet.{k}", ft[k])
+        if "types" in ft:
+            fkw["types"] = _instance_types(ft["types"])
         fleet = Fleet(**fkw)
     workflow = None
     if "arrivals" in data or "backlogs" in data or "workflow" in data:
@@ -153,6 +155,45 @@ def scenario_from_dict(data: Mapping[str, Any], *, source: str = "<dict>") -> Sc
             workflow = _replace(workflow, horizon=_number("workflow.horizon", wt["horizon"]))
     return Scenario(gpu=gpu, gpus=gpus, classes=parsed, prefill_price=cp, decode_price=cd, name=name, meta=meta,
                     fleet=fleet, workflow=workflow)
+
+
+def _instance_types(value: Any) -> tuple:
+    """The ``[[fleet.types]]`` tables: name, gpu (a shipped profile's name or a GPU table), price_per_hour,
+    startup_delay, max."""
+    from fluidopt.model import InstanceType
+
+    if not isinstance(value, list) or not value:
+        raise ScenarioError(f"fleet.types: expected a non-empty array of tables ([[fleet.types]]), got {value!r}")
+    out = []
+    for k, t in enumerate(value):
+        w = f"fleet.types[{k}]"
+        t = _expect_table(w, t)
+        _reject_unknown(w, t, {"name", "gpu", "price_per_hour", "startup_delay", "max"})
+        _require(w, t, ("name",))
+        name = t["name"]
+        if not isinstance(name, str) or not name:
+            raise ScenarioError(f"{w}.name: expected a non-empty string, got {name!r}")
+        spec = t.get("gpu")
+        if spec is None:
+            raise ScenarioError(f"{w} ({name!r}): expected a GPU profile: gpu = \"NAME\" (a shipped profile) or a "
+                                f"[fleet.types.gpu] table (alpha, beta, gamma or tau_solo, chunk, batch), got none")
+        if isinstance(spec, str):
+            from fluidopt.calibrate import load_profile
+
+            try:
+                gpu = load_profile(spec)
+            except ScenarioError as e:
+                raise ScenarioError(f"{w} ({name!r}).{e}") from None
+        else:
+            gpu = gpu_from_dict(spec, where=f"{w}.gpu")
+        kw: dict[str, Any] = {}
+        for key in ("price_per_hour", "startup_delay"):
+            if key in t:
+                kw[key] = _number(f"{w}.{key}", t[key])
+        if "max" in t:
+            kw["max"] = _integer(f"{w}.max", t["max"])
+        out.append(InstanceType(name, gpu, **kw))
+    return tuple(out)
 
 
 _ARRIVAL_KEYS = {"class", "process", "rate", "cv", "file", "slot"}
@@ -238,9 +279,7 @@ def default_scenario(gpus: int = 500) -> Scenario:
     return paper_scenario(gpus=gpus)
 
 
-def scenario_to_dict(s: Scenario) -> dict[str, Any]:
-    """The inverse of :func:`scenario_from_dict` (round-trips through TOML)."""
-    g = s.gpu
+def _gpu_to_dict(g) -> dict[str, Any]:
     gpu: dict[str, Any] = {"alpha": g.alpha, "beta": g.beta, "tau_solo": g.tau_solo, "chunk": g.chunk, "batch": g.batch}
     if g.name:
         gpu["name"] = g.name
@@ -250,6 +289,12 @@ def scenario_to_dict(s: Scenario) -> dict[str, Any]:
         gpu["kv_time_per_token"] = g.kv_time_per_token
     if g.price_per_hour is not None:
         gpu["price_per_hour"] = g.price_per_hour
+    return gpu
+
+
+def scenario_to_dict(s: Scenario) -> dict[str, Any]:
+    """The inverse of :func:`scenario_from_dict` (round-trips through TOML)."""
+    gpu = _gpu_to_dict(s.gpu)
     classes = []
     for c in s.classes:
         d: dict[str, Any] = {"name": c.name, "prompt": c.prompt, "decode": c.decode, "rate": c.rate, "patience": c.patience}
@@ -274,6 +319,10 @@ def scenario_to_dict(s: Scenario) -> dict[str, Any]:
     if s.fleet is not None:
         f = s.fleet
         out["fleet"] = {"startup_delay": f.startup_delay, "kv_swap_time_per_token": f.kv_swap_time_per_token}
+        if f.types:
+            out["fleet"]["types"] = [{"name": t.name, "gpu": _gpu_to_dict(t.gpu), "price_per_hour": t.price_per_hour,
+                                      "startup_delay": t.startup_delay, **({"max": t.max} if t.max is not None else {})}
+                                     for t in f.types]
         if f.initial is not None:
             out["fleet"]["initial"] = f.initial
     if s.workflow is not None:

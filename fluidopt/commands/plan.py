@@ -276,6 +276,20 @@ def _run_day(args: argparse.Namespace) -> int:
     d = plan_day(scenario, rates, trace=args.trace or None, slot=args.slot, backlogs=backlogs,
                  utilisation=args.utilisation, min_gpus=args.min_gpus, max_gpus=args.max_gpus,
                  calibrated=not args.fluid_throughputs)
+    mix = None
+    if scenario.fleet is not None and scenario.fleet.types:  # instance types: the LP chooses the mix per slot
+        from fluidopt.errors import InfeasibleError
+        from fluidopt.fluid.multiperiod import plan_fleet_mix
+
+        kw = dict(start=float(d.times[0]), end=float(d.times[-1] + d.slot), slot=d.slot, interactive_rate=d.rates,
+                  utilisation=d.utilisation, max_gpus=args.max_gpus, calibrated=not args.fluid_throughputs)
+        mix = plan_fleet_mix(scenario, list(d.backlogs), **kw)
+        single = {}  # each type alone, for comparison (None: infeasible alone)
+        for ty in scenario.fleet.types:
+            try:
+                single[ty.name] = plan_fleet_mix(scenario, list(d.backlogs), [ty], **kw).cost
+            except InfeasibleError:
+                single[ty.name] = None
     files: list[str] = []
     if args.out:
         from fluidopt._files import lock_folder, write_generation
@@ -284,7 +298,11 @@ def _run_day(args: argparse.Namespace) -> int:
             frame = d.to_frame()
             files += [str(f) for f in write_generation(out, {"day.csv": lambda p: frame.to_csv(p, index=False)})]
     if args.json:
-        print(json.dumps({"scenario": scenario.name, **d.to_dict(), "files": files}, indent=2, default=str))
+        extra = {}
+        if mix is not None:
+            extra["mix"] = {"cost": mix.cost, "by_type": mix.by_type().reset_index().to_dict(orient="records"),
+                            "single_type_cost": single}
+        print(json.dumps({"scenario": scenario.name, **d.to_dict(), **extra, "files": files}, indent=2, default=str))
         return 0
     price = d.price_per_gpu_hour
     kind = "lower bound" if d.utilisation == 1.0 else f"plan at utilisation {d.utilisation:g}"
@@ -303,6 +321,14 @@ def _run_day(args: argparse.Namespace) -> int:
     print(show.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     for n in d.notes:
         print(f"note: {n}")
+    if mix is not None:
+        print(f"\ninstance types (fleet.types): the cheapest mix costs {mix.cost:.2f}"
+              f"{'' if d.utilisation < 1 else ' (a lower bound)'}")
+        t = mix.by_type()[["price_per_hour", "gpu_hours", "cost", "cost_per_hour", "cost_per_million_tokens", "peak"]]
+        t.columns = ["price/h", "GPU-hours", "cost", "cost/h", "cost/M tokens", "peak"]
+        print(t.to_string(float_format=lambda x: f"{x:.3f}"))
+        print("each type alone: " + ", ".join(f"{n} {'infeasible' if c is None else f'{c:.2f}'}"
+                                              for n, c in single.items()))
     if files:
         print(f"\nsaved: {', '.join(files)}")
     return 0

@@ -8,11 +8,15 @@ run (the simulator's fleet actions: ``add_gpu``, ``drain_gpu``, ``set_max_decode
 * ``chiron``: instance pools typed interactive / mixed / batch; interactive-first routing with
   overflow to mixed instances, where batch work is evicted to host memory to make room; a local
   autoscaler that sets each instance's batch limit to the largest batch whose iteration time (from
-  the GPU law) meets the ITL target of the work it serves; a global autoscaler that adds batch
-  instances when the batch queue's estimated drain time would miss the deadline and drains them when
-  it would not, and scales the interactive side from the interactive load (:func:`interactive_step`:
-  up when the last tick's rate or the TTFT/ITL headroom says it is short, down after a cooldown of
-  over-provisioning, never below a minimum);
+  the GPU law) meets the ITL target of the work it serves (a mixed instance holding batch work only:
+  the batch limit); a global autoscaler that adds batch instances when the batch queue's waiting
+  time, Chiron's statistical bound, would miss the deadline and drains them when it would not, and
+  scales the interactive side from the interactive load (:func:`interactive_step`: up when the last
+  tick's rate or the TTFT/ITL headroom says it is short, down after a cooldown of over-provisioning,
+  never below a minimum; while batch work waits, surplus mixed instances are lent to it instead);
+* ``qlm-groups``: QLM as published (:class:`QLMGroups`): request groups, per-instance virtual queues,
+  several models per fleet with a model-swap time, the waiting-time estimator, plan and reorder
+  every tick, eviction only for a request about to miss its TTFT;
 * ``qlm``: a fixed fleet; requests grouped by class (one SLO per class); the group served next is
   the one with the least predicted slack (the waiting-time estimate against its SLO), which
   maximises predicted attainment when some group must wait; an interactive request that arrives when
@@ -51,6 +55,7 @@ from fluidopt.fluid.multiperiod import (
     plan_fleet,
     role_rates,
 )
+from fluidopt.fluid.saturation import class_laws
 from fluidopt.model import GPUProfile, Scenario
 
 __all__ = [
@@ -256,10 +261,32 @@ class Chiron(_Orchestrator):
                  batch_itl: float | None = None, tick: float = 10.0, safety: float = 1.1, margin: float | None = None,
                  host_eviction: bool = True, interactive_scaling: bool = True, interactive_spares: int | None = None,
                  min_interactive: int = 1, interactive_utilisation: float = 0.8, cooldown: float = 600.0,
-                 window: float = 300.0, headroom: float = 0.5, calibrated: bool = True, shed_mixed: bool = False):
+                 window: float = 300.0, headroom: float = 0.5, calibrated: bool = True, shed_mixed: bool = False,
+                 mixed_batch_limit: bool = True, overflow_wait: float | None = None, lend_mixed: bool = True,
+                 estimator: str = "statistical", z: float = 1.645, lend_cooldown: float = 60.0,
+                 startup_cv: float = 0.0, warm_pool: int = 0, warm_startup: float = 5.0):
         super().__init__(scenario, batch_classes=batch_classes, batch_itl=batch_itl, tick=tick, calibrated=calibrated)
         who = self.name
         self.shed_mixed = bool(shed_mixed)
+        # the local autoscaler sets a mixed instance's batch limit from the ITL target of the requests
+        # it serves: the batch instances' limit while it holds batch work only, the ITL-safe one as soon
+        # as an interactive request is placed there (batch decodes beyond it evicted to host memory)
+        self.mixed_batch_limit = bool(mixed_batch_limit)
+        # the interactive autoscaler lends over-provisioned mixed instances to the batch work (no
+        # interactive work placed there) instead of keeping them, and takes them back at once
+        self.lend = bool(lend_mixed) and self.mixed_batch_limit
+        self.lend_cooldown = _positive(who, "lend_cooldown", lend_cooldown, zero=True)
+        # start-up times (issue 31, item 6): Gamma-distributed with the fleet's start-up delay as mean
+        # and this CV (0: fixed), and a warm pool of instances that start in warm_startup seconds
+        self.startup_cv = _positive(who, "startup_cv", startup_cv, zero=True)
+        if isinstance(warm_pool, bool) or not isinstance(warm_pool, int) or warm_pool < 0:
+            raise ScenarioError(f"{who}: warm_pool: expected an integer >= 0, got {warm_pool!r}")
+        self.warm_pool = warm_pool
+        self.warm_startup = _positive(who, "warm_startup", warm_startup)
+        ttfts = [c.ttft_slo for c in scenario.classes if c.ttft_slo is not None]
+        if overflow_wait is None:
+            overflow_wait = 0.1 * min(ttfts) if ttfts and self.mixed_batch_limit else 0.0
+        self.overflow_wait = _positive(who, "overflow_wait", overflow_wait, zero=True)
         self.safety = _positive(who, "safety", safety)
         self.int_scaling = bool(interactive_scaling)
         for nm, v in (("interactive_spares", interactive_spares), ("min_interactive", min_interactive)):
@@ -276,7 +303,22 @@ class Chiron(_Orchestrator):
         startup = 0.0 if scenario.fleet is None else scenario.fleet.startup_delay
         # finish the batch work this long before its deadline: the last requests' own service time
         # and the start-up of instances added late are not in the fluid rate estimate
-        self.margin = startup + 120.0 if margin is None else _positive(self.name, "margin", margin, zero=True)
+        if estimator not in ("statistical", "safety"):
+            raise ScenarioError(f"{who}: estimator: expected 'statistical' or 'safety', got {estimator!r}")
+        self.estimator = estimator
+        self.z = _positive(who, "z", z, zero=True)
+        # the output-length CV of the batch classes (the statistical bound's spread per request)
+        cvs = []
+        for i in self.bat:
+            law = class_laws(scenario.classes[i])[1]
+            m = law.mean
+            cvs.append(math.sqrt(max(0.0, law.expect(lambda v, m=m: (v - m) ** 2))) / m)
+        self.cv_bat = max(cvs, default=1.0)
+        if margin is None:
+            # statistical: the last request admitted needs its own time in a batch instance (Little's
+            # law at the batch limit: b_bat / mu_bat) plus one tick; safety: the start-up + 2 minutes
+            margin = self.rates.b_bat / self.mu_bat + tick if estimator == "statistical" else startup + 120.0
+        self.margin = _positive(self.name, "margin", margin, zero=True)
         self.host = bool(host_eviction)
         cl = scenario.classes
         if interactive_gpus is None:
@@ -328,6 +370,8 @@ class Chiron(_Orchestrator):
         self.window: list[tuple[float, int]] = [(0.0, 0)]
         self.win4: list[tuple[float, int, int, float]] = [(0.0, 0, 0, 0.0)]
         self.startup = getattr(ctx, "_startup", 0.0)
+        self.warm_back: list[float] = [-math.inf] * getattr(self, "warm_pool", 0)  # when each warm slot is ready
+        self.startups: list[float] = []  # the start-up time of every instance added
         # the interactive autoscaler's state: arrivals counted per tick, recent per-tick rates, since
         # when the interactive capacity has been above the need, the GPUs it added
         self.int_arrived = 0
@@ -336,6 +380,10 @@ class Chiron(_Orchestrator):
         self.over_since: float | None = None
         self.int_added: list[int] = []
         self.base_gpus = [g for g in range(n) if self.pool_of[g] != BATCH]
+        self.mixed_gpus = [g for g in range(n) if self.pool_of[g] == MIXED]
+        self.bmode = [False] * n  # a mixed instance at the batch limit (no interactive work on it)
+        self.lent = [False] * n  # a mixed instance the interactive autoscaler lent to the batch work
+        self.mode_switches = 0  # mixed instances switched back to the ITL-safe limit (evicting batch work)
 
     def _spares(self, offline: int, base: int) -> int:
         """Offline GPUs reserved for the interactive pool: the option, or (default) enough for twice the
@@ -354,11 +402,73 @@ class Chiron(_Orchestrator):
     def _pick(self, ctx: Context, p: int) -> int:
         return _room_in(ctx, self.ip[p])
 
+    def _interactive_on(self, ctx: Context, g: int) -> bool:
+        """An interactive request runs on g (its prefill or a decode)."""
+        pr = ctx.gpu_prefill(g)
+        if pr >= 0 and not self.is_batch[ctx.req_class(pr)]:
+            return True
+        by = ctx.gpu_decodes_by_class(g)
+        return any(by[i] for i in self.inter)
+
+    def _to_batch_limit(self, ctx: Context, g: int) -> None:
+        """A mixed instance with no interactive work on it takes the batch instances' limit."""
+        if self.mixed_batch_limit and not self.bmode[g] and ctx.gpu_online(g) and not self._interactive_on(ctx, g):
+            self.bmode[g] = True
+            if ctx.gpu_max_decodes(g) < self.b_bat:
+                ctx.set_max_decodes(g, self.b_bat)
+
+    def _to_interactive_limit(self, ctx: Context, g: int) -> bool:
+        """Before an interactive request starts on mixed instance g at the batch limit: back to the
+        ITL-safe limit, evicting (to host memory) the batch decodes beyond it, the latest first, so that
+        a slot stays for the interactive decode. False if the decodes could not be brought below it."""
+        if not self.bmode[g]:
+            return True
+        self.bmode[g] = False
+        self.mode_switches += 1
+        lim = self.b_int
+        ctx.set_max_decodes(g, lim)
+        if ctx.gpu_decodes(g) >= lim:
+            pr = ctx.gpu_prefill(g)
+            for r in reversed(ctx.gpu_requests(g)):
+                if ctx.gpu_decodes(g) < lim:
+                    break
+                if r != pr and self.is_batch[ctx.req_class(r)]:
+                    ctx.evict(r, self.host)
+        return ctx.gpu_decodes(g) < lim
+
+    def _pick_mixed(self, ctx: Context, prefill: bool) -> int:
+        """A mixed instance for an interactive prefill (idle prefill slot) or decode, keeping interactive
+        work on as few mixed instances as it can: one at the ITL-safe limit with room; for a prefill,
+        else one at the ITL-safe limit whose batch prefill is evicted; else the one at the batch limit
+        with the fewest decodes, switched to the ITL-safe limit (:meth:`_to_interactive_limit`); -1."""
+        if not self.mixed_batch_limit:
+            return self._pick(ctx, MIXED) if prefill else self.fd[MIXED].choice()
+        best, bd = -1, math.inf
+        busy = -1
+        for g in self.mixed_gpus:
+            if self.lent[g] or not ctx.gpu_online(g) or ctx.gpu_free(g) <= 0:
+                continue
+            d = ctx.gpu_decodes(g)
+            pr = ctx.gpu_prefill(g)
+            if not self.bmode[g]:
+                if d < ctx.gpu_max_decodes(g):
+                    if not prefill or pr < 0:
+                        return g
+                    if busy < 0 and self.is_batch[ctx.req_class(pr)]:
+                        busy = g
+            elif d < bd and (not prefill or pr < 0):
+                best, bd = g, d
+        if busy >= 0 and ctx.evict(ctx.gpu_prefill(busy), self.host):
+            return busy
+        if best >= 0 and self._to_interactive_limit(ctx, best):
+            return best
+        return -1
+
     def _evict_batch_on_mixed(self, ctx: Context, prefill: bool) -> int:
         """Make room on a mixed instance by evicting batch work; the GPU freed, or -1."""
         bat = self.is_batch
         for g in range(len(self.pool_of)):
-            if self.pool_of[g] != MIXED or not ctx.gpu_online(g):
+            if self.pool_of[g] != MIXED or self.lent[g] or not ctx.gpu_online(g):
                 continue
             pr = ctx.gpu_prefill(g)
             if prefill:
@@ -382,25 +492,34 @@ class Chiron(_Orchestrator):
                     break
         return -1
 
-    def _place_interactive_prefill(self, ctx: Context, r: int) -> bool:
+    def _place_interactive_prefill(self, ctx: Context, r: int, overflow: bool = True) -> bool:
+        """Start interactive r's prefill: on an interactive instance, else a mixed one serving
+        interactive work; with ``overflow``, else by switching or evicting batch work on a mixed one."""
         g = self._pick(ctx, INTERACTIVE)
+        if g < 0 and not overflow:
+            return False
         if g < 0:
-            g = self._pick(ctx, MIXED)
+            g = self._pick_mixed(ctx, True)
         if g < 0:
             g = self._evict_batch_on_mixed(ctx, True)
+        if g >= 0 and self.bmode[g] and not self._to_interactive_limit(ctx, g):
+            return False
         return g >= 0 and self.has_room(ctx, g) and self.try_prefill(ctx, r, g)
 
     def _place_decode(self, ctx: Context, r: int, g: int) -> bool:
         if ctx.gpu_online(g) and ctx.gpu_decodes(g) < ctx.gpu_max_decodes(g) and ctx.gpu_free(g) > 0:
             if self.try_decode(ctx, r, g):
                 return True
-        pools = (BATCH, MIXED) if self.is_batch[ctx.req_class(r)] else (INTERACTIVE, MIXED)
+        inter = not self.is_batch[ctx.req_class(r)]
+        pools = (INTERACTIVE, MIXED) if inter else (BATCH, MIXED)
         for p in pools:
-            h = self.fd[p].choice()
+            h = self._pick_mixed(ctx, False) if p == MIXED and inter else self.fd[p].choice()
             if h >= 0 and self.try_decode(ctx, r, h):
                 return True
-        if not self.is_batch[ctx.req_class(r)]:
+        if inter:
             h = self._evict_batch_on_mixed(ctx, False)
+            if h >= 0 and self.bmode[h] and not self._to_interactive_limit(ctx, h):
+                return False
             if h >= 0 and ctx.gpu_decodes(h) < ctx.gpu_max_decodes(h) and ctx.gpu_free(h) > 0:
                 return self.try_decode(ctx, r, h)
         return False
@@ -413,7 +532,20 @@ class Chiron(_Orchestrator):
             return
         self.int_arrived += 1
         if self.interactive_waiting(ctx) == 0:
-            self._place_interactive_prefill(ctx, r)
+            self._place_interactive_prefill(ctx, r, self.overflow_wait <= 0)
+        self._overflow(ctx)
+
+    def _overflow(self, ctx: Context) -> None:
+        """Interactive requests that have waited ``overflow_wait`` seconds for an interactive instance
+        go to a mixed instance at the batch limit (switched to the ITL-safe one) or evict batch work."""
+        w = self.overflow_wait
+        if w <= 0:
+            return
+        now = ctx.now
+        while True:
+            r = self.head_of(ctx, PREFILL_QUEUE, self.inter)
+            if r < 0 or now - ctx.req_arrival(r) < w or not self._place_interactive_prefill(ctx, r):
+                return
 
     def _fill_batch(self, ctx: Context) -> None:
         mixed_ok = self.interactive_waiting(ctx) == 0
@@ -437,14 +569,21 @@ class Chiron(_Orchestrator):
                 self.mixed_done += 1
             elif self.pool_of[g] == BATCH:
                 self.batch_done += 1
+        elif self.pool_of[g] == MIXED and self.mixed_batch_limit:
+            self._to_batch_limit(ctx, g)  # (only once no interactive request is left on g)
 
     def on_slot_freed(self, ctx: Context, g: int) -> None:
         if not ctx.gpu_online(g):
             return
+        self._overflow(ctx)
         p = self.pool_of[g]
+        if self.lent[g]:
+            p = BATCH  # lent to the batch work: no interactive work placed here
         # decodes waiting for a slot first (their prefill is done), interactive before batch
         while ctx.qlen(DECODE_QUEUE) and ctx.gpu_decodes(g) < ctx.gpu_max_decodes(g) and ctx.gpu_free(g) > 0:
             r = self.head_of(ctx, DECODE_QUEUE, self.inter) if p != BATCH else -1
+            if r >= 0 and self.bmode[g] and not self._to_interactive_limit(ctx, g):
+                r = -1
             if r < 0 and p != INTERACTIVE:
                 r = self.head_of(ctx, DECODE_QUEUE, self.bat)
             if r < 0 or not self.try_decode(ctx, r, g):
@@ -453,12 +592,18 @@ class Chiron(_Orchestrator):
             return
         if p != BATCH:
             r = self.head_of(ctx, PREFILL_QUEUE, self.inter)
+            if r >= 0 and self.bmode[g] and ctx.now - ctx.req_arrival(r) < self.overflow_wait:
+                r = -1  # (it waits a little longer for an interactive instance)
             if r >= 0:
+                if self.bmode[g] and (not self._to_interactive_limit(ctx, g) or not self.has_room(ctx, g)):
+                    return
                 self.try_prefill(ctx, r, g)
                 return
         if p != INTERACTIVE and (p == BATCH or self.interactive_waiting(ctx) == 0):
             r = self.head_of(ctx, PREFILL_QUEUE, self.bat)
             if r >= 0:
+                if p == MIXED and self.mixed_batch_limit:
+                    self._to_batch_limit(ctx, g)
                 self.try_prefill(ctx, r, g)
 
     def on_tick(self, ctx: Context) -> None:
@@ -490,6 +635,14 @@ class Chiron(_Orchestrator):
         ones lend their capacity to the batch work), otherwise any of them, never below
         ``min_interactive``."""
         now = ctx.now
+        if self.lend and any(self.lent) and not self.batch_in_system(ctx):
+            # no batch work left: the lent instances were judged surplus for the interactive load
+            # (over-provisioned for ``cooldown`` seconds): drained now
+            for g in self.mixed_gpus:
+                if self.lent[g]:
+                    self.lent[g] = False
+                    if ctx.gpu_state(g) in ("online", "starting"):
+                        ctx.drain_gpu(g)
         rate = (self.int_arrived - self.int_seen) / self.tick_interval
         self.int_seen = self.int_arrived
         w = self.int_rates
@@ -497,20 +650,32 @@ class Chiron(_Orchestrator):
         while w and w[0][0] <= now - self.window_s:
             w.pop(0)
         peak = max(r for _, r in w)
-        up = [g for g in self.base_gpus if ctx.gpu_state(g) in ("online", "starting")]
+        up = [g for g in self.base_gpus if ctx.gpu_state(g) in ("online", "starting") and not self.lent[g]]
+        lending = self.lend and not self.shed_mixed and self.batch_in_system(ctx) > 0 and not self.int_added
         step, self.over_since = interactive_step(
             rate, peak, len(up), self.mu_int_gpu, self.rho_int, self._interactive_short(ctx), now, self.over_since,
-            self.cooldown, self.min_int)
+            self.lend_cooldown if lending else self.cooldown, self.min_int)
         if step > 0:
+            for g in self.mixed_gpus:  # lent mixed instances first: back at once, no start-up
+                if step > 0 and self.lent[g] and ctx.gpu_online(g):
+                    self.lent[g] = False
+                    step -= 1
             idle = [g for g in self.base_gpus if ctx.gpu_state(g) == "offline"]
             idle.sort(key=lambda g: self.pool_of[g] != INTERACTIVE)  # interactive spares first
             for g in idle[:step]:
-                ctx.add_gpu(g)
+                self._add(ctx, g)
                 self.int_added.append(g)
         elif step < 0:
             self.int_added = [g for g in self.int_added if ctx.gpu_state(g) in ("online", "starting")]
             if self.batch_in_system(ctx) and not self.shed_mixed:
                 cands = list(self.int_added)
+                if not cands and self.lend:  # lend a mixed instance to the batch work instead
+                    mix = [g for g in up if self.pool_of[g] == MIXED and ctx.gpu_online(g)]
+                    if mix:
+                        g = min(mix, key=lambda h: sum(ctx.gpu_decodes_by_class(h)[i] for i in self.inter))
+                        self.lent[g] = True
+                        self._to_batch_limit(ctx, g)
+                        return
             else:  # the GPUs it added, then mixed, then interactive ones
                 cands = self.int_added + sorted((g for g in up if g not in self.int_added),
                                                 key=lambda g: self.pool_of[g] != MIXED)
@@ -522,6 +687,42 @@ class Chiron(_Orchestrator):
                 if g in self.int_added:
                     self.int_added.remove(g)
 
+    def _expected_startup(self, ctx: Context) -> float:
+        """The start-up time of the next instance added: a warm one's if a warm slot is ready, else the
+        mean."""
+        if any(t <= ctx.now for t in self.warm_back):
+            return min(self.warm_startup, self.startup)
+        return self.startup
+
+    def _add(self, ctx: Context, g: int) -> None:
+        """Add GPU g with its start-up time: from the warm pool (``warm_startup`` s; the slot is ready
+        again a cold start-up later) if a slot is ready, else Gamma with mean the fleet's start-up delay
+        and CV ``startup_cv`` (drawn from the controller's stream), else the fleet's delay.
+
+        The engine has one start-up delay per run (``add_gpu`` takes none), so a different one is set on
+        its ``_startup`` around the call: a stopgap until ``add_gpu`` takes a delay."""
+        now = ctx.now
+        delay = self.startup
+        for k, t in enumerate(self.warm_back):
+            if t <= now:
+                delay = min(self.warm_startup, self.startup)
+                self.warm_back[k] = now + self.startup
+                break
+        else:
+            if self.startup_cv > 0 and self.startup > 0:
+                shape = 1.0 / self.startup_cv ** 2
+                delay = ctx.rng.gammavariate(shape, self.startup / shape)
+        self.startups.append(delay)
+        if delay == self.startup or not hasattr(ctx, "_startup"):
+            ctx.add_gpu(g)
+            return
+        old = ctx._startup
+        ctx._startup = max(delay, 1e-6)  # (0 would bring it online inside this call)
+        try:
+            ctx.add_gpu(g)
+        finally:
+            ctx._startup = old
+
     def _local_autoscaler(self, ctx: Context) -> None:
         """Each online instance's batch limit from its ITL target and the context it holds now."""
         kap = self.gpu.kv_time_per_token
@@ -530,10 +731,12 @@ class Chiron(_Orchestrator):
         for g in range(len(self.pool_of)):
             if not ctx.gpu_online(g):
                 continue
+            if self.mixed_batch_limit and self.pool_of[g] == MIXED and not self.bmode[g]:
+                self._to_batch_limit(ctx, g)
             k = ctx.gpu_decodes(g) + (ctx.gpu_prefill(g) >= 0)
             if k < 4:
                 continue  # too few requests for a context estimate: keep the planned limit
-            itl = self.itl_bat if self.pool_of[g] == BATCH else self.itl_int
+            itl = self.itl_bat if self.pool_of[g] == BATCH or self.bmode[g] else self.itl_int
             b = largest_batch(self.gpu, itl, ctx.gpu_kv_used(g) / k)
             if b != ctx.gpu_max_decodes(g):
                 ctx.set_max_decodes(g, b)
@@ -560,7 +763,12 @@ class Chiron(_Orchestrator):
             return
         # requests/s to start in time: those already running are served where they are
         waiting = sum(ctx.n_wait_prefill(i) + ctx.n_wait_decode(i) for i in self.bat)
-        need = self.safety * waiting / max(left, self.tick_interval)
+        if self.estimator == "statistical":
+            # Chiron's statistical bound: N requests' work is N E[D] + z sqrt(N) sd(D) tokens, so
+            # the bound on their waiting time tightens as the queue grows (1 + z cv / sqrt(N))
+            need = waiting * (1.0 + self.z * self.cv_bat / math.sqrt(max(waiting, 1))) / max(left, self.tick_interval)
+        else:
+            need = self.safety * waiting / max(left, self.tick_interval)
         # the waiting-time estimate: batch instances at their planned rate (from the GPU law at the
         # batch limit), mixed instances at the rate they were measured to lend over the last minute
         now = ctx.now
@@ -572,13 +780,13 @@ class Chiron(_Orchestrator):
         cap = len(active) * self.mu_bat + lent
         if need > cap:
             # an instance added now serves only after its start-up delay (none: too late to help)
-            share = 1.0 - self.startup / (left + self.margin) if left + self.margin > 0 else 0.0
+            share = 1.0 - self._expected_startup(ctx) / (left + self.margin) if left + self.margin > 0 else 0.0
             k = math.ceil((need - cap) / (self.mu_bat * share)) if share > 0.05 else 0
             for g in self.batch_gpus:
                 if k <= 0:
                     break
                 if ctx.gpu_state(g) == "offline":
-                    ctx.add_gpu(g)
+                    self._add(ctx, g)
                     k -= 1
         elif active and need < cap - 1.5 * self.mu_bat:
             g = min(active, key=lambda h: (ctx.gpu_state(h) == "online", ctx.gpu_decodes(h) + ctx.gpu_free(h) * 0))
@@ -592,7 +800,10 @@ def make_chiron(scenario: Scenario, *, interactive_gpus: int | None = None, batc
                 host_eviction: bool = True, interactive_scaling: bool = True, interactive_spares: int | None = None,
                 min_interactive: int = 1, interactive_utilisation: float = 0.8, cooldown: float = 600.0,
                 window: float = 300.0, headroom: float = 0.5, calibrated: bool = True,
-                shed_mixed: bool = False) -> Chiron:
+                shed_mixed: bool = False, mixed_batch_limit: bool = True, overflow_wait: float | None = None,
+                lend_mixed: bool = True, estimator: str = "statistical", z: float = 1.645,
+                lend_cooldown: float = 60.0, startup_cv: float = 0.0, warm_pool: int = 0,
+                warm_startup: float = 5.0) -> Chiron:
     """Chiron (options as :class:`Chiron`): ``interactive_gpus`` (default: sized from the interactive
     load), ``batch_itl`` (the batch instances' ITL target, s; default the batch class's ``itl_slo``),
     ``safety`` (the global autoscaler's factor on the needed batch rate), ``margin`` (s: plan to finish
@@ -607,12 +818,26 @@ def make_chiron(scenario: Scenario, *, interactive_gpus: int | None = None, batc
     fluid estimates of :func:`batch_throughput`, optimistic by 5-25% here). ``shed_mixed`` (an
     ablation, default off): the interactive autoscaler may drain over-provisioned mixed instances
     while batch work is in the system (on the 100k workflow: 24.51 instead of 26.49 GPU-hours, but an
-    interactive SLO of 0.98; docs/orchestration.md section 5)."""
+    interactive SLO of 0.98; docs/orchestration.md section 5). Issue 31, round 2 (all default on; off
+    together they give round 1's Chiron bit for bit): ``mixed_batch_limit`` (a mixed instance holding
+    batch work only runs the batch limit; an interactive request placed there switches it back,
+    evicting batch decodes beyond the ITL-safe limit), ``overflow_wait`` (s an interactive request
+    waits for an interactive instance before it goes to a mixed one at the batch limit; default a
+    tenth of the tightest TTFT SLO), ``lend_mixed`` / ``lend_cooldown`` (s over-provisioned before a
+    surplus mixed instance is lent to the backlog; back at once when short, drained with the
+    backlog), ``estimator`` (``"statistical"``: Chiron's bound N (1 + z cv / sqrt N) with margin
+    b_bat / mu_bat + a tick; ``"safety"``: ``safety`` N with margin start-up + 120 s) and ``z``;
+    ``startup_cv`` (Gamma start-up times, mean the fleet's delay), ``warm_pool`` / ``warm_startup``
+    (instances that start in ``warm_startup`` s). 100k workflow: 23.75 +/- 0.23 GPU-hours, 1.232x the
+    calibrated bound (docs/orchestration.md section 5)."""
     return Chiron(scenario, interactive_gpus=interactive_gpus, batch_classes=batch_classes, batch_itl=batch_itl,
                   tick=tick, safety=safety, margin=margin, host_eviction=host_eviction,
                   interactive_scaling=interactive_scaling, interactive_spares=interactive_spares,
                   min_interactive=min_interactive, interactive_utilisation=interactive_utilisation,
-                  cooldown=cooldown, window=window, headroom=headroom, calibrated=calibrated, shed_mixed=shed_mixed)
+                  cooldown=cooldown, window=window, headroom=headroom, calibrated=calibrated, shed_mixed=shed_mixed,
+                  mixed_batch_limit=mixed_batch_limit, overflow_wait=overflow_wait, lend_mixed=lend_mixed,
+                  estimator=estimator, z=z, lend_cooldown=lend_cooldown, startup_cv=startup_cv,
+                  warm_pool=warm_pool, warm_startup=warm_startup)
 
 
 # --------------------------------------------------------------------------------------------
@@ -752,15 +977,17 @@ class UtilisationAutoscaler(_Orchestrator):
     Every ``tick`` seconds: utilisation u = requests on the online instances / (online * batch_size);
     u > ``up`` adds ceil(``step`` * online) instances (up to the fleet's maximum), u < ``down`` drains
     the least-loaded one (its queue re-dispatched first). A new instance takes queued requests from
-    the longest queues until the queues are even (Llumnix migrates requests between instances).
+    the longest queues until the queues are even (Llumnix migrates requests between instances;
+    ``migrate=False``: it takes only new arrivals, as the seed describes its baseline).
     """
 
     name = "utilisation-autoscaler"
 
     def __init__(self, scenario: Scenario, *, batch_size: int | None = None, up: float = 0.8, down: float = 0.3,
-                 step: float = 0.25, min_gpus: int = 1, tick: float = 10.0, batch_classes=None):
+                 step: float = 0.25, min_gpus: int = 1, tick: float = 10.0, batch_classes=None, migrate: bool = True):
         super().__init__(scenario, batch_classes=batch_classes, tick=tick)
         who = self.name
+        self.migrate = bool(migrate)
         if batch_size is None:
             batch_size = self.b_int
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= scenario.gpu.batch - 1:
@@ -821,7 +1048,8 @@ class UtilisationAutoscaler(_Orchestrator):
             if g not in self.online:  # came online: take queued work from the longest queues
                 self.online.append(g)
                 self.online.sort()
-                self._rebalance(ctx, g)
+                if self.migrate:
+                    self._rebalance(ctx, g)
             self._admit(ctx, g)
 
     def _rebalance(self, ctx: Context, new: int) -> None:
@@ -868,10 +1096,11 @@ class UtilisationAutoscaler(_Orchestrator):
           description="baseline: dispatch at once (JSQ), fixed batch size, add instances when utilisation is high")
 def make_utilisation_autoscaler(scenario: Scenario, *, batch_size: int | None = None, up: float = 0.8,
                                 down: float = 0.3, step: float = 0.25, min_gpus: int = 1, tick: float = 10.0,
-                                batch_classes: list[str] | None = None) -> UtilisationAutoscaler:
-    """The utilisation autoscaler (options as :class:`UtilisationAutoscaler`)."""
+                                batch_classes: list[str] | None = None, migrate: bool = True) -> UtilisationAutoscaler:
+    """The utilisation autoscaler (options as :class:`UtilisationAutoscaler`; ``migrate=False``: a new
+    instance takes no queued requests, only new arrivals, the seed's description of its baseline)."""
     return UtilisationAutoscaler(scenario, batch_size=batch_size, up=up, down=down, step=step, min_gpus=min_gpus,
-                                 tick=tick, batch_classes=batch_classes)
+                                 tick=tick, batch_classes=batch_classes, migrate=migrate)
 
 
 # --------------------------------------------------------------------------------------------
@@ -895,6 +1124,7 @@ class FluidPlan(Chiron):
     name = "fluid-plan"
 
     def __init__(self, scenario: Scenario, *, slot: float = 60.0, utilisation: float = 0.8, **kw):
+        kw.setdefault("estimator", "safety")  # (its own plan; Chiron's rule of before for the last slot)
         kw.setdefault("interactive_scaling", False)  # its LP keeps the base fleet; the plan sets the rest
         super().__init__(scenario, **kw)
         self.slot = _positive(self.name, "slot", slot)
@@ -964,4 +1194,299 @@ def make_fluid_plan(scenario: Scenario, *, slot: float = 60.0, utilisation: floa
     """The fluid-plan follower (options as :class:`FluidPlan` and :class:`Chiron`)."""
     return FluidPlan(scenario, slot=slot, utilisation=utilisation, interactive_gpus=interactive_gpus,
                      batch_classes=batch_classes, batch_itl=batch_itl, tick=tick, margin=margin,
+                     host_eviction=host_eviction, calibrated=calibrated)
+
+
+# --------------------------------------------------------------------------------------------
+# QLM with request groups, virtual queues and several models (issue 31, item 5)
+# --------------------------------------------------------------------------------------------
+
+
+class QLMGroups(_Orchestrator):
+    """QLM as published, on a fixed fleet shared by several models.
+
+    * **Request groups**: the requests of one class (one model, one SLO, one token law), FCFS inside.
+    * **Models and swaps**: each class belongs to a model (``models``: class name -> model name;
+      default one model). An instance holds one model; serving another takes ``swap_time`` seconds
+      after its last request has left (it admits nothing of the old model meanwhile); swaps are
+      counted (``swaps``).
+    * **Virtual queues**: each instance's queue is the ordered list of the groups of the model it
+      holds (or is swapping to); the order is least slack first (below), groups beyond saving (slack
+      below -``give_up`` s) last.
+    * **Waiting-time estimator**: a group's requests wait ahead / (instances of its model x mu), mu the
+      calibrated saturated rate of one instance for the class at its batch limit; the slack of an
+      interactive group is its head's TTFT SLO - its age - the estimated wait - its prefill time, of
+      a batch group its deadline - now - its waiting requests / (instances x mu).
+    * **Plan and reorder** (every ``tick`` s, and at an arrival whose model holds no instance): the
+      instances each model needs for its groups to meet their SLOs (interactive: the measured arrival
+      rate over the last 30 s / (rho mu); batch: waiting / (slack x mu)), the fleet split among the
+      models (scaled down in proportion when the fleet is short; spare instances stay where they
+      are), an instance moved from a model with a
+      surplus of at least one instance to one short of more than one (or with work and no instance),
+      the least busy first, and not within ``dwell`` seconds of its last move; then each virtual
+      queue is reordered.
+    * **Eviction** (as documented): an interactive request whose estimated wait would miss its TTFT
+      SLO (wait + prefill > ``headroom`` x TTFT SLO) evicts batch work (to host memory) on an
+      instance of its model; otherwise it waits.
+    * Batch limits: an instance runs the ITL-safe limit (on the mean context it holds now, Chiron's
+      local autoscaler) while it holds a model with interactive classes, else the batch limit.
+    """
+
+    name = "qlm-groups"
+
+    def __init__(self, scenario: Scenario, *, models: dict[str, str] | None = None, swap_time: float = 0.0,
+                 batch_classes=None, batch_itl: float | None = None, tick: float = 1.0, give_up: float = 60.0,
+                 utilisation: float = 0.8, headroom: float = 0.5, dwell: float = 120.0, host_eviction: bool = True,
+                 calibrated: bool = True):
+        super().__init__(scenario, batch_classes=batch_classes, batch_itl=batch_itl, tick=tick, calibrated=calibrated)
+        who = self.name
+        names = scenario.class_names
+        models = dict(models or {})
+        for c in models:
+            if c not in names:
+                raise ScenarioError(f"{who}: models: {c!r} is not a class of the scenario ({', '.join(names)})")
+        self.model_of = [str(models.get(c, "model")) for c in names]
+        self.models = sorted(set(self.model_of))
+        self.swap_time = _positive(who, "swap_time", swap_time, zero=True)
+        self.give_up = _positive(who, "give_up", give_up, zero=True)
+        self.rho = _positive(who, "utilisation", utilisation)
+        self.headroom = _positive(who, "headroom", headroom)
+        self.dwell = _positive(who, "dwell", dwell, zero=True)
+        self.host = bool(host_eviction)
+        cl = scenario.classes
+        self.ttft_pre = [math.ceil(c.prompt / self.gpu.chunk) * self.gpu.tau_mix for c in cl]
+        # per class: the calibrated rate of one instance serving it (interactive at the ITL-safe batch
+        # limit, batch at the batch limit)
+        from fluidopt.fluid.saturation import saturated_throughput
+
+        self.mu = []
+        for i, c in enumerate(cl):
+            p, d = class_laws(c)
+            b = self.b_bat if self.is_batch[i] else self.b_int
+            self.mu.append(float(saturated_throughput(self.gpu, b, [p], [d]).rate) if calibrated
+                           else batch_throughput(self.gpu, b, c.prompt, c.decode))
+        self.classes_of = {m: [i for i in range(len(cl)) if self.model_of[i] == m] for m in self.models}
+        self.has_int = {m: any(not self.is_batch[i] for i in self.classes_of[m]) for m in self.models}
+
+    def setup(self, ctx: Context) -> None:
+        self.gpus = ctx.fleet_online()
+        ctx.set_pool(self.gpus, 0, max_decodes=self.b_int)
+        n = ctx.n_gpus
+        self.loaded: list[str | None] = [None] * n  # the model an instance holds
+        self.target: list[str | None] = [None] * n  # the model the plan gives it
+        self.ready = [0.0] * n  # when its swap is done
+        self.moved = [-math.inf] * n  # when the plan last gave it another model
+        self.swaps = 0
+        self.arrived = [0] * len(self.model_of)
+        self.rate_win: list[tuple[float, list[int]]] = [(0.0, [0] * len(self.model_of))]
+        # the initial split: the models in turn (the first plan corrects it)
+        for k, g in enumerate(self.gpus):
+            m = self.models[k % len(self.models)]
+            self.loaded[g] = self.target[g] = m
+        self.order: dict[str, list[int]] = {m: list(self.classes_of[m]) for m in self.models}
+        self.k_of = {m: sum(1 for g in self.gpus if self.target[g] == m) for m in self.models}
+
+    # -- the estimator ---------------------------------------------------------------------------
+    def _slack(self, ctx: Context, i: int) -> float:
+        now = ctx.now
+        k = max(1, self.k_of[self.model_of[i]])
+        n = ctx.n_wait_prefill(i)
+        if self.is_batch[i]:
+            dl = self.batch_deadline(ctx)
+            return dl - now - n / (k * self.mu[i]) if math.isfinite(dl) else math.inf
+        r = ctx.head(PREFILL_QUEUE, i)
+        if r < 0 or self.ttft[i] is None:
+            return math.inf
+        return self.ttft[i] - (now - ctx.req_arrival(r)) - n / (k * self.mu[i]) - self.ttft_pre[i]
+
+    def _reorder(self, ctx: Context) -> None:
+        for m in self.models:
+            keyed = []
+            for i in self.classes_of[m]:
+                s = self._slack(ctx, i)
+                keyed.append((s < -self.give_up, s, i))
+            keyed.sort()
+            self.order[m] = [i for _, _, i in keyed]
+
+    # -- plan ------------------------------------------------------------------------------------
+    def _plan(self, ctx: Context) -> None:
+        now = ctx.now
+        w = self.rate_win
+        w.append((now, list(self.arrived)))
+        while len(w) > 2 and w[1][0] <= now - 30.0:
+            w.pop(0)
+        t0, a0 = w[0]
+        span = max(now - t0, self.tick_interval)
+        need: dict[str, float] = {}
+        for m in self.models:
+            d = 0.0
+            for i in self.classes_of[m]:
+                if self.is_batch[i]:
+                    nb = ctx.n_wait_prefill(i)
+                    if nb:
+                        dl = self.batch_deadline(ctx)
+                        slack = max(dl - now, self.tick_interval) if math.isfinite(dl) else 3600.0
+                        d += nb / (slack * self.mu[i])
+                else:
+                    lam = (self.arrived[i] - a0[i]) / span
+                    d += lam / (self.rho * self.mu[i]) + ctx.n_wait_prefill(i) / (self.mu[i] * 10.0)
+            busy = any(ctx.n_wait_prefill(i) + ctx.n_prefill(i) + ctx.n_decode_mixed(i) + ctx.n_decode_solo(i)
+                       for i in self.classes_of[m])
+            need[m] = max(d, 1.0 if busy or d > 0 else 0.0)
+        n = len(self.gpus)
+        total = sum(need.values())
+        if total <= 0:
+            return
+        # the instances each model needs (scaled down when the fleet is short); the spare ones stay
+        # where they are: a model keeps what it has unless another is short
+        share = {m: need[m] * min(1.0, n / total) for m in self.models}
+        have = {m: sum(1 for g in self.gpus if self.target[g] == m) for m in self.models}
+        # move an instance only for a deficit of more than a whole instance against a surplus of at
+        # least one (hysteresis: a swap costs swap_time and the drain before it), or to give a model
+        # with work its first instance
+        while True:
+            short = [m for m in self.models if share[m] - have[m] > 1.0 or (need[m] > 0 and have[m] == 0)]
+            over = [m for m in self.models if have[m] - share[m] >= 1.0 and have[m] > 1
+                    and (share[m] - have[m] <= 1.0)]
+            if not short or not over:
+                break
+            m = max(short, key=lambda x: share[x] - have[x])
+            cands = [g for g in self.gpus if self.target[g] in over and now >= self.moved[g] + self.dwell]
+            if not cands:
+                break
+            g = min(cands, key=lambda h: ctx.gpu_decodes(h) + (ctx.gpu_prefill(h) >= 0))
+            have[self.target[g]] -= 1
+            self.target[g] = m
+            self.moved[g] = now
+            have[m] += 1
+        self.k_of = have
+        self._reorder(ctx)
+
+    # -- serving ---------------------------------------------------------------------------------
+    def _swap_if_empty(self, ctx: Context, g: int) -> None:
+        if self.loaded[g] != self.target[g] and ctx.gpu_prefill(g) < 0 and ctx.gpu_decodes(g) == 0:
+            self.loaded[g] = self.target[g]
+            self.ready[g] = ctx.now + self.swap_time
+            self.swaps += 1
+
+    def _serving(self, ctx: Context, g: int) -> str | None:
+        """The model g serves now (None: swapping or about to)."""
+        if self.loaded[g] != self.target[g] or ctx.now < self.ready[g]:
+            return None
+        return self.loaded[g]
+
+    def _limit(self, ctx: Context, g: int, m: str) -> None:
+        """The ITL-safe limit on an instance of a model with interactive classes (on the context it holds
+        now, as Chiron's local autoscaler), else the batch limit."""
+        lim = self.b_int if self.has_int[m] else self.b_bat
+        k = ctx.gpu_decodes(g) + (ctx.gpu_prefill(g) >= 0)
+        if self.has_int[m] and k >= 4 and self.gpu.kv_time_per_token > 0:  # Chiron's local autoscaler
+            lim = largest_batch(self.gpu, self.itl_int, ctx.gpu_kv_used(g) / k)
+        if ctx.gpu_max_decodes(g) != lim:
+            ctx.set_max_decodes(g, lim)
+
+    def _admit(self, ctx: Context, g: int) -> None:
+        m = self._serving(ctx, g)
+        if m is None or not ctx.gpu_online(g):
+            return
+        while ctx.qlen(DECODE_QUEUE) and ctx.gpu_decodes(g) < ctx.gpu_max_decodes(g) and ctx.gpu_free(g) > 0:
+            r = self.head_of(ctx, DECODE_QUEUE, self.classes_of[m])
+            if r < 0 or not self.try_decode(ctx, r, g):
+                break
+        if not self.has_room(ctx, g):
+            return
+        for i in self.order[m]:
+            r = ctx.head(PREFILL_QUEUE, i)
+            if r >= 0:
+                self.try_prefill(ctx, r, g)
+                return
+
+    def on_tick(self, ctx: Context) -> None:
+        self._plan(ctx)
+        for g in self.gpus:
+            self._swap_if_empty(ctx, g)
+            m = self._serving(ctx, g)
+            if m is not None:
+                self._limit(ctx, g, m)
+                self._admit(ctx, g)
+
+    def on_arrival(self, ctx: Context, r: int) -> None:
+        i = ctx.req_class(r)
+        self.arrived[i] += 1
+        ctx.enqueue(r, PREFILL_QUEUE)
+        m = self.model_of[i]
+        if not any(self.target[g] == m for g in self.gpus):
+            self._plan(ctx)
+        elif i in self.order[m][:1] or not self.is_batch[i]:
+            self._reorder_model(ctx, m)
+        for g in self.gpus:
+            if self._serving(ctx, g) == m and self.has_room(ctx, g):
+                self._admit(ctx, g)
+                if ctx.head(PREFILL_QUEUE, i) < 0:
+                    return
+        if not self.is_batch[i] and self.bat:
+            self._maybe_evict(ctx, i, m)
+
+    def _reorder_model(self, ctx: Context, m: str) -> None:
+        keyed = []
+        for i in self.classes_of[m]:
+            s = self._slack(ctx, i)
+            keyed.append((s < -self.give_up, s, i))
+        keyed.sort()
+        self.order[m] = [i for _, _, i in keyed]
+
+    def _maybe_evict(self, ctx: Context, i: int, m: str) -> None:
+        """The interactive group i waits: evict batch work on an instance of model m if its estimated
+        wait would miss the TTFT SLO (wait + prefill > headroom x SLO)."""
+        if self.ttft[i] is None:
+            return
+        k = max(1, self.k_of[m])
+        r = ctx.head(PREFILL_QUEUE, i)
+        if r < 0:
+            return
+        age = ctx.now - ctx.req_arrival(r)
+        wait = ctx.n_wait_prefill(i) / (k * self.mu[i])
+        if age + wait + self.ttft_pre[i] <= self.headroom * self.ttft[i]:
+            return
+        for g in self.gpus:
+            if self._serving(ctx, g) != m:
+                continue
+            pr = ctx.gpu_prefill(g)
+            if pr >= 0 and self.is_batch[ctx.req_class(pr)] and ctx.gpu_decodes(g) < ctx.gpu_max_decodes(g):
+                if ctx.evict(pr, self.host):
+                    self.try_prefill(ctx, r, g)
+                    return
+        for g in self.gpus:
+            if self._serving(ctx, g) != m or ctx.gpu_prefill(g) >= 0:
+                continue
+            for q in reversed(ctx.gpu_requests(g)):
+                if self.is_batch[ctx.req_class(q)] and ctx.evict(q, self.host):
+                    if self.has_room(ctx, g):
+                        self.try_prefill(ctx, r, g)
+                        return
+
+    def on_prefill_done(self, ctx: Context, r: int, g: int) -> None:
+        if ctx.gpu_decodes(g) < ctx.gpu_max_decodes(g) and ctx.gpu_free(g) > 0 and self.try_decode(ctx, r, g):
+            return
+        m = self.model_of[ctx.req_class(r)]
+        for h in self.gpus:
+            if self._serving(ctx, h) == m and ctx.gpu_decodes(h) < ctx.gpu_max_decodes(h) and ctx.gpu_free(h) > 0:
+                if self.try_decode(ctx, r, h):
+                    return
+
+    def on_slot_freed(self, ctx: Context, g: int) -> None:
+        self._swap_if_empty(ctx, g)
+        self._admit(ctx, g)
+
+
+@register("qlm-groups", description="QLM as published: request groups, per-instance virtual queues, several models "
+                                    "with a swap time, the waiting-time estimator, plan and reorder every tick")
+def make_qlm_groups(scenario: Scenario, *, models: dict[str, str] | None = None, swap_time: float = 0.0,
+                    batch_classes: list[str] | None = None, batch_itl: float | None = None, tick: float = 1.0,
+                    give_up: float = 60.0, utilisation: float = 0.8, headroom: float = 0.5, dwell: float = 120.0,
+                    host_eviction: bool = True, calibrated: bool = True) -> QLMGroups:
+    """QLM with request groups and virtual queues (options as :class:`QLMGroups`): ``models`` maps class
+    names to model names (default one model), ``swap_time`` (s to load another model on an instance)."""
+    return QLMGroups(scenario, models=models, swap_time=swap_time, batch_classes=batch_classes, batch_itl=batch_itl,
+                     tick=tick, give_up=give_up, utilisation=utilisation, headroom=headroom, dwell=dwell,
                      host_eviction=host_eviction, calibrated=calibrated)

@@ -40,8 +40,8 @@ import pandas as pd
 from fluidopt.errors import InfeasibleError, ScenarioError, SolverError, UsageError
 from fluidopt.model import GPUProfile, RequestClass, Scenario
 
-__all__ = ["BacklogJob", "FleetPlan", "RoleRates", "batch_throughput", "largest_batch", "mean_context", "plan_fleet",
-           "role_rates"]
+__all__ = ["BacklogJob", "FleetPlan", "MixPlan", "RoleRates", "TypeRates", "batch_throughput", "largest_batch",
+           "mean_context", "plan_fleet", "plan_fleet_mix", "role_rates", "type_rates"]
 
 
 def mean_context(c: RequestClass) -> float:
@@ -381,3 +381,227 @@ def _level(res, c, A, bub, Aeq, beq, bounds, ib, im, slot):
         return res
     r2.x = r2.x[:nv]
     return r2
+
+
+# --------------------------------------------------------------------------------------------
+# Mixed instance types (issue 31, item 4)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TypeRates:
+    """One instance type's planning rates (:class:`RoleRates` on its GPU profile) and price."""
+
+    name: str
+    price_per_hour: float
+    startup_delay: float
+    max: int | None
+    rates: RoleRates
+
+
+@dataclass(frozen=True)
+class MixPlan:
+    """The cheapest fleet over time with several instance types: per type (``types``, in order) and slot
+    (``times``) the base instances ``base[t, k]`` of which ``interactive[t, k]`` serve the interactive
+    classes, the batch instances ``batch[t, k]``, the batch requests they serve (``served_mixed``,
+    ``served_batch``) and the interactive requests (``served_interactive``); ``cost`` the optimum (a lower
+    bound on any controller's cost at utilisation 1), ``gpu_hours`` per type. ``by_type()`` tabulates
+    GPU-hours, cost, cost per hour and per million tokens by type."""
+
+    slot: float
+    times: np.ndarray
+    types: tuple[TypeRates, ...]
+    base: np.ndarray
+    interactive: np.ndarray
+    batch: np.ndarray
+    served_mixed: np.ndarray
+    served_batch: np.ndarray
+    served_interactive: np.ndarray
+    cost: float
+    tokens_interactive: float  # tokens (prompt + output) of one interactive request (rate-weighted mean)
+    tokens_batch: np.ndarray  # tokens of one batch request, per backlog
+
+    @property
+    def gpu_hours(self) -> np.ndarray:
+        return self.slot * (self.base + self.batch).sum(axis=1) / 3600.0
+
+    def by_type(self) -> pd.DataFrame:
+        """Per type: GPU-hours, cost, cost per hour of the plan (cost / its duration in hours), the
+        interactive and batch requests served, the tokens (prompt + output) served and the cost per
+        million tokens."""
+        hours = self.slot * len(self.times) / 3600.0
+        rows = []
+        for t, ty in enumerate(self.types):
+            gh = float(self.gpu_hours[t])
+            cost = gh * ty.price_per_hour
+            ni = float(self.served_interactive[t].sum())
+            nb = float(self.served_mixed[t].sum() + self.served_batch[t].sum())
+            tok = ni * self.tokens_interactive + float((self.served_mixed[t] + self.served_batch[t]).sum(axis=0)
+                                                       @ self.tokens_batch) if self.tokens_batch.size else \
+                ni * self.tokens_interactive
+            rows.append({"type": ty.name, "price_per_hour": ty.price_per_hour, "gpu_hours": gh, "cost": cost,
+                         "cost_per_hour": cost / hours, "interactive_served": ni, "batch_served": nb,
+                         "tokens": tok, "cost_per_million_tokens": cost / tok * 1e6 if tok > 0 else math.nan,
+                         "peak": float((self.base[t] + self.batch[t]).max())})
+        return pd.DataFrame(rows).set_index("type")
+
+
+def type_rates(scenario: Scenario, types=None, *, interactive: Sequence[int] | None = None,
+               batch: Sequence[int] | None = None, batch_itl: float | None = None,
+               calibrated: bool = True) -> tuple[TypeRates, ...]:
+    """Each instance type's role rates (:func:`role_rates` with the type's GPU profile) and price.
+    ``types``: :class:`fluidopt.model.InstanceType` items (default the scenario's ``fleet.types``)."""
+    from dataclasses import replace
+
+    if types is None:
+        types = scenario.fleet.types if scenario.fleet is not None else ()
+    if not types:
+        raise ScenarioError("plan_fleet_mix: expected instance types (fleet.types in the scenario, or types=...), "
+                            "got none")
+    cl = scenario.classes
+    if interactive is None:
+        interactive = [i for i, c in enumerate(cl) if c.deadline is None and c.deadline_at is None]
+    if batch is None:
+        batch = [i for i in range(len(cl)) if i not in interactive]
+    return tuple(TypeRates(t.name, float(t.price_per_hour), float(t.startup_delay), t.max,
+                           role_rates(replace(scenario, gpu=t.gpu), interactive, batch, batch_itl,
+                                      calibrated=calibrated)) for t in types)
+
+
+def plan_fleet_mix(
+    scenario: Scenario,
+    backlogs: Sequence[BacklogJob],
+    types=None,
+    *,
+    start: float = 0.0,
+    end: float | None = None,
+    slot: float = 60.0,
+    interactive_rate: float | Sequence[float] | None = None,
+    utilisation: float = 1.0,
+    max_gpus: int | None = None,
+    batch_itl: float | None = None,
+    calibrated: bool = True,
+) -> MixPlan:
+    """The multi-period LP of :func:`plan_fleet` with several instance types: in slot k, type t keeps
+    b_tk base instances, i_tk of them for the interactive classes (sum_t rho mu_int^t i_tk >= lambda_k)
+    and the rest lending to batch work at mu_mix^t, and m_tk batch instances at mu_bat^t; at most
+    ``max`` instances of a type and ``max_gpus`` (default ``scenario.gpus``) in all; minimise the cost
+    sum_tk slot price_t (b_tk + m_tk) / 3600. The LP chooses the mix per slot; with one type it is
+    :func:`plan_fleet` with ``min_gpus`` = 0 (the same optimum times the price). A type's rates are the
+    calibrated ones of its GPU profile (:func:`type_rates`); start-up delays are free, as in
+    :func:`plan_fleet` (a relaxation: the optimum bounds any controller's cost from below at
+    utilisation 1)."""
+    from scipy.optimize import linprog
+    from scipy.sparse import coo_array
+
+    if slot <= 0 or not math.isfinite(slot):
+        raise ScenarioError(f"plan_fleet_mix: slot: expected seconds > 0, got {slot!r}")
+    if not 0 < utilisation <= 1:
+        raise ScenarioError(f"plan_fleet_mix: utilisation: expected a fraction in (0, 1], got {utilisation!r}")
+    cl = scenario.classes
+    names = scenario.class_names
+    for j in backlogs:
+        if j.cls not in names:
+            raise ScenarioError(f"plan_fleet_mix: backlog class {j.cls!r} is not a class of the scenario")
+    inter = [i for i, c in enumerate(cl) if c.deadline is None and c.deadline_at is None]
+    bat = sorted({names.index(j.cls) for j in backlogs}) or [i for i in range(len(cl)) if i not in inter]
+    tr = type_rates(scenario, types, interactive=inter, batch=bat, batch_itl=batch_itl, calibrated=calibrated)
+    T = len(tr)
+    if end is None:
+        end = max([j.deadline for j in backlogs], default=start + slot)
+    K = max(1, math.ceil((end - start) / slot - 1e-9))
+    times = start + slot * np.arange(K)
+    if interactive_rate is None:
+        interactive_rate = sum(cl[i].rate for i in inter)
+    lam = np.broadcast_to(np.asarray(interactive_rate, dtype=float), (K,)).copy()
+    nmax = scenario.gpus if max_gpus is None else max_gpus
+    J = len(backlogs)
+    # variables per (t, k): b, i, m; then x_mix (J, T, K), x_bat (J, T, K)
+    TK = T * K
+
+    def vb(t, k):
+        return t * K + k
+
+    def vi(t, k):
+        return TK + t * K + k
+
+    def vm(t, k):
+        return 2 * TK + t * K + k
+
+    def vxm(j, t, k):
+        return 3 * TK + (j * T + t) * K + k
+
+    def vxb(j, t, k):
+        return 3 * TK + J * TK + (j * T + t) * K + k
+
+    nv = 3 * TK + 2 * J * TK
+    c = np.zeros(nv)
+    for t, ty in enumerate(tr):
+        for k in range(K):
+            c[vb(t, k)] = c[vm(t, k)] = slot * ty.price_per_hour / 3600.0
+            for j in range(J):
+                c[vxm(j, t, k)] = c[vxb(j, t, k)] = 1e-9 * (k + 1) / max(1.0, backlogs[j].n)
+    ai: list[int] = []
+    aj: list[int] = []
+    av: list[float] = []
+    bub: list[float] = []
+
+    def row(entries, rhs):
+        r = len(bub)
+        for col, val in entries:
+            ai.append(r)
+            aj.append(col)
+            av.append(val)
+        bub.append(rhs)
+
+    for k in range(K):
+        row([(vi(t, k), -utilisation * ty.rates.mu_int) for t, ty in enumerate(tr)], -lam[k])  # interactive load
+        row([(vb(t, k), 1.0) for t in range(T)] + [(vm(t, k), 1.0) for t in range(T)], float(nmax))
+        for t, ty in enumerate(tr):
+            row([(vi(t, k), 1.0), (vb(t, k), -1.0)], 0.0)  # i <= b
+            row([(vxm(j, t, k), 1.0) for j in range(J)] + [(vb(t, k), -slot * ty.rates.mu_mix),
+                                                           (vi(t, k), slot * ty.rates.mu_mix)], 0.0)
+            row([(vxb(j, t, k), 1.0) for j in range(J)] + [(vm(t, k), -slot * ty.rates.mu_bat)], 0.0)
+            if ty.max is not None:
+                row([(vb(t, k), 1.0), (vm(t, k), 1.0)], float(ty.max))
+    bounds = [(0.0, None)] * nv
+    ei: list[int] = []
+    ej: list[int] = []
+    beq: list[float] = []
+    for j, job in enumerate(backlogs):
+        for k in range(K):
+            t0, t1 = times[k], times[k] + slot
+            closed = t0 + 1e-9 < job.at or t1 > job.deadline + 1e-9
+            for t in range(T):
+                if closed:
+                    bounds[vxm(j, t, k)] = bounds[vxb(j, t, k)] = (0.0, 0.0)
+                ei += [j, j]
+                ej += [vxm(j, t, k), vxb(j, t, k)]
+        beq.append(float(job.n))
+    A = coo_array((av, (ai, aj)), shape=(len(bub), nv)).tocsc()
+    Aeq = coo_array((np.ones(len(ei)), (ei, ej)), shape=(J, nv)).tocsc() if J else None
+    res = linprog(c, A_ub=A, b_ub=np.array(bub), A_eq=Aeq, b_eq=np.array(beq) if J else None, bounds=bounds,
+                  method="highs")
+    if res.status == 2:
+        raise InfeasibleError(
+            f"plan_fleet_mix: no fleet of at most {nmax} instances of types {', '.join(t.name for t in tr)} serves the "
+            f"interactive load and finishes the backlog in time", conflicting=("max_gpus", "deadline"))
+    if res.status != 0:
+        raise SolverError(f"plan_fleet_mix: HiGHS failed: {res.message}")
+    x = res.x
+    shape = (T, K)
+    base = x[:TK].reshape(shape)
+    inte = x[TK:2 * TK].reshape(shape)
+    m = x[2 * TK:3 * TK].reshape(shape)
+    xm = x[3 * TK:3 * TK + J * TK].reshape((J, T, K)) if J else np.zeros((0, T, K))
+    xb = x[3 * TK + J * TK:].reshape((J, T, K)) if J else np.zeros((0, T, K))
+    cap = np.array([[utilisation * ty.rates.mu_int * inte[t, k] for k in range(K)] for t, ty in enumerate(tr)])
+    share = np.divide(cap, cap.sum(axis=0), out=np.zeros_like(cap), where=cap.sum(axis=0) > 0)
+    served_i = share * lam * slot
+    li = sum(cl[i].rate for i in inter)
+    tok_i = sum((cl[i].prompt + cl[i].decode) * cl[i].rate for i in inter) / li if li else 0.0
+    tok_b = np.array([cl[names.index(j.cls)].prompt + cl[names.index(j.cls)].decode for j in backlogs])
+    cost = float(slot * sum(tr[t].price_per_hour * (base[t].sum() + m[t].sum()) for t in range(T)) / 3600.0)
+    return MixPlan(slot=float(slot), times=times, types=tr, base=base.copy(), interactive=inte.copy(), batch=m.copy(),
+                   served_mixed=xm.transpose(1, 2, 0).copy(), served_batch=xb.transpose(1, 2, 0).copy(),
+                   served_interactive=served_i, cost=cost, tokens_interactive=tok_i, tokens_batch=tok_b)

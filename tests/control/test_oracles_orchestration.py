@@ -287,7 +287,10 @@ def test_batch_autoscalers_meet_the_deadline_without_running_every_gpu(pol):
     res = simulate(sc, pol, horizon=450.0, seed=3, service="tokens", workload=wl, check=False)
     assert res.per_class.loc["batch", "slo_attainment"] == 1.0
     log = res.meta["fleet_log"]
-    assert log["gpus"].max() > 4 and log["online"].iloc[-1] == 4
+    assert log["gpus"].max() > 4
+    # the fluid plan keeps its 4-GPU base; Chiron drains the mixed instances it lent to the backlog
+    # with it (issue 31): 1 to 4 left
+    assert log["online"].iloc[-1] == 4 if pol == "fluid-plan" else 1 <= log["online"].iloc[-1] <= 4
     assert res.gpu_hours < 0.75 * 10 * 450.0 / 3600.0
 
 

@@ -33,6 +33,7 @@ def test_no_controller_below_the_calibrated_bound(policy):
         lb = bound(sc, 100_000)
         assert lb == pytest.approx(19.27, abs=0.01)
         assert pc.loc["interactive", "slo_attainment"] >= 0.99 and pc.loc["batch", "slo_attainment"] >= 0.99
-        # measured (docs/orchestration.md section 5): 1.37x the bound with the 15-instance base kept
-        # through the backlog, 1.11x the bound that keeps it
-        assert 1.0 < res.gpu_hours / lb < 1.45
+        # measured (docs/orchestration.md section 5): 1.23x the bound (1.22-1.24 over seeds 1-5) with the
+        # mixed instances at the batch limit while they hold batch work only and the surplus ones lent to
+        # the backlog; issue 31's target is 1.25x
+        assert 1.0 < res.gpu_hours / lb <= 1.25

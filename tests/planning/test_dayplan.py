@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -235,6 +236,35 @@ def test_deadline_after_the_days_end_is_kept():
         plan_day(sc, rates, slot=60.0, backlogs=[("batch", 145_000, 0.0)], max_gpus=20)
     d = plan_day(sc, rates, slot=60.0, backlogs=[("batch", 0.999 * cap, 0.0)], max_gpus=20)
     assert d.gpu_hours == pytest.approx(20 * 3900.0 / 3600.0 - 0.001 * cap / d.fleet_plan.mu_bat / 3600.0, rel=1e-6)
+
+
+def test_145k_at_the_calibrated_law_needs_24_gpus_or_75_minutes():
+    """issue 31's 145,000 requests by minute 65 under the calibrated law: no batch size makes 20 GPUs fit
+    (the saturated rate rises with the batch limit up to B - 1 = 127: 1.443, 1.728, 1.878, 1.960
+    requests/s at 35, 64, 96, 127; B = 128 itself, with no slot kept for a prefill, gives 1.962, +0.1%),
+    and a batch instance beats a mixed one (1.96 vs 1.44 at the ITL-safe 35). The plan is feasible
+    from 24 GPUs, or on 20 GPUs with the deadline at 4,500 s (75 minutes); either way it costs the
+    interactive GPU-hours plus N / mu_bat = 24.92 GPU-hours, not about 20."""
+    from fluidopt.fluid.saturation import class_laws, saturated_throughput
+
+    sc = load_scenario(Path(__file__).resolve().parents[2] / "examples/scenarios/chiron-workflow.toml")
+    laws = class_laws(sc.classes[1])
+    mus = [saturated_throughput(sc.gpu, b, [laws[0]], [laws[1]]).rate for b in (35, 64, 96, 127, 128)]
+    assert mus == sorted(mus) and mus[3] == pytest.approx(1.960, abs=5e-4) and mus[4] / mus[3] < 1.002
+    rates = [30.0] * 60
+    for n in (20, 23):
+        with pytest.raises(InfeasibleError):
+            plan_day(sc, rates, slot=60.0, backlogs=[("batch", 145_000, 0.0)], max_gpus=n)
+    d = plan_day(sc, rates, slot=60.0, backlogs=[("batch", 145_000, 0.0)], max_gpus=24)
+    fp = d.fleet_plan
+    assert d.gpu_hours == pytest.approx((30.0 * 3600.0 / fp.mu_int + 145_000 / fp.mu_bat) / 3600.0, rel=1e-7)
+    assert d.gpu_hours == pytest.approx(24.92, abs=0.005)
+    late = replace(sc, classes=(sc.classes[0], replace(sc.classes[1], deadline_at=4500.0)))
+    assert plan_day(late, rates, slot=60.0, backlogs=[("batch", 145_000, 0.0)], max_gpus=20).gpu_hours == \
+        pytest.approx(d.gpu_hours, rel=1e-7)
+    early = replace(sc, classes=(sc.classes[0], replace(sc.classes[1], deadline_at=4440.0)))
+    with pytest.raises(InfeasibleError):
+        plan_day(early, rates, slot=60.0, backlogs=[("batch", 145_000, 0.0)], max_gpus=20)
 
 
 def test_cli_day_keeps_a_late_deadline(tmp_path, capsys):

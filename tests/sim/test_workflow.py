@@ -140,8 +140,10 @@ def test_simulate_runs_the_whole_workflow_from_the_file(capsys):
                   r"\((\d+) of 100000 met; (\d+) completed", out)
     assert m, out
     gh, si, sb, met, done = float(m[1]), float(m[2]), float(m[3]), int(m[4]), int(m[5])
-    assert done == 100_000 and met >= 99_990 and sb >= 0.9999 and si >= 0.99
-    assert 20.0 < gh < 35.0
+    # issue 31's targets: both SLOs >= 0.99 (Chiron's statistical bound plans to finish about 75 s
+    # before the deadline; a few long batch requests admitted last miss it: 219 of 100,000 here)
+    assert done == 100_000 and met >= 99_000 and sb >= 0.99 and si >= 0.99
+    assert 20.0 < gh < 24.09  # within 1.25x of the calibrated bound (19.27)
 
 
 def test_with_gpus_scales_the_workflow():
