@@ -28,8 +28,8 @@ from fluidopt.sim.workload import TraceWarning
 __all__ = ["GATE_AND_ROUTE_POLICIES", "PAPER_POLICIES", "PAPER_IMPROVEMENT", "evaluate", "policy_options", "run_episode",
            "summarize", "trace_episodes"]
 
-PAPER_POLICIES = ("round-robin", "random", "least-requests", "jsq", "max-capacity", "min-min", "decode-balancer",
-                  "small-large", "baseline-rl", "wa-rl", "wg-rl")
+PAPER_POLICIES = ("round-robin", "random", "least-requests", "jsq", "max-capacity", "max-capacity-reserve", "min-min",
+                  "decode-balancer", "small-large", "baseline-rl", "wa-rl", "wg-rl")
 GATE_AND_ROUTE_POLICIES = ("gate-and-route", "prioritize-and-route", "sli-gate-and-route", "fi-wsp", "fg-sp", "gi-wsp",
                            "gf-wsp")
 """The gate-and-route family and the prefill/decode paper's baselines (they need prices: the fluid LP)."""
