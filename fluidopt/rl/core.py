@@ -65,10 +65,12 @@ VARIANTS = ("baseline", "wa", "wg")
 CREDIT_OBJECTIVES = ("request-latency", "request-normalized", "request-excess")
 """The per-request credit objectives (docs/rl.md section 2): each dispatch credited with its own request's outcome."""
 OBJECTIVES = ("latency", "revenue", "lost-revenue", "time-in-system") + CREDIT_OBJECTIVES
-WAIT_MASKS = ("none", "fits")
-"""Action masks for "wait" (docs/rl.md section 2): ``none``, the paper's MDP (wait always valid);
+WAIT_MASKS = ("none", "fits", "reserve")
+"""Action masks (docs/rl.md section 2): ``none``, the paper's MDP (every action valid);
 ``fits``, wait is valid only when the head of the router queue fits on no instance
-(:meth:`RouterCore.head_fits`)."""
+(:meth:`RouterCore.head_fits`); ``reserve``, the reserving hold rule's feasibility
+(:meth:`RouterCore.reserve_feasible`): an instance is valid only when it can hold the head's prompt
+plus its class's mean output, and wait is valid only when no instance can."""
 
 
 def obs_dim(m: int) -> int:
@@ -167,6 +169,7 @@ class RouterCore(InstanceScheduler):
         self.predicted: list[int] | None = None  # buckets by arrival index (see precompute)
         self.log_requests = False  # log first tokens and departures (the per-request objectives)
         self.prices: tuple | None = None  # per-class (c_p, c_d): set to count revenue (the revenue objective)
+        self.reserve_out: tuple[float, ...] | None = None  # per-class output tokens the reserve mask reserves
 
     def precompute(self, workload) -> None:
         """Predict every request of a replayed trace in bulk, once (the predictor's ``predict_many``,
@@ -463,8 +466,59 @@ class RouterCore(InstanceScheduler):
                 return g
         return -1
 
+    def reserve_feasible(self, ctx: Context) -> list[bool]:
+        """Per instance, whether it can process the head of the router queue under the reserving hold
+        rule (``max-capacity-reserve``, :class:`~fluidopt.control.load_balancers.MaxCapacity`): g holds
+        no request, or g has a free batch slot counting its queue and its free KV cache, less the
+        prompts waiting in its queue and the watermark, holds the head's prompt (plus any output it
+        generated before a preemption) plus its class's mean output (``reserve_out``), capped at the
+        usable cache. All False without a head."""
+        q = self.router_queue
+        m = self.n
+        if not ctx.qlen(q):
+            return [False] * m
+        r = ctx.head(q)
+        need = ctx.req_prompt(r) + ctx.req_generated(r)
+        if self.reserve_out is None:
+            raise ScenarioError("RouterCore: the reserve mask needs reserve_out (per-class output tokens)")
+        need += self.reserve_out[ctx.req_class(r)]
+        B, K = self.B, self.K
+        res = self._kv_reserve or 0.0
+        if K is not None:
+            need = min(need, K - res)
+        out = []
+        for g in range(m):
+            n_g = ctx.instance_requests(g)
+            if n_g == 0:
+                out.append(True)
+                continue
+            if n_g >= B:
+                out.append(False)
+                continue
+            if K is None:
+                out.append(True)
+                continue
+            waiting = self.qtok[g]
+            pf = ctx.gpu_prefill(g)
+            if pf >= 0:
+                rec = self.rec.get(pf)
+                if rec is not None:
+                    waiting -= rec[5]
+            out.append(ctx.gpu_kv_free(g) - waiting - res >= need)
+        return out
+
+    def action_mask(self, ctx: Context, mask: str) -> list[bool]:
+        """The valid actions now (m instances, then "wait") under ``mask`` (:data:`WAIT_MASKS`)."""
+        m = self.n
+        if mask == "reserve":
+            ok = self.reserve_feasible(ctx)
+            return ok + [not any(ok)]
+        return [True] * m + [self.wait_valid(ctx, mask)]
+
     def wait_valid(self, ctx: Context, mask: str) -> bool:
         """Whether "wait" is a valid action now under the wait mask ``mask`` (:data:`WAIT_MASKS`)."""
+        if mask == "reserve":
+            return not any(self.reserve_feasible(ctx))
         return mask == "none" or self.head_fits(ctx) < 0
 
     # -- state, reward, guidance -----------------------------------------------------------------

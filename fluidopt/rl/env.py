@@ -126,9 +126,7 @@ class RouterEnv(gym.Env):
 
     def action_masks(self) -> np.ndarray:
         """The valid actions of the current state (bool, m + 1): every instance, and "wait" unless masked."""
-        mask = np.ones(self.m + 1, dtype=bool)
-        mask[self.m] = self.wait_valid()
-        return mask
+        return np.array(self.core.action_mask(self.eng, self._wait_mask), dtype=bool)
 
     @property
     def episode(self) -> int:
@@ -155,6 +153,7 @@ class RouterEnv(gym.Env):
         self.core = RouterCore(self.scenario.gpu, predictor=NoisyOracle(self.accuracy, seed=es),
                                reward=self.reward_cfg, pin=self.pin)
         self.core.precompute(wl)  # the episode's predictions in one vectorised pass
+        self.core.reserve_out = tuple(float(c.decode) for c in self.scenario.classes)
         self._revenue = self.reward_cfg.objective == "revenue"
         self._lost = self.reward_cfg.objective == "lost-revenue"
         self._tis = self.reward_cfg.objective == "time-in-system"
@@ -208,6 +207,9 @@ class RouterEnv(gym.Env):
         if a == self.m and self._wait_mask != "none" and not self.wait_valid():
             raise ScenarioError(f"RouterEnv.step: action {a} (wait) is masked: the head of the router queue fits on "
                                 f"instance {core.head_fits(eng)} (wait_mask={self._wait_mask!r}; see action_masks())")
+        if a < self.m and self._wait_mask == "reserve" and not self.core.reserve_feasible(eng)[a]:
+            raise ScenarioError(f"RouterEnv.step: action {a} is masked: instance {a} cannot hold the head's prompt plus "
+                                f"its predicted output (wait_mask='reserve'; see action_masks())")
         h = 0.0
         if a < self.m:
             r = eng.head(core.router_queue)

@@ -48,9 +48,12 @@ class RLRouter(RouterCore):
         self.decisions = 0
         self.waits = 0
         self.masked_waits = 0  # decisions where the network's argmax was a masked "wait"
+        self._reserve_out = tuple(float(c.decode) for c in scenario.classes)
+        self._reserve = net.wait_mask == "reserve"
 
     def setup(self, ctx: Context) -> None:
         super().setup(ctx)
+        self.reserve_out = self._reserve_out
         self.sent = [0] * self.n  # dispatches per instance (the action histogram)
         if not self.net.fits(ctx.n_gpus):
             raise ScenarioError(f"{self.name}: weights for {self.net.n_instances} instances, the scenario has {ctx.n_gpus}")
@@ -60,6 +63,19 @@ class RLRouter(RouterCore):
         qnet = self.net.q
         n = self.n
         while ctx.qlen(q):
+            if self._reserve:  # the reserving hold rule's mask: the best valid instance, else wait
+                ok = self.reserve_feasible(ctx)
+                self.decisions += 1
+                if not any(ok):
+                    self.waits += 1
+                    return
+                qv = qnet(self.observe(ctx))
+                a = max((g for g in range(n) if ok[g]), key=lambda g: qv[g])
+                self.sent[a] += 1
+                self.dispatch(ctx, ctx.head(q), a)
+                if not self.multi:
+                    return
+                continue
             qv = qnet(self.observe(ctx))
             if self.max_wait and self._head_waits >= self.max_wait:
                 a = int(qv[:n].argmax())
@@ -87,8 +103,8 @@ def make_rl_router(variant: str, scenario: Scenario, *, weights: str | None = No
     if not isinstance(scenario, Scenario):
         raise ScenarioError(f"{variant}-rl: expected a Scenario, got {type(scenario).__name__}")
     m = scenario.gpus
-    path = weights if weights is not None else shipped_weights_path(variant, m)
-    net = load_weights(path, n_instances=m, hint=train_command(variant, m))  # a shared network fits any m
+    path = weights if weights is not None else shipped_weights_path(variant, m, scenario.name)
+    net = load_weights(path, n_instances=m, hint=train_command(variant, m, scenario.name))  # a shared network fits any m
     return RLRouter(scenario, net, predictor=NoisyOracle(accuracy, seed=predictor_seed), name=f"{variant}-rl",
                     max_wait=max_wait)
 
