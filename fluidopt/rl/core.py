@@ -149,7 +149,8 @@ class RouterCore(InstanceScheduler):
 
     ``predictor``: a bucket predictor (``.bucket(ctx, r)``), default :class:`NoisyOracle` (0.79).
     ``pin``: {arrival index: instance} routed automatically, not by the driver (tests, scripted
-    background load). Decision epochs are ticks every :data:`EPOCH` seconds; ``pause_on_decision``:
+    background load). ``chunked``: the instances run chunked prefill (Sarathi-style mixed iterations,
+    the paper's Table 3) instead of whole-prompt prefills. Decision epochs are ticks every :data:`EPOCH` seconds; ``pause_on_decision``:
     at a tick with a request in the router queue, ask the engine to return from ``advance`` (the
     environment's decision points); ``pause_at_resolved``: return once that many requests are resolved.
     """
@@ -158,8 +159,8 @@ class RouterCore(InstanceScheduler):
     tick_interval = EPOCH
 
     def __init__(self, gpu: GPUProfile, *, predictor=None, reward: RewardConfig | None = None,
-                 pin: dict[int, int] | None = None, kv_watermark: float = 0.01):
-        super().__init__(chunked=False, kv_watermark=kv_watermark)
+                 pin: dict[int, int] | None = None, kv_watermark: float = 0.01, chunked: bool = False):
+        super().__init__(chunked=chunked, kv_watermark=kv_watermark)
         self.gpu = gpu
         self.predictor = predictor if predictor is not None else NoisyOracle()
         self.reward = reward if reward is not None else RewardConfig()

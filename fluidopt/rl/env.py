@@ -74,7 +74,7 @@ class RouterEnv(gym.Env):
     ``workload``: a fixed workload for every episode instead of fresh draws (e.g. a trace).
     ``multi_dispatch``: decide again at the same epoch after a dispatch (module doc).
     ``wait_mask``: ``"none"`` (the paper's MDP) or ``"fits"`` (wait only when the head fits on no
-    instance; module doc).
+    instance; module doc). ``chunked``: the instances run chunked prefill (the paper's Table 3).
     """
 
     metadata = {"render_modes": []}
@@ -83,7 +83,7 @@ class RouterEnv(gym.Env):
                  accuracy: float = 0.79, reward: RewardConfig | None = None, pin: dict | None = None,
                  workload=None, max_time: float | None = None, reward_scale: float = 1.0,
                  backend: str = "auto", seed: int | None = None, multi_dispatch: bool = False,
-                 wait_mask: str = "none"):
+                 wait_mask: str = "none", chunked: bool = False):
         if not isinstance(scenario, Scenario):
             from fluidopt.scenario import load_scenario
 
@@ -100,6 +100,7 @@ class RouterEnv(gym.Env):
         self.backend = backend
         self.multi_dispatch = bool(multi_dispatch)
         self.wait_mask = wait_mask
+        self.chunked = bool(chunked)
         self.action_space = gym.spaces.Discrete(self.m + 1)
         self.observation_space = gym.spaces.Box(0.0, 1.0, shape=(obs_dim(self.m),), dtype=np.float32)
         self._base = 0 if seed is None else int(seed)
@@ -151,7 +152,7 @@ class RouterEnv(gym.Env):
         last = float(wl.duration)
         self.t_max = float(self.max_time) if self.max_time is not None else last + 3600.0
         self.core = RouterCore(self.scenario.gpu, predictor=NoisyOracle(self.accuracy, seed=es),
-                               reward=self.reward_cfg, pin=self.pin)
+                               reward=self.reward_cfg, pin=self.pin, chunked=self.chunked)
         self.core.precompute(wl)  # the episode's predictions in one vectorised pass
         self.core.reserve_out = tuple(float(c.decode) for c in self.scenario.classes)
         self._revenue = self.reward_cfg.objective == "revenue"

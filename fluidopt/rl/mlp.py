@@ -57,6 +57,11 @@ SCENARIO_WEIGHTS = {
                                "--out fluidopt/rl/weights/wg-rl-tis.npz"),
 }
 SCENARIO_WEIGHTS[("wg", "rl-router-v100-8")] = SCENARIO_WEIGHTS[("wg", "rl-router-v100")]
+for _algo, _steps in (("dqn", 40000), ("ppo", 40000)):
+    SCENARIO_WEIGHTS[(f"sb3-{_algo}", "rl-router-paper-regime")] = (
+        f"sb3-{_algo}-regime.npz", f"python examples/rl_sb3.py --algo {_algo} --timesteps {_steps} --requests 2000 "
+        f"--seed 0 --out fluidopt/rl/weights/sb3-{_algo}-regime.npz")
+del _algo, _steps
 """Per-scenario default weights, by (variant, scenario name): (file in ``weights/``, the command that
 trains it). The default ``wg-rl`` of each shipped RL scenario is the best shipped router for it
 (docs/rl.md section 5): the imitation router on the reserving hold rule's mask at the paper's

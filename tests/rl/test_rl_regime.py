@@ -136,3 +136,54 @@ def test_regimes_command_writes_table_and_heatmap_and_rejects_bad_grids(tmp_path
                             "--episodes", "1", "--requests", "50", *args], capture_output=True, text=True)
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
         assert msg in r.stderr
+
+
+def test_chunked_prefill_in_the_environment_and_the_routers():
+    from fluidopt.control.registry import make_controller
+    from fluidopt.rl.env import RouterEnv
+    from fluidopt.rl.evaluate import evaluate, summarize
+
+    sc = load_scenario(REGIME)
+    env = RouterEnv(sc, n_requests=50, wait_mask="reserve", multi_dispatch=True, chunked=True, seed=0)
+    env.reset(seed=0)
+    assert env.core.chunked_prefill and env.eng.controller.chunked_prefill
+    env.close()
+    for name in ("wg-rl-chunked", "sb3-dqn-chunked", "max-capacity-reserve-chunked"):
+        c = make_controller(name, sc)
+        assert c.chunked_prefill and c.name == name
+    df = evaluate(sc, ["round-robin-chunked", "wg-rl-chunked"], episodes=1, n_requests=200)
+    s = summarize(df).set_index("policy")
+    assert s.loc["round-robin-chunked", "improvement_pct"] == 0.0  # the chunked baseline
+    assert (df.completed == 200).all()
+
+
+def test_sb3_wrapper_and_export_match_the_torch_networks():
+    pytest.importorskip("stable_baselines3")
+    import torch
+    from stable_baselines3 import DQN, PPO
+
+    from fluidopt.rl.sb3 import export_dqn, export_ppo, make_env
+
+    sc = load_scenario(REGIME)
+    env = make_env(sc, seed=0, n_requests=150)
+    obs, _ = env.reset(seed=0)
+    steps = 0
+    done = False
+    while not done:  # every state the agent sees offers a choice; invalid actions are replaced
+        assert env.env.action_masks().sum() > 1
+        obs, _, term, trunc, _ = env.step(0)
+        done = term or trunc
+        steps += 1
+    assert env.replaced > 0 and steps < 150
+    X = torch.rand(20, 27)
+    dqn = DQN("MlpPolicy", env, policy_kwargs={"net_arch": [64, 64]}, seed=0, device="cpu")
+    net = export_dqn(dqn, 4, "{}")
+    want = dqn.q_net.q_net(X).detach().numpy()
+    got = np.array([net.q(x) for x in X.numpy()])
+    assert np.allclose(got, want, atol=1e-5) and net.wait_mask == "reserve"
+    ppo = PPO("MlpPolicy", env, seed=0, device="cpu", n_steps=64, batch_size=32,
+              policy_kwargs={"net_arch": {"pi": [64, 64], "vf": [64, 64]}, "activation_fn": torch.nn.ReLU})
+    net = export_ppo(ppo, 4, "{}")
+    want = ppo.policy.action_net(ppo.policy.mlp_extractor.policy_net(X)).detach().numpy()
+    assert np.allclose(np.array([net.q(x) for x in X.numpy()]), want, atol=1e-5)
+    env.close()
