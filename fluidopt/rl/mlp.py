@@ -57,15 +57,18 @@ SCENARIO_WEIGHTS = {
                                "--out fluidopt/rl/weights/wg-rl-tis.npz"),
 }
 SCENARIO_WEIGHTS[("wg", "rl-router-v100-8")] = SCENARIO_WEIGHTS[("wg", "rl-router-v100")]
+SCENARIO_WEIGHTS[("wg", "rl-router-paper-regime-fig4b")] = SCENARIO_WEIGHTS[("wg", "rl-router-paper-regime")]
 for _algo, _steps in (("dqn", 40000), ("ppo", 40000)):
     SCENARIO_WEIGHTS[(f"sb3-{_algo}", "rl-router-paper-regime")] = (
         f"sb3-{_algo}-regime.npz", f"python examples/rl_sb3.py --algo {_algo} --timesteps {_steps} --requests 2000 "
         f"--seed 0 --out fluidopt/rl/weights/sb3-{_algo}-regime.npz")
+    SCENARIO_WEIGHTS[(f"sb3-{_algo}", "rl-router-paper-regime-fig4b")] = SCENARIO_WEIGHTS[
+        (f"sb3-{_algo}", "rl-router-paper-regime")]
 del _algo, _steps
 """Per-scenario default weights, by (variant, scenario name): (file in ``weights/``, the command that
 trains it). The default ``wg-rl`` of each shipped RL scenario is the best shipped router for it
-(docs/rl.md section 5): the imitation router on the reserving hold rule's mask at the paper's
-operating point, the time-in-system agent (training seed 1; shared network, so it serves 4 and 8
+(docs/rl.md section 6b): the imitation router on the reserving hold rule's mask at the paper's
+operating point (both regime scenarios; fitted on ``rl-router-paper-regime``), the time-in-system agent (training seed 1; shared network, so it serves 4 and 8
 instances) on the lightly loaded V100 settings. Other scenarios fall back to ``<variant>-rl-<m>.npz``."""
 
 

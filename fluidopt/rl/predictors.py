@@ -233,7 +233,7 @@ def confusion_matrix(true_buckets, predicted) -> np.ndarray:
 TABLE1_ACCURACY = {"translation": 0.931, "eli5": 0.704, "imdb": 0.799, "squad": 0.653, "wnut": 0.951}
 """Per-task decode-bucket accuracies of the RL router paper's Table 1 (Jain et al.), by task name, in
 the order the paper lists its tasks (translation, ELI5, IMDb, SQuAD, WNUT)."""
-TABLE1_SCENARIOS = ("rl-router-paper-regime",)
+TABLE1_SCENARIOS = ("rl-router-paper-regime", "rl-router-paper-regime-fig4b")
 """Scenarios whose default predictor accuracies are :data:`TABLE1_ACCURACY` (by class name)."""
 
 

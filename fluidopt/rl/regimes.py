@@ -111,8 +111,11 @@ def regime_figure(table: pd.DataFrame, title: str = ""):
     rates = sorted(table.rate.unique())
     caps = sorted(table.kv_capacity.unique())
     n = max(1, len(pols))
-    fig = Figure(figsize=(0.9 * len(rates) * n + 1.5 * n + 1.0, 0.6 * len(caps) + 2.0), layout="constrained")
-    axes = np.atleast_1d(fig.subplots(1, n, sharey=True))
+    ncols = min(3, n)
+    nrows = -(-n // ncols)
+    fig = Figure(figsize=(ncols * (0.9 * len(rates) + 1.6) + 1.2, nrows * (0.55 * len(caps) + 1.2) + 0.6),
+                 layout="constrained")
+    axes = np.atleast_1d(fig.subplots(nrows, ncols, sharey=True, squeeze=False)).ravel()
     vals = table[table.policy != "round-robin"].improvement_pct.to_numpy(dtype=float)
     lim = float(np.nanmax(np.abs(vals))) if vals.size and np.isfinite(vals).any() else 1.0
     lim = max(lim, 1.0)
@@ -124,15 +127,19 @@ def regime_figure(table: pd.DataFrame, title: str = ""):
         for yi, c in enumerate(caps):
             for xi, r in enumerate(rates):
                 e = g.loc[(c, r)]
-                ax.text(xi, yi, f"{e['improvement_pct']:+.1f}\n±{e['improvement_ci']:.1f}\n{e['preemptions']:.0f}p",
-                        ha="center", va="center", fontsize=6)
+                dark = abs(e["improvement_pct"]) > 0.6 * lim
+                ax.text(xi, yi, f"{e['improvement_pct']:+.1f} ±{e['improvement_ci']:.1f}\n{e['preemptions']:.0f} preempt.",
+                        ha="center", va="center", fontsize=6.5, color="white" if dark else "black")
         ax.set_xticks(range(len(rates)), [f"{r:g}" for r in rates])
         ax.set_yticks(range(len(caps)), [f"{c:g}" for c in caps])
-        ax.set_xlabel("arrival rate (requests/s)")
+        ax.set_xlabel("arrival rate (requests/s)", fontsize=8)
         ax.set_title(p, fontsize=9)
-    axes[0].set_ylabel("KV tokens per instance")
+    for ax in axes[len(pols):]:
+        ax.set_visible(False)
+    for ax in axes[::ncols]:
+        ax.set_ylabel("KV tokens per instance", fontsize=8)
     if im is not None:
-        fig.colorbar(im, ax=list(axes), label="mean E2E gain over round robin (%)")
+        fig.colorbar(im, ax=[a for a in axes if a.get_visible()], label="mean E2E gain over round robin (%)")
     if title:
         fig.suptitle(title, fontsize=10)
     return fig
