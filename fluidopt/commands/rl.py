@@ -15,7 +15,7 @@ examples:
   fluidopt rl train examples/scenarios/rl-router-v100-8.toml --arch shared --multi-dispatch --wait-mask fits --out wg-rl-8.npz
   fluidopt rl evaluate examples/scenarios/rl-router-v100.toml --policies round-robin,jsq,wg-rl --episodes 5
   fluidopt rl evaluate examples/scenarios/rl-router-v100.toml --policies wg-rl --option wg-rl:weights=wg-rl-4.npz
-  fluidopt rl imitate examples/scenarios/rl-router-paper-regime.toml --out fluidopt/rl/weights/wg-rl-regime.npz
+  fluidopt rl imitate examples/scenarios/rl-router-paper-regime.toml --expert small-large --out wg.npz
   fluidopt rl regimes examples/scenarios/rl-router-paper-regime.toml --rates 10,20,30 --kv 3000,8000,30000 --out regimes
 
 Training needs the rl extra: pip install -e ".[rl]". Evaluation (and the registered policies
@@ -62,13 +62,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     t.add_argument("--curves", default=None, metavar="CSV", help="write the per-episode training curves")
     t.add_argument("--checkpoint", default=None, metavar="FILE", help="torch checkpoint after every episode")
     t.add_argument("--progress", action="store_true", help="a progress line with the episode reward on stderr")
-    i = sub.add_parser("imitate", help="fit the regime router (reserve mask) to the reserving hold rule and write its "
-                                       "weight file (.npz)")
+    i = sub.add_parser("imitate", help="fit a router to a rule (the reserving hold rule or Small-Large) by "
+                                       "behaviour cloning and write its weight file (.npz)")
     i.add_argument("scenario", metavar="SCENARIO", help="scenario TOML (instances = its GPUs)")
     i.add_argument("--episodes", type=int, default=8, help="rule-driven episodes recorded (default 8)")
     i.add_argument("--requests", type=int, default=2000, help="requests per episode (default 2000)")
     i.add_argument("--epochs", type=int, default=60, help="passes over the recorded decisions (default 60)")
     i.add_argument("--seed", type=int, default=0, help="seed: same seed, same weights bit for bit (default 0)")
+    i.add_argument("--expert", choices=("reserve", "small-large"), default="reserve",
+                   help="the rule to fit, under its own action mask: the reserving hold rule (reserve, the default) "
+                        "or Dedicated Small-Large's groups (small-large)")
+    i.add_argument("--hidden", type=int, default=32, help="hidden width (default 32)")
     i.add_argument("--out", required=True, metavar="FILE", help="weight file to write (.npz)")
     i.add_argument("--progress", action="store_true", help="progress lines on stderr")
     e = sub.add_parser("evaluate", help="run routers on the same RL episodes and print the comparison table")
@@ -89,8 +93,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                                        "(CSV) and a heatmap of each router's gain over round robin")
     g.add_argument("scenario", metavar="SCENARIO")
     g.add_argument("--policies", default=None,
-                   help="comma-separated routers (default: round-robin, least-requests, jsq, min-min, max-capacity, "
-                        "max-capacity-reserve, wg-rl)")
+                   help="comma-separated routers (default: round-robin, least-requests, jsq, min-min, small-large, "
+                        "max-capacity, max-capacity-reserve, wg-rl)")
     g.add_argument("--rates", default="10,20,30", help="total arrival rates, requests/s (default 10,20,30)")
     g.add_argument("--kv", default="3000,5000,8000,30000",
                    help="KV tokens per instance (default 3000,5000,8000,30000)")
@@ -244,7 +248,7 @@ def _imitate(args) -> int:
     from fluidopt.rl.predictors import scenario_accuracy
     from fluidopt.scenario import load_scenario
 
-    for name in ("episodes", "requests", "epochs"):
+    for name in ("episodes", "requests", "epochs", "hidden"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name}: expected an integer >= 1, got {getattr(args, name)}")
     if args.seed < 0:
@@ -252,7 +256,7 @@ def _imitate(args) -> int:
     check_output_file(args.out, "--out")
     scenario = load_scenario(args.scenario)
     cfg = ImitationConfig(episodes=args.episodes, n_requests=args.requests, epochs=args.epochs, seed=args.seed,
-                          accuracy=scenario_accuracy(scenario))
+                          accuracy=scenario_accuracy(scenario), expert=args.expert, hidden=args.hidden)
 
     def prog(msg):
         print(f"  {msg}", file=sys.stderr)
@@ -264,8 +268,8 @@ def _imitate(args) -> int:
 
         raise interrupt.interrupted_from(e, f"no weights written to {args.out}; rerun the same command "
                                             "(same seed, same weights)") from None
-    cmd = (f"fluidopt rl imitate {args.scenario} --episodes {args.episodes} --requests {args.requests} "
-           f"--epochs {args.epochs} --seed {args.seed} --out {args.out}")
+    cmd = (f"fluidopt rl imitate {args.scenario} --expert {args.expert} --episodes {args.episodes} "
+           f"--requests {args.requests} --epochs {args.epochs} --hidden {args.hidden} --seed {args.seed} --out {args.out}")
     path = save_weights(args.out, net, command=cmd)
     print(f"wrote {path} ({path.stat().st_size:,} bytes): {st['samples']:,} decisions with a choice, agreement "
           f"with the rule {100 * st['agreement']:.2f}%, cross-entropy {st['loss']:.4f}, {st['wall_seconds']:.0f} s")

@@ -58,6 +58,7 @@ from fluidopt.rl.core import (
     episode_seed,
     episode_workload,
     obs_dim,
+    small_large_groups,
 )
 from fluidopt.rl.predictors import NoisyOracle
 from fluidopt.sim.workload import TraceWarning
@@ -155,6 +156,8 @@ class RouterEnv(gym.Env):
                                reward=self.reward_cfg, pin=self.pin, chunked=self.chunked)
         self.core.precompute(wl)  # the episode's predictions in one vectorised pass
         self.core.reserve_out = tuple(float(c.decode) for c in self.scenario.classes)
+        if self._wait_mask == "small-large":
+            self.core.groups = small_large_groups(self.scenario)
         self._revenue = self.reward_cfg.objective == "revenue"
         self._lost = self.reward_cfg.objective == "lost-revenue"
         self._tis = self.reward_cfg.objective == "time-in-system"
@@ -211,6 +214,9 @@ class RouterEnv(gym.Env):
         if a < self.m and self._wait_mask == "reserve" and not self.core.reserve_feasible(eng)[a]:
             raise ScenarioError(f"RouterEnv.step: action {a} is masked: instance {a} cannot hold the head's prompt plus "
                                 f"its predicted output (wait_mask='reserve'; see action_masks())")
+        if self._wait_mask == "small-large" and not self.core.action_mask(eng, "small-large")[a]:
+            raise ScenarioError(f"RouterEnv.step: action {a} is masked: not in the head's Small-Large group "
+                                f"(wait_mask='small-large'; see action_masks())")
         h = 0.0
         if a < self.m:
             r = eng.head(core.router_queue)

@@ -1,14 +1,15 @@
-"""A learned router on the reserving hold rule's action mask, trained by imitation (needs the ``rl`` extra).
+"""Learned routers on a rule's action mask, trained by imitation (needs the ``rl`` extra).
 
-The router (docs/rl.md section 5, "the regime router") decides for the head of the router queue at
-every 0.02 s tick with multi-dispatch epochs under the ``reserve`` action mask
-(:meth:`~fluidopt.rl.core.RouterCore.reserve_feasible`): it may send the head only to an instance
-that can hold its prompt plus its class's mean output, and it waits exactly when none can. Which
-valid instance it picks is the per-instance shared-weights network's argmax
-(:class:`~fluidopt.rl.dqn.SharedQ`, any fleet size). The network is fitted by behaviour cloning
-to the reserving hold rule (``max-capacity-reserve``: the valid instance with the most free
-capacity), with a cross-entropy loss over the valid instances' scores, on episodes that the rule
-itself drives (no exploration: the rule's own state distribution).
+The router (docs/rl.md section 6b) decides for the head of the router queue at every 0.02 s tick
+with multi-dispatch epochs under a rule's action mask: ``small-large``
+(:meth:`~fluidopt.rl.core.RouterCore.group_valid`: only the instances of the head's Dedicated
+Small-Large group, by its predicted output; it never waits) or ``reserve``
+(:meth:`~fluidopt.rl.core.RouterCore.reserve_feasible`: only instances that can hold its prompt plus
+its class's mean output; it waits exactly when none can). Which valid instance it picks is the
+per-instance shared-weights network's argmax (:class:`~fluidopt.rl.dqn.SharedQ`, any fleet size),
+fitted by behaviour cloning to the rule's own choice (:func:`small_large_action`,
+:func:`expert_action`) with a cross-entropy loss over the valid instances' scores, on episodes
+that the rule itself drives (no exploration: the rule's own state distribution).
 
 Deterministic bit for bit from ``seed`` on one CPU thread: the episodes are ``episode_seed(seed, k)``,
 the network is initialised from ``torch.manual_seed(seed)``, minibatches are drawn from a numpy
@@ -25,18 +26,25 @@ import numpy as np
 
 from fluidopt.errors import ScenarioError
 from fluidopt.model import Scenario
+from fluidopt.rl.predictors import BUCKET_TOKENS
 
 __all__ = ["ImitationConfig", "expert_action", "imitate"]
 
 FREE = 4  # index of the free-capacity entry among an instance's 6 state entries
 
 
+EXPERTS = ("reserve", "small-large")
+"""The rules a router can be fitted to, each under its own action mask: ``reserve`` (the reserving
+hold rule: the valid instance with the most free capacity) and ``small-large`` (Dedicated
+Small-Large's groups: the instance of the head's group with the fewest requests)."""
+
+
 @dataclass(frozen=True)
 class ImitationConfig:
-    """Behaviour cloning of the reserving hold rule: ``episodes`` x ``n_requests`` rule-driven
-    episodes (seed ``seed``), ``epochs`` passes of Adam (``lr``) over the recorded decisions in
-    minibatches of ``batch_size``, hidden width ``hidden``; ``accuracy`` the predictor's bucket
-    accuracy (one number or one per class)."""
+    """Behaviour cloning of a rule (``expert``, :data:`EXPERTS`): ``episodes`` x ``n_requests``
+    rule-driven episodes (seed ``seed``), ``epochs`` passes of Adam (``lr``) over the recorded
+    decisions in minibatches of ``batch_size``, hidden width ``hidden``; ``accuracy`` the predictor's
+    bucket accuracy (one number or one per class)."""
 
     episodes: int = 4
     n_requests: int = 2000
@@ -46,8 +54,11 @@ class ImitationConfig:
     lr: float = 3e-3
     hidden: int = 32
     accuracy: float | tuple[float, ...] = 0.79
+    expert: str = "reserve"
 
     def __post_init__(self):
+        if self.expert not in EXPERTS:
+            raise ScenarioError(f"imitation: expert: expected one of {', '.join(EXPERTS)}, got {self.expert!r}")
         for name in ("episodes", "n_requests", "epochs", "batch_size", "hidden"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -69,8 +80,23 @@ def expert_action(obs: np.ndarray, valid: np.ndarray) -> int:
     return best
 
 
+def small_large_action(obs: np.ndarray, valid: np.ndarray) -> int:
+    """Dedicated Small-Large's choice within the head's group (the valid instances of the
+    ``small-large`` mask) from the state: the fewest unfinished requests (the sum of the instance's
+    three bucket counts, x B), then the most free capacity, then the lowest index."""
+    m = len(valid) - 1
+    best, bv = m, (np.inf, 0.0)
+    for g in range(m):
+        if valid[g]:
+            v = (round(128 * float(obs[6 * g + 1] * BUCKET_TOKENS[0] + obs[6 * g + 2] * BUCKET_TOKENS[1]
+                                   + obs[6 * g + 3] * BUCKET_TOKENS[2])), -float(obs[6 * g + FREE]))
+            if v < bv:
+                best, bv = g, v
+    return best
+
+
 def imitate(scenario: Scenario, config: ImitationConfig = ImitationConfig(), *, progress=None):
-    """Fit the regime router to the reserving hold rule; returns (numpy network, stats dict).
+    """Fit a router to the rule ``config.expert``; returns (numpy network, stats dict).
 
     ``progress``: called with a one-line message after every episode and every 10 epochs."""
     import torch
@@ -83,8 +109,10 @@ def imitate(scenario: Scenario, config: ImitationConfig = ImitationConfig(), *, 
     t0 = time.perf_counter()
     torch.set_num_threads(1)
     m = scenario.gpus
+    sl = config.expert == "small-large"
+    mask = config.expert  # the rule's own action mask
     env = RouterEnv(scenario, n_requests=config.n_requests, accuracy=config.accuracy, multi_dispatch=True,
-                    wait_mask="reserve", seed=config.seed)
+                    wait_mask=mask, seed=config.seed)
     X, M, A = [], [], []
     waits = 0
     for k in range(config.episodes):
@@ -92,7 +120,7 @@ def imitate(scenario: Scenario, config: ImitationConfig = ImitationConfig(), *, 
         done = False
         while not done:
             valid = env.action_masks()
-            a = expert_action(obs, valid)
+            a = small_large_action(obs, valid) if sl else expert_action(obs, valid)
             if a < m:
                 if valid[:m].sum() > 1:  # a decision with a choice: a training sample
                     X.append(obs)
@@ -135,7 +163,7 @@ def imitate(scenario: Scenario, config: ImitationConfig = ImitationConfig(), *, 
         agree = float((pred == Y).float().mean())
     cfg = json.dumps({"method": "imitation", **{k: (list(v) if isinstance(v, tuple) else v)
                                                  for k, v in asdict(config).items()}}, sort_keys=True)
-    out = to_numpy_net(net, m, "wg", cfg, "multi", "reserve")
+    out = to_numpy_net(net, m, "wg", cfg, "multi", mask)
     stats = {"samples": n, "waits": waits, "agreement": agree, "loss": loss_v,
              "wall_seconds": time.perf_counter() - t0}
     return out, stats

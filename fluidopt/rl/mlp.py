@@ -50,14 +50,16 @@ WEIGHTS_DIR = Path(__file__).parent / "weights"
 
 SCENARIO_WEIGHTS = {
     ("wg", "rl-router-paper-regime"): ("wg-rl-regime.npz", "fluidopt rl imitate examples/scenarios/rl-router-paper-regime.toml "
-                                       "--out fluidopt/rl/weights/wg-rl-regime.npz"),
+                                       "--expert small-large --out fluidopt/rl/weights/wg-rl-regime.npz"),
+    ("wg", "rl-router-paper-regime-fig4b"): ("wg-rl-regime-fig4b.npz", "fluidopt rl imitate "
+                                             "examples/scenarios/rl-router-paper-regime-fig4b.toml --expert small-large "
+                                             "--out fluidopt/rl/weights/wg-rl-regime-fig4b.npz"),
     ("wg", "rl-router-v100"): ("wg-rl-tis.npz", "fluidopt rl train examples/scenarios/rl-router-v100.toml --variant wg "
                                "--episodes 30 --requests 2000 --seed 1 --eps-episodes 20 --train-every 4 --objective "
                                "time-in-system --arch shared --multi-dispatch --wait-mask fits --gamma 0.998 "
                                "--out fluidopt/rl/weights/wg-rl-tis.npz"),
 }
 SCENARIO_WEIGHTS[("wg", "rl-router-v100-8")] = SCENARIO_WEIGHTS[("wg", "rl-router-v100")]
-SCENARIO_WEIGHTS[("wg", "rl-router-paper-regime-fig4b")] = SCENARIO_WEIGHTS[("wg", "rl-router-paper-regime")]
 for _algo, _steps in (("dqn", 40000), ("ppo", 40000)):
     SCENARIO_WEIGHTS[(f"sb3-{_algo}", "rl-router-paper-regime")] = (
         f"sb3-{_algo}-regime.npz", f"python examples/rl_sb3.py --algo {_algo} --timesteps {_steps} --requests 2000 "
@@ -67,8 +69,8 @@ for _algo, _steps in (("dqn", 40000), ("ppo", 40000)):
 del _algo, _steps
 """Per-scenario default weights, by (variant, scenario name): (file in ``weights/``, the command that
 trains it). The default ``wg-rl`` of each shipped RL scenario is the best shipped router for it
-(docs/rl.md section 6b): the imitation router on the reserving hold rule's mask at the paper's
-operating point (both regime scenarios; fitted on ``rl-router-paper-regime``), the time-in-system agent (training seed 1; shared network, so it serves 4 and 8
+(docs/rl.md section 6b): at the paper's operating point, the router fitted to Small-Large by
+imitation on each regime scenario, the time-in-system agent (training seed 1; shared network, so it serves 4 and 8
 instances) on the lightly loaded V100 settings. Other scenarios fall back to ``<variant>-rl-<m>.npz``."""
 
 

@@ -23,7 +23,7 @@ from fluidopt.control.protocol import Context
 from fluidopt.control.registry import register
 from fluidopt.errors import ScenarioError
 from fluidopt.model import Scenario
-from fluidopt.rl.core import RouterCore
+from fluidopt.rl.core import RouterCore, small_large_groups
 from fluidopt.rl.mlp import QNetwork, SharedQNetwork, load_weights, shipped_weights_path, train_command
 from fluidopt.rl.predictors import NoisyOracle
 
@@ -49,11 +49,13 @@ class RLRouter(RouterCore):
         self.waits = 0
         self.masked_waits = 0  # decisions where the network's argmax was a masked "wait"
         self._reserve_out = tuple(float(c.decode) for c in scenario.classes)
-        self._reserve = net.wait_mask == "reserve"
+        self._reserve = net.wait_mask in ("reserve", "small-large")
+        self._groups = small_large_groups(scenario) if net.wait_mask == "small-large" else None
 
     def setup(self, ctx: Context) -> None:
         super().setup(ctx)
         self.reserve_out = self._reserve_out
+        self.groups = self._groups
         self.sent = [0] * self.n  # dispatches per instance (the action histogram)
         if not self.net.fits(ctx.n_gpus):
             raise ScenarioError(f"{self.name}: weights for {self.net.n_instances} instances, the scenario has {ctx.n_gpus}")
@@ -63,8 +65,8 @@ class RLRouter(RouterCore):
         qnet = self.net.q
         n = self.n
         while ctx.qlen(q):
-            if self._reserve:  # the reserving hold rule's mask: the best valid instance, else wait
-                ok = self.reserve_feasible(ctx)
+            if self._reserve:  # a rule's mask (reserve, small-large): the best valid instance, else wait
+                ok = self.action_mask(ctx, self.net.wait_mask)[:n]
                 self.decisions += 1
                 if not any(ok):
                     self.waits += 1

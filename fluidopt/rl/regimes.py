@@ -21,7 +21,8 @@ from fluidopt.model import Scenario
 
 __all__ = ["DEFAULT_ROUTERS", "regime_figure", "regime_map", "scenario_at"]
 
-DEFAULT_ROUTERS = ("round-robin", "least-requests", "jsq", "min-min", "max-capacity", "max-capacity-reserve", "wg-rl")
+DEFAULT_ROUTERS = ("round-robin", "least-requests", "jsq", "min-min", "small-large", "max-capacity", "max-capacity-reserve",
+                   "wg-rl")
 """The routers of ``fluidopt rl regimes`` by default (round robin is the baseline of every gain)."""
 
 

@@ -70,18 +70,61 @@ def test_imitation_is_deterministic_and_agrees_with_the_rule():
 
 
 def test_each_shipped_scenario_has_its_default_wg_rl():
-    reg, v4, v8 = (load_scenario(ROOT / "examples" / "scenarios" / f) for f in
-                   ("rl-router-paper-regime.toml", "rl-router-v100.toml", "rl-router-v100-8.toml"))
+    reg, fig, v4, v8 = (load_scenario(ROOT / "examples" / "scenarios" / f) for f in
+                        ("rl-router-paper-regime.toml", "rl-router-paper-regime-fig4b.toml", "rl-router-v100.toml",
+                         "rl-router-v100-8.toml"))
     assert shipped_weights_path("wg", 4, reg.name) == WEIGHTS_DIR / "wg-rl-regime.npz"
+    assert shipped_weights_path("wg", 4, fig.name) == WEIGHTS_DIR / "wg-rl-regime-fig4b.npz"
     assert shipped_weights_path("wg", 4, v4.name) == WEIGHTS_DIR / "wg-rl-tis.npz"
     assert shipped_weights_path("wg", 8, v8.name) == WEIGHTS_DIR / "wg-rl-tis.npz"
     assert shipped_weights_path("wg", 4, "other") == WEIGHTS_DIR / "wg-rl-4.npz"
-    net = load_weights(WEIGHTS_DIR / "wg-rl-regime.npz", n_instances=4)
-    assert (net.arch, net.wait_mask, net.dispatch) == ("shared", "reserve", "multi")
+    for f in ("wg-rl-regime.npz", "wg-rl-regime-fig4b.npz"):
+        net = load_weights(WEIGHTS_DIR / f, n_instances=4)
+        assert (net.arch, net.wait_mask, net.dispatch) == ("shared", "small-large", "multi")
     from fluidopt.control.registry import make_controller
 
-    assert make_controller("wg-rl", reg).net.wait_mask == "reserve"
-    assert make_controller("wg-rl", v8).net.wait_mask == "fits"
+    assert make_controller("wg-rl", reg).net.wait_mask == "small-large"
+    assert make_controller("wg-rl", v8).net.arch == "shared"
+
+
+def test_small_large_expert_by_hand():
+    from fluidopt.rl.imitate import small_large_action
+
+    obs = np.zeros(27, dtype=np.float32)
+    # bucket counts / 128 per instance: 3, 1, 5, 2 requests; free capacity 0.2, 0.9, 0.1, 0.3
+    for g, (n, free) in enumerate(((3, 0.2), (1, 0.9), (5, 0.1), (2, 0.3))):
+        obs[6 * g + 1] = n / 128
+        obs[6 * g + 4] = free
+    assert small_large_action(obs, np.array([True, True, False, False, False])) == 1  # fewer requests
+    assert small_large_action(obs, np.array([False, False, True, True, False])) == 3
+    obs[6 * 3 + 1] = 5 / 128  # a tie in requests (5, 5): the more free capacity
+    assert small_large_action(obs, np.array([False, False, True, True, False])) == 3
+    obs[6 * 3 + 4] = 0.1  # a full tie: the lowest index
+    assert small_large_action(obs, np.array([False, False, True, True, False])) == 2
+
+
+def test_small_large_mask_follows_the_predicted_bucket():
+    from fluidopt.rl.core import small_large_groups
+    from fluidopt.rl.env import RouterEnv
+
+    sc = load_scenario(REGIME)
+    assert small_large_groups(sc) == (2, pytest.approx((62 * 334) ** 0.5))
+    env = RouterEnv(sc, n_requests=60, wait_mask="small-large", multi_dispatch=True, seed=0)
+    env.reset(seed=0)
+    seen = set()
+    done = False
+    while not done:
+        mask = env.action_masks().tolist()
+        b = env.core.held[env.eng.head(env.core.router_queue)][0]
+        assert mask == ([True, True, False, False, False] if b == 0 else [False, False, True, True, False])
+        seen.add(b)
+        if b == 0:
+            with pytest.raises(ScenarioError, match="not in the head's Small-Large group"):
+                env.step(3)
+        _, _, term, trunc, _ = env.step(0 if b == 0 else 2)
+        done = term or trunc
+    assert seen >= {0, 1}
+    env.close()
 
 
 def test_table1_accuracies_apply_to_the_regime_scenario_by_class_name():
