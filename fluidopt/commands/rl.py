@@ -78,7 +78,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     e = sub.add_parser("evaluate", help="run routers on the same RL episodes and print the comparison table")
     e.add_argument("scenario", metavar="SCENARIO")
     e.add_argument("--policies", default=None,
-                   help="comma-separated policy names (default: the RL paper's table: round-robin ... wg-rl)")
+                   help="comma-separated policy names (default: the RL paper's table: round-robin ... wg-rl, and "
+                        "sb3-dqn, sb3-ppo where the scenario ships them)")
     e.add_argument("--episodes", type=int, default=20, help="episodes (default 20)")
     e.add_argument("--requests", type=int, default=2000, help="requests per episode (default 2000)")
     e.add_argument("--seed", type=int, default=1000, help="evaluation seed (default 1000, apart from training's)")
@@ -281,7 +282,6 @@ def _evaluate(args) -> int:
     from fluidopt.rl.evaluate import PAPER_POLICIES, evaluate, summarize
     from fluidopt.scenario import load_scenario
 
-    pols = PAPER_POLICIES if not args.policies else tuple(s.strip() for s in args.policies.split(",") if s.strip())
     opts = _policy_options(args.option)
     if args.episodes < 1 or args.requests < 1:
         raise UsageError("--episodes and --requests: expected integers >= 1")
@@ -289,6 +289,12 @@ def _evaluate(args) -> int:
 
     check_output_file(args.csv, "--csv")
     scenario = load_scenario(args.scenario)
+    if args.policies:
+        pols = tuple(s.strip() for s in args.policies.split(",") if s.strip())
+    else:  # the paper's table, and the stable-baselines3 reference agents where the scenario ships them
+        from fluidopt.rl.mlp import SCENARIO_WEIGHTS
+
+        pols = PAPER_POLICIES + tuple(p for p in ("sb3-dqn", "sb3-ppo") if (p, scenario.name) in SCENARIO_WEIGHTS)
     if args.accuracy is not None and not 0.0 <= args.accuracy <= 1.0:
         raise UsageError(f"--accuracy: expected a probability in [0, 1], got {args.accuracy}")
     from fluidopt.rl.predictors import scenario_accuracy
