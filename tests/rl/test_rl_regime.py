@@ -230,3 +230,16 @@ def test_sb3_wrapper_and_export_match_the_torch_networks():
     want = ppo.policy.action_net(ppo.policy.mlp_extractor.policy_net(X)).detach().numpy()
     assert np.allclose(np.array([net.q(x) for x in X.numpy()]), want, atol=1e-5)
     env.close()
+
+
+@pytest.mark.integration
+def test_imitate_and_evaluate_reject_bad_input_with_exit_2(tmp_path):
+    for args, msg in ((["imitate", str(REGIME), "--epochs", "0", "--out", str(tmp_path / "w.npz")],
+                       "--epochs: expected an integer >= 1, got 0"),
+                      (["evaluate", str(REGIME), "--accuracy", "1.5", "--episodes", "1"],
+                       "--accuracy: expected a probability in [0, 1], got 1.5"),
+                      (["evaluate", str(REGIME), "--policies", "wg-rl", "--episodes", "1", "--option",
+                        f"wg-rl:weights={tmp_path / 'none.npz'}"], "none.npz: no such file")):
+        r = subprocess.run([sys.executable, "-m", "fluidopt", "rl", *args], capture_output=True, text=True)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert msg in r.stderr
