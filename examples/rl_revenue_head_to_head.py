@@ -45,7 +45,7 @@ from fluidopt.sim.api import simulate
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = ROOT / "examples" / "scenarios" / "paper-two-class.toml"
 WEIGHTS = ROOT / "examples" / "weights"
-BALANCERS = ("round-robin", "random", "least-requests", "jsq", "max-capacity", "min-min", "decode-balancer", "small-large")
+BALANCERS = ("round-robin", "random", "least-requests", "jsq", "max-capacity-interval", "min-min", "decode-balancer", "small-large")
 # (warm-up, horizon) in seconds per fleet size: about 40,000 / 160,000 / 260,000 arrivals per run
 WINDOWS = {4: (500.0, 5500.0), 16: (500.0, 5500.0), 64: (300.0, 2300.0)}
 

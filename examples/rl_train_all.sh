@@ -21,3 +21,17 @@ for v in baseline wa wg; do
     --eps-episodes 20 --train-every 4 --arch shared --multi-dispatch --wait-mask $MASK --out "$OUT/$v-rl-8.npz" \
     --curves "$CURVES/rl_curves_${v}_8.csv"
 done
+# The per-scenario default wg-rl files (fluidopt.rl.mlp.SCENARIO_WEIGHTS; docs/rl.md section 6b):
+# the paper's operating point: the regime routers, fitted to Small-Large (JSQ within its groups) under its action
+# mask, one per regime scenario (about 30 s each); the first version, fitted to the reserving hold rule, is
+# examples/weights/wg-rl-regime-reserve-4.npz (fluidopt rl imitate ... --expert reserve)
+fluidopt rl imitate examples/scenarios/rl-router-paper-regime.toml --expert small-large --out "$OUT/wg-rl-regime.npz"
+fluidopt rl imitate examples/scenarios/rl-router-paper-regime-fig4b.toml --expert small-large \
+  --out "$OUT/wg-rl-regime-fig4b.npz"
+# the V100 settings (4 and 8 instances): the time-in-system agent of section 6's ablation, training seed 1
+fluidopt rl train examples/scenarios/rl-router-v100.toml --variant wg --episodes 30 --requests 2000 --seed 1 \
+  --eps-episodes 20 --train-every 4 --objective time-in-system --arch shared --multi-dispatch --wait-mask fits \
+  --gamma 0.998 --out "$OUT/wg-rl-tis.npz"
+# the stable-baselines3 reference agents on the regime router's environment (about 1 minute each)
+python examples/rl_sb3.py --algo dqn --timesteps 40000 --requests 2000 --seed 0 --out "$OUT/sb3-dqn-regime.npz"
+python examples/rl_sb3.py --algo ppo --timesteps 40000 --requests 2000 --seed 0 --out "$OUT/sb3-ppo-regime.npz"

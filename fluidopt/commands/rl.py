@@ -15,6 +15,8 @@ examples:
   fluidopt rl train examples/scenarios/rl-router-v100-8.toml --arch shared --multi-dispatch --wait-mask fits --out wg-rl-8.npz
   fluidopt rl evaluate examples/scenarios/rl-router-v100.toml --policies round-robin,jsq,wg-rl --episodes 5
   fluidopt rl evaluate examples/scenarios/rl-router-v100.toml --policies wg-rl --option wg-rl:weights=wg-rl-4.npz
+  fluidopt rl imitate examples/scenarios/rl-router-paper-regime.toml --expert small-large --out wg.npz
+  fluidopt rl regimes examples/scenarios/rl-router-paper-regime.toml --rates 10,20,30 --kv 3000,8000,30000 --out regimes
 
 Training needs the rl extra: pip install -e ".[rl]". Evaluation (and the registered policies
 baseline-rl, wa-rl, wg-rl) runs without it. See docs/rl.md.
@@ -60,19 +62,122 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     t.add_argument("--curves", default=None, metavar="CSV", help="write the per-episode training curves")
     t.add_argument("--checkpoint", default=None, metavar="FILE", help="torch checkpoint after every episode")
     t.add_argument("--progress", action="store_true", help="a progress line with the episode reward on stderr")
+    i = sub.add_parser("imitate", help="fit a router to a rule (the reserving hold rule or Small-Large) by "
+                                       "behaviour cloning and write its weight file (.npz)")
+    i.add_argument("scenario", metavar="SCENARIO", help="scenario TOML (instances = its GPUs)")
+    i.add_argument("--episodes", type=int, default=8, help="rule-driven episodes recorded (default 8)")
+    i.add_argument("--requests", type=int, default=2000, help="requests per episode (default 2000)")
+    i.add_argument("--epochs", type=int, default=60, help="passes over the recorded decisions (default 60)")
+    i.add_argument("--seed", type=int, default=0, help="seed: same seed, same weights bit for bit (default 0)")
+    i.add_argument("--expert", choices=("reserve", "small-large"), default="reserve",
+                   help="the rule to fit, under its own action mask: the reserving hold rule (reserve, the default) "
+                        "or Dedicated Small-Large's groups (small-large)")
+    i.add_argument("--hidden", type=int, default=32, help="hidden width (default 32)")
+    i.add_argument("--out", required=True, metavar="FILE", help="weight file to write (.npz)")
+    i.add_argument("--progress", action="store_true", help="progress lines on stderr")
     e = sub.add_parser("evaluate", help="run routers on the same RL episodes and print the comparison table")
     e.add_argument("scenario", metavar="SCENARIO")
     e.add_argument("--policies", default=None,
-                   help="comma-separated policy names (default: the RL paper's table: round-robin ... wg-rl)")
+                   help="comma-separated policy names (default: the RL paper's table: round-robin ... wg-rl, and "
+                        "sb3-dqn, sb3-ppo where the scenario ships them)")
     e.add_argument("--episodes", type=int, default=20, help="episodes (default 20)")
     e.add_argument("--requests", type=int, default=2000, help="requests per episode (default 2000)")
     e.add_argument("--seed", type=int, default=1000, help="evaluation seed (default 1000, apart from training's)")
-    e.add_argument("--accuracy", type=float, default=0.79, help="noisy-oracle bucket accuracy (default 0.79)")
+    e.add_argument("--accuracy", type=float, default=None,
+                   help="noisy-oracle bucket accuracy (default: the paper's Table 1 per task for "
+                        "rl-router-paper-regime, else 0.79)")
     e.add_argument("--option", action="append", default=[], metavar="POLICY:KEY=VALUE",
                    help="an option for one policy (repeatable), e.g. wg-rl:weights=my.npz")
     e.add_argument("--csv", default=None, metavar="FILE", help="write the per-episode rows")
     e.add_argument("--json", action="store_true", help="print the summary as JSON")
+    g = sub.add_parser("regimes", help="routers over a grid of arrival rate x KV capacity per instance: a table "
+                                       "(CSV) and a heatmap of each router's gain over round robin")
+    g.add_argument("scenario", metavar="SCENARIO")
+    g.add_argument("--policies", default=None,
+                   help="comma-separated routers (default: round-robin, least-requests, jsq, min-min, small-large, "
+                        "max-capacity, max-capacity-reserve, wg-rl)")
+    g.add_argument("--rates", default="10,20,30", help="total arrival rates, requests/s (default 10,20,30)")
+    g.add_argument("--kv", default="3000,5000,8000,30000",
+                   help="KV tokens per instance (default 3000,5000,8000,30000)")
+    g.add_argument("--episodes", type=int, default=5, help="episodes per cell (default 5)")
+    g.add_argument("--requests", type=int, default=2000, help="requests per episode (default 2000)")
+    g.add_argument("--seed", type=int, default=1000, help="evaluation seed (default 1000)")
+    g.add_argument("--option", action="append", default=[], metavar="POLICY:KEY=VALUE",
+                   help="an option for one policy (repeatable), e.g. wg-rl:weights=my.npz")
+    g.add_argument("--out", required=True, metavar="FOLDER",
+                   help="folder for regimes.csv and regimes.png (written together, or neither)")
+    g.add_argument("--progress", action="store_true", help="one line per grid cell on stderr")
     return p
+
+
+def _numbers(text: str, flag: str) -> list[float]:
+    """Comma-separated positive numbers of a grid flag; a clear error otherwise."""
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            v = float(part)
+        except ValueError:
+            raise UsageError(f"{flag}: expected comma-separated numbers, got {part!r}") from None
+        if not (v > 0 and v < float("inf")):
+            raise UsageError(f"{flag}: expected numbers > 0, got {part}")
+        out.append(v)
+    return out
+
+
+def _policy_options(specs: list[str]) -> dict[str, dict]:
+    from fluidopt.commands._options import parse_options
+
+    opts: dict[str, dict] = {}
+    for spec in specs:
+        pol, sep, rest = spec.partition(":")
+        if not sep:
+            raise UsageError(f"--option {spec!r}: expected POLICY:KEY=VALUE")
+        opts.setdefault(pol.strip(), {}).update(parse_options([rest]))
+    return opts
+
+
+def _regimes(args) -> int:
+    from fluidopt._files import lock_folder, write_generation
+    from fluidopt.rl.predictors import scenario_accuracy
+    from fluidopt.rl.regimes import DEFAULT_ROUTERS, regime_figure, regime_map
+    from fluidopt.scenario import load_scenario
+
+    pols = DEFAULT_ROUTERS if not args.policies else tuple(s.strip() for s in args.policies.split(",") if s.strip())
+    rates = _numbers(args.rates, "--rates")
+    caps = _numbers(args.kv, "--kv")
+    if args.episodes < 1 or args.requests < 1:
+        raise UsageError("--episodes and --requests: expected integers >= 1")
+    opts = _policy_options(args.option)
+    scenario = load_scenario(args.scenario)
+    with lock_folder(args.out, "--out", "fluidopt rl regimes") as out:
+        def prog(msg):
+            print(f"  {msg}", file=sys.stderr, flush=True)
+
+        try:
+            table = regime_map(scenario, pols, rates, caps, episodes=args.episodes, n_requests=args.requests,
+                               seed=args.seed, accuracy=scenario_accuracy(scenario), options=opts,
+                               progress=prog if (args.progress or sys.stderr.isatty()) else None)
+        except KeyboardInterrupt as e:
+            import fluidopt.interrupt as interrupt
+
+            raise interrupt.interrupted_from(e, f"nothing written to {args.out} (the map is written whole or not "
+                                                "at all); rerun the same command") from None
+        import matplotlib
+
+        matplotlib.use("Agg")
+        title = f"{scenario.name}: {args.episodes} episodes x {args.requests} requests per cell, seed {args.seed}"
+        fig = regime_figure(table, title)
+        files = write_generation(out, {"regimes.csv": lambda p: table.to_csv(p, index=False),
+                                       "regimes.png": lambda p: fig.savefig(p, dpi=110, format="png")},
+                                 owned=("regimes.csv", "regimes.png"))
+    for (lam, kv), grp in table.groupby(["rate", "kv_capacity"], sort=True):
+        rr = grp.set_index("policy").loc["round-robin"]
+        cells = "  ".join(f"{r.policy} {r.improvement_pct:+.1f}±{r.improvement_ci:.1f}"
+                          for r in grp.itertuples() if r.policy != "round-robin")
+        print(f"rate {lam:g}/s, KV {kv:g}: RR {rr.e2e_mean:.2f} s, {rr.preemptions:.0f} preemptions | {cells}")
+    print("wrote " + ", ".join(str(f) for f in files))
+    return 0
 
 
 def _train(args) -> int:
@@ -134,32 +239,74 @@ def _train(args) -> int:
     return 0
 
 
+def _imitate(args) -> int:
+    from fluidopt.rl import require_extra
+
+    require_extra("training")
+    from fluidopt.commands._checks import check_output_file
+    from fluidopt.rl.imitate import ImitationConfig, imitate
+    from fluidopt.rl.mlp import save_weights
+    from fluidopt.rl.predictors import scenario_accuracy
+    from fluidopt.scenario import load_scenario
+
+    for name in ("episodes", "requests", "epochs", "hidden"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name}: expected an integer >= 1, got {getattr(args, name)}")
+    if args.seed < 0:
+        raise UsageError(f"--seed: expected an integer >= 0, got {args.seed}")
+    check_output_file(args.out, "--out")
+    scenario = load_scenario(args.scenario)
+    cfg = ImitationConfig(episodes=args.episodes, n_requests=args.requests, epochs=args.epochs, seed=args.seed,
+                          accuracy=scenario_accuracy(scenario), expert=args.expert, hidden=args.hidden)
+
+    def prog(msg):
+        print(f"  {msg}", file=sys.stderr)
+
+    try:
+        net, st = imitate(scenario, cfg, progress=prog if args.progress else None)
+    except KeyboardInterrupt as e:
+        import fluidopt.interrupt as interrupt
+
+        raise interrupt.interrupted_from(e, f"no weights written to {args.out}; rerun the same command "
+                                            "(same seed, same weights)") from None
+    cmd = (f"fluidopt rl imitate {args.scenario} --expert {args.expert} --episodes {args.episodes} "
+           f"--requests {args.requests} --epochs {args.epochs} --hidden {args.hidden} --seed {args.seed} --out {args.out}")
+    path = save_weights(args.out, net, command=cmd)
+    print(f"wrote {path} ({path.stat().st_size:,} bytes): {st['samples']:,} decisions with a choice, agreement "
+          f"with the rule {100 * st['agreement']:.2f}%, cross-entropy {st['loss']:.4f}, {st['wall_seconds']:.0f} s")
+    return 0
+
+
 def _evaluate(args) -> int:
-    from fluidopt.commands._options import parse_options
     from fluidopt.control.registry import make_controller  # noqa: F401  (built-ins registered on first use)
     from fluidopt.rl.evaluate import PAPER_POLICIES, evaluate, summarize
     from fluidopt.scenario import load_scenario
 
-    pols = PAPER_POLICIES if not args.policies else tuple(s.strip() for s in args.policies.split(",") if s.strip())
-    opts: dict[str, dict] = {}
-    for spec in args.option:
-        pol, sep, rest = spec.partition(":")
-        if not sep:
-            raise UsageError(f"--option {spec!r}: expected POLICY:KEY=VALUE")
-        opts.setdefault(pol.strip(), {}).update(parse_options([rest]))
+    opts = _policy_options(args.option)
     if args.episodes < 1 or args.requests < 1:
         raise UsageError("--episodes and --requests: expected integers >= 1")
     from fluidopt.commands._checks import check_output_file
 
     check_output_file(args.csv, "--csv")
     scenario = load_scenario(args.scenario)
+    if args.policies:
+        pols = tuple(s.strip() for s in args.policies.split(",") if s.strip())
+    else:  # the paper's table, and the stable-baselines3 reference agents where the scenario ships them
+        from fluidopt.rl.mlp import SCENARIO_WEIGHTS
+
+        pols = PAPER_POLICIES + tuple(p for p in ("sb3-dqn", "sb3-ppo") if (p, scenario.name) in SCENARIO_WEIGHTS)
+    if args.accuracy is not None and not 0.0 <= args.accuracy <= 1.0:
+        raise UsageError(f"--accuracy: expected a probability in [0, 1], got {args.accuracy}")
+    from fluidopt.rl.predictors import scenario_accuracy
+
+    accuracy = args.accuracy if args.accuracy is not None else scenario_accuracy(scenario)
 
     def prog(row):
         print(f"  episode {row['episode']} {row['policy']}: e2e {row['e2e_mean']:.3f} s", file=sys.stderr)
 
     try:
         df = evaluate(scenario, pols, episodes=args.episodes, n_requests=args.requests, seed=args.seed,
-                      accuracy=args.accuracy, options=opts, progress=prog if sys.stderr.isatty() else None)
+                      accuracy=accuracy, options=opts, progress=prog if sys.stderr.isatty() else None)
     except KeyboardInterrupt as e:
         import fluidopt.interrupt as interrupt
 
@@ -175,12 +322,12 @@ def _evaluate(args) -> int:
         print(json.dumps(s.to_dict(orient="records"), indent=2, default=float))
     else:
         print(f"{scenario.name}: {args.episodes} episodes x {args.requests} requests, seed {args.seed}")
-        print(f"{'policy':18s} {'e2e mean (s)':>18s} {'vs RR %':>14s} {'paper %':>8s} {'TTFT (s)':>9s} "
+        print(f"{'policy':22s} {'e2e mean (s)':>18s} {'vs RR %':>14s} {'paper %':>8s} {'TTFT (s)':>9s} "
               f"{'TPOT (s)':>9s} {'preempt':>8s} {'done %':>7s}")
         for _, r in s.iterrows():
             imp = f"{r.get('improvement_pct', float('nan')):6.2f}+-{r.get('improvement_ci', float('nan')):.2f}"
             pap = "" if r["paper_improvement_pct"] != r["paper_improvement_pct"] else f"{r['paper_improvement_pct']:.2f}"
-            print(f"{r['policy']:18s} {r['e2e_mean']:9.3f}+-{r['e2e_mean_ci']:<7.3f} {imp:>14s} {pap:>8s} "
+            print(f"{r['policy']:22s} {r['e2e_mean']:9.3f}+-{r['e2e_mean_ci']:<7.3f} {imp:>14s} {pap:>8s} "
                   f"{r['ttft_mean']:9.3f} {r['tpot_mean']:9.4f} {r['preemptions']:8.1f} "
                   f"{100 * r.get('completed_share', float('nan')):7.1f}")
     return 0
@@ -191,4 +338,8 @@ def run(args: argparse.Namespace) -> int:
         return _train(args)
     if args.rl_command == "evaluate":
         return _evaluate(args)
-    raise UsageError("rl: expected an action: train or evaluate (fluidopt rl --help)")
+    if args.rl_command == "imitate":
+        return _imitate(args)
+    if args.rl_command == "regimes":
+        return _regimes(args)
+    raise UsageError("rl: expected an action: train, imitate, evaluate or regimes (fluidopt rl --help)")

@@ -15,7 +15,12 @@ least-requests      fewest requests routed and unfinished      ``instance_reques
 power-of-two        fewer requests of two distinct random ones ``instance_requests``
 jsq                 fewest outstanding tokens, predicted       token ledger
 decode-balancer     fewest outstanding output tokens, oracle   token ledger (oracle)
-max-capacity        most free capacity, chosen once a second   slots, KV, token ledger
+max-capacity        most free capacity among instances that    slots, KV, token ledger
+                    fit the head, else it waits at the router
+max-capacity-       the same, fitting prompt + predicted       slots, KV, token ledger
+reserve             output
+max-capacity-       most free capacity, chosen once a second   slots, KV, token ledger
+interval
 min-min             earliest estimated completion time         token ledger, GPU profile
 small-large         instance groups by predicted output        token ledger
 ==================  =========================================  ==========================
@@ -67,6 +72,7 @@ __all__ = [
     "JoinShortestQueue",
     "LeastRequests",
     "MaxCapacity",
+    "MaxCapacityInterval",
     "MinMin",
     "OutputPredictor",
     "PowerOfTwo",
@@ -403,16 +409,47 @@ class DecodeBalancer(TokenLedgerScheduler):
         return self._pick_min(self.n, lambda g: self.outstanding_output(ctx, g))
 
 
-class MaxCapacity(TokenLedgerScheduler):
-    """Maximum Capacity Usage: every ``interval`` seconds (default 1.0) pick the instance with the most
-    free capacity; every arrival until the next pick goes there.
+class _FreeCapacity(TokenLedgerScheduler):
+    """A token-ledger scheduler that measures each instance's free capacity (see :meth:`free_capacity`)."""
+
+    def setup(self, ctx: Context) -> None:
+        super().setup(ctx)
+        self.batch = ctx.batch
+        cap = ctx.gpu_kv_free(0)
+        self._kvcap = None if cap == INF else float(cap)
+
+    def free_kv(self, ctx: Context, g: int) -> float:
+        """Tokens of g's KV cache free now net of the prompts waiting in g's queue (the running prefill's
+        context is resident already, so it is not subtracted twice); ``inf`` without a KV capacity."""
+        if self._kvcap is None:
+            return INF
+        queued = self._pp[g]
+        p = ctx.gpu_prefill(g)
+        if p >= 0:
+            queued -= ctx.req_prompt(p) + ctx.req_generated(p)  # the running prefill is resident already
+        return ctx.gpu_kv_free(g) - queued
+
+    def free_capacity(self, ctx: Context, g: int) -> float:
+        """Free share of g's capacity (slots, and KV cache when it is limited), net of g's queue."""
+        f = (self.batch - ctx.instance_requests(g)) / self.batch
+        if self._kvcap is not None:
+            f = min(f, self.free_kv(ctx, g) / self._kvcap)
+        return f
+
+
+class MaxCapacityInterval(_FreeCapacity):
+    """Maximum capacity, chosen once per interval (fluidopt's earlier ``max-capacity``): every
+    ``interval`` seconds (default 1.0) pick the instance with the most free capacity; every arrival
+    until the next pick goes there. Nothing waits at the router.
 
     Free capacity of g, as a fraction: slots ``(B - instance_requests(g)) / B`` (free slots net of
     g's queue); with a KV capacity K also ``(kv_free(g) - queued prompt tokens) / K`` (free cache net
     of the prompts waiting at g), and the smaller of the two counts. Before the first pick: instance 0.
+    The paper's Maximum Capacity Usage holds the head request at the router instead
+    (:class:`MaxCapacity`).
     """
 
-    name = "max-capacity"
+    name = "max-capacity-interval"
 
     def __init__(self, *, interval: float = 1.0, **kw):
         # the ledger's queued prompt tokens are all it needs: no output prediction
@@ -420,34 +457,122 @@ class MaxCapacity(TokenLedgerScheduler):
         if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not (
             math.isfinite(interval) and interval > 0
         ):
-            raise ScenarioError(f"max-capacity: interval: expected seconds > 0, got {interval!r}")
+            raise ScenarioError(f"max-capacity-interval: interval: expected seconds > 0, got {interval!r}")
         self.tick_interval = float(interval)
         _chunk_name(self)
 
     def setup(self, ctx: Context) -> None:
         super().setup(ctx)
-        self.batch = ctx.batch
-        cap = ctx.gpu_kv_free(0)
-        self._kvcap = None if cap == INF else float(cap)
         self.target = 0
-
-    def free_capacity(self, ctx: Context, g: int) -> float:
-        """Free share of g's capacity (slots, and KV cache when it is limited), net of g's queue."""
-        f = (self.batch - ctx.instance_requests(g)) / self.batch
-        if self._kvcap is not None:
-            queued = self._pp[g]
-            p = ctx.gpu_prefill(g)
-            if p >= 0:
-                queued -= ctx.req_prompt(p) + ctx.req_generated(p)  # the running prefill is resident already
-            k = (ctx.gpu_kv_free(g) - queued) / self._kvcap
-            f = min(f, k)
-        return f
 
     def on_tick(self, ctx: Context) -> None:
         self.target = self._pick_min(self.n, lambda g: -self.free_capacity(ctx, g))
 
     def route(self, ctx: Context, r: int) -> int:
         return self.target
+
+
+class MaxCapacity(_FreeCapacity):
+    """Maximum Capacity Usage as Jain et al. define it: the head of the router queue goes to the
+    instance with the most free capacity *that can process it*; if no instance can, it waits at the
+    router (FCFS: nothing behind it is dispatched), and it is dispatched at the instant capacity frees
+    (a prefill or decode completion, or a dropped request, on any instance).
+
+    Instance g can process request r (prompt P, plus the tokens it generated before a preemption)
+    when g holds no request at all, or when g has a free batch slot counting its queue
+    (``instance_requests(g) < B``) and its free KV cache net of the prompts queued there and the
+    scheduler's watermark (:meth:`free_kv`) holds ``need(r)`` tokens: P for ``max-capacity``,
+    P + the predicted output for the reserving variant ``max-capacity-reserve`` (``reserve=True``;
+    the prediction is the ``predictor``'s, default the class mean, capped at the usable cache so
+    that a long prediction waits for an instance with that much room rather than for ever). Among
+    the instances that can, the one with the most free capacity (:meth:`free_capacity`) wins; ties in
+    cyclic order after the last choice.
+    """
+
+    name = "max-capacity"
+
+    def __init__(self, predictor: OutputPredictor = _no_output, *, reserve: bool = False, **kw):
+        super().__init__(predictor, **kw)
+        if not isinstance(reserve, bool):
+            raise ScenarioError(f"max-capacity: reserve: expected true or false, got {reserve!r}")
+        self.reserve = reserve
+        if reserve:
+            self.name = "max-capacity-reserve"
+        _chunk_name(self)
+        if reserve and self.chunked_prefill:
+            self.name = "max-capacity-reserve-chunked"
+
+    def setup(self, ctx: Context) -> None:
+        super().setup(ctx)
+        self._res = self.kv_watermark * self._kvcap if self._kvcap is not None else 0.0
+        self.holds = 0  # arrivals that waited at the router
+
+    def need(self, ctx: Context, r: int) -> float:
+        """KV tokens request r must find free on an instance (prompt + generated; + predicted output)."""
+        n = ctx.req_prompt(r) + ctx.req_generated(r)
+        if self.reserve:
+            n += self.predict(ctx, r)
+            if self._kvcap is not None:
+                n = min(n, self._kvcap - self._res)
+        return n
+
+    def can_process(self, ctx: Context, g: int, need: float) -> bool:
+        """Whether instance g can take a request needing ``need`` KV tokens now (class doc)."""
+        n_g = ctx.instance_requests(g)
+        if n_g == 0:
+            return True
+        if n_g >= self.batch:
+            return False
+        return self.free_kv(ctx, g) - self._res >= need
+
+    def choose(self, ctx: Context, r: int) -> int:
+        """The instance for r: the most free capacity among those that can process it; -1 if none."""
+        need = self.need(ctx, r)
+        n = self.n
+        s = self._start if self._start < n else 0
+        best, bv = -1, -INF
+        g = s
+        for _ in range(n):
+            if self.can_process(ctx, g, need):
+                v = self.free_capacity(ctx, g)
+                if v > bv:
+                    best, bv = g, v
+            g = g + 1 if g + 1 < n else 0
+        if best >= 0:
+            self._start = best + 1 if best + 1 < n else 0
+        return best
+
+    def route(self, ctx: Context, r: int) -> int | None:
+        if ctx.qlen(self.router_queue):
+            self.holds += 1
+            return None  # FCFS: r queues behind the held head
+        g = self.choose(ctx, r)
+        if g < 0:
+            self.holds += 1
+            return None
+        return g
+
+    def release(self, ctx: Context) -> None:
+        """Dispatch the router queue's head while some instance can process it (FCFS)."""
+        q = self.router_queue
+        while ctx.qlen(q):
+            r = ctx.head(q)
+            g = self.choose(ctx, r)
+            if g < 0:
+                return
+            self.dispatch(ctx, r, g)
+
+    def on_slot_freed(self, ctx: Context, g: int) -> None:
+        super().on_slot_freed(ctx, g)
+        self.release(ctx)
+
+    def on_drop(self, ctx: Context, r: int, g: int) -> None:
+        super().on_drop(ctx, r, g)
+        self.release(ctx)
+
+    def on_abandon(self, ctx: Context, r: int, q: int) -> None:
+        super().on_abandon(ctx, r, q)
+        self.release(ctx)  # the head may have left the router queue
 
 
 class MinMin(TokenLedgerScheduler):
@@ -681,8 +806,16 @@ def _build_db(scenario: Scenario, *, predictor: str | OutputPredictor = "oracle"
     return DecodeBalancer(resolve_predictor(predictor, scenario), **kw)
 
 
+def _build_mcu_interval(scenario: Scenario, **kw) -> MaxCapacityInterval:
+    return MaxCapacityInterval(**kw)
+
+
 def _build_mcu(scenario: Scenario, **kw) -> MaxCapacity:
     return MaxCapacity(**kw)
+
+
+def _build_mcu_reserve(scenario: Scenario, *, predictor: str | OutputPredictor = "mean", **kw) -> MaxCapacity:
+    return MaxCapacity(resolve_predictor(predictor, scenario), reserve=True, **kw)
 
 
 def _build_minmin(scenario: Scenario, *, predictor: str | OutputPredictor = "mean", **kw) -> MinMin:
@@ -701,7 +834,12 @@ _register_specs = (
     ("power-of-two", ("po2", "p2c"), "fewer outstanding requests of two random instances", _build_po2),
     ("jsq", ("join-shortest-queue",), "fewest outstanding prompt + predicted output tokens", _build_jsq),
     ("decode-balancer", (), "fewest outstanding output tokens, oracle lengths", _build_db),
-    ("max-capacity", ("mcu", "maximum-capacity-usage"), "most free capacity, chosen once a second", _build_mcu),
+    ("max-capacity", ("mcu", "maximum-capacity-usage"),
+     "most free capacity among the instances that fit the head's prompt, else it waits at the router", _build_mcu),
+    ("max-capacity-reserve", ("mcu-reserve",),
+     "most free capacity among the instances that fit prompt + predicted output, else it waits at the router",
+     _build_mcu_reserve),
+    ("max-capacity-interval", (), "most free capacity, chosen once a second, nothing waits", _build_mcu_interval),
     ("min-min", (), "earliest estimated completion time", _build_minmin),
     ("small-large", ("dedicated-small-large",), "instance groups for small and large predicted outputs", _build_sl),
 )

@@ -53,6 +53,7 @@ __all__ = [
     "episode_workload",
     "in_system",
     "obs_dim",
+    "small_large_groups",
 ]
 
 EPOCH = 0.02
@@ -65,10 +66,14 @@ VARIANTS = ("baseline", "wa", "wg")
 CREDIT_OBJECTIVES = ("request-latency", "request-normalized", "request-excess")
 """The per-request credit objectives (docs/rl.md section 2): each dispatch credited with its own request's outcome."""
 OBJECTIVES = ("latency", "revenue", "lost-revenue", "time-in-system") + CREDIT_OBJECTIVES
-WAIT_MASKS = ("none", "fits")
-"""Action masks for "wait" (docs/rl.md section 2): ``none``, the paper's MDP (wait always valid);
+WAIT_MASKS = ("none", "fits", "reserve", "small-large")
+"""Action masks (docs/rl.md section 2): ``none``, the paper's MDP (every action valid);
 ``fits``, wait is valid only when the head of the router queue fits on no instance
-(:meth:`RouterCore.head_fits`)."""
+(:meth:`RouterCore.head_fits`); ``reserve``, the reserving hold rule's feasibility
+(:meth:`RouterCore.reserve_feasible`): an instance is valid only when it can hold the head's prompt
+plus its class's mean output, and wait is valid only when no instance can; ``small-large``, Dedicated
+Small-Large's groups (:meth:`RouterCore.group_valid`): only the instances of the head's group (by
+its predicted output) are valid, and wait never is."""
 
 
 def obs_dim(m: int) -> int:
@@ -147,7 +152,8 @@ class RouterCore(InstanceScheduler):
 
     ``predictor``: a bucket predictor (``.bucket(ctx, r)``), default :class:`NoisyOracle` (0.79).
     ``pin``: {arrival index: instance} routed automatically, not by the driver (tests, scripted
-    background load). Decision epochs are ticks every :data:`EPOCH` seconds; ``pause_on_decision``:
+    background load). ``chunked``: the instances run chunked prefill (Sarathi-style mixed iterations,
+    the paper's Table 3) instead of whole-prompt prefills. Decision epochs are ticks every :data:`EPOCH` seconds; ``pause_on_decision``:
     at a tick with a request in the router queue, ask the engine to return from ``advance`` (the
     environment's decision points); ``pause_at_resolved``: return once that many requests are resolved.
     """
@@ -156,8 +162,8 @@ class RouterCore(InstanceScheduler):
     tick_interval = EPOCH
 
     def __init__(self, gpu: GPUProfile, *, predictor=None, reward: RewardConfig | None = None,
-                 pin: dict[int, int] | None = None, kv_watermark: float = 0.01):
-        super().__init__(chunked=False, kv_watermark=kv_watermark)
+                 pin: dict[int, int] | None = None, kv_watermark: float = 0.01, chunked: bool = False):
+        super().__init__(chunked=chunked, kv_watermark=kv_watermark)
         self.gpu = gpu
         self.predictor = predictor if predictor is not None else NoisyOracle()
         self.reward = reward if reward is not None else RewardConfig()
@@ -167,6 +173,8 @@ class RouterCore(InstanceScheduler):
         self.predicted: list[int] | None = None  # buckets by arrival index (see precompute)
         self.log_requests = False  # log first tokens and departures (the per-request objectives)
         self.prices: tuple | None = None  # per-class (c_p, c_d): set to count revenue (the revenue objective)
+        self.reserve_out: tuple[float, ...] | None = None  # per-class output tokens the reserve mask reserves
+        self.groups: tuple[int, float] | None = None  # (small instances k, threshold tokens): the small-large mask
 
     def precompute(self, workload) -> None:
         """Predict every request of a replayed trace in bulk, once (the predictor's ``predict_many``,
@@ -463,8 +471,81 @@ class RouterCore(InstanceScheduler):
                 return g
         return -1
 
+    def reserve_feasible(self, ctx: Context) -> list[bool]:
+        """Per instance, whether it can process the head of the router queue under the reserving hold
+        rule (``max-capacity-reserve``, :class:`~fluidopt.control.load_balancers.MaxCapacity`): g holds
+        no request, or g has a free batch slot counting its queue and its free KV cache, less the
+        prompts waiting in its queue and the watermark, holds the head's prompt (plus any output it
+        generated before a preemption) plus its class's mean output (``reserve_out``), capped at the
+        usable cache. All False without a head."""
+        q = self.router_queue
+        m = self.n
+        if not ctx.qlen(q):
+            return [False] * m
+        r = ctx.head(q)
+        need = ctx.req_prompt(r) + ctx.req_generated(r)
+        if self.reserve_out is None:
+            raise ScenarioError("RouterCore: the reserve mask needs reserve_out (per-class output tokens)")
+        need += self.reserve_out[ctx.req_class(r)]
+        B, K = self.B, self.K
+        res = self._kv_reserve or 0.0
+        if K is not None:
+            need = min(need, K - res)
+        out = []
+        for g in range(m):
+            n_g = ctx.instance_requests(g)
+            if n_g == 0:
+                out.append(True)
+                continue
+            if n_g >= B:
+                out.append(False)
+                continue
+            if K is None:
+                out.append(True)
+                continue
+            waiting = self.qtok[g]
+            pf = ctx.gpu_prefill(g)
+            if pf >= 0:
+                rec = self.rec.get(pf)
+                if rec is not None:
+                    waiting -= rec[5]
+            out.append(ctx.gpu_kv_free(g) - waiting - res >= need)
+        return out
+
+    def group_valid(self, ctx: Context) -> list[bool]:
+        """Per instance, whether it is in the head's Dedicated Small-Large group: instances 0..k-1 when
+        the head's predicted output (its bucket's representative length) is at most the threshold,
+        k..m-1 otherwise (the other group when its own is empty); ``groups`` = (k, threshold), as
+        :class:`~fluidopt.control.load_balancers.SmallLarge` plans them. All False without a head."""
+        q = self.router_queue
+        m = self.n
+        if not ctx.qlen(q):
+            return [False] * m
+        if self.groups is None:
+            raise ScenarioError("RouterCore: the small-large mask needs groups (small instances, threshold)")
+        k, thr = self.groups
+        large = BUCKET_TOKENS[self.held[ctx.head(q)][0]] > thr
+        lo, hi = (k, m) if large else (0, k)
+        if hi <= lo:
+            lo, hi = (0, k) if large else (k, m)
+        return [lo <= g < hi for g in range(m)]
+
+    def action_mask(self, ctx: Context, mask: str) -> list[bool]:
+        """The valid actions now (m instances, then "wait") under ``mask`` (:data:`WAIT_MASKS`)."""
+        m = self.n
+        if mask == "small-large":
+            return self.group_valid(ctx) + [False]
+        if mask == "reserve":
+            ok = self.reserve_feasible(ctx)
+            return ok + [not any(ok)]
+        return [True] * m + [self.wait_valid(ctx, mask)]
+
     def wait_valid(self, ctx: Context, mask: str) -> bool:
         """Whether "wait" is a valid action now under the wait mask ``mask`` (:data:`WAIT_MASKS`)."""
+        if mask == "small-large":
+            return False
+        if mask == "reserve":
+            return not any(self.reserve_feasible(ctx))
         return mask == "none" or self.head_fits(ctx) < 0
 
     # -- state, reward, guidance -----------------------------------------------------------------
@@ -604,3 +685,12 @@ def episode_workload(scenario: Scenario, n_requests: int, seed: int):
     k = n_requests
     frame = pd.DataFrame({"time": b.time[:k], "prompt": b.prompt[:k], "output": b.output[:k], "cls": b.cls[:k]})
     return TraceWorkload(frame, scenario.class_names, name=f"{scenario.name}-episode-{seed}")
+
+
+def small_large_groups(scenario: Scenario) -> tuple[int, float]:
+    """(small instances k, threshold tokens) of Dedicated Small-Large's default plan for ``scenario``
+    (:class:`~fluidopt.control.load_balancers.SmallLarge`): the groups of the ``small-large`` mask."""
+    from fluidopt.control.load_balancers import SmallLarge
+
+    thr, share = SmallLarge.plan_from_scenario(scenario)
+    return SmallLarge(lambda ctx, r: 0.0, threshold=thr, small_share=share).plan_small_gpus(scenario.gpus), thr

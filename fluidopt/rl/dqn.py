@@ -39,6 +39,7 @@ import pandas as pd
 import torch
 from torch import nn
 
+from fluidopt.errors import ScenarioError
 from fluidopt.rl.core import CREDIT_OBJECTIVES, RewardConfig
 from fluidopt.rl.env import RouterEnv
 from fluidopt.rl.mlp import GLOBAL_FEATURES, INST_FEATURES, SCORER_IN, WAIT_IN, QNetwork, SharedQNetwork
@@ -161,6 +162,9 @@ def train(scenario, config: DQNConfig = DQNConfig(), *, env: RouterEnv | None = 
     stderr with the episode reward.
     """
     cfg = config
+    if cfg.wait_mask not in ("none", "fits"):
+        raise ScenarioError(f"train: wait_mask {cfg.wait_mask!r}: Double DQN masks only 'wait' ('none' or 'fits'); "
+                            "the reserve mask's router is fitted with fluidopt.rl.imitate (fluidopt rl imitate)")
     torch.set_num_threads(1)
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)

@@ -58,6 +58,7 @@ from fluidopt.rl.core import (
     episode_seed,
     episode_workload,
     obs_dim,
+    small_large_groups,
 )
 from fluidopt.rl.predictors import NoisyOracle
 from fluidopt.sim.workload import TraceWarning
@@ -74,7 +75,7 @@ class RouterEnv(gym.Env):
     ``workload``: a fixed workload for every episode instead of fresh draws (e.g. a trace).
     ``multi_dispatch``: decide again at the same epoch after a dispatch (module doc).
     ``wait_mask``: ``"none"`` (the paper's MDP) or ``"fits"`` (wait only when the head fits on no
-    instance; module doc).
+    instance; module doc). ``chunked``: the instances run chunked prefill (the paper's Table 3).
     """
 
     metadata = {"render_modes": []}
@@ -83,7 +84,7 @@ class RouterEnv(gym.Env):
                  accuracy: float = 0.79, reward: RewardConfig | None = None, pin: dict | None = None,
                  workload=None, max_time: float | None = None, reward_scale: float = 1.0,
                  backend: str = "auto", seed: int | None = None, multi_dispatch: bool = False,
-                 wait_mask: str = "none"):
+                 wait_mask: str = "none", chunked: bool = False):
         if not isinstance(scenario, Scenario):
             from fluidopt.scenario import load_scenario
 
@@ -100,6 +101,7 @@ class RouterEnv(gym.Env):
         self.backend = backend
         self.multi_dispatch = bool(multi_dispatch)
         self.wait_mask = wait_mask
+        self.chunked = bool(chunked)
         self.action_space = gym.spaces.Discrete(self.m + 1)
         self.observation_space = gym.spaces.Box(0.0, 1.0, shape=(obs_dim(self.m),), dtype=np.float32)
         self._base = 0 if seed is None else int(seed)
@@ -126,9 +128,7 @@ class RouterEnv(gym.Env):
 
     def action_masks(self) -> np.ndarray:
         """The valid actions of the current state (bool, m + 1): every instance, and "wait" unless masked."""
-        mask = np.ones(self.m + 1, dtype=bool)
-        mask[self.m] = self.wait_valid()
-        return mask
+        return np.array(self.core.action_mask(self.eng, self._wait_mask), dtype=bool)
 
     @property
     def episode(self) -> int:
@@ -153,8 +153,11 @@ class RouterEnv(gym.Env):
         last = float(wl.duration)
         self.t_max = float(self.max_time) if self.max_time is not None else last + 3600.0
         self.core = RouterCore(self.scenario.gpu, predictor=NoisyOracle(self.accuracy, seed=es),
-                               reward=self.reward_cfg, pin=self.pin)
+                               reward=self.reward_cfg, pin=self.pin, chunked=self.chunked)
         self.core.precompute(wl)  # the episode's predictions in one vectorised pass
+        self.core.reserve_out = tuple(float(c.decode) for c in self.scenario.classes)
+        if self._wait_mask == "small-large":
+            self.core.groups = small_large_groups(self.scenario)
         self._revenue = self.reward_cfg.objective == "revenue"
         self._lost = self.reward_cfg.objective == "lost-revenue"
         self._tis = self.reward_cfg.objective == "time-in-system"
@@ -208,6 +211,12 @@ class RouterEnv(gym.Env):
         if a == self.m and self._wait_mask != "none" and not self.wait_valid():
             raise ScenarioError(f"RouterEnv.step: action {a} (wait) is masked: the head of the router queue fits on "
                                 f"instance {core.head_fits(eng)} (wait_mask={self._wait_mask!r}; see action_masks())")
+        if a < self.m and self._wait_mask == "reserve" and not self.core.reserve_feasible(eng)[a]:
+            raise ScenarioError(f"RouterEnv.step: action {a} is masked: instance {a} cannot hold the head's prompt plus "
+                                f"its predicted output (wait_mask='reserve'; see action_masks())")
+        if self._wait_mask == "small-large" and not self.core.action_mask(eng, "small-large")[a]:
+            raise ScenarioError(f"RouterEnv.step: action {a} is masked: not in the head's Small-Large group "
+                                f"(wait_mask='small-large'; see action_masks())")
         h = 0.0
         if a < self.m:
             r = eng.head(core.router_queue)

@@ -28,8 +28,8 @@ from fluidopt.sim.workload import TraceWarning
 __all__ = ["GATE_AND_ROUTE_POLICIES", "PAPER_POLICIES", "PAPER_IMPROVEMENT", "evaluate", "policy_options", "run_episode",
            "summarize", "trace_episodes"]
 
-PAPER_POLICIES = ("round-robin", "random", "least-requests", "jsq", "max-capacity", "min-min", "decode-balancer",
-                  "small-large", "baseline-rl", "wa-rl", "wg-rl")
+PAPER_POLICIES = ("round-robin", "random", "least-requests", "jsq", "max-capacity", "max-capacity-reserve", "min-min",
+                  "decode-balancer", "small-large", "baseline-rl", "wa-rl", "wg-rl")
 GATE_AND_ROUTE_POLICIES = ("gate-and-route", "prioritize-and-route", "sli-gate-and-route", "fi-wsp", "fg-sp", "gi-wsp",
                            "gf-wsp")
 """The gate-and-route family and the prefill/decode paper's baselines (they need prices: the fluid LP)."""
@@ -38,7 +38,7 @@ PAPER_IMPROVEMENT = {"wg-rl": 11.43, "wa-rl": 7.79, "baseline-rl": 4.35, "jsq": 
 """Improvement of mean end-to-end latency over round robin reported by Jain et al. (percent)."""
 
 _PREDICTED = ("jsq", "min-min", "small-large")  # heuristic balancers that take predictor=
-_RL = ("baseline-rl", "wa-rl", "wg-rl")
+_RL = ("baseline-rl", "wa-rl", "wg-rl", "sb3-dqn", "sb3-ppo")
 
 
 def _options(policy: str, seed: int, accuracy: float, extra: dict | None) -> dict:
@@ -152,8 +152,11 @@ def _ci(v: np.ndarray) -> float:
 
 def summarize(df: pd.DataFrame, *, baseline: str = "round-robin") -> pd.DataFrame:
     """Per policy: means and 95% CIs over episodes; improvement of mean e2e over ``baseline`` (%),
-    with a paired CI (the same episodes), and the paper's number where it reports one."""
+    with a paired CI (the same episodes), and the paper's number where it reports one. Without round robin
+    in ``df``, ``round-robin-chunked`` is the default baseline (the chunked-prefill head-to-head)."""
     out = []
+    if baseline == "round-robin" and baseline not in set(df.policy) and "round-robin-chunked" in set(df.policy):
+        baseline = "round-robin-chunked"  # a chunked-prefill head-to-head (the paper's Table 3)
     base = df[df.policy == baseline].set_index("episode")["e2e_mean"] if baseline in set(df.policy) else None
     for pol, g in df.groupby("policy", sort=False):
         row = {"policy": pol, "episodes": len(g)}

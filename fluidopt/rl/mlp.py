@@ -48,8 +48,38 @@ DISPATCH = ("single", "multi")
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 
 
-def shipped_weights_path(variant: str, m: int) -> Path:
-    """Path of the shipped weights for a variant (``baseline``, ``wa``, ``wg``) and m instances."""
+SCENARIO_WEIGHTS = {
+    ("wg", "rl-router-paper-regime"): ("wg-rl-regime.npz", "fluidopt rl imitate examples/scenarios/rl-router-paper-regime.toml "
+                                       "--expert small-large --out fluidopt/rl/weights/wg-rl-regime.npz"),
+    ("wg", "rl-router-paper-regime-fig4b"): ("wg-rl-regime-fig4b.npz", "fluidopt rl imitate "
+                                             "examples/scenarios/rl-router-paper-regime-fig4b.toml --expert small-large "
+                                             "--out fluidopt/rl/weights/wg-rl-regime-fig4b.npz"),
+    ("wg", "rl-router-v100"): ("wg-rl-tis.npz", "fluidopt rl train examples/scenarios/rl-router-v100.toml --variant wg "
+                               "--episodes 30 --requests 2000 --seed 1 --eps-episodes 20 --train-every 4 --objective "
+                               "time-in-system --arch shared --multi-dispatch --wait-mask fits --gamma 0.998 "
+                               "--out fluidopt/rl/weights/wg-rl-tis.npz"),
+}
+SCENARIO_WEIGHTS[("wg", "rl-router-v100-8")] = SCENARIO_WEIGHTS[("wg", "rl-router-v100")]
+for _algo, _steps in (("dqn", 40000), ("ppo", 40000)):
+    SCENARIO_WEIGHTS[(f"sb3-{_algo}", "rl-router-paper-regime")] = (
+        f"sb3-{_algo}-regime.npz", f"python examples/rl_sb3.py --algo {_algo} --timesteps {_steps} --requests 2000 "
+        f"--seed 0 --out fluidopt/rl/weights/sb3-{_algo}-regime.npz")
+    SCENARIO_WEIGHTS[(f"sb3-{_algo}", "rl-router-paper-regime-fig4b")] = SCENARIO_WEIGHTS[
+        (f"sb3-{_algo}", "rl-router-paper-regime")]
+del _algo, _steps
+"""Per-scenario default weights, by (variant, scenario name): (file in ``weights/``, the command that
+trains it). The default ``wg-rl`` of each shipped RL scenario is the best shipped router for it
+(docs/rl.md section 6b): at the paper's operating point, the router fitted to Small-Large by
+imitation on each regime scenario, the time-in-system agent (training seed 1; shared network, so it serves 4 and 8
+instances) on the lightly loaded V100 settings. Other scenarios fall back to ``<variant>-rl-<m>.npz``."""
+
+
+def shipped_weights_path(variant: str, m: int, scenario: str | None = None) -> Path:
+    """Path of the shipped weights for a variant (``baseline``, ``wa``, ``wg``) and m instances; for a
+    shipped scenario (by name) with weights of its own (:data:`SCENARIO_WEIGHTS`), those."""
+    own = SCENARIO_WEIGHTS.get((variant, scenario))
+    if own is not None:
+        return WEIGHTS_DIR / own[0]
     return WEIGHTS_DIR / f"{variant}-rl-{m}.npz"
 
 
@@ -60,7 +90,10 @@ SHIPPED_8_WAIT_MASK = {"baseline": "fits", "wa": "fits", "wg": "none"}
 """The wait mask of each shipped 8-instance file (WG-RL retrained with the mask was worse: docs/rl.md section 5)."""
 
 
-def train_command(variant: str, m: int) -> str:
+def train_command(variant: str, m: int, scenario: str | None = None) -> str:
+    own = SCENARIO_WEIGHTS.get((variant, scenario))
+    if own is not None:
+        return own[1]
     scen = {4: "examples/scenarios/rl-router-v100.toml", 8: "examples/scenarios/rl-router-v100-8.toml"}.get(m, "SCENARIO")
     extra = ""
     if m == 8:

@@ -23,7 +23,7 @@ from fluidopt.control.protocol import Context
 from fluidopt.control.registry import register
 from fluidopt.errors import ScenarioError
 from fluidopt.model import Scenario
-from fluidopt.rl.core import RouterCore
+from fluidopt.rl.core import RouterCore, small_large_groups
 from fluidopt.rl.mlp import QNetwork, SharedQNetwork, load_weights, shipped_weights_path, train_command
 from fluidopt.rl.predictors import NoisyOracle
 
@@ -35,8 +35,8 @@ class RLRouter(RouterCore):
 
 
     def __init__(self, scenario: Scenario, net: QNetwork | SharedQNetwork, *, predictor=None, name: str = "rl",
-                 max_wait: int = 0):
-        super().__init__(scenario.gpu, predictor=predictor)
+                 max_wait: int = 0, chunked: bool = False):
+        super().__init__(scenario.gpu, predictor=predictor, chunked=chunked)
         if isinstance(max_wait, bool) or not isinstance(max_wait, int) or max_wait < 0:
             raise ScenarioError(f"{name}: max_wait: expected an integer >= 0 (epochs; 0 = no limit), got {max_wait!r}")
         self.max_wait = max_wait
@@ -48,9 +48,14 @@ class RLRouter(RouterCore):
         self.decisions = 0
         self.waits = 0
         self.masked_waits = 0  # decisions where the network's argmax was a masked "wait"
+        self._reserve_out = tuple(float(c.decode) for c in scenario.classes)
+        self._reserve = net.wait_mask in ("reserve", "small-large")
+        self._groups = small_large_groups(scenario) if net.wait_mask == "small-large" else None
 
     def setup(self, ctx: Context) -> None:
         super().setup(ctx)
+        self.reserve_out = self._reserve_out
+        self.groups = self._groups
         self.sent = [0] * self.n  # dispatches per instance (the action histogram)
         if not self.net.fits(ctx.n_gpus):
             raise ScenarioError(f"{self.name}: weights for {self.net.n_instances} instances, the scenario has {ctx.n_gpus}")
@@ -60,6 +65,19 @@ class RLRouter(RouterCore):
         qnet = self.net.q
         n = self.n
         while ctx.qlen(q):
+            if self._reserve:  # a rule's mask (reserve, small-large): the best valid instance, else wait
+                ok = self.action_mask(ctx, self.net.wait_mask)[:n]
+                self.decisions += 1
+                if not any(ok):
+                    self.waits += 1
+                    return
+                qv = qnet(self.observe(ctx))
+                a = max((g for g in range(n) if ok[g]), key=lambda g: qv[g])
+                self.sent[a] += 1
+                self.dispatch(ctx, ctx.head(q), a)
+                if not self.multi:
+                    return
+                continue
             qv = qnet(self.observe(ctx))
             if self.max_wait and self._head_waits >= self.max_wait:
                 a = int(qv[:n].argmax())
@@ -82,15 +100,15 @@ class RLRouter(RouterCore):
 
 
 def make_rl_router(variant: str, scenario: Scenario, *, weights: str | None = None, accuracy: float = 0.79,
-                   predictor_seed: int = 0, max_wait: int = 0) -> RLRouter:
+                   predictor_seed: int = 0, max_wait: int = 0, chunked: bool = False) -> RLRouter:
     """Build the ``<variant>-rl`` router for ``scenario`` from its weights."""
     if not isinstance(scenario, Scenario):
         raise ScenarioError(f"{variant}-rl: expected a Scenario, got {type(scenario).__name__}")
     m = scenario.gpus
-    path = weights if weights is not None else shipped_weights_path(variant, m)
-    net = load_weights(path, n_instances=m, hint=train_command(variant, m))  # a shared network fits any m
-    return RLRouter(scenario, net, predictor=NoisyOracle(accuracy, seed=predictor_seed), name=f"{variant}-rl",
-                    max_wait=max_wait)
+    path = weights if weights is not None else shipped_weights_path(variant, m, scenario.name)
+    net = load_weights(path, n_instances=m, hint=train_command(variant, m, scenario.name))  # a shared network fits any m
+    return RLRouter(scenario, net, predictor=NoisyOracle(accuracy, seed=predictor_seed),
+                    name=f"{variant}-rl" + ("-chunked" if chunked else ""), max_wait=max_wait, chunked=chunked)
 
 
 @register("baseline-rl", description="RL router (Double DQN), reward: progress + completions (Jain et al.)")
@@ -112,3 +130,48 @@ def make_wg_rl(scenario: Scenario, *, weights: str | None = None, accuracy: floa
                predictor_seed: int = 0, max_wait: int = 0) -> RLRouter:
     return make_rl_router("wg", scenario, weights=weights, accuracy=accuracy, predictor_seed=predictor_seed,
                           max_wait=max_wait)
+
+
+def make_sb3_router(algo: str, scenario: Scenario, *, weights: str | None = None, accuracy: float = 0.79,
+                    predictor_seed: int = 0, chunked: bool = False) -> RLRouter:
+    """A stable-baselines3 reference agent (``dqn`` or ``ppo``) exported to numpy (:mod:`fluidopt.rl.sb3`)."""
+    if not isinstance(scenario, Scenario):
+        raise ScenarioError(f"sb3-{algo}: expected a Scenario, got {type(scenario).__name__}")
+    m = scenario.gpus
+    variant = f"sb3-{algo}"
+    hint = train_command(variant, m, scenario.name)
+    if hint.startswith("fluidopt rl train"):  # no shipped file for this scenario
+        hint = f"python examples/rl_sb3.py --algo {algo} --scenario SCENARIO --out FILE"
+    path = weights if weights is not None else shipped_weights_path(variant, m, scenario.name)
+    net = load_weights(path, n_instances=m, hint=hint)
+    return RLRouter(scenario, net, predictor=NoisyOracle(accuracy, seed=predictor_seed),
+                    name=variant + ("-chunked" if chunked else ""), chunked=chunked)
+
+
+@register("sb3-dqn", description="reference agent: stable-baselines3 DQN on the regime router's environment")
+def make_sb3_dqn(scenario: Scenario, *, weights: str | None = None, accuracy: float = 0.79,
+                 predictor_seed: int = 0) -> RLRouter:
+    return make_sb3_router("dqn", scenario, weights=weights, accuracy=accuracy, predictor_seed=predictor_seed)
+
+
+@register("sb3-ppo", description="reference agent: stable-baselines3 PPO on the regime router's environment")
+def make_sb3_ppo(scenario: Scenario, *, weights: str | None = None, accuracy: float = 0.79,
+                 predictor_seed: int = 0) -> RLRouter:
+    return make_sb3_router("ppo", scenario, weights=weights, accuracy=accuracy, predictor_seed=predictor_seed)
+
+
+def _chunked(base: str, make) -> None:
+    """Register ``<base>-chunked``: the same router (same weights) over chunked-prefill instances."""
+
+    def factory(scenario: Scenario, *, weights: str | None = None, accuracy: float = 0.79,
+                predictor_seed: int = 0) -> RLRouter:
+        return make(scenario, weights=weights, accuracy=accuracy, predictor_seed=predictor_seed, chunked=True)
+
+    register(f"{base}-chunked", factory, description=f"{base} over instances with chunked prefill (Sarathi)")
+
+
+for _base, _variant in (("baseline-rl", "baseline"), ("wa-rl", "wa"), ("wg-rl", "wg")):
+    _chunked(_base, lambda sc, _v=_variant, **kw: make_rl_router(_v, sc, **kw))
+for _algo in ("dqn", "ppo"):
+    _chunked(f"sb3-{_algo}", lambda sc, _a=_algo, **kw: make_sb3_router(_a, sc, **kw))
+del _base, _variant, _algo

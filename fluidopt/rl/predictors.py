@@ -36,8 +36,10 @@ __all__ = [
     "BinnedPredictor",
     "BucketTokens",
     "NoisyOracle",
+    "TABLE1_ACCURACY",
     "bucket_of",
     "confusion_matrix",
+    "scenario_accuracy",
 ]
 
 BUCKET_EDGES = (256, 2048)
@@ -226,3 +228,18 @@ def confusion_matrix(true_buckets, predicted) -> np.ndarray:
     m = np.zeros((N_BUCKETS, N_BUCKETS), dtype=np.int64)
     np.add.at(m, (t, p), 1)
     return m
+
+
+TABLE1_ACCURACY = {"translation": 0.931, "eli5": 0.704, "imdb": 0.799, "squad": 0.653, "wnut": 0.951}
+"""Per-task decode-bucket accuracies of the RL router paper's Table 1 (Jain et al.), by task name, in
+the order the paper lists its tasks (translation, ELI5, IMDb, SQuAD, WNUT)."""
+TABLE1_SCENARIOS = ("rl-router-paper-regime", "rl-router-paper-regime-fig4b")
+"""Scenarios whose default predictor accuracies are :data:`TABLE1_ACCURACY` (by class name)."""
+
+
+def scenario_accuracy(scenario, default: float = 0.79):
+    """The noisy oracle's default accuracy for ``scenario``: per class from :data:`TABLE1_ACCURACY`
+    for the scenarios of :data:`TABLE1_SCENARIOS`, else ``default`` (the paper's overall 79%)."""
+    if scenario.name in TABLE1_SCENARIOS and all(n in TABLE1_ACCURACY for n in scenario.class_names):
+        return tuple(TABLE1_ACCURACY[n] for n in scenario.class_names)
+    return default

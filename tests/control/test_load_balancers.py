@@ -42,8 +42,8 @@ from fluidopt.errors import ScenarioError, UsageError
 from fluidopt.sim.api import simulate
 from fluidopt.sim.workload import TraceWorkload
 
-BALANCERS = ("random", "least-requests", "power-of-two", "jsq", "decode-balancer", "max-capacity", "min-min",
-             "small-large")
+BALANCERS = ("random", "least-requests", "power-of-two", "jsq", "decode-balancer", "max-capacity",
+             "max-capacity-reserve", "max-capacity-interval", "min-min", "small-large")
 
 
 # =================================================================================================
@@ -104,7 +104,7 @@ def test_options_and_their_errors():
     assert isinstance(jsq.predictor, ClassMeanOutput) and jsq.predictor.means == (40.0, 400.0) and not jsq.live
     assert make_controller("jsq", sc, predictor="oracle").live
     assert make_controller("decode-balancer", sc).predictor is oracle_output
-    assert make_controller("max-capacity", sc, interval=0.25).tick_interval == 0.25
+    assert make_controller("max-capacity-interval", sc, interval=0.25).tick_interval == 0.25
     sl = make_controller("small-large", sc, threshold=50, small_gpus=2, within="jsq")
     assert (sl.threshold, sl.small_gpus_option, sl.within) == (50.0, 2, "jsq")
     with pytest.raises(UsageError, match="unknown option 'bogus'"):
@@ -114,7 +114,7 @@ def test_options_and_their_errors():
     with pytest.raises(ScenarioError, match="predictor"):
         make_controller("jsq", sc, predictor="psychic")
     with pytest.raises(ScenarioError, match="interval"):
-        make_controller("max-capacity", sc, interval=0)
+        make_controller("max-capacity-interval", sc, interval=0)
     with pytest.raises(ScenarioError, match="within"):
         make_controller("small-large", sc, within="random")
     with pytest.raises(ScenarioError, match="load"):
@@ -197,14 +197,14 @@ def test_max_capacity_decides_once_a_second():
     rows = [(0.1, 0, 10, 9), (0.2, 0, 10, 9), (0.3, 0, 10, 9), (1.1, 0, 10, 9), (1.2, 0, 10, 9), (2.1, 0, 10, 9),
             (3.1, 0, 10, 9)]
     # before t = 1: instance 0; tick 1: free (5/8, 1, 1) -> 1; tick 2: (5/8, 6/8, 1) -> 2; tick 3: (5/8, 6/8, 7/8) -> 2
-    assert replay(sc, "max-capacity", rows, horizon=4.0) == [0, 0, 0, 1, 1, 2, 2]
+    assert replay(sc, "max-capacity-interval", rows, horizon=4.0) == [0, 0, 0, 1, 1, 2, 2]
 
 
 def test_max_capacity_counts_kv_net_of_queued_prompts():
     # 1000-token KV caches; request 0 (prompt 600) runs on instance 0, request 1 (prompt 500, routed
     # there too before the first pick) cannot fit and waits in instance 0's queue
     sc = scenario([("a", 600, 1e6, 1.0)], n=2, B=8, kv_capacity=1000.0)
-    ctrl = make_controller("max-capacity", sc)
+    ctrl = make_controller("max-capacity-interval", sc)
     log = record(ctrl)
     seen = []
     tick = ctrl.on_tick
@@ -435,7 +435,7 @@ def cases(draw):
 @given(case=cases())
 def test_balancers_keep_engine_invariants(policy, case):
     sc, opts, service, horizon, seed = case
-    if policy in ("random", "least-requests", "power-of-two", "max-capacity"):
+    if policy in ("random", "least-requests", "power-of-two", "max-capacity", "max-capacity-interval"):
         opts.pop("predictor", None)
     ctrl = make_controller(policy, sc, **opts)
     res = simulate(sc, ctrl, horizon=horizon, seed=seed, service=service, check=True, batches=2)

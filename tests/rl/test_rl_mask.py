@@ -62,7 +62,7 @@ def test_mask_on_hand_built_kv_states():
         # the paper's MDP (no mask): wait is always valid
         env.wait_mask = "none"
         assert env.wait_valid() and env.action_masks().all()
-    with pytest.raises(ScenarioError, match="wait_mask: expected one of none, fits, got 'sometimes'"):
+    with pytest.raises(ScenarioError, match="wait_mask: expected one of none, fits, reserve, small-large, got 'sometimes'"):
         RouterEnv(sc, workload=wl, wait_mask="sometimes")
 
 
