@@ -10,10 +10,10 @@ Next to it, ``fluidopt.sim._cgate`` (from fluidopt/sim/_cgate.pyx, compiled agai
 declarations) holds the built-in gate-and-route controllers' fast path; it carries the SHA-256 of its
 source and of the core it was built against (fluidopt.sim.controller_fastpath checks both).
 
-Controllers whose handlers are written once (``SINGLE_SOURCED``: the plain Python module
-fluidopt/control/<stem>.py, a mixin of the controller, and the static types of fluidopt/sim/<stem>.pxd)
-are compiled from that same source into ``fluidopt.sim.<module>``, with the SHA-256 of both files and of
-the core (fluidopt.sim.controller_fastpath checks them and lists the same pairs).
+Controllers whose handlers are written once (the plain Python module fluidopt/control/<stem>.py, a
+mixin of the controller, next to the static types fluidopt/sim/<stem>.pxd: every such pair is found, no
+list) are compiled from that same source into ``fluidopt.sim._c_<stem>``, with the SHA-256 of both files
+and of the core (fluidopt.sim.controller_fastpath finds them the same way and checks the digests).
 
 No compiler, no Cython, or ``FLUIDOPT_PURE_PYTHON=1`` in the environment: the install goes on
 without the extension and the simulator runs engine.py (a notice is printed; nothing else changes),
@@ -37,9 +37,15 @@ ENGINE = ROOT / "fluidopt" / "sim" / "engine.py"
 TYPES = ROOT / "fluidopt" / "sim" / "engine.pxd"
 GEN = ROOT / "build" / "cengine"  # generated sources (ignored by git), laid out as the package
 CGATE = ROOT / "fluidopt" / "sim" / "_cgate.pyx"  # the controllers' fast path (cimports the core)
-# controllers' handlers written once: fluidopt/control/<stem>.py with the types of fluidopt/sim/<stem>.pxd,
-# compiled as fluidopt.sim.<module> (the same pairs as fluidopt.sim.controller_fastpath.SINGLE_SOURCED)
-SINGLE_SOURCED = (("fcfs_handlers", "_cfcfs"),)
+
+
+def single_sourced() -> list[str]:
+    """The stems of the controllers' handler modules written once: fluidopt/control/<stem>.py with the types
+    of fluidopt/sim/<stem>.pxd (engine.pxd types the core itself), compiled as fluidopt.sim._c_<stem>."""
+    return sorted(p.stem for p in (ROOT / "fluidopt" / "sim").glob("*.pxd")
+                  if p.name != "engine.pxd" and (ROOT / "fluidopt" / "control" / f"{p.stem}.py").is_file())
+
+
 _NO_FMA = ["-O2", "-ffp-contract=off"] if os.name != "nt" else []  # round exactly like Python
 
 
@@ -109,11 +115,12 @@ def single_source_digest(py: bytes, pxd: bytes) -> str:
 
 
 def _single_sourced_extensions(cythonize, engine_digest: str) -> list[Extension]:
-    """fluidopt.sim.<module> for each SINGLE_SOURCED pair: the control module's source, compiled as is with
-    the types of its .pxd, plus the digests it is checked by at run time."""
+    """fluidopt.sim._c_<stem> for each single-sourced handler module: the control module's source, compiled as
+    is with the types of its .pxd, plus the digests it is checked by at run time."""
     out: list[Extension] = []
     pkg = GEN / "fluidopt" / "sim"
-    for stem, module in SINGLE_SOURCED:
+    for stem in single_sourced():
+        module = f"_c_{stem}"
         src = (ROOT / "fluidopt" / "control" / f"{stem}.py").read_bytes()
         types = (ROOT / "fluidopt" / "sim" / f"{stem}.pxd").read_bytes()
         text = src.decode("utf-8") + (

@@ -6,7 +6,7 @@ handlers, on any :class:`~fluidopt.control.protocol.Context` (the Python engine,
 with ``FLUIDOPT_FAST_CONTROLLERS=0``, a router's snapshot). setup.py also compiles this very file,
 with the static types of ``fluidopt/sim/fcfs_handlers.pxd`` (an augmenting declaration file: the
 context typed as the compiled engine core, the GPU sets as its ``GpuSet``, the locals as C integers),
-into ``fluidopt.sim._cfcfs``; on the compiled core, :mod:`fluidopt.sim.controller_fastpath` installs
+into ``fluidopt.sim._c_fcfs_handlers``; on the compiled core, :mod:`fluidopt.sim.controller_fastpath` installs
 that class's handlers as the engine's callbacks, with the controller's state (:data:`STATE`) copied
 over at setup. There is no second copy to keep in step: the compiled module carries the SHA-256 of
 this file and of its .pxd, and a stale build never runs.

@@ -26,9 +26,10 @@ The decisions are the same bit for bit either way (same draws from the controlle
 arithmetic in the same order): tests/control/test_fast_path.py compares whole runs, per-request
 records included, with the fast path on and off.
 
-Controllers whose handlers are written once (:data:`SINGLE_SOURCED`) need no transcription: their
-handler class (a mixin of the controller, in ``fluidopt/control/<stem>.py``) is compiled from that
-same file, with the types of ``fluidopt/sim/<stem>.pxd``, into ``fluidopt.sim.<module>``. :func:`bind`
+Controllers whose handlers are written once need no transcription: their handler class (a mixin of
+the controller, in ``fluidopt/control/<stem>.py``) is compiled from that same file, with the types of
+``fluidopt/sim/<stem>.pxd``, into ``fluidopt.sim._c_<stem>`` (:func:`compiled_name`; setup.py compiles
+every such pair it finds). :func:`bind`
 installs the compiled class's handlers for any controller class on which every method of the handler
 class resolves to the handler class's own (a subclass that overrides one runs the Python code), with
 the controller's state (the handler module's ``STATE``) copied over, when the compiled module was built
@@ -47,7 +48,7 @@ from typing import Any
 
 from fluidopt.control import fastpath as _hook
 
-__all__ = ["SINGLE_SOURCED", "bind", "mirror_digest", "single_source_digest", "status"]
+__all__ = ["bind", "compiled_name", "mirror_digest", "single_source_digest", "status"]
 
 # handler name -> the engine attribute that holds its callback (fluidopt/sim/engine.pxd)
 _CALLBACKS = (("on_arrival", "_cb_arrival"), ("on_prefill_done", "_cb_pdone"), ("on_slot_freed", "_cb_freed"),
@@ -55,9 +56,15 @@ _CALLBACKS = (("on_arrival", "_cb_arrival"), ("on_prefill_done", "_cb_pdone"), (
 _BUILTIN_MODULES = ("fluidopt.control.gate_and_route", "fluidopt.control.robust", "fluidopt.control.paper_baselines")
 
 
-# handlers written once: the Python module of the handler class -> its compiled module in fluidopt.sim
-# (setup.py's SINGLE_SOURCED lists the same pairs, as (stem, module))
-SINGLE_SOURCED = {"fluidopt.control.fcfs_handlers": "_cfcfs"}
+
+
+def compiled_name(source: str) -> str | None:
+    """``fluidopt.sim._c_<stem>`` for a handler module ``fluidopt.control.<stem>`` written once (setup.py
+    compiles every fluidopt/control/<stem>.py that has a fluidopt/sim/<stem>.pxd), else None."""
+    pkg, _, stem = source.rpartition(".")
+    if pkg != "fluidopt.control" or stem == "engine" or not Path(__file__).with_name(f"{stem}.pxd").is_file():
+        return None
+    return f"fluidopt.sim._c_{stem}"
 
 
 def single_source_digest(py: bytes, pxd: bytes) -> str:
@@ -95,11 +102,11 @@ def _single_module(source: str) -> tuple[Any, str]:
     ok, why = compiled_status()
     if not ok:
         return None, f"compiled core not usable: {why}"
-    name = SINGLE_SOURCED[source]
+    name = compiled_name(source)
     try:
         from fluidopt.sim import _cengine  # type: ignore[attr-defined]
 
-        compiled = importlib.import_module(f"fluidopt.sim.{name}")
+        compiled = importlib.import_module(name)
         py = Path(importlib.import_module(source).__file__)
     except ImportError as exc:
         return None, f"{source} is not compiled ({exc}); reinstall (pip install -e .) to build it"
@@ -109,11 +116,11 @@ def _single_module(source: str) -> tuple[Any, str]:
     except OSError:
         digest = getattr(compiled, "SOURCE_SHA256", None)  # an installed package without its sources
     if digest != getattr(compiled, "SOURCE_SHA256", None):
-        return None, (f"fluidopt.sim.{name} was built from another version of {py.name} or {stem}.pxd; "
+        return None, (f"{name} was built from another version of {py.name} or {stem}.pxd; "
                       "reinstall (pip install -e .) to rebuild it")
     if getattr(compiled, "ENGINE_SHA256", None) != getattr(_cengine, "SOURCE_SHA256", None):
-        return None, f"fluidopt.sim.{name} was built against another engine core; reinstall (pip install -e .)"
-    return compiled, f"fluidopt.sim.{name} built from the current {py.name}"
+        return None, f"{name} was built against another engine core; reinstall (pip install -e .)"
+    return compiled, f"{name} built from the current {py.name}"
 
 
 @functools.cache
@@ -121,7 +128,7 @@ def _single_spec(cls: type) -> tuple[type, tuple[str, ...]] | None:
     """(the compiled handler class, the state to copy) for controllers of ``cls``, or None: the handler
     class on ``cls``'s MRO whose every method ``cls`` resolves to the handler class's own."""
     for base in cls.__mro__:
-        if base.__module__ not in SINGLE_SOURCED:
+        if compiled_name(base.__module__) is None:
             continue
         own = [k for k, v in vars(base).items() if callable(v) and not k.startswith("__")]
         if any(getattr(cls, k) is not getattr(base, k) for k in own):

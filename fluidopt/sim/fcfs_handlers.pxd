@@ -1,4 +1,4 @@
-# Static types for fluidopt/control/fcfs_handlers.py compiled as fluidopt.sim._cfcfs (an "augmenting" .pxd:
+# Static types for fluidopt/control/fcfs_handlers.py compiled as fluidopt.sim._c_fcfs_handlers (an "augmenting" .pxd:
 # the handlers stay plain Python, and this file is their only Cython). setup.py copies both into the build
 # tree under the compiled module's name and compiles them against the engine core's declarations
 # (engine.pxd), so the context is the compiled Engine and its reads and actions are C-level calls.

@@ -302,23 +302,19 @@ def test_an_edited_handler_or_a_stale_build_switches_the_fast_path_off(monkeypat
     assert fastpath.status()[0]
 
 
-# -- handlers written once (controller_fastpath.SINGLE_SOURCED): no transcription to keep in step ------------
+# -- handlers written once (controller_fastpath.compiled_name): no transcription to keep in step ------------
 def test_single_sourced_handlers_are_listed_alike_and_have_no_transcription():
-    """setup.py compiles exactly the handler modules the binder knows, each from the control layer's own
-    file; the reference FCFS policy's handlers are that module's (no copy of them in _cgate.pyx)."""
-    import ast
+    """A handler module with a .pxd in fluidopt/sim is compiled from the control layer's own file; the
+    reference FCFS policy's handlers are that module's (no copy of them in _cgate.pyx)."""
     from pathlib import Path
 
     from fluidopt.control.fcfs import ReservedPrefillFCFS
     from fluidopt.control.fcfs_handlers import FCFSHandlers
 
     root = Path(__file__).resolve().parents[2]
-    tree = ast.parse((root / "setup.py").read_text(encoding="utf-8"))
-    built = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
-                 and getattr(n.targets[0], "id", None) == "SINGLE_SOURCED")
-    assert {f"fluidopt.control.{stem}": module for stem, module in built} == fastpath.SINGLE_SOURCED
-    for stem, _ in built:
-        assert (root / "fluidopt" / "control" / f"{stem}.py").is_file() and (root / "fluidopt" / "sim" / f"{stem}.pxd").is_file()
+    assert fastpath.compiled_name("fluidopt.control.fcfs_handlers") == "fluidopt.sim._c_fcfs_handlers"
+    assert fastpath.compiled_name("fluidopt.control.fcfs") is None  # no fluidopt/sim/fcfs.pxd: plain Python
+    assert (root / "fluidopt" / "sim" / "fcfs_handlers.pxd").is_file()
     for name in ("on_arrival", "on_prefill_done", "on_slot_freed", "_fits"):
         assert getattr(ReservedPrefillFCFS, name) is getattr(FCFSHandlers, name)
     cgate = (root / "fluidopt" / "sim" / "_cgate.pyx").read_text(encoding="utf-8")
@@ -333,7 +329,7 @@ def test_single_sourced_fast_path_is_the_compiled_source_and_only_where_exact(mo
     from pathlib import Path
 
     from fluidopt.control.fcfs import ReservedPrefillFCFS
-    from fluidopt.sim import _cfcfs
+    from fluidopt.sim import _c_fcfs_handlers as _cfcfs
 
     root = Path(__file__).resolve().parents[2]
     assert _cfcfs.SOURCE_SHA256 == fastpath.single_source_digest(
