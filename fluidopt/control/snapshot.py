@@ -71,6 +71,9 @@ class SnapshotGpuSet:
         return (isinstance(g, int) and not isinstance(g, bool) and 0 <= g < self._snap.n_gpus
                 and self._pred(g))
 
+    def has(self, g: int) -> bool:
+        return g in self
+
     def __iter__(self) -> Iterator[int]:
         return iter(self._items())
 
