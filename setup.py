@@ -10,6 +10,11 @@ Next to it, ``fluidopt.sim._cgate`` (from fluidopt/sim/_cgate.pyx, compiled agai
 declarations) holds the built-in gate-and-route controllers' fast path; it carries the SHA-256 of its
 source and of the core it was built against (fluidopt.sim.controller_fastpath checks both).
 
+Controllers whose handlers are written once (the plain Python module fluidopt/control/<stem>.py, a
+mixin of the controller, next to the static types fluidopt/sim/<stem>.pxd: every such pair is found, no
+list) are compiled from that same source into ``fluidopt.sim._c_<stem>``, with the SHA-256 of both files
+and of the core (fluidopt.sim.controller_fastpath finds them the same way and checks the digests).
+
 No compiler, no Cython, or ``FLUIDOPT_PURE_PYTHON=1`` in the environment: the install goes on
 without the extension and the simulator runs engine.py (a notice is printed; nothing else changes),
 unless ``FLUIDOPT_REQUIRE=compiled`` is set (CI does): then a core that cannot be built fails the
@@ -32,6 +37,16 @@ ENGINE = ROOT / "fluidopt" / "sim" / "engine.py"
 TYPES = ROOT / "fluidopt" / "sim" / "engine.pxd"
 GEN = ROOT / "build" / "cengine"  # generated sources (ignored by git), laid out as the package
 CGATE = ROOT / "fluidopt" / "sim" / "_cgate.pyx"  # the controllers' fast path (cimports the core)
+
+
+def single_sourced() -> list[str]:
+    """The stems of the controllers' handler modules written once: fluidopt/control/<stem>.py with the types
+    of fluidopt/sim/<stem>.pxd (engine.pxd types the core itself), compiled as fluidopt.sim._c_<stem>."""
+    return sorted(p.stem for p in (ROOT / "fluidopt" / "sim").glob("*.pxd")
+                  if p.name != "engine.pxd" and (ROOT / "fluidopt" / "control" / f"{p.stem}.py").is_file())
+
+
+_NO_FMA = ["-O2", "-ffp-contract=off"] if os.name != "nt" else []  # round exactly like Python
 
 
 def _required() -> bool:
@@ -91,7 +106,44 @@ def _extensions() -> list[Extension]:
     except Exception as exc:  # a Cython error must not stop the install: the Python engine is complete
         _notice(f"Cython could not translate the simulator core ({exc})")
         return []
-    return exts + _controller_extensions(cythonize, digest)
+    return exts + _controller_extensions(cythonize, digest) + _single_sourced_extensions(cythonize, digest)
+
+
+def single_source_digest(py: bytes, pxd: bytes) -> str:
+    """The SHA-256 a single-sourced handler module is checked by (fluidopt.sim.controller_fastpath)."""
+    return hashlib.sha256(py + b"\0" + pxd).hexdigest()
+
+
+def _single_sourced_extensions(cythonize, engine_digest: str) -> list[Extension]:
+    """fluidopt.sim._c_<stem> for each single-sourced handler module: the control module's source, compiled as
+    is with the types of its .pxd, plus the digests it is checked by at run time."""
+    out: list[Extension] = []
+    pkg = GEN / "fluidopt" / "sim"
+    for stem in single_sourced():
+        module = f"_c_{stem}"
+        src = (ROOT / "fluidopt" / "control" / f"{stem}.py").read_bytes()
+        types = (ROOT / "fluidopt" / "sim" / f"{stem}.pxd").read_bytes()
+        text = src.decode("utf-8") + (
+            f"\n\n# Added by setup.py: the digest of fluidopt/control/{stem}.py and fluidopt/sim/{stem}.pxd, and of "
+            "the engine core this module was built against.\n"
+            f'SOURCE_SHA256 = "{single_source_digest(src, types)}"\n'
+            f'ENGINE_SHA256 = "{engine_digest}"\n'
+        )
+        py = pkg / f"{module}.py"
+        if not py.exists() or py.read_text(encoding="utf-8") != text:
+            py.write_text(text, encoding="utf-8")
+        pxd = pkg / f"{module}.pxd"
+        if not pxd.exists() or pxd.read_bytes() != types:
+            pxd.write_bytes(types)
+        ext = Extension(f"fluidopt.sim.{module}", [str(py.relative_to(ROOT))], extra_compile_args=_NO_FMA)
+        try:
+            out += cythonize([ext], include_path=[str(GEN)], quiet=True,
+                             compiler_directives={"language_level": "3", "binding": False, "annotation_typing": False,
+                                                  "boundscheck": True, "wraparound": False})
+        except Exception as exc:  # the Python handlers (the same source) are complete without it
+            _notice(f"Cython could not translate fluidopt/control/{stem}.py ({exc})",
+                    "the controller will run its Python handlers")
+    return out
 
 
 def _controller_extensions(cythonize, engine_digest: str) -> list[Extension]:

@@ -462,10 +462,11 @@ def run_key(job: dict[str, Any]) -> str:
         "policy": job["policy"].strip().lower().replace("_", "-"),
         "options": job.get("options") or {},
         "seed": job["seed"],
-        "horizon": float(job["horizon"]),
-        "warmup": float(job["warmup"]),
-        "service": job["service"],
-        "sample_interval": job.get("sample_interval"),
+        # the run's window (a fluidopt.sim.window.RunWindow; its drain is in "extra")
+        "horizon": job["window"].horizon,
+        "warmup": job["window"].warmup,
+        "service": job["window"].service,
+        "sample_interval": job["window"].sample_interval,
         "version": _version(),
         "extra": job.get("extra"),  # what else shapes the run (e.g. the SLIs a plan's LP was solved with)
     }

@@ -304,18 +304,15 @@ def _run_one(job: dict[str, Any]) -> dict[str, Any]:
     from fluidopt.sim.api import simulate
 
     ctrl = make_controller(job["policy"], job["scenario"], plan=job.get("plan"), **(job["options"] or {}))
-    res = simulate(
-        job["scenario"], ctrl, horizon=job["horizon"], warmup=job["warmup"], seed=job["seed"],
-        service=job["service"], progress=False, sample_interval=job.get("sample_interval"),
-        workload=job.get("workload"), **({"drain": job["drain"]} if job.get("drain") is not None else {}),
-    )
+    win = job["window"]  # checked once by compare (fluidopt.sim.window.RunWindow)
+    res = simulate(job["scenario"], ctrl, window=win, seed=job["seed"], progress=False, workload=job.get("workload"))
     summ = res.summary()
     row = {k: summ.get(k, math.nan) for k in RUN_COLUMNS}
-    if job.get("drain") is not None:
+    if win.drain is not None:
         row.update({k: summ.get(k, math.nan) for k in COHORT_RUN_COLUMNS})
     classes = [{"name": c["name"], **{k: c.get(k, math.nan) for k in CLASS_COLUMNS}} for c in summ["classes"]]
     out: dict[str, Any] = {"row": row, "classes": classes}
-    if job.get("sample_interval") is not None and res.timeseries is not None:
+    if win.sample_interval is not None and res.timeseries is not None:
         out["timeseries"] = res.timeseries.reset_index(drop=True)
     return out
 
@@ -444,27 +441,20 @@ def compare(
     _check_jobs(scenarios, labelled, seeds)
     if pricing not in ("bundled", "separate"):
         raise ScenarioError(f"compare: pricing: expected 'bundled' or 'separate', got {pricing!r}")
-    # Validate run parameters once, up front, rather than in every worker.
-    from fluidopt.sim.api import _seconds, check_run
+    # Each scenario's run window, checked once, up front: the workers and the engine take it as it is.
+    from fluidopt.sim.window import RunWindow
 
-    horizons = _per_scenario("horizon", horizon, scenarios)
-    warmups = _per_scenario("warmup", warmup, scenarios)
-    services = _per_scenario("service", service, scenarios)
-    samples = _per_scenario("sample_interval", sample_interval, scenarios)
-    drains = _per_scenario("drain", drain, scenarios)
-    for name in horizons:
-        horizons[name], warmups[name] = check_run(horizons[name], warmups[name], services[name], caller="compare")
-        if samples[name] is not None:
-            samples[name] = _seconds("sample_interval", samples[name], caller="compare")
-        if drains[name] is not None:
-            drains[name] = _seconds("drain", drains[name], caller="compare")
+    per = {k: _per_scenario(k, v, scenarios) for k, v in (("horizon", horizon), ("warmup", warmup),
+                                                          ("service", service), ("sample_interval", sample_interval),
+                                                          ("drain", drain))}
+    windows = {name: RunWindow(*(per[k][name] for k in per), caller="compare") for name in per["horizon"]}
     import fluidopt.interrupt as interrupt
     from fluidopt._files import maybe_lock
 
     with maybe_lock(out, "out", "compare"):
         try:
-            return _compare_locked(scenarios, labelled, seeds, horizons, warmups, services, samples, drains, pricing,
-                                   options, workloads, out, resume, progress, executor, workers, imports, save)
+            return _compare_locked(scenarios, labelled, seeds, windows, pricing, options, workloads, out, resume,
+                                   progress, executor, workers, imports, save)
         except KeyboardInterrupt as e:
             if getattr(e, "kept", ""):
                 raise
@@ -483,8 +473,8 @@ def stored_line(out: str | os.PathLike | None) -> str:
     return f"{n} finished run{'s' if n != 1 else ''} kept in {store.path}; rerun the same command to resume"
 
 
-def _compare_locked(scenarios, labelled, seeds, horizons, warmups, services, samples, drains, pricing, options,
-                    workloads, out, resume, progress, executor, workers, imports, save=True) -> Comparison:
+def _compare_locked(scenarios, labelled, seeds, windows, pricing, options, workloads, out, resume, progress, executor,
+                    workers, imports, save=True) -> Comparison:
     import fluidopt.interrupt as interrupt
     from fluidopt.control.registry import uses_plan
     from fluidopt.executor import LocalExecutor, ResultStore, run_jobs
@@ -507,17 +497,16 @@ def _compare_locked(scenarios, labelled, seeds, horizons, warmups, services, sam
             # A policy given its own SLIs plans for them itself; every other LP-guided one gets the plan.
             plan = plans[s.name] if uses_plan(p) and not (opts or {}).get("slis") else None
             for seed in seeds:
-                job = {"scenario": s, "policy": p, "seed": seed, "horizon": horizons[s.name],
-                       "warmup": warmups[s.name], "service": services[s.name], "options": opts, "plan": plan,
-                       "sample_interval": samples[s.name], "label": label}
+                win = windows[s.name]
+                job = {"scenario": s, "policy": p, "seed": seed, "window": win, "options": opts, "plan": plan,
+                       "label": label}
                 wl = (workloads or {}).get(s.name)
                 if wl is not None:
                     # a replayed trace shapes the run: its content is part of the run's key
                     job["workload"] = wl
                     job["extra"] = {"workload": _workload_fingerprint(wl)}
-                if drains[s.name] is not None:  # (part of the key: a drained run reports more)
-                    job["drain"] = drains[s.name]
-                    job["extra"] = {**(job.get("extra") or {}), "drain": drains[s.name]}
+                if win.drain is not None:  # (part of the key: a drained run reports more)
+                    job["extra"] = {**(job.get("extra") or {}), "drain": win.drain}
                 jobs.append(job)
 
     own = executor is None
@@ -541,7 +530,7 @@ def _compare_locked(scenarios, labelled, seeds, horizons, warmups, services, sam
         if own:
             executor.close()
         e.partial = _assemble(jobs, e.partial or {}, True, scenarios, bounds, plans, bound_of, pricing, t0,
-                              horizons, warmups, services, samples, drains, seeds, executor, options)
+                              windows, seeds, executor, options)
         raise
     except BaseException:
         if own:
@@ -551,8 +540,8 @@ def _compare_locked(scenarios, labelled, seeds, horizons, warmups, services, sam
     try:
         if own:
             executor.close()
-        result = _assemble(jobs, done, False, scenarios, bounds, plans, bound_of, pricing, t0, horizons, warmups,
-                           services, samples, drains, seeds, executor, options)
+        result = _assemble(jobs, done, False, scenarios, bounds, plans, bound_of, pricing, t0, windows, seeds,
+                           executor, options)
         if out is not None and save:
             result.save(out)
     except KeyboardInterrupt as e:  # the sweep is whole in the store; its tables are not written
@@ -563,16 +552,17 @@ def _compare_locked(scenarios, labelled, seeds, horizons, warmups, services, sam
     return result
 
 
-def _assemble(jobs, done, interrupted, scenarios, bounds, plans, bound_of, pricing, t0, horizons, warmups, services,
-              samples, drains, seeds, executor, options) -> Comparison:
+def _assemble(jobs, done, interrupted, scenarios, bounds, plans, bound_of, pricing, t0, windows, seeds, executor,
+              options) -> Comparison:
     """The :class:`Comparison` of the finished runs ``done`` ({job index: result})."""
     rows, class_rows, series = [], [], []
     realised_of: dict[tuple, float] = {}
     col = "revenue_per_gpu" if pricing == "bundled" else "revenue_per_gpu_separate"
     for k in sorted(done):
         j = jobs[k]
+        win = j["window"]
         key = {"scenario": j["scenario"].name, "policy": j["label"], "seed": j["seed"], "gpus": j["scenario"].gpus,
-               "service": j["service"], "horizon": j["horizon"], "warmup": j["warmup"]}
+               "service": win.service, "horizon": win.horizon, "warmup": win.warmup}
         r = done[k]["row"]
         rev, rev_ci = r[col], r[f"{col}_ci"]
         bound = bound_of[j["scenario"].name]
@@ -580,15 +570,15 @@ def _assemble(jobs, done, interrupted, scenarios, bounds, plans, bound_of, prici
         real = math.nan
         if j.get("workload") is not None:
             arrived = [c.get("arrived", math.nan) for c in done[k]["classes"]]
-            wkey = (key["scenario"], j["warmup"], j["horizon"], None if _is_trace(j["workload"]) else k)
+            wkey = (key["scenario"], win.warmup, win.horizon, None if _is_trace(j["workload"]) else k)
             if wkey not in realised_of:
-                realised_of[wkey] = _realised_bound(j["scenario"], j["workload"], j["warmup"], j["horizon"],
-                                                    pricing, arrived)
+                realised_of[wkey] = _realised_bound(j["scenario"], j["workload"], win.warmup, win.horizon, pricing,
+                                                    arrived)
             real = realised_of[wkey]
         row = {**key, "lp_bound": bound, "revenue": rev, "revenue_ci": rev_ci,
                "ratio": rev / bound if bound > 0 else math.nan, "lp_bound_realised": real,
                "ratio_realised": rev / real if real > 0 else math.nan}
-        if j.get("drain") is not None:
+        if win.drain is not None:
             # the arrival cohort's revenue over the LP of the same arrivals: R*(window) for a workload run
             ccol = "cohort_revenue_per_gpu" if pricing == "bundled" else "cohort_revenue_per_gpu_separate"
             cb = real if j.get("workload") is not None else bound
@@ -607,11 +597,13 @@ def _assemble(jobs, done, interrupted, scenarios, bounds, plans, bound_of, prici
         pricing=pricing,
         wall_seconds=time.perf_counter() - t0,
         interrupted=interrupted,
-        meta={"horizon": _one_or_all(horizons), "warmup": _one_or_all(warmups), "service": _one_or_all(services),
+        meta={**{f: _one_or_all({name: getattr(w, f) for name, w in windows.items()})
+                 for f in ("horizon", "warmup", "service")},
               "seeds": seeds,
               "workers": executor.workers, "executor": executor.describe(), "options": dict(options or {}),
-              "sample_interval": _one_or_all(samples),
-              **({"drain": _one_or_all(drains)} if any(v is not None for v in drains.values()) else {})},
+              "sample_interval": _one_or_all({name: w.sample_interval for name, w in windows.items()}),
+              **({"drain": _one_or_all({name: w.drain for name, w in windows.items()})}
+                 if any(w.drain is not None for w in windows.values()) else {})},
         timeseries=pd.concat(series, ignore_index=True) if series else None,
         plans=plans,
     )

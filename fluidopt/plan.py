@@ -161,8 +161,7 @@ def _sim_job(job: dict[str, Any]) -> dict[str, Any]:
     if share is not None and "mixed_gpus" not in options:
         options["mixed_gpus"] = min(sc.gpus, max(1, math.ceil(sc.gpus * share - 1e-9)))
     ctrl = make_controller(job["policy"], sc, plan=plan, **options)
-    res = simulate(sc, ctrl, horizon=job["horizon"], warmup=job["warmup"], seed=job["seed"], service=job["service"],
-                   progress=False)
+    res = simulate(sc, ctrl, window=job["window"], seed=job["seed"], progress=False)
     pc = res.per_class
     arrived = pc["arrived"].to_numpy(dtype=float)
     completed = pc["completed"].to_numpy(dtype=float)
@@ -351,7 +350,7 @@ def plan(
                     "to its table (or to the scenario's [gpu], or fluidopt plan --price KEY=DOLLARS) to cost a fleet")
     if sum(c.rate for c in scenario.classes) <= 0:  # pragma: no cover - RequestClass forbids it
         raise ScenarioError("plan: demand: expected arrival rates > 0, got none")
-    from fluidopt.sim.api import check_run
+    from fluidopt.sim.window import RunWindow
 
     store = ResultStore(out) if out is not None else None
     rows, curves = [], []
@@ -380,13 +379,13 @@ def plan(
                     h, w = simulation_window(sc) if horizon is None else (horizon, warmup or 0.0)
                     if warmup is not None:
                         w = warmup
-                    check_run(h, w, service, caller="plan")
+                    window = RunWindow(h, w, service, caller="plan")  # checked once for every probe's runs
                     # Gate-and-Route's static partition from the LP at n keeps M = ceil(n sum x*) mixed GPUs,
                     # the bound's prefill capacity and no more, so at small n its prefill queue alone
                     # breaks the SLIs however many solo GPUs are added. A plan keeps the bound's mixed
                     # share instead (M = ceil(n X*/n*)): the extra GPUs go to both pools in proportion.
                     share = float(np.sum(fb.x)) if "mixed_gpus" in policy_options(key) else None
-                    n_sim, probes, tok = _search(sc, slis, lp_slis, fb.gpus_int, key, options, seeds, h, w, service,
+                    n_sim, probes, tok = _search(sc, slis, lp_slis, fb.gpus_int, key, options, seeds, window,
                                                  executor, store, progress, max_factor, f, share, seed)
                     for n, judged in probes:
                         curves.extend({"profile": row["profile"], "growth": float(f), "n": n, **j} for j in judged)
@@ -414,8 +413,8 @@ def plan(
     return res
 
 
-def _search(sc: Scenario, slis: PlanSLIs, lp_slis, n0: int, policy: str, options, seeds: int, horizon: float,
-            warmup: float, service: str, executor, store, progress, max_factor: float, growth: float,
+def _search(sc: Scenario, slis: PlanSLIs, lp_slis, n0: int, policy: str, options, seeds: int, window,
+            executor, store, progress, max_factor: float, growth: float,
             mixed_share: float | None = None, seed: int = 0):
     """Smallest n >= n0 meeting every SLI in simulation: step up from n0, then bisect."""
     from fluidopt.executor import run_jobs
@@ -426,9 +425,8 @@ def _search(sc: Scenario, slis: PlanSLIs, lp_slis, n0: int, policy: str, options
         if n in probes:
             return probes[n][0]
         scn = _on_fleet(sc, n)
-        jobs = [{"scenario": scn, "policy": policy, "options": options, "seed": s, "horizon": horizon,
-                 "warmup": warmup, "service": service, "lp_slis": lp_slis,
-                 "sample_interval": None, "mixed_share": mixed_share,
+        jobs = [{"scenario": scn, "policy": policy, "options": options, "seed": s, "window": window,
+                 "lp_slis": lp_slis, "mixed_share": mixed_share,
                  "extra": {"kind": "plan", "slis": [sli_spec(x) for x in lp_slis], "mixed_share": mixed_share}} for s in range(seed, seed + seeds)]
         done = run_jobs(_sim_job, jobs, executor=executor, store=store, progress=progress,
                         desc=f"{sc.gpu.name or 'gpu'} x{growth:g} n={n}")

@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
     # Input first, the simulator and controller stack (seconds to import) only once it is valid.
     scenario = load_scenario(args.scenario) if not args.list_policies else None
     from fluidopt.control.registry import make_controller
-    from fluidopt.sim.api import check_run, simulate
+    from fluidopt.sim.api import RunWindow, simulate
     from fluidopt.sim.limits import check_size
 
     import_user_modules(args.imports)
@@ -171,18 +171,15 @@ def run(args: argparse.Namespace) -> int:
         g = scenario.gpu
         args.service = "tokens" if wf is not None or g.kv_time_per_token or g.kv_capacity is not None else "markov"
     warmup = (0.0 if wf is not None else 0.1 * args.horizon) if args.warmup is None else args.warmup
-    check_run(args.horizon, warmup, args.service, caller="simulate")
+    window = RunWindow(args.horizon, warmup, args.service, args.sample_interval, args.drain)  # the one check
     scenario, workload = replay_from_args(args, scenario)
     if workload is None:
         check_size(scenario, args.horizon)
     else:
         _warn_trace_load(workload, scenario, args.gpus)
     controller = make_controller(args.policy, scenario, **options)
-    res = simulate(
-        scenario, controller, horizon=args.horizon, warmup=warmup, seed=args.seed, service=args.service,
-        records=args.records, sample_interval=args.sample_interval, progress=args.progress, batches=args.batches,
-        backend=args.backend, workload=workload, **({} if args.drain is None else {"drain": args.drain}),
-    )
+    res = simulate(scenario, controller, window=window, seed=args.seed, records=args.records, progress=args.progress,
+                   batches=args.batches, backend=args.backend, workload=workload)
     if res.interrupted and res.records_path:
         # the rows of a run cut short are kept, under a name that says so: never as a finished run's records
         from pathlib import Path

@@ -2,7 +2,9 @@
 
 :class:`ReservedPrefillFCFS` keeps one slot per prefill GPU for prefills and admits FCFS, so the
 prefill stage is exactly M/M/m+M (markov service) or M/G/m (tokens service); the simulator's
-exactness tests (:mod:`fluidopt.sim.textbook`) compare it with :mod:`fluidopt.queueing`.
+exactness tests (:mod:`fluidopt.sim.textbook`) compare it with :mod:`fluidopt.queueing`. Its event
+handlers are written once, in :mod:`fluidopt.control.fcfs_handlers`, which the compiled engine core
+also runs compiled (same source, same decisions).
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from fluidopt.control import fastpath
-from fluidopt.control.protocol import DECODE_QUEUE, PREFILL_QUEUE, Context, Controller
+from fluidopt.control.fcfs_handlers import FCFSHandlers
+from fluidopt.control.protocol import Context, Controller
 from fluidopt.control.registry import register
 from fluidopt.errors import ScenarioError
 from fluidopt.model import Scenario
@@ -18,7 +21,7 @@ from fluidopt.model import Scenario
 __all__ = ["ReservedPrefillFCFS"]
 
 
-class ReservedPrefillFCFS(Controller):
+class ReservedPrefillFCFS(FCFSHandlers, Controller):
     """Reference policy: prefill GPUs keep one slot for prefills; FCFS admission; decodes anywhere.
 
     GPUs ``0..m-1`` (``m = prefill_gpus``, default all) take prefills and at most B-1 decodes
@@ -50,44 +53,14 @@ class ReservedPrefillFCFS(Controller):
         ctx.set_pool(range(m), 0, prefill=True, max_decodes=B - 1 if self.decode_on_prefill_gpus else 0)
         if m < n:
             ctx.set_pool(range(m, n), 1, prefill=False, max_decodes=B)
+        # the handlers' state (fcfs_handlers.STATE)
         self._idle = ctx.idle_prefill(0)
-        self._dec = [ctx.free_decode(1) if m < n else None, ctx.free_decode(0)]
+        self._solo = ctx.free_decode(1) if m < n else None
+        self._mixed = ctx.free_decode(0)
         self._kv = ctx.gpu_kv_free(0) != float("inf")
-        self._fast = fastpath.bind(self, ctx)  # compiled handlers on the compiled engine (same decisions)
+        self._fast = fastpath.bind(self, ctx)  # the compiled handlers on the compiled engine (same source)
 
-    def _fits(self, ctx: Context, r: int, g: int) -> bool:
-        """KV room on g for r's prompt (plus the tokens it already generated); always without a KV cap."""
-        return not self._kv or ctx.gpu_kv_free(g) >= ctx.req_prompt(r) + ctx.req_generated(r)
-
-    # The handlers below run once or twice per request (the textbook benchmarks' hot path): the KV
-    # check is skipped without a KV cap, and pool membership is tested without a generator.
-    def on_arrival(self, ctx: Context, r: int) -> None:
-        if ctx.qlen(PREFILL_QUEUE) == 0:
-            g = self._idle.choice()
-            if g >= 0 and (not self._kv or self._fits(ctx, r, g)):
-                ctx.start_prefill(r, g)
-
-    def on_prefill_done(self, ctx: Context, r: int, g: int) -> None:
-        kv = self._kv
-        for s in self._dec:
-            if s:
-                h = s.choice()
-                if not kv or self._fits(ctx, r, h):
-                    ctx.start_decode(r, h)
-                    return
-
-    def on_slot_freed(self, ctx: Context, g: int) -> None:
-        kv = self._kv
-        if g in self._idle:
-            r = ctx.head(PREFILL_QUEUE)
-            if r >= 0 and (not kv or self._fits(ctx, r, g)):
-                ctx.start_prefill(r, g)
-        if ctx.qlen(DECODE_QUEUE):
-            solo, mixed = self._dec
-            if g in mixed or (solo is not None and g in solo):
-                r = ctx.head(DECODE_QUEUE)
-                if not kv or self._fits(ctx, r, g):
-                    ctx.start_decode(r, g)
+    # on_arrival, on_prefill_done, on_slot_freed and _fits: FCFSHandlers (fluidopt.control.fcfs_handlers)
 
 
 @register("reserved-prefill-fcfs",

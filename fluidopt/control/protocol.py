@@ -128,6 +128,11 @@ class GpuSet(Protocol):
 
     def __contains__(self, g: object) -> bool: ...
 
+    def has(self, g: int) -> bool:
+        """``g in self`` for a GPU id ``g`` (an int): on the compiled engine core a C-level call, which a
+        compiled handler (docs/simulator.md section 9) makes without boxing ``g``."""
+        ...
+
     def __iter__(self) -> Iterator[int]: ...
 
     def choice(self) -> int:

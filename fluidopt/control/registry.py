@@ -16,11 +16,14 @@ that lists them, and ``fluidopt simulate --list-policies`` prints them. A factor
 :class:`~fluidopt.fluid.solution.FluidSolution` (``plan=``) instead of solving the LP itself, so a
 harness solves each scenario's LP once and hands it to every run.
 
-Where registrations come from, in this order: the built-in modules in :data:`BUILTIN_MODULES`
-(each must import; an import error is raised, never skipped), the ``fluidopt.policies`` entry-point
-group of installed packages (an entry point either names a factory, registered under the entry
-point's name, or a module whose import registers its policies), and modules or ``.py`` files the
-user names with :func:`import_user_modules` (``--import`` on the command line).
+Where registrations come from, in this order: the control layer's own modules in
+:data:`BUILTIN_MODULES` (each must import; an import error is raised, never skipped), the
+``fluidopt.policies`` entry-point group of installed packages (an entry point either names a factory,
+registered under the entry point's name, or a module whose import registers its policies), and
+modules or ``.py`` files the user names with :func:`import_user_modules` (``--import`` on the command
+line). Layers above control register from below through the same entry-point group: fluidopt's own
+``pyproject.toml`` declares ``fluidopt-rl = "fluidopt.rl.policies"`` (the RL routers), so this module
+names no module of a higher layer (tests/meta/test_layering.py reads string imports too).
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ __all__ = [
     "register",
 ]
 
-# Modules whose import registers the built-in controllers.
+# Modules whose import registers the control layer's controllers (higher layers, such as fluidopt.rl,
+# register through the ENTRY_POINT_GROUP entry points: pyproject.toml).
 BUILTIN_MODULES = (
     "fluidopt.control.fcfs",
     "fluidopt.control.instance",
@@ -58,7 +62,6 @@ BUILTIN_MODULES = (
     "fluidopt.control.paper_baselines",
     "fluidopt.control.load_balancers",
     "fluidopt.control.robust",
-    "fluidopt.rl.policies",
     "fluidopt.control.orchestration",
 )
 ENTRY_POINT_GROUP = "fluidopt.policies"

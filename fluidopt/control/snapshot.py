@@ -29,6 +29,8 @@ import random
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
+from fluidopt.control import action_errors as _ae
+from fluidopt.control.action_errors import PHASE_NAMES as _PHASE_NAMES
 from fluidopt.control.protocol import (
     DECODE,
     NO_REQUEST,
@@ -40,9 +42,6 @@ from fluidopt.control.protocol import (
 from fluidopt.errors import ActionError
 
 __all__ = ["ClusterSnapshot", "SnapshotGpuSet"]
-
-_PHASE_NAMES = {WAIT_PREFILL: "waiting for a prefill", PREFILL: "in prefill", WAIT_DECODE: "waiting for a decode",
-                DECODE: "decoding"}
 
 
 @dataclass
@@ -71,6 +70,9 @@ class SnapshotGpuSet:
     def __contains__(self, g: object) -> bool:
         return (isinstance(g, int) and not isinstance(g, bool) and 0 <= g < self._snap.n_gpus
                 and self._pred(g))
+
+    def has(self, g: int) -> bool:
+        return g in self
 
     def __iter__(self) -> Iterator[int]:
         return iter(self._items())
@@ -271,18 +273,15 @@ class ClusterSnapshot:
         """Ids of the requests in the system, in arrival order."""
         return list(self._req)
 
-    # -- validation (the engine's conditions and wording) ------------------------------------------
+    # -- validation (the engine's conditions and wording: fluidopt.control.action_errors) ----------
     def _check_gpu(self, what: str, g: object) -> None:
-        if isinstance(g, bool) or not isinstance(g, int) or not 0 <= g < self.n_gpus:
-            raise ActionError(f"{what}: GPU {g!r} does not exist (expected an integer in 0..{self.n_gpus - 1})")
+        _ae.check_gpu(what, g, self.n_gpus)
 
     def _check_req(self, what: str, r: object) -> None:
-        if isinstance(r, bool) or not isinstance(r, int) or r not in self._req:
-            raise ActionError(f"{what}: request {r!r} is not in the system at t={self.now:.9g}")
+        _ae.check_request(what, r, self.now, self._req.__contains__)
 
     def _check_queue(self, what: str, q: object) -> None:
-        if isinstance(q, bool) or not isinstance(q, int) or not 0 <= q < len(self._queues):
-            raise ActionError(f"{what}: queue {q!r} does not exist (expected 0..{len(self._queues) - 1})")
+        _ae.check_queue(what, q, len(self._queues))
 
     def _unqueue(self, r: int) -> None:
         rq = self._req[r]
@@ -293,18 +292,12 @@ class ClusterSnapshot:
     # -- actions -----------------------------------------------------------------------------------
     def start_prefill(self, r: int, g: int) -> None:
         """Start r's prefill on g; outbox ``("prefill", r, g)``."""
-        w = f"start_prefill(r={r!r}, g={g!r}) at t={self.now:.9g}"
+        w = _ae.action("start_prefill", r, g, self.now)
         self._check_req(w, r)
         self._check_gpu(w, g)
         rq = self._req[r]
-        if rq.phase != WAIT_PREFILL:
-            raise ActionError(f"{w}: request {r} is {_PHASE_NAMES[rq.phase]}, not waiting for a prefill")
-        if not self._pok[g]:
-            raise ActionError(f"{w}: GPU {g} does not take prefills (pool {self._pool[g]}, set in setup)")
-        if self._pre[g] >= 0:
-            raise ActionError(f"{w}: GPU {g} already runs a prefill (request {self._pre[g]})")
-        if self.gpu_free(g) <= 0:
-            raise ActionError(f"{w}: GPU {g} has no free slot ({self.batch - self.gpu_free(g)} of B={self.batch} in use)")
+        _ae.check_prefill(w, r, g, phase=rq.phase, prefill_allowed=self._pok[g], pool=self._pool[g],
+                          running=self._pre[g], used=self.batch - self.gpu_free(g), batch=self.batch)
         self._unqueue(r)
         rq.phase, rq.gpu = PREFILL, g
         self._pre[g] = r
@@ -312,17 +305,12 @@ class ClusterSnapshot:
 
     def start_decode(self, r: int, g: int) -> None:
         """Start r's decode on g; outbox ``("decode", r, g)``."""
-        w = f"start_decode(r={r!r}, g={g!r}) at t={self.now:.9g}"
+        w = _ae.action("start_decode", r, g, self.now)
         self._check_req(w, r)
         self._check_gpu(w, g)
         rq = self._req[r]
-        if rq.phase != WAIT_DECODE:
-            raise ActionError(f"{w}: request {r} is {_PHASE_NAMES[rq.phase]}, not waiting for a decode")
-        if self.gpu_free(g) <= 0:
-            raise ActionError(f"{w}: GPU {g} has no free slot ({self.batch - self.gpu_free(g)} of B={self.batch} in use)")
-        if len(self._dec[g]) >= self._maxd[g]:
-            raise ActionError(f"{w}: GPU {g} already runs {len(self._dec[g])} decodes, its cap "
-                              f"(max_decodes={self._maxd[g]}, set in setup)")
+        _ae.check_decode(w, r, g, phase=rq.phase, used=self.batch - self.gpu_free(g), batch=self.batch,
+                         decodes=len(self._dec[g]), max_decodes=self._maxd[g])
         self._unqueue(r)
         rq.phase, rq.gpu = DECODE, g
         self._dec[g].append(r)
@@ -330,12 +318,11 @@ class ClusterSnapshot:
 
     def enqueue(self, r: int, q: int, front: bool = False) -> None:
         """Put waiting r at the back (front) of q; outbox ``("enqueue", r, q)`` (``"enqueue_front"``)."""
-        w = f"enqueue(r={r!r}, q={q!r}) at t={self.now:.9g}"
+        w = _ae.action("enqueue", r, q, self.now, key="q")
         self._check_req(w, r)
         self._check_queue(w, q)
         rq = self._req[r]
-        if rq.phase not in (WAIT_PREFILL, WAIT_DECODE):
-            raise ActionError(f"{w}: request {r} is {_PHASE_NAMES[rq.phase]}, not waiting")
+        _ae.check_enqueue(w, r, rq.phase)
         if rq.queue == q and not front:
             return  # already there: keeps its FCFS position, like the engine
         self._unqueue(r)

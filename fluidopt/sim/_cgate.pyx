@@ -9,6 +9,9 @@ robust.py): the same decisions in the same order, the same GPU draws from the co
 same floating-point arithmetic in the same order (compiled without fused multiply-adds), so a run gives
 the same numbers bit for bit with or without them (tests/control/test_fast_path.py).
 
+(The reference FCFS policy has no transcription: its handlers are written once, in
+fluidopt/control/fcfs_handlers.py, and compiled from that file; docs/simulator.md section 9.)
+
 fluidopt.sim.controller_fastpath decides when they run: only on the compiled engine, only for the exact
 built-in classes listed in ``MIRRORS``, and only while the source of the Python methods they
 transcribe hashes to the digest recorded there (an edited Python handler switches the fast path off
@@ -112,88 +115,6 @@ cdef inline Py_ssize_t _r_choice(GpuSet s) except? -2:
     if not n:
         return -1
     return s._items[<Py_ssize_t>(<double>s._rand() * <double>n)]
-
-
-# fluidopt.control.fcfs.ReservedPrefillFCFS, the reference policy of the textbook queues
-# (fluidopt.sim.textbook, the M/M/c+M benchmark): its handlers, transcribed like FastGate's below;
-# controller_fastpath.bind makes a FastFCFS for ROUTE_FCFS.
-ROUTE_FCFS = 4
-_FCFS_METHODS = ("setup", "_fits", "on_arrival", "on_prefill_done", "on_slot_freed")
-MIRRORS["ReservedPrefillFCFS"] = (ROUTE_FCFS, GATE_DEVIATION, _FCFS_METHODS,
-                                 "416ccbd3d05909542b9fb0eafb97b4e22953b14e7563399b8779a5442710cf9c")
-
-
-cdef class FastFCFS:
-    """The fast handlers of a ReservedPrefillFCFS on the compiled engine (see the module docstring)."""
-
-    cdef readonly object ctrl
-    cdef readonly int route, gate
-    cdef bint kv
-    cdef GpuSet idle, solo, mixed  # the controller's _idle and _dec (solo: None without decode-only GPUs)
-
-    def __init__(self, ctrl, int route, int gate, metrics_layout):
-        self.ctrl = ctrl
-        self.route = route
-        self.gate = gate
-        self.sync()
-
-    def __reduce__(self):
-        return _gone, ()
-
-    def __deepcopy__(self, memo):
-        return None
-
-    def sync(self):
-        c = self.ctrl
-        self.kv = bool(c._kv)
-        self.idle = c._idle
-        self.solo, self.mixed = c._dec
-
-    cdef bint _fits(self, Engine e, Py_ssize_t r, Py_ssize_t g):
-        # ReservedPrefillFCFS._fits
-        if not self.kv:
-            return True
-        return e.gpu_kv_free(g) >= e.r_prompt[r] + e.req_generated(r)
-
-    cdef inline bint _has(self, GpuSet s, Py_ssize_t g):
-        # g in s (GpuSet.__contains__ for a GPU id)
-        return 0 <= g < s._pos.shape[0] and s._pos[g] >= 0
-
-    def on_arrival(self, Engine e, Py_ssize_t r):
-        # ReservedPrefillFCFS.on_arrival
-        cdef Py_ssize_t g
-        if e.q_tot[PREFILL_QUEUE] == 0:
-            g = self.idle.choice()
-            if g >= 0 and (not self.kv or self._fits(e, r, g)):
-                e.start_prefill(r, g)
-
-    def on_prefill_done(self, Engine e, Py_ssize_t r, Py_ssize_t g):
-        # ReservedPrefillFCFS.on_prefill_done: the solo pool's free-decode set, then the mixed one's
-        cdef Py_ssize_t h
-        cdef GpuSet s = self.solo
-        if s is not None and s._len:
-            h = s.choice()
-            if not self.kv or self._fits(e, r, h):
-                e.start_decode(r, h)
-                return
-        s = self.mixed
-        if s is not None and s._len:
-            h = s.choice()
-            if not self.kv or self._fits(e, r, h):
-                e.start_decode(r, h)
-
-    def on_slot_freed(self, Engine e, Py_ssize_t g):
-        # ReservedPrefillFCFS.on_slot_freed
-        cdef Py_ssize_t r
-        if self._has(self.idle, g):
-            r = e.head(PREFILL_QUEUE, -1)
-            if r >= 0 and (not self.kv or self._fits(e, r, g)):
-                e.start_prefill(r, g)
-        if e.q_tot[DECODE_QUEUE]:
-            if self._has(self.mixed, g) or (self.solo is not None and self._has(self.solo, g)):
-                r = e.head(DECODE_QUEUE, -1)
-                if not self.kv or self._fits(e, r, g):
-                    e.start_decode(r, g)
 
 
 cdef class FastGate:
@@ -344,14 +265,8 @@ cdef class FastGate:
             self.buf = _lng(c._buf)
 
     # -- the view, typed ------------------------------------------------------------------------
-    cdef inline Py_ssize_t _qlen(self, Engine e, Py_ssize_t q, Py_ssize_t i):
-        return e.q_cnt[q * e.I + i]
-
     cdef inline Py_ssize_t _n_prefill(self, Engine e, Py_ssize_t i):
         return e._cnt[self.NQ * i + self.QX]
-
-    cdef inline Py_ssize_t _head(self, Engine e, Py_ssize_t q, Py_ssize_t i):
-        return e.head(q, i)
 
     cdef bint _fits(self, Engine e, Py_ssize_t r, Py_ssize_t g):
         # PartitionedController._fits: not kv or gpu_kv_free(g) >= req_prompt(r) + req_generated(r)
@@ -360,86 +275,6 @@ cdef class FastGate:
         return e.gpu_kv_free(g) >= e.r_prompt[r] + e.req_generated(r)
 
     # -- gates ------------------------------------------------------------------------------------
-    cdef bint _free_decode_slot(self, Engine e):
-        # robust._Mechanisms._free_decode_slot
-        return ((self.has_solo and (<GpuSet>e._fd[SOLO_POOL])._len > 0)
-                or (self.has_mixed and (<GpuSet>e._fd[MIXED_POOL])._len > 0))
-
-    cdef double _ahead(self, Engine e, Py_ssize_t i):
-        # robust._Mechanisms._ahead
-        cdef double tot
-        cdef Py_ssize_t k, j
-        if self.fcfs:
-            tot = <double>e.q_tot[DECODE_QUEUE]
-            for k in range(self.t_off[i], self.t_off[i + 1]):
-                j = self.t_j[k]
-                tot += <double>self._n_prefill(e, j) * self.t_p[k]
-        else:
-            tot = 0.0
-            for k in range(self.t_off[i], self.t_off[i + 1]):
-                j = self.t_j[k]
-                tot += <double>self._qlen(e, DECODE_QUEUE, j) + <double>self._n_prefill(e, j) * self.t_p[k]
-        return tot
-
-    cdef Py_ssize_t _gate_deviation(self, Engine e):
-        # PartitionedController.gate_class (no options) and robust._Mechanisms.gate_class with the
-        # controller's own caps (the robust variants' overflow gate is _r_gate, below)
-        cdef Py_ssize_t best = -1, i, k, q, X, j, kk, waiting = 0
-        cdef double best_dev = 0.0, best_tie = 0.0, dev, tie, tot
-        cdef int free = -1  # -1: not asked yet
-        cdef bint use_cap = not self.uncapped
-        cdef double[::1] cap = self.cap
-        for k in range(self.nadm):
-            i = self.adm[k]
-            q = self._qlen(e, PREFILL_QUEUE, i)
-            if q == 0:
-                continue
-            X = self._n_prefill(e, i)
-            if use_cap and <double>X >= cap[i]:
-                continue
-            if self.bp:
-                if free < 0:
-                    waiting = e.q_tot[DECODE_QUEUE]
-                    free = 1 if (waiting == 0 and self._free_decode_slot(e)) else 0
-                if not free:
-                    if self.fcfs or not waiting:
-                        tot = <double>waiting
-                        for kk in range(self.t_off[i], self.t_off[i + 1]):
-                            tot += <double>self._n_prefill(e, self.t_j[kk]) * self.t_p[kk]
-                    else:
-                        tot = 0.0
-                        for kk in range(self.t_off[i], self.t_off[i + 1]):
-                            j = self.t_j[kk]
-                            tot += <double>self._qlen(e, DECODE_QUEUE, j) + <double>self._n_prefill(e, j) * self.t_p[kk]
-                    if tot >= self.room[i]:
-                        continue
-            dev = (<double>X - self.nx[i]) * self.inv[i]
-            tie = <double>q - self.nqp[i]
-            if best < 0 or dev < best_dev or (dev == best_dev and tie > best_tie):
-                best = i
-                best_dev = dev
-                best_tie = tie
-        return best
-
-    cdef Py_ssize_t _gate_priority(self, Engine e):
-        # PrioritizeAndRoute.gate_class (no options) and robust.StaffedPrioritizeAndRoute.gate_class
-        # with the controller's own caps
-        cdef Py_ssize_t i, k
-        cdef int free = -1
-        cdef bint use_cap = not self.uncapped
-        cdef double[::1] cap = self.cap
-        for k in range(self.nadm):
-            i = self.adm[k]
-            if not self._qlen(e, PREFILL_QUEUE, i) or (use_cap and <double>self._n_prefill(e, i) >= cap[i]):
-                continue
-            if self.bp:
-                if free < 0:
-                    free = 1 if (not e.q_tot[DECODE_QUEUE] and self._free_decode_slot(e)) else 0
-                if not free and self._ahead(e, i) >= self.room[i]:
-                    continue
-            return i
-        return -1
-
     cdef _avg_cap(self, Engine e):
         # robust._AverageCaps._avg_cap
         cdef double now = e._now, dt, v
@@ -456,37 +291,17 @@ cdef class FastGate:
             lo = self.avg_lo[i]
             self.cap[i] = <double>(lo + 1 if (v < 0 and <double>lo < self.nx[i]) else lo)
 
-    cdef inline Py_ssize_t _gate(self, Engine e):
+    cdef inline Py_ssize_t _gate(self, Engine e) except? -2:
+        # the controller's gate_class with its own caps (self.cap unless uncapped); the SLI variant's
+        # time-averaged caps: robust._AverageCaps.gate_class around it
         cdef Py_ssize_t i
-        if self.gate == G_DEVIATION:
-            if self.avg:
-                # robust._AverageCaps.gate_class
-                self._avg_cap(e)
-                i = self._gate_deviation(e)
-                if i >= 0 and self.avg_is[i]:
-                    self.avg_x[i] += 1  # the caller starts it now: X_i is one higher from here on
-                return i
-            return self._gate_deviation(e)
-        return self._gate_priority(e)
-
-    # -- admission and placement ------------------------------------------------------------------
-    cdef bint _admit_on(self, Engine e, Py_ssize_t g):
-        # PartitionedController._admit_on
-        cdef Py_ssize_t i = self._gate(e), r
-        if i < 0:
-            return False
-        r = self._head(e, PREFILL_QUEUE, i)
-        if self.kv and not self._fits(e, r, g):
-            return False
-        e.start_prefill(r, g)
-        return True
-
-    cdef _admit_all(self, Engine e, Py_ssize_t pool):
-        # PartitionedController._admit_all (and robust._MechanismEvents._admit_all: the same draws)
-        cdef GpuSet idle = <GpuSet>e._ip[pool]
-        while idle._len:
-            if not self._admit_on(e, <Py_ssize_t>idle.choice()):
-                return
+        if self.avg:
+            self._avg_cap(e)
+            i = self._gate_with(e, &self.cap[0], not self.uncapped)
+            if i >= 0 and self.avg_is[i]:
+                self.avg_x[i] += 1  # the caller starts it now: X_i is one higher from here on
+            return i
+        return self._gate_with(e, &self.cap[0], not self.uncapped)
 
     cdef _pull_decodes_fcfs(self, Engine e, Py_ssize_t g, Py_ssize_t queue):
         # PartitionedController._pull_decodes
@@ -499,33 +314,18 @@ cdef class FastGate:
                 return
             e.start_decode(r, g)
 
-    cdef bint _greedy_place(self, Engine e, Py_ssize_t r):
-        # PartitionedController._greedy_place
-        cdef Py_ssize_t g
-        if self.has_solo:
-            g = (<GpuSet>e._fd[SOLO_POOL]).choice()
-            if g >= 0 and (not self.kv or self._fits(e, r, g)):
-                e.start_decode(r, g)
-                return True
-        if self.has_mixed:
-            g = (<GpuSet>e._fd[MIXED_POOL]).choice()
-            if g >= 0 and (not self.kv or self._fits(e, r, g)):
-                e.start_decode(r, g)
-                return True
-        return False
-
-    # -- the robust section: robust._Mechanisms and robust._MechanismEvents (route R_ROBUST) ------------
-    # Typed versions of the helpers above for the robust variants, which decide more per event than the
-    # plain controllers (backpressure sums, the value-ordered buffer, overflow attempts) and so pay more for
-    # every Python object a decision touches. Here: the engine's pool sets are cached at the first event
-    # (_attach; pools are declared at setup only, so they stay the same objects for the run); queue lengths,
-    # queue heads (Engine.head(q, i) for a class i >= 0 is q_head[q I + i]) and X_i are read as C arrays; a
-    # GPU is drawn as GpuSet.choice draws it (_r_choice: the same call of the controller's stream, without
-    # boxing the GPU id); the caps are passed as pointers (no memoryview swapped per overflow attempt); the
-    # arrival counts of the re-solve are incremented in the controller's array (robust._zero_counts) in
-    # place, and the overflow count is mirrored in C and written through to the controller. Index checks
-    # are off where every index comes from the plan or the engine (a class < I, a GPU of the fleet, a queue
-    # id). Same decisions, same draws, same arithmetic in the same order as the Python handlers.
+    # -- the typed helpers of every route (the plain controllers use them with their plan's constants) --------
+    # The engine's pool sets are cached at the first event (_attach; pools are declared at setup only, so they
+    # stay the same objects for the run); queue lengths, queue heads (Engine.head(q, i) for a class i >= 0 is
+    # q_head[q I + i]) and X_i are read as C arrays; a GPU is drawn as GpuSet.choice draws it (_r_choice: the
+    # same call of the controller's stream, without boxing the GPU id); the caps are passed as pointers (no
+    # memoryview swapped per overflow attempt); the arrival counts of the re-solve are incremented in the
+    # controller's array (robust._zero_counts) in place, and the overflow count is mirrored in C and written
+    # through to the controller. Index checks are off where every index comes from the plan or the engine (a
+    # class < I, a GPU of the fleet, a queue id). Same decisions, same draws, same arithmetic in the same order
+    # as the Python handlers. One gate serves every route: a plain controller's plan has no backpressure and
+    # infinite caps, so _gate_dev / _gate_pri reduce to PartitionedController.gate_class /
+    # PrioritizeAndRoute.gate_class.
 
     cdef _attach(self, Engine e):
         # the engine's idle-prefill and free-decode sets of the two pools (_ip, _fd)
@@ -540,13 +340,13 @@ cdef class FastGate:
 
     @cython.boundscheck(False)
     @cython.initializedcheck(False)
-    cdef inline bint _r_free_slot(self) noexcept:
+    cdef inline bint _free_slot(self) noexcept:
         # robust._Mechanisms._free_decode_slot
         return (self.has_solo and self.fd_solo._len > 0) or (self.has_mixed and self.fd_mixed._len > 0)
 
     @cython.boundscheck(False)
     @cython.initializedcheck(False)
-    cdef double _r_ahead(self, Engine e, Py_ssize_t i) noexcept:
+    cdef double _ahead(self, Engine e, Py_ssize_t i) noexcept:
         # robust._Mechanisms._ahead
         cdef double tot
         cdef Py_ssize_t k, j, NQ = self.NQ, QX = self.QX, I = e.I
@@ -563,7 +363,7 @@ cdef class FastGate:
 
     @cython.boundscheck(False)
     @cython.initializedcheck(False)
-    cdef Py_ssize_t _r_gate_dev(self, Engine e, const double* cap, bint use_cap) noexcept:
+    cdef Py_ssize_t _gate_dev(self, Engine e, const double* cap, bint use_cap) noexcept:
         # robust._Mechanisms.gate_class (cap: the caps in use, consulted if use_cap)
         cdef Py_ssize_t best = -1, i, k, q, X, j, kk, waiting = 0
         cdef Py_ssize_t NQ = self.NQ, QX = self.QX, I = e.I
@@ -580,7 +380,7 @@ cdef class FastGate:
             if self.bp:
                 if free < 0:
                     waiting = e.q_tot[DECODE_QUEUE]
-                    free = 1 if (waiting == 0 and self._r_free_slot()) else 0
+                    free = 1 if (waiting == 0 and self._free_slot()) else 0
                 if not free:
                     if self.fcfs or not waiting:
                         tot = <double>waiting
@@ -603,7 +403,7 @@ cdef class FastGate:
 
     @cython.boundscheck(False)
     @cython.initializedcheck(False)
-    cdef Py_ssize_t _r_gate_pri(self, Engine e, const double* cap, bint use_cap) noexcept:
+    cdef Py_ssize_t _gate_pri(self, Engine e, const double* cap, bint use_cap) noexcept:
         # robust.StaffedPrioritizeAndRoute.gate_class (cap: the caps in use, consulted if use_cap)
         cdef Py_ssize_t i, k, NQ = self.NQ, QX = self.QX, I = e.I
         cdef int free = -1
@@ -613,25 +413,25 @@ cdef class FastGate:
                 continue
             if self.bp:
                 if free < 0:
-                    free = 1 if (not e.q_tot[DECODE_QUEUE] and self._r_free_slot()) else 0
-                if not free and self._r_ahead(e, i) >= self.room[i]:
+                    free = 1 if (not e.q_tot[DECODE_QUEUE] and self._free_slot()) else 0
+                if not free and self._ahead(e, i) >= self.room[i]:
                     continue
             return i
         return -1
 
     @cython.boundscheck(False)
     @cython.initializedcheck(False)
-    cdef inline Py_ssize_t _r_gate(self, Engine e, const double* cap, bint use_cap) noexcept:
+    cdef inline Py_ssize_t _gate_with(self, Engine e, const double* cap, bint use_cap) noexcept:
         # the subclass's gate_class: capped (the caps: self.cap unless uncapped) or not (the overflow caps)
         if self.gate == G_DEVIATION:
-            return self._r_gate_dev(e, cap, use_cap)
-        return self._r_gate_pri(e, cap, use_cap)
+            return self._gate_dev(e, cap, use_cap)
+        return self._gate_pri(e, cap, use_cap)
 
     @cython.boundscheck(False)
     @cython.initializedcheck(False)
-    cdef bint _r_admit_on(self, Engine e, Py_ssize_t g) except -1:
-        # PartitionedController._admit_on with the robust gate
-        cdef Py_ssize_t i = self._r_gate(e, &self.cap[0], not self.uncapped), r
+    cdef bint _admit_on(self, Engine e, Py_ssize_t g) except -1:
+        # PartitionedController._admit_on
+        cdef Py_ssize_t i = self._gate(e), r
         if i < 0:
             return False
         r = e.q_head[PREFILL_QUEUE * e.I + i]
@@ -640,14 +440,14 @@ cdef class FastGate:
         e.start_prefill(r, g)
         return True
 
-    cdef _r_admit_all(self, Engine e):
-        # robust._MechanismEvents._admit_all (PartitionedController._admit_all: the same draws)
+    cdef _admit_all(self, Engine e):
+        # PartitionedController._admit_all and robust._MechanismEvents._admit_all (the same draws)
         cdef GpuSet idle = self.ip_mixed
         while idle._len:
-            if not self._r_admit_on(e, _r_choice(idle)):
+            if not self._admit_on(e, _r_choice(idle)):
                 return
 
-    cdef bint _r_greedy_place(self, Engine e, Py_ssize_t r) except -1:
+    cdef bint _greedy_place(self, Engine e, Py_ssize_t r) except -1:
         # PartitionedController._greedy_place
         cdef Py_ssize_t g
         if self.has_solo:
@@ -692,7 +492,7 @@ cdef class FastGate:
             used += e._cnt[NQ * j + QYM] + e._cnt[NQ * j + QYS]
         free = <double>(self.decode_slots - used)
         for i in range(self.I):
-            if self.float_cls[i] and self._r_ahead(e, i) < self.float_room[i] + free:
+            if self.float_cls[i] and self._ahead(e, i) < self.float_room[i] + free:
                 self.ovcap_slots[i] = INFINITY
             else:
                 self.ovcap_slots[i] = self.ovcap[i]
@@ -720,7 +520,7 @@ cdef class FastGate:
                 cap = &self.ovcap_el[0]
             else:
                 cap = &self.ovcap[0]
-            i = self._r_gate(e, cap, True)
+            i = self._gate_with(e, cap, True)
             if i < 0:
                 return
             r = e.q_head[PREFILL_QUEUE * e.I + i]
@@ -751,7 +551,7 @@ cdef class FastGate:
         if e.q_cnt[k] > 1:
             return
         if self.has_mixed:
-            self._r_admit_all(e)
+            self._admit_all(e)
         if self.max_overflow and self.may_ovf[i] and e.q_cnt[k]:
             self._r_try_overflow(e, -1)
 
@@ -765,7 +565,7 @@ cdef class FastGate:
             self.over -= 1  # the overflow GPU is solo again
             self.ctrl._overflowing = self.over
         if self.all_decodable or self.decodable[e.r_cls[r]]:
-            self._r_greedy_place(e, r)
+            self._greedy_place(e, r)
 
     @cython.boundscheck(False)
     @cython.initializedcheck(False)
@@ -782,10 +582,10 @@ cdef class FastGate:
         judged = False
         pending = True
         if mixed and self.ip_mixed._pos[g] >= 0:
-            judged = not self._r_admit_on(e, g)
+            judged = not self._admit_on(e, g)
             pending = judged or e.q_tot[PREFILL_QUEUE] != 0
         if not judged and pending and self.bp_events and self.has_mixed and self.ip_mixed._len:
-            self._r_admit_all(e)
+            self._admit_all(e)
             pending = e.q_tot[PREFILL_QUEUE] != 0
         if self.max_overflow and not mixed and pending and self.ip_solo._pos[g] >= 0:
             self._r_try_overflow(e, g)
@@ -814,9 +614,11 @@ cdef class FastGate:
             return
         if self.route != R_ROBUST:
             # PartitionedController.on_arrival
+            if self.eng_id != <void*>e:
+                self._attach(e)
             e.enqueue(r, PREFILL_QUEUE)
             if self.has_mixed:
-                self._admit_all(e, MIXED_POOL)
+                self._admit_all(e)
             return
         self._r_arrival(e, r)  # robust._MechanismEvents.on_arrival
 
@@ -825,6 +627,8 @@ cdef class FastGate:
         cdef double p
         if self.route == R_GREEDY:
             # PartitionedController.on_prefill_done
+            if self.eng_id != <void*>e:
+                self._attach(e)
             self._greedy_place(e, r)
         elif self.route == R_FIWSP:
             # paper_baselines.FIWSP.on_prefill_done
@@ -864,6 +668,8 @@ cdef class FastGate:
                 if r >= 0 and (not self.kv or self._fits(e, r, g)):
                     e.start_prefill(r, g)
             return
+        if self.eng_id != <void*>e:
+            self._attach(e)
         if self.route == R_GREEDY:
             # PartitionedController.on_slot_freed
             if (<GpuSet>e._ip[e.g_pool[g]])._pos[g] >= 0:
@@ -884,7 +690,7 @@ cdef class FastGate:
         if self.eng_id != <void*>e:
             self._attach(e)
         if q == DECODE_QUEUE and self.bp_events and self.has_mixed and e.q_tot[PREFILL_QUEUE] and self.ip_mixed._len:
-            self._r_admit_all(e)
+            self._admit_all(e)
 
     def on_preempt(self, Engine e, Py_ssize_t r, Py_ssize_t g):
         # robust._MechanismEvents.on_preempt (= on_drop); the SLI variant: robust._AverageCaps.on_preempt

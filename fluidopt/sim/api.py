@@ -13,38 +13,23 @@ from fluidopt.errors import ScenarioError
 from fluidopt.model import Scenario
 from fluidopt.sim.backend import engine_class
 from fluidopt.sim.metrics import RecordsWriter, SimResult
+from fluidopt.sim.window import RunWindow
 
-__all__ = ["check_run", "make_engine", "simulate"]
-
-
-def _seconds(name: str, v: object, *, zero: bool = False, caller: str = "simulate") -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ScenarioError(f"{caller}: {name}: expected a number of seconds, got {v!r} ({type(v).__name__})")
-    v = float(v)
-    if not math.isfinite(v) or v < 0 or (v == 0 and not zero):
-        raise ScenarioError(f"{caller}: {name}: expected a finite number of seconds {'>= 0' if zero else '> 0'}, got {v!r}")
-    return v
+__all__ = ["RunWindow", "check_run", "make_engine", "simulate"]
 
 
 def check_run(horizon: object, warmup: object, service: object, *, caller: str = "simulate") -> tuple[float, float]:
-    """Validate a run's window (seconds) and service; return (horizon, warmup) as floats.
-
-    Shared by :func:`simulate` and the harness, which checks once before starting any worker.
-    """
-    horizon = _seconds("horizon", horizon, caller=caller)
-    warmup = _seconds("warmup", warmup, zero=True, caller=caller)
-    if warmup >= horizon:
-        raise ScenarioError(f"{caller}: warmup: expected less than the horizon {horizon:g} s, got {warmup:g} s")
-    if service not in ("markov", "tokens"):
-        raise ScenarioError(f"{caller}: service: expected 'markov' or 'tokens', got {service!r}")
-    return horizon, warmup
+    """Validate a run's window (seconds) and service; return (horizon, warmup) as floats
+    (:class:`~fluidopt.sim.window.RunWindow` checks them: the one check of a run's window)."""
+    w = RunWindow(horizon, warmup, service, caller=caller)  # type: ignore[arg-type]
+    return w.horizon, w.warmup
 
 
 def simulate(
     scenario: Scenario | str | os.PathLike,
     controller: Controller | str,
     *,
-    horizon: float,
+    horizon: float | None = None,
     warmup: float = 0.0,
     seed: int = 0,
     service: str = "markov",
@@ -57,6 +42,7 @@ def simulate(
     check: bool = False,
     backend: str = "auto",
     drain: float | None = None,
+    window: RunWindow | None = None,
 ) -> SimResult:
     """Simulate ``controller`` on ``scenario`` over ``[0, horizon)`` seconds of simulated time.
 
@@ -86,11 +72,15 @@ def simulate(
     ``result.meta["cohort"]``. Every other metric is the window's, the same as without ``drain``
     (``events`` and ``wall_seconds`` count the whole run; the records go on to the drain's end).
     Default None: the run stops at the horizon, as before. See :mod:`fluidopt.sim.cohort`.
+
+    ``window``: a :class:`~fluidopt.sim.window.RunWindow` (checked when it was made) in place of
+    ``horizon``, ``warmup``, ``service``, ``sample_interval`` and ``drain``, which are then not given:
+    the harness checks each scenario's window once and hands it to every run.
     """
     engine = make_engine(
         scenario, controller, horizon=horizon, warmup=warmup, seed=seed, service=service, workload=workload,
         records=records, sample_interval=sample_interval, progress=progress, batches=batches,
-        controller_options=controller_options, check=check, backend=backend, drain=drain,
+        controller_options=controller_options, check=check, backend=backend, drain=drain, window=window,
     )
     try:
         return engine.run()
@@ -104,7 +94,7 @@ def make_engine(
     scenario: Scenario | str | os.PathLike,
     controller: Controller | str,
     *,
-    horizon: float,
+    horizon: float | None = None,
     warmup: float = 0.0,
     seed: int = 0,
     service: str = "markov",
@@ -117,6 +107,7 @@ def make_engine(
     check: bool = False,
     backend: str = "auto",
     drain: float | None = None,
+    window: RunWindow | None = None,
 ):
     """An engine set up for a run, to drive a piece at a time (the stepping API).
 
@@ -134,11 +125,14 @@ def make_engine(
         if not isinstance(scenario, (str, os.PathLike)):
             raise ScenarioError(f"simulate: scenario: expected a Scenario or a TOML path, got {type(scenario).__name__}")
         scenario = load_scenario(scenario)
-    horizon, warmup = check_run(horizon, warmup, service)
+    if window is None:
+        window = RunWindow(horizon, warmup, service, sample_interval, drain)  # type: ignore[arg-type]
+    elif not isinstance(window, RunWindow):
+        raise ScenarioError(f"simulate: window: expected a fluidopt.sim.window.RunWindow, got {type(window).__name__}")
+    elif (horizon, warmup, service, sample_interval, drain) != (None, 0.0, "markov", None, None):
+        raise ScenarioError("simulate: give either a window or horizon, warmup, service, sample_interval and drain")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ScenarioError(f"simulate: seed: expected an integer >= 0, got {seed!r}")
-    if sample_interval is not None:
-        sample_interval = _seconds("sample_interval", sample_interval)
     if isinstance(batches, bool) or not isinstance(batches, int) or batches < 2:
         raise ScenarioError(f"simulate: batches: expected an integer >= 2, got {batches!r}")
     Engine, _ = engine_class(backend)
@@ -151,7 +145,7 @@ def make_engine(
 
         workload = workload_from_scenario(scenario)
         if scenario.workflow is not None:
-            check_workflow(scenario, horizon)  # a batch class that never arrives: a WorkflowWarning
+            check_workflow(scenario, window.horizon)  # a batch class that never arrives: a WorkflowWarning
     else:
         names = tuple(getattr(workload, "class_names", ()))
         if names != scenario.class_names:
@@ -163,11 +157,8 @@ def make_engine(
         progress = bool(getattr(sys.stderr, "isatty", lambda: False)())
     writer = RecordsWriter(Path(records), scenario.class_names) if records is not None else None
     try:
-        engine = Engine(
-            scenario, ctrl, workload, service=service, horizon=horizon, warmup=warmup, seed=seed,
-            sample_interval=sample_interval, records=writer, progress=progress, batches=batches, check=check,
-            **({} if drain is None else {"drain": drain}),
-        )
+        engine = Engine(scenario, ctrl, workload, window=window, seed=seed, records=writer, progress=progress,
+                        batches=batches, check=check)
     except BaseException:
         if writer is not None:
             writer.discard()

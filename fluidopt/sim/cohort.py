@@ -70,15 +70,6 @@ class CohortWarning(UserWarning):
     """Some requests of the window's cohort were still in the system at ``horizon + drain``."""
 
 
-def _check_cap(drain: object) -> float:
-    if isinstance(drain, bool) or not isinstance(drain, (int, float)):
-        raise UsageError(f"simulate: drain: expected a number of seconds > 0 (or None), got {drain!r}")
-    v = float(drain)
-    if not math.isfinite(v) or v <= 0:
-        raise UsageError(f"simulate: drain: expected a finite number of seconds > 0, got {drain!r}")
-    return v
-
-
 def _values(scenario: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(prefill price, decode price, mean prompt, mean output) per class, as the simulator prices them."""
     cp, cd = scenario.class_prices()
@@ -87,9 +78,10 @@ def _values(scenario: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarr
     return np.asarray(cp, float), np.asarray(cd, float), mp, mo
 
 
-def make_tracker(eng, drain: object) -> CohortTracker:
-    """The tracker of engine ``eng``'s window cohort, draining at most ``drain`` seconds past the horizon."""
-    cap = _check_cap(drain)
+def make_tracker(eng, drain: float) -> CohortTracker:
+    """The tracker of engine ``eng``'s window cohort, draining at most ``drain`` seconds past the horizon
+    (checked with the run's window: fluidopt.sim.window.RunWindow)."""
+    cap = float(drain)
     return CohortTracker(eng.I, eng.warmup, eng.horizon, eng.collector.K, cap, cp=eng._cp, cd=eng._cd,
                          mean_prompt=eng._mean_prompt, mean_output=eng._mean_output, markov=eng.markov,
                          n_gpus=eng.scenario.gpus)

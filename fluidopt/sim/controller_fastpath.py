@@ -25,6 +25,15 @@ engine's event callbacks when all of these hold:
 The decisions are the same bit for bit either way (same draws from the controller's stream, same
 arithmetic in the same order): tests/control/test_fast_path.py compares whole runs, per-request
 records included, with the fast path on and off.
+
+Controllers whose handlers are written once need no transcription: their handler class (a mixin of
+the controller, in ``fluidopt/control/<stem>.py``) is compiled from that same file, with the types of
+``fluidopt/sim/<stem>.pxd``, into ``fluidopt.sim._c_<stem>`` (:func:`compiled_name`; setup.py compiles
+every such pair it finds). :func:`bind`
+installs the compiled class's handlers for any controller class on which every method of the handler
+class resolves to the handler class's own (a subclass that overrides one runs the Python code), with
+the controller's state (the handler module's ``STATE``) copied over, when the compiled module was built
+from the files on disk now and against the core in use.
 """
 
 from __future__ import annotations
@@ -32,19 +41,103 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
 
 from fluidopt.control import fastpath as _hook
 
-__all__ = ["bind", "mirror_digest", "status"]
+__all__ = ["bind", "compiled_name", "mirror_digest", "single_source_digest", "status"]
 
 # handler name -> the engine attribute that holds its callback (fluidopt/sim/engine.pxd)
 _CALLBACKS = (("on_arrival", "_cb_arrival"), ("on_prefill_done", "_cb_pdone"), ("on_slot_freed", "_cb_freed"),
               ("on_abandon", "_cb_abandon"), ("on_preempt", "_cb_preempt"), ("on_drop", "_cb_drop"))
-_BUILTIN_MODULES = ("fluidopt.control.gate_and_route", "fluidopt.control.robust", "fluidopt.control.paper_baselines",
-                    "fluidopt.control.fcfs")
+_BUILTIN_MODULES = ("fluidopt.control.gate_and_route", "fluidopt.control.robust", "fluidopt.control.paper_baselines")
+
+
+
+
+def compiled_name(source: str) -> str | None:
+    """``fluidopt.sim._c_<stem>`` for a handler module ``fluidopt.control.<stem>`` written once (setup.py
+    compiles every fluidopt/control/<stem>.py that has a fluidopt/sim/<stem>.pxd), else None."""
+    pkg, _, stem = source.rpartition(".")
+    if pkg != "fluidopt.control" or stem == "engine" or not Path(__file__).with_name(f"{stem}.pxd").is_file():
+        return None
+    return f"fluidopt.sim._c_{stem}"
+
+
+def single_source_digest(py: bytes, pxd: bytes) -> str:
+    """SHA-256 of a handler module's source and its .pxd (as setup.py records it in the compiled module)."""
+    return hashlib.sha256(py + b"\0" + pxd).hexdigest()
+
+
+def _gone() -> None:
+    return None
+
+
+class Bound:
+    """A run's compiled handlers as the controller keeps them (``ctrl._fast``): a copy or a pickle of the
+    controller leaves them behind (they hold the run's engine sets)."""
+
+    __slots__ = ("handlers",)
+
+    def __init__(self, handlers: Any) -> None:
+        self.handlers = handlers
+
+    def __reduce__(self):
+        return _gone, ()
+
+    def __deepcopy__(self, memo: dict) -> None:
+        return None
+
+
+@functools.cache
+def _single_module(source: str) -> tuple[Any, str]:
+    """(the compiled module of the handler module ``source``, why) or (None, why not)."""
+    import importlib
+
+    from fluidopt.sim.backend import compiled_status
+
+    ok, why = compiled_status()
+    if not ok:
+        return None, f"compiled core not usable: {why}"
+    name = compiled_name(source)
+    try:
+        from fluidopt.sim import _cengine  # type: ignore[attr-defined]
+
+        compiled = importlib.import_module(name)
+        py = Path(importlib.import_module(source).__file__)
+    except ImportError as exc:
+        return None, f"{source} is not compiled ({exc}); reinstall (pip install -e .) to build it"
+    stem = source.rsplit(".", 1)[1]
+    try:
+        digest = single_source_digest(py.read_bytes(), Path(__file__).with_name(f"{stem}.pxd").read_bytes())
+    except OSError:
+        digest = getattr(compiled, "SOURCE_SHA256", None)  # an installed package without its sources
+    if digest != getattr(compiled, "SOURCE_SHA256", None):
+        return None, (f"{name} was built from another version of {py.name} or {stem}.pxd; "
+                      "reinstall (pip install -e .) to rebuild it")
+    if getattr(compiled, "ENGINE_SHA256", None) != getattr(_cengine, "SOURCE_SHA256", None):
+        return None, f"{name} was built against another engine core; reinstall (pip install -e .)"
+    return compiled, f"{name} built from the current {py.name}"
+
+
+@functools.cache
+def _single_spec(cls: type) -> tuple[type, tuple[str, ...]] | None:
+    """(the compiled handler class, the state to copy) for controllers of ``cls``, or None: the handler
+    class on ``cls``'s MRO whose every method ``cls`` resolves to the handler class's own."""
+    for base in cls.__mro__:
+        if compiled_name(base.__module__) is None:
+            continue
+        own = [k for k, v in vars(base).items() if callable(v) and not k.startswith("__")]
+        if any(getattr(cls, k) is not getattr(base, k) for k in own):
+            return None  # a subclass overrides a handler: the Python code runs
+        mod, _ = _single_module(base.__module__)
+        if mod is None:
+            return None
+        return getattr(mod, base.__name__), tuple(sys.modules[base.__module__].STATE)
+    return None
 
 
 @functools.lru_cache(maxsize=1)
@@ -117,6 +210,20 @@ def bind(ctrl: Any, ctx: Any) -> Any:
     """Install ``ctrl``'s compiled handlers on ``ctx`` (see the module docstring); the fast object or None."""
     if not _hook.enabled():
         return None
+    single = _single_spec(type(ctrl))
+    if single is not None:
+        from fluidopt.sim import _cengine  # type: ignore[attr-defined]
+
+        if type(ctx) is not _cengine.Engine:
+            return None
+        compiled_cls, state = single
+        handlers = compiled_cls()
+        for attr in state:
+            setattr(handlers, attr, getattr(ctrl, attr))
+        for name, attr in _CALLBACKS:
+            if hasattr(handlers, name) and getattr(ctx, attr) == getattr(ctrl, name, None):
+                setattr(ctx, attr, getattr(handlers, name))
+        return Bound(handlers)
     mod, engine_cls, _ = _module()
     if mod is None or type(ctx) is not engine_cls:
         return None
@@ -125,11 +232,7 @@ def bind(ctrl: Any, ctx: Any) -> Any:
         return None
     from fluidopt.sim import metrics
 
-    if spec[0] == mod.ROUTE_FCFS:
-        fast = mod.FastFCFS(ctrl, spec[0], spec[1], (metrics.N_CLASS_QTY, metrics.X_PREFILL))
-    else:
-        fast = mod.FastGate(ctrl, spec[0], spec[1],
-                            (metrics.N_CLASS_QTY, metrics.X_PREFILL, metrics.Y_MIXED, metrics.Y_SOLO))
+    fast = mod.FastGate(ctrl, spec[0], spec[1], (metrics.N_CLASS_QTY, metrics.X_PREFILL, metrics.Y_MIXED, metrics.Y_SOLO))
     for name, attr in _CALLBACKS:
         handler = getattr(fast, name, None)
         if handler is not None and getattr(ctx, attr) == getattr(ctrl, name, None):

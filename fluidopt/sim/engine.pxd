@@ -68,6 +68,8 @@ cdef class GpuSet:
     @cython.locals(n=Py_ssize_t)
     cpdef choice(self)
 
+    cpdef bint has(self, Py_ssize_t g)  # the protocol's GpuSet.has: a C-level membership test
+
     @cython.locals(n=Py_ssize_t)
     cpdef _add(self, Py_ssize_t g)
 

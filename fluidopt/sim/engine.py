@@ -59,9 +59,8 @@ _COMPILED = False
 
 
 class GpuSet:
-    """A set of GPU ids with O(1) add, discard, membership and uniform random choice; controllers
-    read it, the engine mutates it. Members are ``_items[:_len]``; ``_pos[g]`` is g's index, or -1."""
-
+    """A set of GPU ids with O(1) add, discard, membership and uniform random choice; controllers read it,
+    the engine mutates it. Members are ``_items[:_len]``; ``_pos[g]`` is g's index, or -1."""
     __slots__ = ("_items", "_pos", "_rand", "_len")
 
     def __init__(self, n: int, rand: Callable[[], float]):
@@ -74,11 +73,12 @@ class GpuSet:
     def first(self) -> int: return self._items[0] if self._len else -1
 
     def __contains__(self, g: object) -> bool:
-        try:
-            k = g.__index__()  # GPU ids: Python or numpy integers
+        try:  # a GPU id: an int as controllers pass it (no method call per event), or a numpy integer
+            k = g if type(g) is int else g.__index__()
         except (AttributeError, TypeError):
             return False
         return 0 <= k < len(self._pos) and self._pos[k] >= 0
+    def has(self, g: int) -> bool: return 0 <= g < len(self._pos) and self._pos[g] >= 0  # g in self: C in the core
 
     def __iter__(self):
         return iter([self._items[k] for k in range(self._len)])  # a copy: safe while the controller acts

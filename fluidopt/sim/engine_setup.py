@@ -17,6 +17,7 @@ from fluidopt.model import Scenario
 from fluidopt.sim import metrics as M
 from fluidopt.sim import state as S
 from fluidopt.sim.state import G_OFFLINE, G_ONLINE, REQUEST_FIELDS
+from fluidopt.sim.window import RunWindow
 
 __all__ = ["init_engine", "set_slo"]
 
@@ -32,27 +33,25 @@ def init_engine(
     controller: Controller,
     workload,
     *,
-    service: str = "markov",
-    horizon: float,
-    warmup: float = 0.0,
+    window: RunWindow,
     seed: int = 0,
-    sample_interval: float | None = None,
     records=None,
     progress: bool = False,
     batches: int = 20,
     check: bool = False,
     arrival_chunk: int = 65536,
-    drain: float | None = None,
 ) -> None:
     """Set engine ``eng`` up for one run (see :func:`fluidopt.sim.api.simulate` for the arguments).
-    ``typed``: the state is typed arrays (the compiled core); ``gpuset``: the kernel's GpuSet class."""
+    ``typed``: the state is typed arrays (the compiled core); ``gpuset``: the kernel's GpuSet class;
+    ``window``: the run's window, checked when it was made (read here as it is)."""
     ints = functools.partial(S.ints, typed=typed)
     floats = functools.partial(S.floats, typed=typed)
     doubles = functools.partial(S.doubles, typed=typed)
     if not isinstance(scenario, Scenario):
         raise ScenarioError(f"simulate: scenario: expected a Scenario, got {type(scenario).__name__}")
-    if service not in ("markov", "tokens"):
-        raise ScenarioError(f"simulate: service: expected 'markov' or 'tokens', got {service!r}")
+    if not isinstance(window, RunWindow):
+        raise ScenarioError(f"simulate: window: expected a fluidopt.sim.window.RunWindow, got {type(window).__name__}")
+    service, sample_interval, drain = window.service, window.sample_interval, window.drain
     if not isinstance(controller, Controller):
         raise ScenarioError(
             f"simulate: controller: expected a fluidopt.control.protocol.Controller, got {type(controller).__name__}"
@@ -61,8 +60,8 @@ def init_engine(
     eng.controller = controller
     eng.workload = workload
     eng._service = service
-    eng.horizon = float(horizon)
-    eng.warmup = float(warmup)
+    eng.horizon = window.horizon
+    eng.warmup = window.warmup
     eng.seed = int(seed)
     eng.check = bool(check)
     gpu = scenario.gpu

@@ -22,7 +22,8 @@ __all__ = ["REQUEST_FIELDS", "REQUEST_FILL", "GPU_FIELDS", "rows", "set_typed_st
 # Per-request state, indexed by request id (slots are recycled). This table is each field's one
 # definition (name, type, the value of a new slot, meaning); engine.pxd types each as long long[:]
 # (int) or double[:] (float), and tests/sim/test_sim_backends.py checks that the two agree. Adding a
-# field: a row here, a name in engine.pxd, then its uses. The Python engine keeps one list per field;
+# field: a row here, a name in engine.pxd, then its uses (the row grows by whole cache lines by itself:
+# REQUEST_ROW = row_slots(REQUEST_FIELDS)). The Python engine keeps one list per field;
 # the compiled core one row of REQUEST_ROW 8-byte slots per request (set_typed_state), fields in
 # this table's order, each field a strided view of that block:
 # a request touched at random (an exponential race pick among ~800,000 in flight at 50,000 GPUs)
@@ -92,10 +93,18 @@ GPU_FIELDS: tuple[tuple[str, type, str], ...] = (
     ("t_ta", float, "tokens: anchor time (s)"),
     ("t_itl", float, "tokens: base iteration length from the anchor on (s)"),
 )
-GPU_ROW = 16  # 8-byte slots per GPU row (128 bytes)
-
-REQUEST_ROW = 24  # 8-byte slots per request row (192 bytes: the 24 fields)
 ROW_ALIGN = 64  # rows start on a cache line
+
+
+def row_slots(fields) -> int:
+    """8-byte slots of a row holding ``fields``: their number rounded up to whole cache lines (ROW_ALIGN
+    bytes), so that a row never straddles more lines than it must and a new field needs no other edit."""
+    per_line = ROW_ALIGN // 8
+    return -(-len(fields) // per_line) * per_line
+
+
+GPU_ROW = row_slots(GPU_FIELDS)  # 8-byte slots per GPU row (16: 128 bytes)
+REQUEST_ROW = row_slots(REQUEST_FIELDS)  # 8-byte slots per request row (24: 192 bytes, the 24 fields)
 
 
 def row_dtype(fields, slots: int) -> np.dtype:

@@ -300,3 +300,79 @@ def test_an_edited_handler_or_a_stale_build_switches_the_fast_path_off(monkeypat
         monkeypatch.undo()
     fastpath._module.cache_clear()
     assert fastpath.status()[0]
+
+
+# -- handlers written once (controller_fastpath.compiled_name): no transcription to keep in step ------------
+def test_single_sourced_handlers_are_listed_alike_and_have_no_transcription():
+    """A handler module with a .pxd in fluidopt/sim is compiled from the control layer's own file; the
+    reference FCFS policy's handlers are that module's (no copy of them in _cgate.pyx)."""
+    from pathlib import Path
+
+    from fluidopt.control.fcfs import ReservedPrefillFCFS
+    from fluidopt.control.fcfs_handlers import FCFSHandlers
+
+    root = Path(__file__).resolve().parents[2]
+    assert fastpath.compiled_name("fluidopt.control.fcfs_handlers") == "fluidopt.sim._c_fcfs_handlers"
+    assert fastpath.compiled_name("fluidopt.control.fcfs") is None  # no fluidopt/sim/fcfs.pxd: plain Python
+    assert (root / "fluidopt" / "sim" / "fcfs_handlers.pxd").is_file()
+    for name in ("on_arrival", "on_prefill_done", "on_slot_freed", "_fits"):
+        assert getattr(ReservedPrefillFCFS, name) is getattr(FCFSHandlers, name)
+    cgate = (root / "fluidopt" / "sim" / "_cgate.pyx").read_text(encoding="utf-8")
+    assert "FastFCFS" not in cgate and "ReservedPrefillFCFS" not in cgate
+    assert "_gate_deviation" not in cgate and "_r_gate_dev" not in cgate  # one typed gate for every route
+
+
+@needs_fast
+def test_single_sourced_fast_path_is_the_compiled_source_and_only_where_exact(monkeypatch):
+    import copy
+    import pickle
+    from pathlib import Path
+
+    from fluidopt.control.fcfs import ReservedPrefillFCFS
+    from fluidopt.sim import _c_fcfs_handlers as _cfcfs
+
+    root = Path(__file__).resolve().parents[2]
+    assert _cfcfs.SOURCE_SHA256 == fastpath.single_source_digest(
+        (root / "fluidopt" / "control" / "fcfs_handlers.py").read_bytes(),
+        (root / "fluidopt" / "sim" / "fcfs_handlers.pxd").read_bytes())
+    monkeypatch.delenv("FLUIDOPT_FAST_CONTROLLERS", raising=False)
+    sc = _paper(12)
+    ctrl = make_controller("reserved-prefill-fcfs", sc)
+    simulate(sc, ctrl, horizon=5.0, seed=1, backend="compiled", progress=False)
+    assert type(ctrl._fast.handlers) is _cfcfs.FCFSHandlers
+    # a copy of the run's handlers is nothing (they hold the run's engine sets)
+    assert copy.deepcopy(ctrl._fast) is None and pickle.loads(pickle.dumps(ctrl._fast)) is None
+    simulate(sc, ctrl, horizon=5.0, seed=1, backend="python", progress=False)
+    assert ctrl._fast is None
+
+    class Counting(ReservedPrefillFCFS):  # overrides a handler: the Python code runs, the override included
+        calls = 0
+
+        def on_arrival(self, ctx, r):
+            Counting.calls += 1
+            super().on_arrival(ctx, r)
+
+    sub = Counting()
+    simulate(sc, sub, horizon=5.0, seed=1, backend="compiled", progress=False)
+    assert sub._fast is None and Counting.calls > 0
+
+    class Renamed(ReservedPrefillFCFS):  # overrides nothing the handlers are: compiled
+        name = "renamed"
+
+    ren = Renamed()
+    simulate(sc, ren, horizon=5.0, seed=1, backend="compiled", progress=False)
+    assert ren._fast is not None
+
+    # a build from another version of the source (or its .pxd), or against another core: the Python handlers
+    for attr in ("SOURCE_SHA256", "ENGINE_SHA256"):
+        fastpath._single_module.cache_clear()
+        fastpath._single_spec.cache_clear()
+        monkeypatch.setattr(_cfcfs, attr, "0" * 64)
+        mod, why = fastpath._single_module("fluidopt.control.fcfs_handlers")
+        assert mod is None and "reinstall" in why
+        ctrl = make_controller("reserved-prefill-fcfs", sc)
+        simulate(sc, ctrl, horizon=5.0, seed=1, backend="compiled", progress=False)
+        assert ctrl._fast is None
+        monkeypatch.undo()
+    fastpath._single_module.cache_clear()
+    fastpath._single_spec.cache_clear()

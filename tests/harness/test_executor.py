@@ -51,13 +51,18 @@ def test_store_round_trips_floats_exactly_and_drops_a_torn_line(tmp_path):
 
 
 def test_run_key_names_everything_that_shapes_a_run():
-    job = {"scenario": SMALL, "policy": "gate-and-route", "options": None, "seed": 0, "horizon": 40.0,
-           "warmup": 8.0, "service": "markov", "sample_interval": None}
+    from fluidopt.sim.window import RunWindow
+
+    job = {"scenario": SMALL, "policy": "gate-and-route", "options": None, "seed": 0,
+           "window": RunWindow(40.0, 8.0, "markov")}
     k = run_key(job)
     assert run_key(dict(job, policy="Gate_and_Route")) == k  # the same policy, spelled differently
-    for change in ({"seed": 1}, {"horizon": 41.0}, {"warmup": 9.0}, {"service": "tokens"},
+    assert run_key(dict(job, window=RunWindow(40, 8, "markov", caller="compare"))) == k  # the same window
+    for change in ({"seed": 1}, {"window": RunWindow(41.0, 8.0)}, {"window": RunWindow(40.0, 9.0)},
+                   {"window": RunWindow(40.0, 8.0, "tokens")},
                    {"options": {"mixed_gpus": 2}}, {"scenario": SMALL.with_gpus(7)},
-                   {"scenario": SMALL.with_prices(0.2, 0.2)}, {"sample_interval": 1.0}, {"policy": "fi-wsp"}):
+                   {"scenario": SMALL.with_prices(0.2, 0.2)}, {"window": RunWindow(40.0, 8.0, sample_interval=1.0)},
+                   {"policy": "fi-wsp"}):
         assert run_key(dict(job, **change)) != k, change
 
 

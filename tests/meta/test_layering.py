@@ -2,13 +2,20 @@
 
 A module may import modules of its own layer or of a layer below it, never above: the library never
 reaches up into its command line, the LP never imports a controller, a controller never imports the
-simulator. Imports inside functions count too (a lazy import is still a dependency). The check reads
-every module's source with :mod:`ast`, so it needs nothing installed beyond the package itself.
+simulator. Imports inside functions count too (a lazy import is still a dependency), and so do string
+imports: ``importlib.import_module("fluidopt.x")`` / ``__import__`` / ``importlib.util.find_spec`` with a
+literal or f-string name (an f-string counts by its literal prefix, ``f"fluidopt.commands.{name}"``), and
+any string literal that is a dotted module path of the package (``"fluidopt.rl.policies"`` in a tuple of
+modules to load later, or ``"fluidopt.rl.policies:factory"``). A layer above registers its controllers
+from below (the ``fluidopt.policies`` entry points, pyproject.toml), never by a name the registry keeps.
+The check reads every module's source with :mod:`ast`, so it needs nothing installed beyond the package
+itself.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -37,11 +44,41 @@ def _part(module: str) -> str | None:
     return parts[1] if len(parts) > 1 else "__init__"
 
 
-def _imports(path: Path, module: str) -> set[str]:
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+# a dotted module path of the package, optionally with an attribute ("fluidopt.rl.policies:make")
+_MODULE_PATH = re.compile(r"fluidopt(?:\.[A-Za-z_][A-Za-z0-9_]*)+(?::[A-Za-z_][A-Za-z0-9_.]*)?")
+_IMPORT_CALLS = {"import_module", "__import__", "find_spec"}
+
+
+def _string_import(node: ast.AST) -> str | None:
+    """The module a string names (a literal, or an f-string's literal prefix), if it is a package path."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        text = node.value
+    elif isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant):
+        text = str(node.values[0].value).rstrip(".")  # f"fluidopt.commands.{name}" -> fluidopt.commands
+    else:
+        return None
+    if not _MODULE_PATH.fullmatch(text):
+        return None
+    name = text.split(":", 1)[0]
+    return name if _part(name) in LAYERS else None  # "fluidopt.policies" (an entry-point group): no module
+
+
+def _imports(path: Path, module: str, source: str | None = None) -> set[str]:
+    tree = ast.parse(source if source is not None else path.read_text(encoding="utf-8"))
     out: set[str] = set()
     pkg = module.rsplit(".", 1)[0] if path.name != "__init__.py" else module
     for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            fname = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if fname in _IMPORT_CALLS and node.args:
+                name = _string_import(node.args[0])
+                if name:
+                    out.add(name)
+        elif isinstance(node, (ast.Constant, ast.JoinedStr)):
+            name = _string_import(node)
+            if name:
+                out.add(name)
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -89,6 +126,53 @@ def test_imports_go_down_the_layers(path, module):
     assert not bad, f"{module} imports upward: {', '.join(bad)}"
 
 
+def test_string_imports_are_read():
+    """The reader sees the lazy imports a string names, so a registry cannot hide an upward tie in one."""
+    src = (
+        "import importlib\n"
+        "MODULES = ('fluidopt.control.fcfs', 'fluidopt.rl.policies')\n"
+        "def load(name):\n"
+        "    importlib.import_module('fluidopt.harness')\n"
+        "    __import__('fluidopt.commands.run')\n"
+        "    importlib.import_module(f'fluidopt.app.{name}')\n"
+        "    return 'fluidopt.sim.api:simulate', 'fluidopt.policies', 'see fluidopt.rl.policies for more'\n"
+    )
+    got = _imports(PKG / "control" / "registry.py", "fluidopt.control.registry", src)
+    assert got == {"importlib", "fluidopt.control.fcfs", "fluidopt.rl.policies", "fluidopt.harness", "fluidopt.commands.run",
+                   "fluidopt.app", "fluidopt.sim.api"}
+
+
+def test_the_registry_names_no_higher_layer():
+    """rl registers its routers from below (an entry point), not as a module the control layer loads."""
+    from fluidopt.control import registry
+
+    assert all(_part(m) == "control" for m in registry.BUILTIN_MODULES)
+    assert not {m for m in _imports(PKG / "control" / "registry.py", "fluidopt.control.registry")
+                if _part(m) is not None and LAYERS.get(_part(m), 99) > LAYERS["control"]}
+
+
 def test_no_import_cycle_between_calibrate_and_scenario():
     calib = _imports(PKG / "calibrate.py", "fluidopt.calibrate")
     assert "fluidopt.scenario" not in calib
+
+
+def test_rl_registers_its_routers_from_below():
+    """fluidopt.rl's routers reach the registry through the entry-point group (pyproject.toml), as a
+    third-party package's do; the installed metadata must carry it (else: pip install -e . again)."""
+    import importlib.metadata as md
+
+    from fluidopt.control import registry
+
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+
+    declared = tomllib.loads((PKG.parent / "pyproject.toml").read_text(encoding="utf-8"))
+    group = declared["project"]["entry-points"][registry.ENTRY_POINT_GROUP]
+    assert group == {"fluidopt-rl": "fluidopt.rl.policies"}
+    installed = {ep.value for ep in md.entry_points(group=registry.ENTRY_POINT_GROUP)}
+    assert "fluidopt.rl.policies" in installed, (
+        "the installed fluidopt metadata lacks the fluidopt.policies entry points of pyproject.toml: "
+        "run pip install -e . again (and remove a stale fluidopt.egg-info from the repository root)")
+    assert {"baseline-rl", "wa-rl", "wg-rl"} <= set(registry.available())

@@ -64,7 +64,9 @@ class Scripted(Controller):
 
 
 def test_engine_is_a_context():
-    eng = Engine(_sc(), FIWSP(), _trace([(0.0, 5, 5, 0)]), horizon=1.0)
+    from fluidopt.sim.window import RunWindow
+
+    eng = Engine(_sc(), FIWSP(), _trace([(0.0, 5, 5, 0)]), window=RunWindow(1.0))
     assert isinstance(eng, Context) and isinstance(eng, ClusterView)
 
 
