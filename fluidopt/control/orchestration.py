@@ -369,7 +369,7 @@ class Chiron(_Orchestrator):
         self.batch_gpu_s = 0.0  # online batch-instance seconds, for their measured rate
         self.window: list[tuple[float, int]] = [(0.0, 0)]
         self.win4: list[tuple[float, int, int, float]] = [(0.0, 0, 0, 0.0)]
-        self.startup = getattr(ctx, "_startup", 0.0)
+        self.startup = ctx.startup_delay() if hasattr(ctx, "startup_delay") else 0.0
         self.warm_back: list[float] = [-math.inf] * getattr(self, "warm_pool", 0)  # when each warm slot is ready
         self.startups: list[float] = []  # the start-up time of every instance added
         # the interactive autoscaler's state: arrivals counted per tick, recent per-tick rates, since
@@ -697,10 +697,7 @@ class Chiron(_Orchestrator):
     def _add(self, ctx: Context, g: int) -> None:
         """Add GPU g with its start-up time: from the warm pool (``warm_startup`` s; the slot is ready
         again a cold start-up later) if a slot is ready, else Gamma with mean the fleet's start-up delay
-        and CV ``startup_cv`` (drawn from the controller's stream), else the fleet's delay.
-
-        The engine has one start-up delay per run (``add_gpu`` takes none), so a different one is set on
-        its ``_startup`` around the call: a stopgap until ``add_gpu`` takes a delay."""
+        and CV ``startup_cv`` (drawn from the controller's stream), else the fleet's delay."""
         now = ctx.now
         delay = self.startup
         for k, t in enumerate(self.warm_back):
@@ -713,15 +710,10 @@ class Chiron(_Orchestrator):
                 shape = 1.0 / self.startup_cv ** 2
                 delay = ctx.rng.gammavariate(shape, self.startup / shape)
         self.startups.append(delay)
-        if delay == self.startup or not hasattr(ctx, "_startup"):
+        if delay == self.startup:
             ctx.add_gpu(g)
-            return
-        old = ctx._startup
-        ctx._startup = max(delay, 1e-6)  # (0 would bring it online inside this call)
-        try:
-            ctx.add_gpu(g)
-        finally:
-            ctx._startup = old
+        else:
+            ctx.add_gpu(g, startup_delay=max(delay, 1e-6))  # (0 would bring it online inside this call)
 
     def _local_autoscaler(self, ctx: Context) -> None:
         """Each online instance's batch limit from its ITL target and the context it holds now."""

@@ -57,8 +57,9 @@ or the scenario's ``fleet`` before using them. Every one validates its arguments
 :class:`fluidopt.errors.ActionError` (naming the GPU or request, the time and what was expected)
 before changing anything; a GPU index outside ``0..n_gpus-1`` is always an error.
 
-* ``add_gpu(g=None) -> int``: an offline GPU (g, or the lowest-numbered offline one) joins the fleet.
-  It counts in GPU-hours at once and takes work after ``fleet.startup_delay`` seconds, when
+* ``add_gpu(g=None, startup_delay=None) -> int``: an offline GPU (g, or the lowest-numbered offline one)
+  joins the fleet. It counts in GPU-hours at once and takes work after ``startup_delay`` seconds (None:
+  ``fleet.startup_delay``, also read as ``ctx.startup_delay()``), when
   ``on_slot_freed(g)`` announces it (at once during setup or with no delay); it keeps the pool and
   caps it was given in setup. Errors: every GPU already in the fleet (g None), g not offline.
 * ``drain_gpu(g)``: g takes no new work (its decode cap becomes 0), finishes what runs on it and goes
@@ -259,6 +260,10 @@ class FleetView(Protocol):
         """GPUs counted in GPU-hours now: online, starting and draining."""
         ...
 
+    def startup_delay(self) -> float:
+        """The fleet's start-up delay (s): what :meth:`FleetActions.add_gpu` uses when given none."""
+        ...
+
     def fleet_online(self) -> list[int]:
         """The online GPUs in index order (O(n))."""
         ...
@@ -272,9 +277,10 @@ class FleetView(Protocol):
 class FleetActions(FleetView, Protocol):
     """Changing the fleet during a run. Each raises ActionError and changes nothing when impossible."""
 
-    def add_gpu(self, g: int | None = None) -> int:
-        """Add offline GPU g (None: the lowest-numbered offline one); online after the start-up delay (s).
-        Returns its index. ActionError: all GPUs in the fleet, or g not offline."""
+    def add_gpu(self, g: int | None = None, startup_delay: float | None = None) -> int:
+        """Add offline GPU g (None: the lowest-numbered offline one); online after ``startup_delay`` seconds
+        (None: the fleet's, :meth:`FleetView.startup_delay`). Returns its index. ActionError: all GPUs in
+        the fleet, g not offline, or a delay that is not a finite number >= 0."""
         ...
 
     def drain_gpu(self, g: int) -> None:

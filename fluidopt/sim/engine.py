@@ -120,8 +120,8 @@ class Engine:
     instance_tokens, req_queue, req_preemptions = V.instance_tokens, V.req_queue, V.req_preemptions
     set_pool, add_queue = V.set_pool, V.add_queue
     gpu_state, fleet_size, fleet_online, gpu_hours = FL.gpu_state, FL.fleet_size, FL.fleet_online, FL.gpu_hours
-    add_gpu, drain_gpu, remove_gpu, set_max_decodes, evict = FL.add_gpu, FL.drain_gpu, FL.remove_gpu, \
-        FL.set_max_decodes, FL.evict
+    add_gpu, drain_gpu, remove_gpu, set_max_decodes, evict, startup_delay = FL.add_gpu, FL.drain_gpu, \
+        FL.remove_gpu, FL.set_max_decodes, FL.evict, FL.startup_delay
     _online, _offline, _restore = FL.online, FL.offline, FL.restore
     run, start, advance, finish, pause, done = BK.run, BK.start, BK.advance, BK.finish, BK.pause, property(BK.done)
     _on_sigint, _every_1024, _alloc, _race_grow = BK.on_sigint, BK.every_1024, BK.alloc, BK.race_grow

@@ -8,6 +8,7 @@ methods they call (``_evict``, ``_join``, ``_hset``, ...) are the kernel's.
 from __future__ import annotations
 
 import math
+import numbers
 
 from fluidopt.control.protocol import DECODE, PREFILL
 from fluidopt.errors import ActionError
@@ -40,11 +41,24 @@ def gpu_hours(eng) -> float:
     return (eng._fleet_on * eng._now - eng._fleet_acc) / 3600.0
 
 
-def add_gpu(eng, g: int | None = None) -> int:
+def startup_delay(eng) -> float:
+    """The fleet's start-up delay (s): how long a GPU added without a delay of its own takes to come online."""
+    return eng._startup
+
+
+def add_gpu(eng, g: int | None = None, startup_delay: float | None = None) -> int:
     """Add an offline GPU to the fleet (g, or the lowest-numbered offline one); return its id.
 
-    It counts towards GPU-hours at once and takes work after the fleet's ``startup_delay``
-    seconds, when ``on_slot_freed(g)`` announces it (at once during ``setup`` or with no delay)."""
+    It counts towards GPU-hours at once and takes work after ``startup_delay`` seconds (None: the
+    fleet's), when ``on_slot_freed(g)`` announces it (at once during ``setup`` or with no delay)."""
+    if startup_delay is None:
+        delay = eng._startup
+    else:
+        ok = isinstance(startup_delay, numbers.Real) and not isinstance(startup_delay, bool)
+        delay = float(startup_delay) if ok else math.nan
+        if not (math.isfinite(delay) and delay >= 0):
+            raise ActionError(f"add_gpu(startup_delay={startup_delay!r}) at t={eng._now:.9g}: expected a finite "
+                              "number of seconds >= 0 (or None for the fleet's start-up delay)")
     st = eng.g_state
     if g is None:
         g = -1
@@ -63,9 +77,9 @@ def add_gpu(eng, g: int | None = None) -> int:
     t = eng._now
     st[g] = G_STARTING
     fleet_count(eng, 1, t)
-    if eng._startup > 0 and not eng._in_setup:
+    if delay > 0 and not eng._in_setup:
         eng.t_pkb[g] = STARTUP
-        eng._hset(g, t + eng._startup)
+        eng._hset(g, t + delay)
     else:
         online(eng, g, t)
     return g

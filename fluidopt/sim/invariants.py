@@ -134,7 +134,7 @@ def check_invariants(eng) -> None:
             assert eng.g_pok[g] == 0 and eng.g_maxd[g] == 0, f"GPU {g} ({v}): takes work while not online"
         if v in (1, 3):
             assert eng.g_cnt[g] == 0, f"GPU {g} ({v}): holds requests"
-        if v == 1 and eng._startup > 0:
+        if v == 1:  # starting (a GPU added with no delay is online at once)
             assert eng._hpos[g] >= 0 and eng.t_pkb[g] == -2, f"GPU {g}: starting without a start-up event"
     lam = eng._exact_lam()
     assert abs(lam - eng._lam) <= 1e-6 * max(1.0, lam), f"race rate {eng._lam} != {lam}"

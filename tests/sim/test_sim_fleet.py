@@ -132,6 +132,40 @@ def test_gpu_hours_and_start_up_delay_by_hand(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_a_gpu_added_with_its_own_start_up_delay(backend):
+    # the fleet's delay is 10 s; GPU 1 added at t=5 with 2.5 s is online at 7.5, GPU 2 added at t=8
+    # with 0 s at once, GPU 3 with None takes the fleet's 10 s (online at 18). GPU-seconds to t=20:
+    # 20 + 15 + 12 + 12.
+    sc = _scenario(n=4, fleet=Fleet(initial=1, startup_delay=10.0))
+    eng = make_engine(sc, AnyOnline(), horizon=20.0, seed=1, service="tokens", workload=Trace([]), backend=backend,
+                      check=True)
+    eng.start()
+    assert eng.startup_delay() == 10.0
+    eng.advance(5.0)
+    with pytest.raises(ActionError, match=r"add_gpu\(startup_delay=-1\.0\) at t=5: expected a finite number of "
+                                          r"seconds >= 0 \(or None for the fleet's start-up delay\)"):
+        eng.add_gpu(startup_delay=-1.0)
+    for bad in (float("nan"), float("inf"), "2", True):
+        with pytest.raises(ActionError, match="expected a finite number of seconds >= 0"):
+            eng.add_gpu(1, startup_delay=bad)
+    assert eng.gpu_state(1) == "offline" and eng.fleet_size() == 1  # the refusals changed nothing
+    assert eng.add_gpu(1, startup_delay=2.5) == 1
+    eng.advance(7.499)
+    assert eng.gpu_state(1) == "starting"
+    eng.advance(7.75)
+    assert eng.gpu_state(1) == "online"
+    eng.advance(8.0)
+    assert eng.add_gpu(2, startup_delay=0.0) == 2 and eng.gpu_state(2) == "online"
+    assert eng.add_gpu(3) == 3
+    eng.advance(17.999)
+    assert eng.gpu_state(3) == "starting"
+    eng.advance(20.0)
+    assert eng.gpu_state(3) == "online"
+    res = eng.finish()
+    assert res.gpu_hours == pytest.approx((20.0 + 15.0 + 12.0 + 12.0) / 3600.0, abs=1e-12)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_draining_gpu_finishes_its_work_then_goes_offline(backend, tmp_path):
     sc = _scenario(n=2, fleet=Fleet(initial=2))
     rows = [(0.0, 0, 256, 8), (0.0, 0, 256, 8)]  # one on each GPU: prefill 0.25 s, decode 8 x 0.125 s
