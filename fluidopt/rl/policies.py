@@ -43,6 +43,7 @@ class RLRouter(RouterCore):
         self.forced = 0  # waits overridden by max_wait
         self._head_waits = 0
         self.net = net
+        self.layout = net.layout  # the router fills the state layout its weights were trained on
         self.name = name
         self.multi = net.dispatch == "multi"
         self.decisions = 0
