@@ -22,11 +22,13 @@ for v in baseline wa wg; do
     --curves "$CURVES/rl_curves_${v}_8.csv"
 done
 # The per-scenario default wg-rl files (fluidopt.rl.mlp.SCENARIO_WEIGHTS; docs/rl.md section 6b):
-# the paper's operating point: the regime routers, fitted to Small-Large (JSQ within its groups) under its action
-# mask, one per regime scenario (about 30 s each); the first version, fitted to the reserving hold rule, is
+# the paper's operating point: the regime routers, fitted to Small-Large (fewest requests within its groups) under
+# its action mask on the log-count state (--state log: counts that do not saturate in the overload), one per regime
+# scenario (about 15 s each); the first version, fitted to the reserving hold rule, is
 # examples/weights/wg-rl-regime-reserve-4.npz (fluidopt rl imitate ... --expert reserve)
-fluidopt rl imitate examples/scenarios/rl-router-paper-regime.toml --expert small-large --out "$OUT/wg-rl-regime.npz"
-fluidopt rl imitate examples/scenarios/rl-router-paper-regime-fig4b.toml --expert small-large \
+fluidopt rl imitate examples/scenarios/rl-router-paper-regime.toml --expert small-large --state log \
+  --out "$OUT/wg-rl-regime.npz"
+fluidopt rl imitate examples/scenarios/rl-router-paper-regime-fig4b.toml --expert small-large --state log \
   --out "$OUT/wg-rl-regime-fig4b.npz"
 # the V100 settings (4 and 8 instances): the time-in-system agent of section 6's ablation, training seed 1
 fluidopt rl train examples/scenarios/rl-router-v100.toml --variant wg --episodes 30 --requests 2000 --seed 1 \

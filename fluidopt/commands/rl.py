@@ -15,7 +15,7 @@ examples:
   fluidopt rl train examples/scenarios/rl-router-v100-8.toml --arch shared --multi-dispatch --wait-mask fits --out wg-rl-8.npz
   fluidopt rl evaluate examples/scenarios/rl-router-v100.toml --policies round-robin,jsq,wg-rl --episodes 5
   fluidopt rl evaluate examples/scenarios/rl-router-v100.toml --policies wg-rl --option wg-rl:weights=wg-rl-4.npz
-  fluidopt rl imitate examples/scenarios/rl-router-paper-regime.toml --expert small-large --out wg.npz
+  fluidopt rl imitate examples/scenarios/rl-router-paper-regime.toml --expert small-large --state log --out wg.npz
   fluidopt rl regimes examples/scenarios/rl-router-paper-regime.toml --rates 10,20,30 --kv 3000,8000,30000 --out regimes
 
 Training needs the rl extra: pip install -e ".[rl]". Evaluation (and the registered policies
@@ -73,6 +73,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="the rule to fit, under its own action mask: the reserving hold rule (reserve, the default) "
                         "or Dedicated Small-Large's groups (small-large)")
     i.add_argument("--hidden", type=int, default=32, help="hidden width (default 32)")
+    i.add_argument("--state", choices=("v1", "log"), default="v1",
+                   help="state layout: v1 (request counts / 128, capped at 1; the default) or log (log1p(count) / "
+                        "log1p(8192): no saturation in a deep overload; docs/rl.md section 6b)")
     i.add_argument("--out", required=True, metavar="FILE", help="weight file to write (.npz)")
     i.add_argument("--progress", action="store_true", help="progress lines on stderr")
     e = sub.add_parser("evaluate", help="run routers on the same RL episodes and print the comparison table")
@@ -244,6 +247,7 @@ def _imitate(args) -> int:
 
     require_extra("training")
     from fluidopt.commands._checks import check_output_file
+    from fluidopt.rl.core import STATE_LAYOUT, STATE_LAYOUT_LOG
     from fluidopt.rl.imitate import ImitationConfig, imitate
     from fluidopt.rl.mlp import save_weights
     from fluidopt.rl.predictors import scenario_accuracy
@@ -257,7 +261,8 @@ def _imitate(args) -> int:
     check_output_file(args.out, "--out")
     scenario = load_scenario(args.scenario)
     cfg = ImitationConfig(episodes=args.episodes, n_requests=args.requests, epochs=args.epochs, seed=args.seed,
-                          accuracy=scenario_accuracy(scenario), expert=args.expert, hidden=args.hidden)
+                          accuracy=scenario_accuracy(scenario), expert=args.expert, hidden=args.hidden,
+                          layout=STATE_LAYOUT_LOG if args.state == "log" else STATE_LAYOUT)
 
     def prog(msg):
         print(f"  {msg}", file=sys.stderr)
@@ -270,7 +275,8 @@ def _imitate(args) -> int:
         raise interrupt.interrupted_from(e, f"no weights written to {args.out}; rerun the same command "
                                             "(same seed, same weights)") from None
     cmd = (f"fluidopt rl imitate {args.scenario} --expert {args.expert} --episodes {args.episodes} "
-           f"--requests {args.requests} --epochs {args.epochs} --hidden {args.hidden} --seed {args.seed} --out {args.out}")
+           f"--requests {args.requests} --epochs {args.epochs} --hidden {args.hidden} --seed {args.seed}"
+           + (" --state log" if args.state == "log" else "") + f" --out {args.out}")
     path = save_weights(args.out, net, command=cmd)
     print(f"wrote {path} ({path.stat().st_size:,} bytes): {st['samples']:,} decisions with a choice, agreement "
           f"with the rule {100 * st['agreement']:.2f}%, cross-entropy {st['loss']:.4f}, {st['wall_seconds']:.0f} s")

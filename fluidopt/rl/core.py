@@ -46,8 +46,11 @@ __all__ = [
     "EPOCH",
     "QUEUE_CAP",
     "STATE_LAYOUT",
+    "STATE_LAYOUTS",
+    "STATE_LAYOUT_LOG",
     "WAIT_MASKS",
     "RewardConfig",
+    "bucket_counts",
     "RouterCore",
     "episode_seed",
     "episode_workload",
@@ -61,6 +64,14 @@ EPOCH = 0.02
 QUEUE_CAP = 512
 STATE_LAYOUT = "fluidopt-rl-state-v1"
 """Name of the state layout above; shipped weights record it and loading checks it."""
+STATE_LAYOUT_LOG = "fluidopt-rl-state-v2-log"
+"""The same entries, but the four count entries of an instance (prompts in prefill, the three bucket
+counts) are ``log1p(count) / log1p(LOG_COUNT_CAP)`` (capped at 1) instead of ``count / B`` (capped
+at 1): in a deep overload an instance holds hundreds of requests and ``count / B`` saturates, so
+every loaded instance looks alike (docs/rl.md section 6b). Weights record which layout they read."""
+STATE_LAYOUTS = (STATE_LAYOUT, STATE_LAYOUT_LOG)
+LOG_COUNT_CAP = 8192  # requests: the log layout's count entry reaches 1 here
+LOG1P_CAP = math.log1p(LOG_COUNT_CAP)
 EST_SCALE = 10.0  # s: earliest-completion normaliser
 VARIANTS = ("baseline", "wa", "wg")
 CREDIT_OBJECTIVES = ("request-latency", "request-normalized", "request-excess")
@@ -74,6 +85,16 @@ WAIT_MASKS = ("none", "fits", "reserve", "small-large")
 plus its class's mean output, and wait is valid only when no instance can; ``small-large``, Dedicated
 Small-Large's groups (:meth:`RouterCore.group_valid`): only the instances of the head's group (by
 its predicted output) are valid, and wait never is."""
+
+
+def bucket_counts(obs, g: int, layout: str = STATE_LAYOUT, batch: int = 128) -> tuple[int, int, int]:
+    """Instance g's three bucket counts (requests) read back from a state vector of ``layout``
+    (exact below the layout's cap: ``batch`` requests for v1, :data:`LOG_COUNT_CAP` for the log layout)."""
+    if layout == STATE_LAYOUT_LOG:
+        return tuple(int(round(math.expm1(float(obs[6 * g + j]) * LOG1P_CAP))) for j in (1, 2, 3))
+    if layout == STATE_LAYOUT:
+        return tuple(int(round(float(obs[6 * g + j]) * batch)) for j in (1, 2, 3))
+    raise ScenarioError(f"bucket_counts: layout: expected one of {', '.join(STATE_LAYOUTS)}, got {layout!r}")
 
 
 def obs_dim(m: int) -> int:
@@ -175,6 +196,7 @@ class RouterCore(InstanceScheduler):
         self.prices: tuple | None = None  # per-class (c_p, c_d): set to count revenue (the revenue objective)
         self.reserve_out: tuple[float, ...] | None = None  # per-class output tokens the reserve mask reserves
         self.groups: tuple[int, float] | None = None  # (small instances k, threshold tokens): the small-large mask
+        self.layout = STATE_LAYOUT  # the state layout observe() fills (STATE_LAYOUTS)
 
     def precompute(self, workload) -> None:
         """Predict every request of a replayed trace in bulk, once (the predictor's ``predict_many``,
@@ -240,6 +262,9 @@ class RouterCore(InstanceScheduler):
         # capacity and earliest completion move with every decode iteration and are refilled each call.
         self._vals = [0.0] * obs_dim(m)
         self._dirty = [True] * m
+        if self.layout not in STATE_LAYOUTS:
+            raise ScenarioError(f"RouterCore: layout: expected one of {', '.join(STATE_LAYOUTS)}, got {self.layout!r}")
+        self._log_counts = self.layout == STATE_LAYOUT_LOG
 
     def _ideal_time(self, p: int, d: float) -> float:
         gpu = self.gpu
@@ -604,10 +629,16 @@ class RouterCore(InstanceScheduler):
             if dirty[g]:  # the count entries change only with the counters (see setup)
                 dirty[g] = False
                 c = self.cnt[g]
-                npf = self.n_prompt[g] / B
-                c0 = c[0] / B
-                c1 = c[1] / B
-                c2 = c[2] / B
+                if self._log_counts:
+                    npf = math.log1p(self.n_prompt[g]) / LOG1P_CAP
+                    c0 = math.log1p(c[0]) / LOG1P_CAP
+                    c1 = math.log1p(c[1]) / LOG1P_CAP
+                    c2 = math.log1p(c[2]) / LOG1P_CAP
+                else:
+                    npf = self.n_prompt[g] / B
+                    c0 = c[0] / B
+                    c1 = c[1] / B
+                    c2 = c[2] / B
                 vals[i] = npf if npf < 1.0 else 1.0
                 vals[i + 1] = c0 if c0 < 1.0 else 1.0
                 vals[i + 2] = c1 if c1 < 1.0 else 1.0

@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from fluidopt.errors import ScenarioError
-from fluidopt.rl.core import CREDIT_OBJECTIVES, RewardConfig
+from fluidopt.rl.core import CREDIT_OBJECTIVES, STATE_LAYOUT, RewardConfig
 from fluidopt.rl.env import RouterEnv
 from fluidopt.rl.mlp import GLOBAL_FEATURES, INST_FEATURES, SCORER_IN, WAIT_IN, QNetwork, SharedQNetwork
 
@@ -131,10 +131,10 @@ def _linears(q: nn.Module) -> tuple:
 
 
 def to_numpy_net(q: nn.Module, m: int, variant: str, config: str = "{}", dispatch: str = "single",
-                 wait_mask: str = "none"):
+                 wait_mask: str = "none", layout: str = STATE_LAYOUT):
     if isinstance(q, SharedQ):
-        return SharedQNetwork(_linears(q.scorer), _linears(q.wait), m, variant, config, dispatch, wait_mask)
-    return QNetwork(_linears(q), m, variant, config, dispatch, wait_mask)
+        return SharedQNetwork(_linears(q.scorer), _linears(q.wait), m, variant, config, dispatch, wait_mask, layout)
+    return QNetwork(_linears(q), m, variant, config, dispatch, wait_mask, layout)
 
 
 def _config_json(cfg: DQNConfig) -> str:

@@ -52,6 +52,8 @@ from fluidopt.model import Scenario
 from fluidopt.rl.core import (
     CREDIT_OBJECTIVES,
     EPOCH,
+    STATE_LAYOUT,
+    STATE_LAYOUTS,
     WAIT_MASKS,
     RewardConfig,
     RouterCore,
@@ -84,7 +86,10 @@ class RouterEnv(gym.Env):
                  accuracy: float = 0.79, reward: RewardConfig | None = None, pin: dict | None = None,
                  workload=None, max_time: float | None = None, reward_scale: float = 1.0,
                  backend: str = "auto", seed: int | None = None, multi_dispatch: bool = False,
-                 wait_mask: str = "none", chunked: bool = False):
+                 wait_mask: str = "none", chunked: bool = False, layout: str = STATE_LAYOUT):
+        if layout not in STATE_LAYOUTS:
+            raise ScenarioError(f"RouterEnv: layout: expected one of {', '.join(STATE_LAYOUTS)}, got {layout!r}")
+        self.layout = layout
         if not isinstance(scenario, Scenario):
             from fluidopt.scenario import load_scenario
 
@@ -154,6 +159,7 @@ class RouterEnv(gym.Env):
         self.t_max = float(self.max_time) if self.max_time is not None else last + 3600.0
         self.core = RouterCore(self.scenario.gpu, predictor=NoisyOracle(self.accuracy, seed=es),
                                reward=self.reward_cfg, pin=self.pin, chunked=self.chunked)
+        self.core.layout = self.layout
         self.core.precompute(wl)  # the episode's predictions in one vectorised pass
         self.core.reserve_out = tuple(float(c.decode) for c in self.scenario.classes)
         if self._wait_mask == "small-large":

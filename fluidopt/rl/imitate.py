@@ -26,6 +26,7 @@ import numpy as np
 
 from fluidopt.errors import ScenarioError
 from fluidopt.model import Scenario
+from fluidopt.rl.core import STATE_LAYOUT, STATE_LAYOUT_LOG, STATE_LAYOUTS, bucket_counts
 from fluidopt.rl.predictors import BUCKET_TOKENS
 
 __all__ = ["ImitationConfig", "expert_action", "imitate"]
@@ -55,10 +56,13 @@ class ImitationConfig:
     hidden: int = 32
     accuracy: float | tuple[float, ...] = 0.79
     expert: str = "reserve"
+    layout: str = STATE_LAYOUT
 
     def __post_init__(self):
         if self.expert not in EXPERTS:
             raise ScenarioError(f"imitation: expert: expected one of {', '.join(EXPERTS)}, got {self.expert!r}")
+        if self.layout not in STATE_LAYOUTS:
+            raise ScenarioError(f"imitation: layout: expected one of {', '.join(STATE_LAYOUTS)}, got {self.layout!r}")
         for name in ("episodes", "n_requests", "epochs", "batch_size", "hidden"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -80,16 +84,25 @@ def expert_action(obs: np.ndarray, valid: np.ndarray) -> int:
     return best
 
 
-def small_large_action(obs: np.ndarray, valid: np.ndarray) -> int:
+def small_large_action(obs: np.ndarray, valid: np.ndarray, layout: str = STATE_LAYOUT) -> int:
     """Dedicated Small-Large's choice within the head's group (the valid instances of the
-    ``small-large`` mask) from the state: the fewest unfinished requests (the sum of the instance's
-    three bucket counts, x B), then the most free capacity, then the lowest index."""
+    ``small-large`` mask) from the state, then the most free capacity, then the lowest index.
+
+    With the v1 layout (:data:`~fluidopt.rl.core.STATE_LAYOUT`): the least predicted work, the
+    instance's bucket counts weighted by the buckets' tokens (the first fit; its counts saturate at
+    B = 128 requests, so in a deep overload it falls back to free capacity and the index). With the
+    log layout (:data:`~fluidopt.rl.core.STATE_LAYOUT_LOG`): the fewest unfinished requests (the sum
+    of the three bucket counts, exact up to 8,192 requests)."""
     m = len(valid) - 1
     best, bv = m, (np.inf, 0.0)
     for g in range(m):
         if valid[g]:
-            v = (round(128 * float(obs[6 * g + 1] * BUCKET_TOKENS[0] + obs[6 * g + 2] * BUCKET_TOKENS[1]
-                                   + obs[6 * g + 3] * BUCKET_TOKENS[2])), -float(obs[6 * g + FREE]))
+            if layout == STATE_LAYOUT_LOG:
+                work = float(sum(bucket_counts(obs, g, layout)))
+            else:
+                work = round(128 * float(obs[6 * g + 1] * BUCKET_TOKENS[0] + obs[6 * g + 2] * BUCKET_TOKENS[1]
+                                         + obs[6 * g + 3] * BUCKET_TOKENS[2]))
+            v = (work, -float(obs[6 * g + FREE]))
             if v < bv:
                 best, bv = g, v
     return best
@@ -112,7 +125,7 @@ def imitate(scenario: Scenario, config: ImitationConfig = ImitationConfig(), *, 
     sl = config.expert == "small-large"
     mask = config.expert  # the rule's own action mask
     env = RouterEnv(scenario, n_requests=config.n_requests, accuracy=config.accuracy, multi_dispatch=True,
-                    wait_mask=mask, seed=config.seed)
+                    wait_mask=mask, seed=config.seed, layout=config.layout)
     X, M, A = [], [], []
     waits = 0
     for k in range(config.episodes):
@@ -120,7 +133,7 @@ def imitate(scenario: Scenario, config: ImitationConfig = ImitationConfig(), *, 
         done = False
         while not done:
             valid = env.action_masks()
-            a = small_large_action(obs, valid) if sl else expert_action(obs, valid)
+            a = small_large_action(obs, valid, config.layout) if sl else expert_action(obs, valid)
             if a < m:
                 if valid[:m].sum() > 1:  # a decision with a choice: a training sample
                     X.append(obs)
@@ -161,9 +174,12 @@ def imitate(scenario: Scenario, config: ImitationConfig = ImitationConfig(), *, 
     with torch.no_grad():
         pred = net(X)[:, :m].masked_fill(~Mk, -1e9).argmax(1)
         agree = float((pred == Y).float().mean())
+    d = asdict(config)
+    if d["layout"] == STATE_LAYOUT:  # the v1 files keep the configuration text they had before the option
+        del d["layout"]
     cfg = json.dumps({"method": "imitation", **{k: (list(v) if isinstance(v, tuple) else v)
-                                                 for k, v in asdict(config).items()}}, sort_keys=True)
-    out = to_numpy_net(net, m, "wg", cfg, "multi", mask)
+                                                 for k, v in d.items()}}, sort_keys=True)
+    out = to_numpy_net(net, m, "wg", cfg, "multi", mask, config.layout)
     stats = {"samples": n, "waits": waits, "agreement": agree, "loss": loss_v,
              "wall_seconds": time.perf_counter() - t0}
     return out, stats

@@ -15,7 +15,8 @@ Two architectures (docs/rl.md section 4):
 A weight file is a numpy ``.npz`` with arrays ``W0, b0, W1, b1, W2, b2`` (float32; ``W`` is
 in x out, the transpose of torch's ``Linear.weight``; for ``shared``: the scorer, and ``U0, c0,
 ...`` the wait head) and metadata arrays: ``layout`` (the state layout's name,
-:data:`~fluidopt.rl.core.STATE_LAYOUT`), ``n_instances`` (the fleet it was trained on), ``variant``,
+:data:`~fluidopt.rl.core.STATE_LAYOUT` or the log-count layout
+:data:`~fluidopt.rl.core.STATE_LAYOUT_LOG`; the router fills the state the file names, any other name is refused), ``n_instances`` (the fleet it was trained on), ``variant``,
 ``arch`` (``mlp`` when missing), ``dispatch`` (``single``: one decision per epoch, the paper's MDP;
 ``multi``: decisions for the head until "wait" or an empty queue; ``single`` when missing),
 ``wait_mask`` (``fits``: "wait" is valid only when the head fits on no instance, in training and
@@ -34,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from fluidopt.errors import ScenarioError
-from fluidopt.rl.core import STATE_LAYOUT, WAIT_MASKS, obs_dim
+from fluidopt.rl.core import STATE_LAYOUT, STATE_LAYOUTS, WAIT_MASKS, obs_dim
 
 __all__ = ["QNetwork", "SharedQNetwork", "load_weights", "save_weights", "shipped_weights_path"]
 
@@ -50,10 +51,10 @@ WEIGHTS_DIR = Path(__file__).parent / "weights"
 
 SCENARIO_WEIGHTS = {
     ("wg", "rl-router-paper-regime"): ("wg-rl-regime.npz", "fluidopt rl imitate examples/scenarios/rl-router-paper-regime.toml "
-                                       "--expert small-large --out fluidopt/rl/weights/wg-rl-regime.npz"),
+                                       "--expert small-large --state log --out fluidopt/rl/weights/wg-rl-regime.npz"),
     ("wg", "rl-router-paper-regime-fig4b"): ("wg-rl-regime-fig4b.npz", "fluidopt rl imitate "
                                              "examples/scenarios/rl-router-paper-regime-fig4b.toml --expert small-large "
-                                             "--out fluidopt/rl/weights/wg-rl-regime-fig4b.npz"),
+                                             "--state log --out fluidopt/rl/weights/wg-rl-regime-fig4b.npz"),
     ("wg", "rl-router-v100"): ("wg-rl-tis.npz", "fluidopt rl train examples/scenarios/rl-router-v100.toml --variant wg "
                                "--episodes 30 --requests 2000 --seed 1 --eps-episodes 20 --train-every 4 --objective "
                                "time-in-system --arch shared --multi-dispatch --wait-mask fits --gamma 0.998 "
@@ -111,6 +112,7 @@ class QNetwork:
     config: str = "{}"
     dispatch: str = "single"
     wait_mask: str = "none"
+    layout: str = STATE_LAYOUT
     arch = "mlp"
 
     def q(self, obs: np.ndarray) -> np.ndarray:
@@ -187,6 +189,7 @@ class SharedQNetwork:
     config: str = "{}"
     dispatch: str = "single"
     wait_mask: str = "none"
+    layout: str = STATE_LAYOUT
     arch = "shared"
 
     @property
@@ -243,7 +246,7 @@ def save_weights(path: str | Path, net: QNetwork, *, command: str = "") -> Path:
     from fluidopt._files import atomic_path
 
     with atomic_path(path) as tmp, open(tmp, "wb") as f:  # never a half-written weight file
-        np.savez_compressed(f, layout=np.array(STATE_LAYOUT), n_instances=np.array(net.n_instances),
+        np.savez_compressed(f, layout=np.array(net.layout), n_instances=np.array(net.n_instances),
                             variant=np.array(net.variant), config=np.array(net.config),
                             command=np.array(command), **meta, **arrays)
     return path
@@ -265,8 +268,9 @@ def load_weights(path: str | Path, *, n_instances: int | None = None, hint: str 
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
         raise ScenarioError(f"RL weights {path}: not a readable weight file ({type(e).__name__}: {e}){again}") from None
     layout = str(data.get("layout", ""))
-    if layout != STATE_LAYOUT:
-        raise ScenarioError(f"RL weights {path}: state layout {layout or 'missing'!r}, expected {STATE_LAYOUT!r}{again}")
+    if layout not in STATE_LAYOUTS:
+        raise ScenarioError(f"RL weights {path}: state layout {layout or 'missing'!r}, expected one of "
+                            f"{', '.join(map(repr, STATE_LAYOUTS))}{again}")
     arch = str(data.get("arch", "mlp"))
     if arch not in ARCHS:
         raise ScenarioError(f"RL weights {path}: architecture {arch!r}, expected one of {', '.join(ARCHS)}{again}")
@@ -294,14 +298,14 @@ def load_weights(path: str | Path, *, n_instances: int | None = None, hint: str 
                 raise ScenarioError(f"RL weights {path}: the {name} maps {ls[0][0].shape[0]} -> {ls[-1][0].shape[1]}, "
                                     f"expected {n_in} -> 1{again}")
         # instance-count independent: n_instances only records the fleet it was trained on
-        return SharedQNetwork(tuple(layers), tuple(wait), m, variant, cfg, dispatch, wait_mask)
+        return SharedQNetwork(tuple(layers), tuple(wait), m, variant, cfg, dispatch, wait_mask, layout)
     if layers[0][0].shape[0] != obs_dim(m) or layers[-1][0].shape[1] != m + 1:
         raise ScenarioError(f"RL weights {path}: the network maps {layers[0][0].shape[0]} -> {layers[-1][0].shape[1]}, "
                             f"expected {obs_dim(m)} -> {m + 1} for {m} instances{again}")
     if n_instances is not None and m != n_instances:
         raise ScenarioError(f"RL weights {path}: trained for {m} instances, the scenario has {n_instances}; "
                             f"train weights for it{again or ' with: fluidopt rl train SCENARIO --out FILE'}")
-    return QNetwork(tuple(layers), m, variant, cfg, dispatch, wait_mask)
+    return QNetwork(tuple(layers), m, variant, cfg, dispatch, wait_mask, layout)
 
 
 def _read_layers(data: dict, wk: str, bk: str, path: Path, again: str) -> list:

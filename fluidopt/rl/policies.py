@@ -14,7 +14,9 @@ Q-value instead of waiting again. A guard at inference only, not part of trainin
 whose wait value exceeds every dispatch in a state that waiting does not change (an idle fleet)
 would otherwise wait for ever (docs/rl.md section 5). Weights trained with the ``fits`` wait mask
 (``wait_mask = "fits"`` in the file) apply it here as in training: while the head fits on some
-instance the router takes the best instance, not "wait" (docs/rl.md section 2).
+instance the router takes the best instance, not "wait" (docs/rl.md section 2). The router fills the
+state layout its file names (``layout``: ``fluidopt-rl-state-v1``, or the log-count layout of the
+regime routers, docs/rl.md section 6b).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class RLRouter(RouterCore):
         self.forced = 0  # waits overridden by max_wait
         self._head_waits = 0
         self.net = net
+        self.layout = net.layout  # the router fills the state layout its weights were trained on
         self.name = name
         self.multi = net.dispatch == "multi"
         self.decisions = 0

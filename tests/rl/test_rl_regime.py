@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from fluidopt.errors import ScenarioError, UsageError
+from fluidopt.rl.core import LOG_COUNT_CAP, STATE_LAYOUT, STATE_LAYOUT_LOG, bucket_counts
 from fluidopt.rl.mlp import WEIGHTS_DIR, load_weights, shipped_weights_path
 from fluidopt.rl.predictors import TABLE1_ACCURACY, scenario_accuracy
 from fluidopt.rl.regimes import regime_map, scenario_at
@@ -81,10 +82,13 @@ def test_each_shipped_scenario_has_its_default_wg_rl():
     for f in ("wg-rl-regime.npz", "wg-rl-regime-fig4b.npz"):
         net = load_weights(WEIGHTS_DIR / f, n_instances=4)
         assert (net.arch, net.wait_mask, net.dispatch) == ("shared", "small-large", "multi")
+        assert net.layout == STATE_LAYOUT_LOG  # the regime routers read the log-count state
     from fluidopt.control.registry import make_controller
 
     assert make_controller("wg-rl", reg).net.wait_mask == "small-large"
+    assert make_controller("wg-rl", reg).layout == STATE_LAYOUT_LOG  # the router fills the file's layout
     assert make_controller("wg-rl", v8).net.arch == "shared"
+    assert make_controller("wg-rl", v8).layout == STATE_LAYOUT  # older files: the v1 layout, as before
 
 
 def test_small_large_expert_by_hand():
@@ -101,6 +105,50 @@ def test_small_large_expert_by_hand():
     assert small_large_action(obs, np.array([False, False, True, True, False])) == 3
     obs[6 * 3 + 4] = 0.1  # a full tie: the lowest index
     assert small_large_action(obs, np.array([False, False, True, True, False])) == 2
+
+
+def test_log_layout_counts_do_not_saturate_and_read_back_exactly():
+    from fluidopt.rl.imitate import small_large_action
+
+    obs = np.zeros(27, dtype=np.float32)
+    # instance g's three bucket counts, beyond B = 128 where the v1 entries are all 1
+    counts = ((300, 40, 7), (250, 10, 100), (0, 1, 8192), (128, 129, 5000))
+    for g, c in enumerate(counts):
+        for j in range(3):
+            obs[6 * g + 1 + j] = np.log1p(c[j]) / np.log1p(LOG_COUNT_CAP)
+        obs[6 * g + 4] = 0.0
+    for g, c in enumerate(counts):
+        assert bucket_counts(obs, g, STATE_LAYOUT_LOG) == c
+    assert obs[6 * 2 + 3] == pytest.approx(1.0)  # the cap reads 1
+    # fewest requests within the group: 347 vs 360 (instance 0), 8193 vs 5257 (instance 3)
+    assert small_large_action(obs, np.array([True, True, False, False, False]), STATE_LAYOUT_LOG) == 0
+    assert small_large_action(obs, np.array([False, False, True, True, False]), STATE_LAYOUT_LOG) == 3
+    with pytest.raises(ScenarioError, match="layout: expected one of"):
+        bucket_counts(obs, 0, "fluidopt-rl-state-v0")
+
+
+def test_environment_fills_the_log_layout_from_its_counters():
+    from fluidopt.rl.env import RouterEnv
+    from fluidopt.rl.imitate import ImitationConfig
+
+    sc = load_scenario(REGIME)
+    env = RouterEnv(sc, n_requests=400, wait_mask="small-large", multi_dispatch=True, seed=0, layout=STATE_LAYOUT_LOG)
+    obs, _ = env.reset(seed=0)
+    most = 0
+    for _ in range(300):  # always the first valid instance: the load piles up on instances 0 and 2
+        obs, _, term, trunc, _ = env.step(int(np.argmax(env.action_masks())))
+        if term or trunc:
+            break
+        for g in range(4):
+            assert bucket_counts(obs, g, STATE_LAYOUT_LOG) == tuple(env.core.cnt[g])
+            assert obs[6 * g] == pytest.approx(np.log1p(env.core.n_prompt[g]) / np.log1p(LOG_COUNT_CAP), rel=1e-6)
+        most = max(most, sum(env.core.cnt[0]))
+    assert most > 128  # past the v1 layout's saturation
+    env.close()
+    with pytest.raises(ScenarioError, match="RouterEnv: layout: expected one of"):
+        RouterEnv(sc, layout="v3")
+    with pytest.raises(ScenarioError, match="imitation: layout: expected one of"):
+        ImitationConfig(layout="v3")
 
 
 def test_small_large_mask_follows_the_predicted_bucket():
@@ -236,6 +284,8 @@ def test_sb3_wrapper_and_export_match_the_torch_networks():
 def test_imitate_and_evaluate_reject_bad_input_with_exit_2(tmp_path):
     for args, msg in ((["imitate", str(REGIME), "--epochs", "0", "--out", str(tmp_path / "w.npz")],
                        "--epochs: expected an integer >= 1, got 0"),
+                      (["imitate", str(REGIME), "--state", "v3", "--out", str(tmp_path / "w.npz")],
+                       "--state: invalid choice: 'v3'"),
                       (["evaluate", str(REGIME), "--accuracy", "1.5", "--episodes", "1"],
                        "--accuracy: expected a probability in [0, 1], got 1.5"),
                       (["evaluate", str(REGIME), "--policies", "wg-rl", "--episodes", "1", "--option",
