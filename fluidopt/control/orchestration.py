@@ -161,7 +161,7 @@ class _Orchestrator(Controller):
     name = "orchestrator"
     chunked_prefill = True
 
-    def __init__(self, scenario: Scenario, *, batch_classes=None, batch_itl: float | None = None, tick: float = 10.0,
+    def __init__(self, scenario: Scenario, *, tick: float, batch_classes=None, batch_itl: float | None = None,
                  calibrated: bool = True):
         who = self.name
         self.calibrated = bool(calibrated)

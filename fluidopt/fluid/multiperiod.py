@@ -116,10 +116,6 @@ class FleetPlan:
     def gpus(self) -> np.ndarray:
         return self.base + self.batch
 
-    def at(self, t: float) -> int:
-        """Index of the slot containing time t (clipped to the plan)."""
-        return int(np.clip(np.searchsorted(self.times, t, side="right") - 1, 0, len(self.times) - 1))
-
     def to_frame(self) -> pd.DataFrame:
         return pd.DataFrame({"t_start": self.times, "base_gpus": self.base, "batch_gpus": self.batch,
                              "gpus": self.gpus, "interactive_gpus": self.interactive_demand,

@@ -167,9 +167,9 @@ def summarize(df: pd.DataFrame, *, baseline: str = "round-robin") -> pd.DataFram
         if base is not None:
             e = g.set_index("episode")["e2e_mean"]
             common = e.index.intersection(base.index)
-            imp = 100.0 * (1.0 - e[common].to_numpy() / base[common].to_numpy())
             row["improvement_pct"] = 100.0 * (1.0 - e[common].mean() / base[common].mean())
-            row["improvement_ci"] = _ci(imp)
+            # the paired half-width of the per-episode 100 (1 - e / base): 100 x that of the ratios
+            row["improvement_ci"] = 100.0 * _ci(e[common].to_numpy() / base[common].to_numpy())
         if "requests" in g:
             # latency means cover completed requests only: an episode a router never finishes shows here
             row["completed_share"] = float((g["completed"] / g["requests"]).mean())
