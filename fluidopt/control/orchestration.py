@@ -1293,12 +1293,7 @@ class QLMGroups(_Orchestrator):
 
     def _reorder(self, ctx: Context) -> None:
         for m in self.models:
-            keyed = []
-            for i in self.classes_of[m]:
-                s = self._slack(ctx, i)
-                keyed.append((s < -self.give_up, s, i))
-            keyed.sort()
-            self.order[m] = [i for _, _, i in keyed]
+            self._reorder_model(ctx, m)
 
     # -- plan ------------------------------------------------------------------------------------
     def _plan(self, ctx: Context) -> None:

@@ -197,6 +197,16 @@ def _rates(scenario: Scenario, interactive: Sequence[int], batch: Sequence[int],
     return r.mu_int, r.mu_mix, r.mu_bat
 
 
+def _check_plan_inputs(who: str, scenario: Scenario, slot: float, utilisation: float, backlogs) -> None:
+    if slot <= 0 or not math.isfinite(slot):
+        raise ScenarioError(f"{who}: slot: expected seconds > 0, got {slot!r}")
+    if not 0 < utilisation <= 1:
+        raise ScenarioError(f"{who}: utilisation: expected a fraction in (0, 1], got {utilisation!r}")
+    for j in backlogs:
+        if j.cls not in scenario.class_names:
+            raise ScenarioError(f"{who}: backlog class {j.cls!r} is not a class of the scenario")
+
+
 def plan_fleet(
     scenario: Scenario,
     backlogs: Sequence[BacklogJob],
@@ -234,15 +244,9 @@ def plan_fleet(
     from scipy.optimize import linprog
     from scipy.sparse import coo_array
 
-    if slot <= 0 or not math.isfinite(slot):
-        raise ScenarioError(f"plan_fleet: slot: expected seconds > 0, got {slot!r}")
-    if not 0 < utilisation <= 1:
-        raise ScenarioError(f"plan_fleet: utilisation: expected a fraction in (0, 1], got {utilisation!r}")
+    _check_plan_inputs("plan_fleet", scenario, slot, utilisation, backlogs)
     cl = scenario.classes
     names = scenario.class_names
-    for j in backlogs:
-        if j.cls not in names:
-            raise ScenarioError(f"plan_fleet: backlog class {j.cls!r} is not a class of the scenario")
     if interactive is None:
         interactive = [i for i, c in enumerate(cl) if c.deadline is None and c.deadline_at is None]
     batch = sorted({names.index(j.cls) for j in backlogs}) or [i for i in range(len(cl)) if i not in interactive]
@@ -490,15 +494,9 @@ def plan_fleet_mix(
     from scipy.optimize import linprog
     from scipy.sparse import coo_array
 
-    if slot <= 0 or not math.isfinite(slot):
-        raise ScenarioError(f"plan_fleet_mix: slot: expected seconds > 0, got {slot!r}")
-    if not 0 < utilisation <= 1:
-        raise ScenarioError(f"plan_fleet_mix: utilisation: expected a fraction in (0, 1], got {utilisation!r}")
+    _check_plan_inputs("plan_fleet_mix", scenario, slot, utilisation, backlogs)
     cl = scenario.classes
     names = scenario.class_names
-    for j in backlogs:
-        if j.cls not in names:
-            raise ScenarioError(f"plan_fleet_mix: backlog class {j.cls!r} is not a class of the scenario")
     inter = [i for i, c in enumerate(cl) if c.deadline is None and c.deadline_at is None]
     bat = sorted({names.index(j.cls) for j in backlogs}) or [i for i in range(len(cl)) if i not in inter]
     tr = type_rates(scenario, types, interactive=inter, batch=bat, batch_itl=batch_itl, calibrated=calibrated)
