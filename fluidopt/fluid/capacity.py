@@ -16,6 +16,8 @@ bisection. Rows (same names as the per-GPU LP's)::
     tpot                    tpot_coef sum_i X_i - tpot_rhs n            <= 0
     prefill_fairness        X_i <= hi, lo <= X_i, hi - lo - eta n       <= 0     (and decode_fairness on Ys)
 
+The SLI rows are not written here: each SLI's ``rows`` (fluidopt/fluid/sli.py), taken on the cluster's
+rates (lam = Lambda_i), are homogenised by n (their ``rhs_per_gpu`` part times n moves to the left).
 Every SLI is taken as hard here (a penalty weight is ignored: a capacity plan meets its SLIs).
 Feasibility is monotone in n (more GPUs never hurt: keep the same point), so the integer answer is
 ceil(n*). The duals of the optimum say which rows bind: d n* / d rhs.
@@ -157,22 +159,23 @@ def fluid_fleet_bound(scenario: Scenario, slis: Sequence[SLI]) -> FleetBound:
     # per-GPU part of the right-hand side moves to the left as -rhs_per_gpu * n. Terms on a variable pinned
     # at 0 (q_prefill with theta = 0, q_decode: no buffer with SLIs) are left out, and a row left empty
     # is a constant and left out too.
-    data = RowData(scenario.class_names, replace(scenario.rates(), lam=r["Lam"]),
-                   scenario.gpu)
+    data = RowData(scenario.class_names, replace(scenario.rates(), lam=r["Lam"]), scenario.gpu)
     cols = {"x": X, "y_mixed": Ym, "y_solo": Ys, "q_prefill": Qp}
     for s in slis:
         helper = {h: add_col(h) for h in s.helpers}
         for row in s.rows(data):
             coef: dict[int, float] = {}
-            for var, cls, a in row.terms:
-                if cls is None:
+            for var, classes, a in row.terms:
+                if classes is None and var in helper:
                     coef[helper[var]] = a
-                elif var in cols:
-                    i = scenario.class_names.index(cls)
-                    if var != "q_prefill" or r["theta"][i] > 0:
-                        coef[cols[var](i)] = a
-                elif var != "q_decode":
-                    raise ScenarioError(f"sli {sli_spec(s)}: row {row.name}: unknown variable {var!r}")
+                    continue
+                for cls in (classes if isinstance(classes, tuple) else (classes,)):
+                    if var in cols and cls is not None:
+                        i = scenario.class_names.index(cls)
+                        if var != "q_prefill" or r["theta"][i] > 0:
+                            coef[cols[var](i)] = a
+                    elif var != "q_decode" or cls is None:
+                        raise ScenarioError(f"sli {sli_spec(s)}: row {row.name}: unknown variable {var}[{cls}]")
             if not coef:
                 continue
             if row.rhs_per_gpu:

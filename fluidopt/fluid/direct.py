@@ -153,10 +153,11 @@ class DirectFluidLP:
         inf = self._highspy.kHighsInf
         for row, old in zip(new.rows(data), sli.rows(data)):
             idx = self._rows[row.name]
-            for (var, cls, a), (_, _, a_old) in zip(row.terms, old.terms):
+            for (var, classes, a), (_, _, a_old) in zip(row.terms, old.terms):
                 if a != a_old:
-                    v = getattr(m, var) if cls is None else getattr(m, var)[cls]
-                    self.h.changeCoeff(idx, int(vmap[id(v)]), float(a))
+                    for cls in (classes if isinstance(classes, tuple) else (classes,)):
+                        v = getattr(m, var) if cls is None else getattr(m, var)[cls]
+                        self.h.changeCoeff(idx, int(vmap[id(v)]), float(a))
             rhs, rhs_old = row.per_gpu_rhs, old.per_gpu_rhs
             if rhs != rhs_old:
                 if row.sense == "<=":

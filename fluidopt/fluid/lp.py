@@ -110,7 +110,9 @@ class FluidModel:
         self._structure = self._sli_structure(self.slis)
         self._solver: Highs | None = None
         self.scenario = scenario
-        self._build()
+        self._rates = scenario.rates()
+        self._build()  # the SLI rows are built with the scenario's numbers: the first update() keeps them
+        self._first_load = True
         self.update(scenario)
         self.build_seconds = time.perf_counter() - t0
 
@@ -163,23 +165,43 @@ class FluidModel:
         def v(key: str):
             return m.violation[key] if key in soft else 0.0
 
-        # Each SLI's rows (fluidopt/fluid/sli.py), in the built-ins' order of before; every coefficient
-        # and right-hand side a mutable parameter (sli_coef[row, k], sli_rhs[row]) that update() reloads.
-        data = self._row_data(self.scenario)
-        self._sli_rows: list[tuple[int, tuple[SLIRow, ...]]] = []
-        m.sli_coef = pyo.Param(pyo.Any, initialize={}, mutable=True, within=pyo.Any)
-        m.sli_rhs = pyo.Param(pyo.Any, initialize={}, mutable=True, within=pyo.Any)
+        # Each SLI's rows (fluidopt/fluid/sli.py), in the built-ins' order of before; each coefficient and
+        # right-hand side a mutable parameter (sli_coef[row, k], sli_rhs[row]) that update() reloads, except
+        # in rows marked fixed (constants: the fairness rows' 1s and 0s). Rows named base[index] of all SLIs
+        # form one indexed constraint ``base`` (served_fraction[a], served_fraction[b], ...).
+        data = RowData(self.class_names, self._rates, self.scenario.gpu)
         order = sorted(range(len(self.slis)), key=lambda j: self.slis[j].order)
-        for j in order:
+        self._sli_rows: list[tuple[int, tuple[SLIRow, ...]]] = [(j, tuple(self.slis[j].rows(data))) for j in order]
+        coef0: dict[tuple[str, int], float] = {}
+        rhs0: dict[str, float] = {}
+        for _, rows in self._sli_rows:
+            for row in rows:
+                if not row.fixed:
+                    rhs0[row.name] = row.per_gpu_rhs
+                    coef0.update(((row.name, k), t[2]) for k, t in enumerate(row.terms))
+        m.sli_rhs = pyo.Param(pyo.Any, initialize=rhs0, mutable=True, within=pyo.Any)
+        m.sli_coef = pyo.Param(pyo.Any, initialize=coef0, mutable=True, within=pyo.Any)
+        groups: dict[str, dict[str | None, object]] = {}
+        for j, rows in self._sli_rows:
             sli = self.slis[j]
-            rows = tuple(sli.rows(data))
-            self._sli_rows.append((j, rows))
             for h in sli.helpers:
                 if hasattr(m, h):
                     raise ScenarioError(f"sli {sli_spec(sli)}: helper variable {h!r} is already a name in the model")
                 setattr(m, h, pyo.Var())
             for row in rows:
-                self._add_sli_row(m, sli, row, v(sli.key) if row.main else 0.0)
+                base, br, idx = row.name.partition("[")
+                exprs = groups.setdefault(base, {})
+                key = idx[:-1] if br else None
+                if key in exprs or (None in exprs) or (key is None and exprs):
+                    raise ScenarioError(f"sli {sli_spec(sli)}: row name {row.name!r} is given twice")
+                exprs[key] = self._sli_expr(m, sli, row, v(sli.key) if row.main else 0.0)
+        for base, exprs in groups.items():
+            if hasattr(m, base):
+                raise ScenarioError(f"sli row {base!r}: the name is already taken in the model")
+            if None in exprs:
+                setattr(m, base, pyo.Constraint(expr=exprs[None]))
+            else:
+                setattr(m, base, pyo.Constraint(list(exprs), rule=lambda m, i, e=exprs: e[i]))
 
         # -- objective ----------------------------------------------------------------------------
         m.revenue = pyo.Expression(
@@ -216,42 +238,27 @@ class FluidModel:
                 self._sli_of_row[row.name] = self.slis[j]
 
     @staticmethod
-    def _row_data(scenario: Scenario) -> RowData:
-        return RowData(scenario.class_names, scenario.rates(), scenario.gpu)
-
-    @staticmethod
-    def _add_sli_row(m, sli: SLI, row: SLIRow, violation) -> None:
-        """Add one SLI row to the model as a constraint named as the row (``base`` or ``base[index]``)."""
-        base, br, idx = row.name.partition("[")
-        idx = idx[:-1] if br else None
-        terms = []
+    def _sli_expr(m, sli: SLI, row: SLIRow, violation):
+        """One SLI row as a Pyomo relational expression (coefficients and rhs: parameters unless fixed)."""
+        body = 0
         for k, (var, cls, coef) in enumerate(row.terms):
-            m.sli_coef[row.name, k] = coef
-            if var in FLUID_VARIABLES and cls is not None:
-                terms.append(m.sli_coef[row.name, k] * getattr(m, var)[cls])
+            if var in FLUID_VARIABLES and isinstance(cls, tuple):
+                x = sum(getattr(m, var)[c] for c in cls)
+            elif var in FLUID_VARIABLES and cls is not None:
+                x = getattr(m, var)[cls]
             elif var in sli.helpers and cls is None:
-                terms.append(m.sli_coef[row.name, k] * getattr(m, var))
+                x = getattr(m, var)
             else:
                 raise ScenarioError(f"sli {sli_spec(sli)}: row {row.name}: unknown variable {var}[{cls}]; expected one "
                                     f"of {', '.join(FLUID_VARIABLES)} with a class, or a helper {sli.helpers}")
-        m.sli_rhs[row.name] = row.per_gpu_rhs
-        body = sum(terms)
-        if row.sense == "<=":
-            expr = body - violation <= m.sli_rhs[row.name]
-        else:
-            expr = body + violation >= m.sli_rhs[row.name]
-        comp = getattr(m, base, None)
-        if idx is None:
-            if comp is not None:
-                raise ScenarioError(f"sli {sli_spec(sli)}: row name {row.name!r} is already a name in the model")
-            setattr(m, base, pyo.Constraint(expr=expr))
-        else:
-            if comp is None:
-                setattr(m, base, pyo.Constraint(pyo.Any))
-                comp = getattr(m, base)
-            elif not (isinstance(comp, pyo.Constraint) and comp.is_indexed()) or idx in comp:
-                raise ScenarioError(f"sli {sli_spec(sli)}: row name {row.name!r} is already a name in the model")
-            comp[idx] = expr
+            if not row.fixed:
+                body = body + m.sli_coef[row.name, k] * x
+            elif coef == 1.0 or coef == -1.0:  # as the rows were written by hand: x_i - x_max <= 0
+                body = body + x if coef == 1.0 else body - x
+            else:
+                body = body + float(coef) * x
+        rhs = float(row.per_gpu_rhs) if row.fixed else m.sli_rhs[row.name]
+        return body - violation <= rhs if row.sense == "<=" else body + violation >= rhs
 
     # -- data -------------------------------------------------------------------------------------
     def update(self, scenario: Scenario | None = None, *, slis: Sequence[SLI] | None = None,
@@ -285,7 +292,8 @@ class FluidModel:
                 )
             self.scenario = scenario
         s = self.scenario
-        r = s.rates()
+        first, self._first_load = self._first_load, False
+        r = self._rates if first else s.rates()
         self._rates = r
         cx, cm, cs = objective_coefficients(r, self.pricing)
         no_buffer = bool(self.slis)
@@ -306,11 +314,18 @@ class FluidModel:
             sli = self.slis[j]
             if sli.penalty is not None:
                 m.penalty_weight[sli.key] = float(sli.penalty)
-            rows = sli.rows(data)
+            if first:  # _build loaded these very rows
+                continue
+            rows = tuple(sli.rows(data))
+            if len(rows) != len(built):
+                raise ScenarioError(f"sli {sli_spec(sli)}: {len(rows)} rows for the new data, {len(built)} when built; "
+                                    "an SLI's rows keep their names and terms")
             for row, old in zip(rows, built):
-                if row.name != old.name or len(row.terms) != len(old.terms):
-                    raise ScenarioError(f"sli {sli_spec(sli)}: its rows changed shape with the data "
-                                        f"({old.name} became {row.name}); an SLI's rows must keep their names and terms")
+                if old.fixed:  # constants by the SLI's word (SLIRow.fixed): nothing to reload
+                    continue
+                if row.name != old.name or len(row.terms) != len(old.terms) or row.fixed:
+                    raise ScenarioError(f"sli {sli_spec(sli)}: its row {old.name} changed with the data or the bound "
+                                        f"(to {row}); an SLI's rows keep their names and terms, a fixed row its numbers")
                 for k, t in enumerate(row.terms):
                     m.sli_coef[row.name, k] = t[2]
                 m.sli_rhs[row.name] = row.per_gpu_rhs

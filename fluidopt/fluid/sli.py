@@ -112,18 +112,22 @@ class SLIRow:
     """One linear row of an SLI: sum of coef * variable (``sense``) rhs + rhs_per_gpu * n.
 
     ``terms``: (variable, class, coefficient); variable is one of :data:`FLUID_VARIABLES` with a class
-    name, or one of the SLI's ``helpers`` (free variables) with class None. In the per-GPU LP n = 1;
+    name, or a tuple of class names (one coefficient on their sum: one parameter, not one per class), or
+    one of the SLI's ``helpers`` (free variables) with class None. In the per-GPU LP n = 1;
     the capacity LP, whose variables are n times the per-GPU ones, keeps n as a variable. ``name``:
     the row's name in duals and infeasibility reports (``base`` or ``base[index]``). ``main``: the
     SLI's own row, whose dual is d objective / d bound and into which a soft SLI's violation enters.
+    ``fixed``: the row's coefficients and right-hand side depend neither on the data nor on the bound;
+    the per-GPU LP then writes them as constants instead of parameters (faster re-solves).
     """
 
     name: str
-    terms: tuple[tuple[str, str | None, float], ...]
+    terms: tuple[tuple[str, str | tuple[str, ...] | None, float], ...]
     sense: str  # "<=" or ">="
     rhs: float = 0.0
     rhs_per_gpu: float = 0.0
     main: bool = False
+    fixed: bool = False
 
     def __post_init__(self) -> None:
         if self.sense not in ("<=", ">="):
@@ -176,8 +180,8 @@ def _spread_rows(key: str, var: str, eta: float, classes: Sequence[str]) -> tupl
     """max_i var_i - min_i var_i <= eta with helpers var_max, var_min: 2I + 1 rows (not I(I-1))."""
     hi, lo = f"{var}_max", f"{var}_min"
     return (
-        *(SLIRow(f"{key}_max[{c}]", ((var, c, 1.0), (hi, None, -1.0)), "<=") for c in classes),
-        *(SLIRow(f"{key}_min[{c}]", ((lo, None, 1.0), (var, c, -1.0)), "<=") for c in classes),
+        *(SLIRow(f"{key}_max[{c}]", ((var, c, 1.0), (hi, None, -1.0)), "<=", fixed=True) for c in classes),
+        *(SLIRow(f"{key}_min[{c}]", ((lo, None, 1.0), (var, c, -1.0)), "<=", fixed=True) for c in classes),
         SLIRow(key, ((hi, None, 1.0), (lo, None, -1.0)), "<=", 0.0, eta, main=True),
     )
 
@@ -258,8 +262,7 @@ class TPOT(SLIBase):
         B = float(g.batch)
         eta = self.bound
         coef = (g.tau_mix * (B - 1) - B / g.gamma + eta) / B
-        return (SLIRow("tpot", tuple(("x", c, coef) for c in d.class_names), "<=", 0.0, eta - 1.0 / g.gamma,
-                       main=True),)
+        return (SLIRow("tpot", (("x", d.class_names, coef),), "<=", 0.0, eta - 1.0 / g.gamma, main=True),)
 
     def unattainable(self, gpu: GPUProfile) -> str | None:
         if self.max_seconds <= gpu.tau_solo:
