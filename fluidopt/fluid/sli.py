@@ -339,7 +339,6 @@ class MaxPrefillWait(SLIBase):
 
 
 SLI = PrefillFairness | DecodeFairness | TPOT | MinServedFraction | MaxPrefillWait
-_SLI_TYPES = (PrefillFairness, DecodeFairness, TPOT, MinServedFraction, MaxPrefillWait)
 
 
 def sli_spec(sli: SLI) -> str:
