@@ -247,14 +247,15 @@ def _workflow(arrivals: Any, backlogs: Any, source: str):
     return Workflow(arrivals=tuple(out_a), backlogs=tuple(out_b))
 
 
-def _slis(value: Any, class_names: tuple[str, ...]) -> tuple[str, ...]:
-    """Validate ``slis = ["tpot=0.03", ...]`` (the ``--sli`` spec strings of ``fluidopt solve``)."""
-    from fluidopt.fluid.sli import parse_sli, validate_slis  # pure Python, no solver import
+def _slis(value: Any, class_names: tuple[str, ...]):
+    """Parse and validate ``slis = ["tpot=0.03", ...]`` (the ``--sli`` spec strings of ``fluidopt solve``)
+    once: the strings as written, carrying their SLI objects (:class:`~fluidopt.fluid.sli.SLISpecs`)."""
+    from fluidopt.fluid.sli import SLISpecs, parse_sli, validate_slis  # pure Python, no solver import
 
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ScenarioError(f"slis: expected an array of SLI spec strings like \"tpot=0.03\", got {value!r}")
-    validate_slis([parse_sli(v, where=f"slis[{i}]") for i, v in enumerate(value)], class_names)
-    return tuple(value)
+    slis = validate_slis([parse_sli(v, where=f"slis[{i}]") for i, v in enumerate(value)], class_names)
+    return SLISpecs(value, slis)
 
 
 def loads_scenario(text: str, *, source: str = "<string>") -> Scenario:

@@ -101,13 +101,12 @@ def format_solution(sol: Any) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fluidopt.fluid.sli import parse_slis
+    from fluidopt.fluid.sli import parse_slis, slis_of
     from fluidopt.scenario import load_scenario
 
     # Input first, the solver stack (pyomo, pandas: seconds to import) only once it is valid.
     scenario = load_scenario(args.scenario)
-    specs = list(scenario.meta.get("slis", ())) + list(args.sli)
-    slis = parse_slis(specs, where="--sli")
+    slis = (*slis_of(scenario.meta.get("slis")), *parse_slis(args.sli, where="--sli"))
     from fluidopt.fluid.lp import solve_fluid
 
     sol = solve_fluid(scenario, args.pricing, slis, lexicographic=not args.no_lexicographic)

@@ -16,6 +16,8 @@ bisection. Rows (same names as the per-GPU LP's)::
     tpot                    tpot_coef sum_i X_i - tpot_rhs n            <= 0
     prefill_fairness        X_i <= hi, lo <= X_i, hi - lo - eta n       <= 0     (and decode_fairness on Ys)
 
+The SLI rows are not written here: each SLI's ``rows`` (fluidopt/fluid/sli.py), taken on the cluster's
+rates (lam = Lambda_i), are homogenised by n (their ``rhs_per_gpu`` part times n moves to the left).
 Every SLI is taken as hard here (a penalty weight is ignored: a capacity plan meets its SLIs).
 Feasibility is monotone in n (more GPUs never hurt: keep the same point), so the integer answer is
 ceil(n*). The duals of the optimum say which rows bind: d n* / d rhs.
@@ -25,21 +27,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from fluidopt.errors import InfeasibleError, ScenarioError
-from fluidopt.fluid.sli import (
-    SLI,
-    TPOT,
-    DecodeFairness,
-    MaxPrefillWait,
-    MinServedFraction,
-    PrefillFairness,
-    sli_spec,
-    validate_slis,
-)
+from fluidopt.fluid.sli import SLI, MinServedFraction, RowData, sli_spec, validate_slis
 from fluidopt.model import Scenario
 
 __all__ = ["FleetBound", "fluid_fleet_bound", "check_slis_attainable"]
@@ -76,13 +69,10 @@ class FleetBound:
 
 def check_slis_attainable(scenario: Scenario, slis: Sequence[SLI]) -> None:
     """Raise :class:`ScenarioError` for an SLI that no fleet size can meet, naming why."""
-    g = scenario.gpu
     for s in slis:
-        if isinstance(s, TPOT) and s.max_seconds <= g.tau_solo:
-            raise ScenarioError(
-                f"no fleet size meets TPOT <= {s.max_seconds:g} s because the GPU law's solo decode time is "
-                f"{g.tau_solo:.6g} s per token (1/gamma, profile {g.name or 'custom'}); TPOT is at least that"
-            )
+        why = s.unattainable(scenario.gpu)
+        if why:
+            raise ScenarioError(why)
 
 
 def quiet_highs():
@@ -165,26 +155,33 @@ def fluid_fleet_bound(scenario: Scenario, slis: Sequence[SLI]) -> FleetBound:
         cost.append(0.0)
         return len(names) - 1
 
+    # Each SLI's own rows (fluidopt/fluid/sli.py) on cluster data (lam = Lambda), homogenised by n: the
+    # per-GPU part of the right-hand side moves to the left as -rhs_per_gpu * n. Terms on a variable pinned
+    # at 0 (q_prefill with theta = 0, q_decode: no buffer with SLIs) are left out, and a row left empty
+    # is a constant and left out too.
+    data = RowData(scenario.class_names, replace(scenario.rates(), lam=r["Lam"]), scenario.gpu)
+    cols = {"x": X, "y_mixed": Ym, "y_solo": Ys, "q_prefill": Qp}
     for s in slis:
-        if isinstance(s, MinServedFraction):
-            i = scenario.class_names.index(s.cls)
-            rows.append((s.key, {X(i): r["mu_p"][i] / r["Lam"][i]}, s.fraction, inf))
-        elif isinstance(s, MaxPrefillWait):
-            i = scenario.class_names.index(s.cls)
-            if r["theta"][i] > 0:
-                rows.append((s.key, {Qp(i): 1.0 / r["Lam"][i]}, -inf, s.seconds))
-        elif isinstance(s, TPOT):
-            eta = s.max_seconds
-            coef = (g.tau_mix * (B - 1) - B / g.gamma + eta) / B
-            rhs = eta - 1.0 / g.gamma
-            rows.append(("tpot", {**{X(i): coef for i in range(I)}, 0: -rhs}, -inf, 0.0))
-        elif isinstance(s, (PrefillFairness, DecodeFairness)):
-            var = X if isinstance(s, PrefillFairness) else Ys
-            hi, lo = add_col(f"{s.key}_hi"), add_col(f"{s.key}_lo")
-            for i, c in enumerate(scenario.class_names):
-                rows.append((f"{s.key}_max[{c}]", {var(i): 1.0, hi: -1.0}, -inf, 0.0))
-                rows.append((f"{s.key}_min[{c}]", {lo: 1.0, var(i): -1.0}, -inf, 0.0))
-            rows.append((s.key, {hi: 1.0, lo: -1.0, 0: -s.eta}, -inf, 0.0))
+        helper = {h: add_col(h) for h in s.helpers}
+        for row in s.rows(data):
+            coef: dict[int, float] = {}
+            for var, classes, a in row.terms:
+                if classes is None and var in helper:
+                    coef[helper[var]] = a
+                    continue
+                for cls in (classes if isinstance(classes, tuple) else (classes,)):
+                    if var in cols and cls is not None:
+                        i = scenario.class_names.index(cls)
+                        if var != "q_prefill" or r["theta"][i] > 0:
+                            coef[cols[var](i)] = a
+                    elif var != "q_decode" or cls is None:
+                        raise ScenarioError(f"sli {sli_spec(s)}: row {row.name}: unknown variable {var}[{cls}]")
+            if not coef:
+                continue
+            if row.rhs_per_gpu:
+                coef[0] = -row.rhs_per_gpu
+            lo_, hi_ = (-inf, row.rhs) if row.sense == "<=" else (row.rhs, inf)
+            rows.append((row.name, coef, lo_, hi_))
 
     h = quiet_highs()
     # Tight tolerances on rows scaled to a largest coefficient of 1: HiGHS's default 1e-7 absolute

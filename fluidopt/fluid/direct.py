@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from fluidopt.fluid.lp import FluidModel
-from fluidopt.fluid.sli import SLI, TPOT
+from fluidopt.fluid.sli import SLI, RowData
 from fluidopt.model import Scenario
 
 __all__ = ["DirectFluidLP"]
@@ -140,29 +140,30 @@ class DirectFluidLP:
         self._scenario = value
 
     def set_sli_bound(self, key: str, bound: float) -> None:
-        """Move one SLI's bound (its row as in docs/lp.md; TPOT also rescales its coefficients)."""
+        """Move one SLI's bound: its rows (:meth:`~fluidopt.fluid.sli.SLIBase.rows`) are recomputed and the
+        coefficients and right-hand sides that changed are written in place (TPOT's coefficients move too)."""
         sli = next((s for s in self.slis if s.key == key), None)
         if sli is None:
             raise KeyError(f"no SLI row {key!r} in this model; it has {[s.key for s in self.slis]}")
-        from dataclasses import replace
-
-        field_name = {"tpot": "max_seconds", "prefill_fairness": "eta", "decode_fairness": "eta"}.get(
-            sli.kind, "fraction" if sli.kind == "served" else "seconds")
-        new = replace(sli, **{field_name: float(bound)})
+        new = sli.with_bound(bound)
         self.slis = tuple(new if s.key == key else s for s in self.slis)
-        row = self._rows[key]
+        data = RowData(self.class_names, self._rates, self._scenario.gpu)
+        m = self.fm.model
+        vmap = self.fm.solver._pyomo_var_to_solver_var_map
         inf = self._highspy.kHighsInf
-        if isinstance(sli, TPOT):
-            g = self.scenario.gpu
-            B = float(g.batch)
-            coef = (g.tau_mix * (B - 1) - B / g.gamma + bound) / B
-            for c in self._x:
-                self.h.changeCoeff(row, int(c), coef)
-            self.h.changeRowBounds(row, -inf, bound - 1.0 / g.gamma)
-        elif sli.kind == "served":
-            self.h.changeRowBounds(row, float(bound), inf)
-        else:
-            self.h.changeRowBounds(row, -inf, float(bound))
+        for row, old in zip(new.rows(data), sli.rows(data)):
+            idx = self._rows[row.name]
+            for (var, classes, a), (_, _, a_old) in zip(row.terms, old.terms):
+                if a != a_old:
+                    for cls in (classes if isinstance(classes, tuple) else (classes,)):
+                        v = getattr(m, var) if cls is None else getattr(m, var)[cls]
+                        self.h.changeCoeff(idx, int(vmap[id(v)]), float(a))
+            rhs, rhs_old = row.per_gpu_rhs, old.per_gpu_rhs
+            if rhs != rhs_old:
+                if row.sense == "<=":
+                    self.h.changeRowBounds(idx, -inf, float(rhs))
+                else:
+                    self.h.changeRowBounds(idx, float(rhs), inf)
         self._read_lp()
 
     # -- solving -----------------------------------------------------------------------------

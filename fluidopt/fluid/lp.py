@@ -31,16 +31,7 @@ from pyomo.contrib.solver.common.results import TerminationCondition
 from pyomo.contrib.solver.solvers.highs import Highs
 
 from fluidopt.errors import InfeasibleError, ScenarioError, SolverError
-from fluidopt.fluid.sli import (
-    SLI,
-    TPOT,
-    DecodeFairness,
-    MaxPrefillWait,
-    MinServedFraction,
-    PrefillFairness,
-    sli_spec,
-    validate_slis,
-)
+from fluidopt.fluid.sli import FLUID_VARIABLES, SLI, RowData, SLIRow, sli_spec, validate_slis
 from fluidopt.fluid.solution import FluidSolution
 from fluidopt.model import Rates, Scenario
 
@@ -118,8 +109,10 @@ class FluidModel:
         self.slis: tuple[SLI, ...] = validate_slis(slis, self.class_names)
         self._structure = self._sli_structure(self.slis)
         self._solver: Highs | None = None
-        self._build()
         self.scenario = scenario
+        self._rates = scenario.rates()
+        self._build()  # the SLI rows are built with the scenario's numbers: the first update() keeps them
+        self._first_load = True
         self.update(scenario)
         self.build_seconds = time.perf_counter() - t0
 
@@ -164,59 +157,51 @@ class FluidModel:
         )
 
         # -- SLIs -------------------------------------------------------------------------------
-        keys = [s.key for s in self.slis]
         soft = [s.key for s in self.slis if s.penalty is not None]
-        m.SLI = pyo.Set(initialize=keys, ordered=True)
         m.SOFT = pyo.Set(initialize=soft, ordered=True)
-        m.sli_bound = pyo.Param(m.SLI, initialize=0.0, mutable=True, within=pyo.Any)
         m.penalty_weight = pyo.Param(m.SOFT, initialize=0.0, mutable=True, within=pyo.Any)
         m.violation = pyo.Var(m.SOFT, within=nn)
 
         def v(key: str):
             return m.violation[key] if key in soft else 0.0
 
-        by_type: dict[type, list[SLI]] = {}
-        for s in self.slis:
-            by_type.setdefault(type(s), []).append(s)
-        def spread_rows(key: str, var) -> None:
-            # max_i var_i - min_i var_i <= eta with two helper variables: rows key_max[i], key_min[i]
-            # and key (2I+1 rows instead of I(I-1) pairwise ones; the same feasible set).
-            hi, lo = pyo.Var(), pyo.Var()
-            setattr(m, f"{var.local_name}_max", hi)
-            setattr(m, f"{var.local_name}_min", lo)
-            setattr(m, f"{key}_max", pyo.Constraint(m.I, rule=lambda m, i: var[i] - hi <= 0))
-            setattr(m, f"{key}_min", pyo.Constraint(m.I, rule=lambda m, i: lo - var[i] <= 0))
-            setattr(m, key, pyo.Constraint(expr=hi - lo - v(key) <= m.sli_bound[key]))
-
-        if PrefillFairness in by_type:
-            spread_rows("prefill_fairness", m.x)
-        if DecodeFairness in by_type:
-            spread_rows("decode_fairness", m.y_solo)
-        if TPOT in by_type:
-            # (N(X) - eta (B - X)) / B <= 0, N(X) = tau (B-1) X + (B/gamma)(1-X), rewritten as
-            # tpot_coef * X - v <= tpot_rhs with tpot_coef = (tau (B-1) - B/gamma + eta) / B and
-            # tpot_rhs = eta - 1/gamma (seconds).
-            m.tpot_coef = pyo.Param(initialize=0.0, mutable=True, within=pyo.Any)
-            m.tpot_rhs = pyo.Param(initialize=0.0, mutable=True, within=pyo.Any)
-            m.tpot = pyo.Constraint(expr=m.tpot_coef * X - v("tpot") <= m.tpot_rhs)
-        served = [s for s in by_type.get(MinServedFraction, [])]
-        if served:
-            m.SERVED = pyo.Set(initialize=[s.cls for s in served], ordered=True)
-            m.served_coef = pyo.Param(m.SERVED, initialize=0.0, mutable=True, within=pyo.Any)  # mu_p / lambda
-            m.served_fraction = pyo.Constraint(
-                m.SERVED,
-                rule=lambda m, c: m.served_coef[c] * m.x[c] + v(f"served_fraction[{c}]")
-                >= m.sli_bound[f"served_fraction[{c}]"],
-            )
-        waits = [s for s in by_type.get(MaxPrefillWait, [])]
-        if waits:
-            m.WAIT = pyo.Set(initialize=[s.cls for s in waits], ordered=True)
-            m.wait_coef = pyo.Param(m.WAIT, initialize=0.0, mutable=True, within=pyo.Any)  # 1 / lambda
-            m.prefill_wait = pyo.Constraint(
-                m.WAIT,
-                rule=lambda m, c: m.wait_coef[c] * m.q_prefill[c] - v(f"prefill_wait[{c}]")
-                <= m.sli_bound[f"prefill_wait[{c}]"],
-            )
+        # Each SLI's rows (fluidopt/fluid/sli.py), in the built-ins' order of before; each coefficient and
+        # right-hand side a mutable parameter (sli_coef[row, k], sli_rhs[row]) that update() reloads, except
+        # in rows marked fixed (constants: the fairness rows' 1s and 0s). Rows named base[index] of all SLIs
+        # form one indexed constraint ``base`` (served_fraction[a], served_fraction[b], ...).
+        data = RowData(self.class_names, self._rates, self.scenario.gpu)
+        order = sorted(range(len(self.slis)), key=lambda j: self.slis[j].order)
+        self._sli_rows: list[tuple[int, tuple[SLIRow, ...]]] = [(j, tuple(self.slis[j].rows(data))) for j in order]
+        coef0: dict[tuple[str, int], float] = {}
+        rhs0: dict[str, float] = {}
+        for _, rows in self._sli_rows:
+            for row in rows:
+                if not row.fixed:
+                    rhs0[row.name] = row.per_gpu_rhs
+                    coef0.update(((row.name, k), t[2]) for k, t in enumerate(row.terms))
+        m.sli_rhs = pyo.Param(pyo.Any, initialize=rhs0, mutable=True, within=pyo.Any)
+        m.sli_coef = pyo.Param(pyo.Any, initialize=coef0, mutable=True, within=pyo.Any)
+        groups: dict[str, dict[str | None, object]] = {}
+        for j, rows in self._sli_rows:
+            sli = self.slis[j]
+            for h in sli.helpers:
+                if hasattr(m, h):
+                    raise ScenarioError(f"sli {sli_spec(sli)}: helper variable {h!r} is already a name in the model")
+                setattr(m, h, pyo.Var())
+            for row in rows:
+                base, br, idx = row.name.partition("[")
+                exprs = groups.setdefault(base, {})
+                key = idx[:-1] if br else None
+                if key in exprs or (None in exprs) or (key is None and exprs):
+                    raise ScenarioError(f"sli {sli_spec(sli)}: row name {row.name!r} is given twice")
+                exprs[key] = self._sli_expr(m, sli, row, v(sli.key) if row.main else 0.0)
+        for base, exprs in groups.items():
+            if hasattr(m, base):
+                raise ScenarioError(f"sli row {base!r}: the name is already taken in the model")
+            if None in exprs:
+                setattr(m, base, pyo.Constraint(expr=exprs[None]))
+            else:
+                setattr(m, base, pyo.Constraint(list(exprs), rule=lambda m, i, e=exprs: e[i]))
 
         # -- objective ----------------------------------------------------------------------------
         m.revenue = pyo.Expression(
@@ -248,12 +233,32 @@ class FluidModel:
             for idx, cd in comp.items():
                 self._row_names[id(cd)] = comp.local_name if idx is None else f"{comp.local_name}[{idx}]"
         self._sli_of_row: dict[str, SLI] = {}
-        for s in self.slis:
-            self._sli_of_row[s.key] = s
-            if s.key in ("prefill_fairness", "decode_fairness"):
-                for i in names:
-                    self._sli_of_row[f"{s.key}_max[{i}]"] = s
-                    self._sli_of_row[f"{s.key}_min[{i}]"] = s
+        for j, rows in self._sli_rows:
+            for row in rows:
+                self._sli_of_row[row.name] = self.slis[j]
+
+    @staticmethod
+    def _sli_expr(m, sli: SLI, row: SLIRow, violation):
+        """One SLI row as a Pyomo relational expression (coefficients and rhs: parameters unless fixed)."""
+        body = 0
+        for k, (var, cls, coef) in enumerate(row.terms):
+            if var in FLUID_VARIABLES and isinstance(cls, tuple):
+                x = sum(getattr(m, var)[c] for c in cls)
+            elif var in FLUID_VARIABLES and cls is not None:
+                x = getattr(m, var)[cls]
+            elif var in sli.helpers and cls is None:
+                x = getattr(m, var)
+            else:
+                raise ScenarioError(f"sli {sli_spec(sli)}: row {row.name}: unknown variable {var}[{cls}]; expected one "
+                                    f"of {', '.join(FLUID_VARIABLES)} with a class, or a helper {sli.helpers}")
+            if not row.fixed:
+                body = body + m.sli_coef[row.name, k] * x
+            elif coef == 1.0 or coef == -1.0:  # as the rows were written by hand: x_i - x_max <= 0
+                body = body + x if coef == 1.0 else body - x
+            else:
+                body = body + float(coef) * x
+        rhs = float(row.per_gpu_rhs) if row.fixed else m.sli_rhs[row.name]
+        return body - violation <= rhs if row.sense == "<=" else body + violation >= rhs
 
     # -- data -------------------------------------------------------------------------------------
     def update(self, scenario: Scenario | None = None, *, slis: Sequence[SLI] | None = None,
@@ -287,7 +292,8 @@ class FluidModel:
                 )
             self.scenario = scenario
         s = self.scenario
-        r = s.rates()
+        first, self._first_load = self._first_load, False
+        r = self._rates if first else s.rates()
         self._rates = r
         cx, cm, cs = objective_coefficients(r, self.pricing)
         no_buffer = bool(self.slis)
@@ -302,23 +308,27 @@ class FluidModel:
             m.c_s[i] = float(cs[k])
             m.q_prefill_ub[i] = 0.0 if r.theta[k] == 0 else _INF
             m.q_decode_ub[i] = 0.0 if (r.theta[k] == 0 or no_buffer) else _INF
-        g = s.gpu
-        B = float(g.batch)
-        m.B = B
-        for sli in self.slis:
-            m.sli_bound[sli.key] = sli.bound
+        m.B = float(s.gpu.batch)
+        data = RowData(self.class_names, r, s.gpu)
+        for j, built in self._sli_rows:
+            sli = self.slis[j]
             if sli.penalty is not None:
                 m.penalty_weight[sli.key] = float(sli.penalty)
-            if isinstance(sli, TPOT):
-                eta = sli.bound
-                m.tpot_coef = (g.tau_mix * (B - 1) - B / g.gamma + eta) / B
-                m.tpot_rhs = eta - 1.0 / g.gamma
-            elif isinstance(sli, MinServedFraction):
-                k = self.class_names.index(sli.cls)
-                m.served_coef[sli.cls] = float(r.mu_p[k] / r.lam[k])
-            elif isinstance(sli, MaxPrefillWait):
-                k = self.class_names.index(sli.cls)
-                m.wait_coef[sli.cls] = float(1.0 / r.lam[k])
+            if first:  # _build loaded these very rows
+                continue
+            rows = tuple(sli.rows(data))
+            if len(rows) != len(built):
+                raise ScenarioError(f"sli {sli_spec(sli)}: {len(rows)} rows for the new data, {len(built)} when built; "
+                                    "an SLI's rows keep their names and terms")
+            for row, old in zip(rows, built):
+                if old.fixed:  # constants by the SLI's word (SLIRow.fixed): nothing to reload
+                    continue
+                if row.name != old.name or len(row.terms) != len(old.terms) or row.fixed:
+                    raise ScenarioError(f"sli {sli_spec(sli)}: its row {old.name} changed with the data or the bound "
+                                        f"(to {row}); an SLI's rows keep their names and terms, a fixed row its numbers")
+                for k, t in enumerate(row.terms):
+                    m.sli_coef[row.name, k] = t[2]
+                m.sli_rhs[row.name] = row.per_gpu_rhs
 
     # -- solving ----------------------------------------------------------------------------------
     @property
@@ -557,12 +567,12 @@ def build_fluid_model(scenario: Scenario, pricing: str = "bundled", slis: Sequen
 
 
 def scenario_slis(scenario: Scenario) -> tuple[SLI, ...]:
-    """The SLIs a scenario file declares (``slis = ["tpot=0.03", ...]``), parsed; () when none."""
-    from fluidopt.fluid.sli import parse_slis
+    """The SLIs a scenario file declares (``slis = ["tpot=0.03", ...]``), parsed once when the file was
+    read (:func:`~fluidopt.fluid.sli.slis_of`); () when none."""
+    from fluidopt.fluid.sli import slis_of
 
     meta = getattr(scenario, "meta", None)
-    specs = meta.get("slis", ()) if isinstance(meta, dict) else ()
-    return tuple(parse_slis(list(specs), where="slis")) if specs else ()
+    return slis_of(meta.get("slis") if isinstance(meta, dict) else None)
 
 
 def solve_fluid(scenario: Scenario, pricing: str = "bundled", slis: Sequence[SLI] | None = None, *,

@@ -7,6 +7,13 @@ seconds, fraction), except for TPOT, see :class:`TPOT`.
 
 This module is pure Python (no Pyomo), so the CLI can parse ``--sli`` specs cheaply.
 
+Each SLI owns its LP rows (:meth:`SLIBase.rows`): linear rows over the per-GPU fluid variables
+(``x``, ``y_mixed``, ``y_solo``, ``q_prefill``, ``q_decode``, indexed by class, plus the SLI's own
+free helper variables), each with a right-hand side split into a part that scales with the number
+of GPUs and one that does not. The per-GPU LP (:mod:`fluidopt.fluid.lp`, and the direct highspy
+path that copies it) adds them as they are; the capacity LP in n (:mod:`fluidopt.fluid.capacity`)
+homogenises them by n. An SLI's rows are written here once and nowhere else.
+
 Spec syntax (``--sli`` on the command line, :func:`parse_sli` in Python)::
 
     tpot=0.03                      average time per output token <= 0.03 s
@@ -25,13 +32,22 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, ClassVar
 
 from fluidopt.errors import ScenarioError
+
+if TYPE_CHECKING:
+    from fluidopt.model import GPUProfile, Rates
 
 __all__ = [
     "SLI",
     "SLI_SPEC_HELP",
+    "FLUID_VARIABLES",
+    "RowData",
+    "SLIBase",
+    "SLIRow",
+    "SLISpecs",
     "TPOT",
     "DecodeFairness",
     "MaxPrefillWait",
@@ -39,6 +55,7 @@ __all__ = [
     "PrefillFairness",
     "parse_sli",
     "parse_slis",
+    "slis_of",
     "validate_slis",
 ]
 
@@ -70,9 +87,107 @@ def _check_class(where: str, cls: object) -> None:
     if not isinstance(cls, str) or not cls:
         raise ScenarioError(f"{where}.cls: expected a non-empty class name, got {cls!r}")
 
+FLUID_VARIABLES = ("x", "y_mixed", "y_solo", "q_prefill", "q_decode")  # indexed by class, per GPU
+
 
 @dataclass(frozen=True)
-class PrefillFairness:
+class RowData:
+    """What an SLI's rows are computed from.
+
+    ``rates``: per GPU in the per-GPU LP (``Scenario.rates()``); in the capacity LP the same with
+    ``lam`` the cluster's arrival rates (requests/s), its variables being cluster totals. ``gpu``: the
+    GPU profile (batch, tau_mix, gamma).
+    """
+
+    class_names: tuple[str, ...]
+    rates: Rates
+    gpu: GPUProfile
+
+    def index(self, cls: str) -> int:
+        return self.class_names.index(cls)
+
+
+@dataclass(frozen=True)
+class SLIRow:
+    """One linear row of an SLI: sum of coef * variable (``sense``) rhs + rhs_per_gpu * n.
+
+    ``terms``: (variable, class, coefficient); variable is one of :data:`FLUID_VARIABLES` with a class
+    name, or a tuple of class names (one coefficient on their sum: one parameter, not one per class), or
+    one of the SLI's ``helpers`` (free variables) with class None. In the per-GPU LP n = 1;
+    the capacity LP, whose variables are n times the per-GPU ones, keeps n as a variable. ``name``:
+    the row's name in duals and infeasibility reports (``base`` or ``base[index]``). ``main``: the
+    SLI's own row, whose dual is d objective / d bound and into which a soft SLI's violation enters.
+    ``fixed``: the row's coefficients and right-hand side depend neither on the data nor on the bound;
+    the per-GPU LP then writes them as constants instead of parameters (faster re-solves).
+    """
+
+    name: str
+    terms: tuple[tuple[str, str | tuple[str, ...] | None, float], ...]
+    sense: str  # "<=" or ">="
+    rhs: float = 0.0
+    rhs_per_gpu: float = 0.0
+    main: bool = False
+    fixed: bool = False
+
+    def __post_init__(self) -> None:
+        if self.sense not in ("<=", ">="):
+            raise ScenarioError(f"SLI row {self.name}: sense: expected '<=' or '>=', got {self.sense!r}")
+
+    @property
+    def per_gpu_rhs(self) -> float:
+        """The right-hand side in the per-GPU LP (n = 1)."""
+        return self.rhs + self.rhs_per_gpu
+
+
+class SLIBase:
+    """What every SLI provides: ``kind``, ``key``, ``bound``, ``penalty`` and its LP rows.
+
+    A subclass is a frozen dataclass; it sets ``kind`` (its spec name), ``bound_field`` (the field
+    :attr:`bound` reads and :meth:`with_bound` moves), ``helpers`` (names of free helper variables
+    its rows use) and ``order`` (its rows' place in the per-GPU LP: the built-ins keep the order of
+    before, so HiGHS's pivots, hence the vertex reported on a degenerate LP, do not move), and
+    writes :meth:`rows`.
+    """
+
+    kind: ClassVar[str] = ""
+    bound_field: ClassVar[str] = ""
+    helpers: ClassVar[tuple[str, ...]] = ()
+    order: ClassVar[int] = 100
+    penalty: float | None
+
+    @property
+    def key(self) -> str:
+        return self.kind
+
+    @property
+    def bound(self) -> float:
+        return float(getattr(self, self.bound_field))
+
+    def with_bound(self, bound: float):
+        """The same SLI with another bound."""
+        return replace(self, **{self.bound_field: float(bound)})
+
+    def rows(self, d: RowData) -> tuple[SLIRow, ...]:
+        """The SLI's rows for the data ``d`` (the same names and variables for any data)."""
+        raise NotImplementedError(f"{type(self).__name__}.rows")
+
+    def unattainable(self, gpu: GPUProfile) -> str | None:
+        """Why no fleet size can meet this SLI on ``gpu`` (None: it may be met)."""
+        return None
+
+
+def _spread_rows(key: str, var: str, eta: float, classes: Sequence[str]) -> tuple[SLIRow, ...]:
+    """max_i var_i - min_i var_i <= eta with helpers var_max, var_min: 2I + 1 rows (not I(I-1))."""
+    hi, lo = f"{var}_max", f"{var}_min"
+    return (
+        *(SLIRow(f"{key}_max[{c}]", ((var, c, 1.0), (hi, None, -1.0)), "<=", fixed=True) for c in classes),
+        *(SLIRow(f"{key}_min[{c}]", ((lo, None, 1.0), (var, c, -1.0)), "<=", fixed=True) for c in classes),
+        SLIRow(key, ((hi, None, 1.0), (lo, None, -1.0)), "<=", 0.0, eta, main=True),
+    )
+
+
+@dataclass(frozen=True)
+class PrefillFairness(SLIBase):
     """max_i x_i - min_i x_i <= eta (prefill occupancy, slots per GPU; paper's eta_1).
 
     Linearised with two auxiliary variables (u >= x_i >= l, u - l <= eta): 2I + 1 rows instead of
@@ -81,7 +196,10 @@ class PrefillFairness:
 
     eta: float
     penalty: float | None = None
-    kind = "prefill_fairness"
+    kind: ClassVar[str] = "prefill_fairness"
+    bound_field: ClassVar[str] = "eta"
+    helpers: ClassVar[tuple[str, ...]] = ("x_max", "x_min")
+    order: ClassVar[int] = 0
 
     def __post_init__(self) -> None:
         w = "sli.prefill_fairness"
@@ -89,22 +207,20 @@ class PrefillFairness:
             raise ScenarioError(f"{w}.eta: expected a bound >= 0 (occupancy per GPU), got {self.eta!r}")
         _check_penalty(w, self.penalty)
 
-    @property
-    def key(self) -> str:
-        return "prefill_fairness"
-
-    @property
-    def bound(self) -> float:
-        return float(self.eta)
+    def rows(self, d: RowData) -> tuple[SLIRow, ...]:
+        return _spread_rows(self.key, "x", self.bound, d.class_names)
 
 
 @dataclass(frozen=True)
-class DecodeFairness:
+class DecodeFairness(SLIBase):
     """max_i y_s,i - min_i y_s,i <= eta (solo decode slots per GPU; paper's eta_2)."""
 
     eta: float
     penalty: float | None = None
-    kind = "decode_fairness"
+    kind: ClassVar[str] = "decode_fairness"
+    bound_field: ClassVar[str] = "eta"
+    helpers: ClassVar[tuple[str, ...]] = ("y_solo_max", "y_solo_min")
+    order: ClassVar[int] = 1
 
     def __post_init__(self) -> None:
         w = "sli.decode_fairness"
@@ -112,17 +228,12 @@ class DecodeFairness:
             raise ScenarioError(f"{w}.eta: expected a bound >= 0 (solo decode slots per GPU), got {self.eta!r}")
         _check_penalty(w, self.penalty)
 
-    @property
-    def key(self) -> str:
-        return "decode_fairness"
-
-    @property
-    def bound(self) -> float:
-        return float(self.eta)
+    def rows(self, d: RowData) -> tuple[SLIRow, ...]:
+        return _spread_rows(self.key, "y_solo", self.bound, d.class_names)
 
 
 @dataclass(frozen=True)
-class TPOT:
+class TPOT(SLIBase):
     """Average time per output token <= max_seconds (paper's eta_3).
 
     TPOT(X) = [tau (B-1) X + (B/gamma) (1-X)] / (B - X), X = sum_i x_i: the slot-weighted mean
@@ -134,7 +245,9 @@ class TPOT:
 
     max_seconds: float
     penalty: float | None = None
-    kind = "tpot"
+    kind: ClassVar[str] = "tpot"
+    bound_field: ClassVar[str] = "max_seconds"
+    order: ClassVar[int] = 2
 
     def __post_init__(self) -> None:
         w = "sli.tpot"
@@ -142,17 +255,24 @@ class TPOT:
             raise ScenarioError(f"{w}.max_seconds: expected a time per output token > 0 s, got {self.max_seconds!r}")
         _check_penalty(w, self.penalty)
 
-    @property
-    def key(self) -> str:
-        return "tpot"
+    def rows(self, d: RowData) -> tuple[SLIRow, ...]:
+        # (N(X) - eta (B - X)) / B <= 0, N(X) = tau (B-1) X + (B/gamma)(1-X), X = sum_i x_i, rewritten as
+        # coef * X <= eta - 1/gamma (seconds; per GPU, so n (eta - 1/gamma) in the capacity LP).
+        g = d.gpu
+        B = float(g.batch)
+        eta = self.bound
+        coef = (g.tau_mix * (B - 1) - B / g.gamma + eta) / B
+        return (SLIRow("tpot", (("x", d.class_names, coef),), "<=", 0.0, eta - 1.0 / g.gamma, main=True),)
 
-    @property
-    def bound(self) -> float:
-        return float(self.max_seconds)
+    def unattainable(self, gpu: GPUProfile) -> str | None:
+        if self.max_seconds <= gpu.tau_solo:
+            return (f"no fleet size meets TPOT <= {self.max_seconds:g} s because the GPU law's solo decode time is "
+                    f"{gpu.tau_solo:.6g} s per token (1/gamma, profile {gpu.name or 'custom'}); TPOT is at least that")
+        return None
 
 
 @dataclass(frozen=True)
-class MinServedFraction:
+class MinServedFraction(SLIBase):
     """Served fraction of class ``cls`` >= fraction: mu_p,i x_i / lambda_i >= s_i.
 
     With SLIs the decode buffer is empty (q_d = 0), so every prefill completes its decode and this is
@@ -162,7 +282,9 @@ class MinServedFraction:
     cls: str
     fraction: float
     penalty: float | None = None
-    kind = "served"
+    kind: ClassVar[str] = "served"
+    bound_field: ClassVar[str] = "fraction"
+    order: ClassVar[int] = 3
 
     def __post_init__(self) -> None:
         w = "sli.served"
@@ -177,13 +299,14 @@ class MinServedFraction:
     def key(self) -> str:
         return f"served_fraction[{self.cls}]"
 
-    @property
-    def bound(self) -> float:
-        return float(self.fraction)
+    def rows(self, d: RowData) -> tuple[SLIRow, ...]:
+        k = d.index(self.cls)
+        r = d.rates
+        return (SLIRow(self.key, (("x", self.cls, float(r.mu_p[k] / r.lam[k])),), ">=", self.bound, main=True),)
 
 
 @dataclass(frozen=True)
-class MaxPrefillWait:
+class MaxPrefillWait(SLIBase):
     """Mean prefill wait of class ``cls`` <= seconds: q_p,i / lambda_i <= W_i (Little's law).
 
     The wait is averaged over all arrivals of the class, including those that abandon. A class with
@@ -193,7 +316,9 @@ class MaxPrefillWait:
     cls: str
     seconds: float
     penalty: float | None = None
-    kind = "wait"
+    kind: ClassVar[str] = "wait"
+    bound_field: ClassVar[str] = "seconds"
+    order: ClassVar[int] = 4
 
     def __post_init__(self) -> None:
         w = "sli.wait"
@@ -207,18 +332,18 @@ class MaxPrefillWait:
     def key(self) -> str:
         return f"prefill_wait[{self.cls}]"
 
-    @property
-    def bound(self) -> float:
-        return float(self.seconds)
+    def rows(self, d: RowData) -> tuple[SLIRow, ...]:
+        k = d.index(self.cls)
+        return (SLIRow(self.key, (("q_prefill", self.cls, float(1.0 / d.rates.lam[k])),), "<=", self.bound,
+                       main=True),)
 
 
 SLI = PrefillFairness | DecodeFairness | TPOT | MinServedFraction | MaxPrefillWait
-_SLI_TYPES = (PrefillFairness, DecodeFairness, TPOT, MinServedFraction, MaxPrefillWait)
 
 
 def sli_spec(sli: SLI) -> str:
     """The spec string of an SLI (the inverse of :func:`parse_sli`)."""
-    if isinstance(sli, (MinServedFraction, MaxPrefillWait)):
+    if getattr(sli, "cls", None) is not None:
         s = f"{sli.kind}:{sli.cls}={sli.bound:g}"
     else:
         s = f"{sli.kind}={sli.bound:g}"
@@ -295,21 +420,46 @@ def parse_slis(specs: Iterable[str], *, where: str = "SLI spec") -> tuple[SLI, .
     return tuple(parse_sli(s, where=where) for s in specs)
 
 
+class SLISpecs(tuple):
+    """SLI spec strings as written (a tuple of str: for display, ``==`` and TOML round trips) that carry
+    their SLI objects, parsed and validated once (``.slis``). A scenario file's ``slis`` is stored so."""
+
+    slis: tuple[SLI, ...]
+
+    def __new__(cls, specs: Iterable[str], slis: Iterable[SLI]) -> SLISpecs:
+        self = super().__new__(cls, tuple(specs))
+        self.slis = tuple(slis)
+        if len(self.slis) != len(self):
+            raise ScenarioError(f"slis: {len(self)} spec strings but {len(self.slis)} SLI objects")
+        return self
+
+    def __getnewargs__(self):  # pickling and copying keep the parsed objects
+        return tuple(self), self.slis
+
+
+def slis_of(specs: Iterable[str] | None, *, where: str = "slis") -> tuple[SLI, ...]:
+    """The SLI objects of spec strings: those parsed once when ``specs`` is an :class:`SLISpecs`,
+    else parsed now (a hand-made tuple of strings); () for None or none."""
+    if isinstance(specs, SLISpecs):
+        return specs.slis
+    return parse_slis(list(specs), where=where) if specs else ()
+
+
 def validate_slis(slis: Sequence[SLI] | None, class_names: Sequence[str]) -> tuple[SLI, ...]:
     """Check SLI objects against a scenario's classes: known types, known classes, no duplicates."""
     if slis is None:
         return ()
-    if isinstance(slis, (str, *_SLI_TYPES)):
+    if isinstance(slis, (str, SLIBase)):
         slis = (slis,)
     out: list[SLI] = []
     seen: dict[str, SLI] = {}
     for s in slis:
         if isinstance(s, str):
             s = parse_sli(s)
-        if not isinstance(s, _SLI_TYPES):
+        if not isinstance(s, SLIBase):
             raise ScenarioError(
                 f"slis: expected SLI objects (PrefillFairness, DecodeFairness, TPOT, MinServedFraction, "
-                f"MaxPrefillWait) or spec strings, got {s!r} ({type(s).__name__})"
+                f"MaxPrefillWait, or another SLIBase) or spec strings, got {s!r} ({type(s).__name__})"
             )
         cls = getattr(s, "cls", None)
         if cls is not None and cls not in class_names:
