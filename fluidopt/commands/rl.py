@@ -183,6 +183,15 @@ def _regimes(args) -> int:
     return 0
 
 
+def _check_counts(args, names: tuple[str, ...]) -> None:
+    """The training commands' counts (each >= 1) and --seed (>= 0), before any work."""
+    for name in names:
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')}: expected an integer >= 1, got {getattr(args, name)}")
+    if args.seed < 0:
+        raise UsageError(f"--seed: expected an integer >= 0, got {args.seed}")
+
+
 def _train(args) -> int:
     from fluidopt.rl import require_extra
 
@@ -191,11 +200,7 @@ def _train(args) -> int:
     from fluidopt.rl.mlp import save_weights
     from fluidopt.scenario import load_scenario
 
-    for name in ("episodes", "requests", "train_every", "batch_size"):
-        if getattr(args, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')}: expected an integer >= 1, got {getattr(args, name)}")
-    if args.seed < 0:
-        raise UsageError(f"--seed: expected an integer >= 0, got {args.seed}")
+    _check_counts(args, ("episodes", "requests", "train_every", "batch_size"))
     if args.hidden is not None and args.hidden < 1:
         raise UsageError(f"--hidden: expected an integer >= 1, got {args.hidden}")
     if not 0.0 < args.gamma <= 1.0:
@@ -253,11 +258,7 @@ def _imitate(args) -> int:
     from fluidopt.rl.predictors import scenario_accuracy
     from fluidopt.scenario import load_scenario
 
-    for name in ("episodes", "requests", "epochs", "hidden"):
-        if getattr(args, name) < 1:
-            raise UsageError(f"--{name}: expected an integer >= 1, got {getattr(args, name)}")
-    if args.seed < 0:
-        raise UsageError(f"--seed: expected an integer >= 0, got {args.seed}")
+    _check_counts(args, ("episodes", "requests", "epochs", "hidden"))
     check_output_file(args.out, "--out")
     scenario = load_scenario(args.scenario)
     cfg = ImitationConfig(episodes=args.episodes, n_requests=args.requests, epochs=args.epochs, seed=args.seed,

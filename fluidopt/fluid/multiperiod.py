@@ -241,8 +241,6 @@ def plan_fleet(
     ``calibrated``: the GPU law's rates are the simulator's saturated throughputs
     (:func:`role_rates`, :mod:`fluidopt.fluid.saturation`); False: the fluid estimates of
     :func:`batch_throughput` (optimistic: a resident context of prompt + output / 2)."""
-    from scipy.optimize import linprog
-    from scipy.sparse import coo_array
 
     _check_plan_inputs("plan_fleet", scenario, slot, utilisation, backlogs)
     cl = scenario.classes
@@ -333,17 +331,10 @@ def plan_fleet(
             ei += [j, j]
             ej += [ixm(j, k), ixb(j, k)]
         beq.append(float(job.n))
-    A = coo_array((av, (ai, aj)), shape=(3 * K, nv)).tocsc()
-    Aeq = coo_array((np.ones(len(ei)), (ei, ej)), shape=(J, nv)).tocsc() if J else None
-    res = linprog(c, A_ub=A, b_ub=np.array(bub), A_eq=Aeq, b_eq=np.array(beq) if J else None, bounds=bounds,
-                  method="highs")
-    if res.status == 2:
-        raise InfeasibleError(
-            f"plan_fleet: no fleet of at most {nmax} GPUs serves the interactive load and finishes the backlog "
-            f"({', '.join(f'{j.n:g} {j.cls} by t={j.deadline:g}' for j in backlogs)}) in time",
-            conflicting=("max_gpus", "deadline"))
-    if res.status != 0:
-        raise SolverError(f"plan_fleet: HiGHS failed: {res.message}")
+    res, A, Aeq = _solve_highs(
+        "plan_fleet", c, (av, ai, aj), bub, (ei, ej), beq, nv, bounds,
+        f"no fleet of at most {nmax} GPUs serves the interactive load and finishes the backlog "
+        f"({', '.join(f'{j.n:g} {j.cls} by t={j.deadline:g}' for j in backlogs)}) in time")
     if level:
         res = _level(res, c, A, np.array(bub), Aeq, beq, bounds, ib, im, slot)
     x = res.x
@@ -353,6 +344,27 @@ def plan_fleet(
     return FleetPlan(slot=float(slot), times=times, base=x[ib].copy(), batch=x[im].copy(), served_mixed=xm,
                      served_batch=xb, interactive_demand=demand, gpu_hours=gh, mu_int=mu_int, mu_mix=mu_mix,
                      mu_bat=mu_bat, calibrated=bool(calibrated))
+
+
+def _solve_highs(who: str, c, a_ub, bub, a_eq, beq, nv: int, bounds, infeasible: str):
+    """HiGHS (scipy's linprog) on the plans' LP: ``a_ub`` the (values, rows, columns) of A_ub x <= bub,
+    ``a_eq`` the (rows, columns) of the unit coefficients of A_eq x = beq (one row per backlog group).
+    Returns (result, A_ub, A_eq); infeasible: InfeasibleError ``who: infeasible`` (the fleet cap and the
+    deadlines conflict), any other failure: SolverError."""
+    from scipy.optimize import linprog
+    from scipy.sparse import coo_array
+
+    av, ai, aj = a_ub
+    ei, ej = a_eq
+    A = coo_array((av, (ai, aj)), shape=(len(bub), nv)).tocsc()
+    Aeq = coo_array((np.ones(len(ei)), (ei, ej)), shape=(len(beq), nv)).tocsc() if beq else None
+    res = linprog(c, A_ub=A, b_ub=np.array(bub), A_eq=Aeq, b_eq=np.array(beq) if beq else None, bounds=bounds,
+                  method="highs")
+    if res.status == 2:
+        raise InfeasibleError(f"{who}: {infeasible}", conflicting=("max_gpus", "deadline"))
+    if res.status != 0:
+        raise SolverError(f"{who}: HiGHS failed: {res.message}")
+    return res, A, Aeq
 
 
 def _level(res, c, A, bub, Aeq, beq, bounds, ib, im, slot):
@@ -491,8 +503,6 @@ def plan_fleet_mix(
     calibrated ones of its GPU profile (:func:`type_rates`); start-up delays are free, as in
     :func:`plan_fleet` (a relaxation: the optimum bounds any controller's cost from below at
     utilisation 1)."""
-    from scipy.optimize import linprog
-    from scipy.sparse import coo_array
 
     _check_plan_inputs("plan_fleet_mix", scenario, slot, utilisation, backlogs)
     cl = scenario.classes
@@ -572,16 +582,10 @@ def plan_fleet_mix(
                 ei += [j, j]
                 ej += [vxm(j, t, k), vxb(j, t, k)]
         beq.append(float(job.n))
-    A = coo_array((av, (ai, aj)), shape=(len(bub), nv)).tocsc()
-    Aeq = coo_array((np.ones(len(ei)), (ei, ej)), shape=(J, nv)).tocsc() if J else None
-    res = linprog(c, A_ub=A, b_ub=np.array(bub), A_eq=Aeq, b_eq=np.array(beq) if J else None, bounds=bounds,
-                  method="highs")
-    if res.status == 2:
-        raise InfeasibleError(
-            f"plan_fleet_mix: no fleet of at most {nmax} instances of types {', '.join(t.name for t in tr)} serves the "
-            f"interactive load and finishes the backlog in time", conflicting=("max_gpus", "deadline"))
-    if res.status != 0:
-        raise SolverError(f"plan_fleet_mix: HiGHS failed: {res.message}")
+    res, _, _ = _solve_highs(
+        "plan_fleet_mix", c, (av, ai, aj), bub, (ei, ej), beq, nv, bounds,
+        f"no fleet of at most {nmax} instances of types {', '.join(t.name for t in tr)} serves the "
+        f"interactive load and finishes the backlog in time")
     x = res.x
     shape = (T, K)
     base = x[:TK].reshape(shape)
