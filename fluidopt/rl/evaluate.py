@@ -11,6 +11,7 @@ confidence intervals over episodes (t distribution) and the improvement over a b
 from __future__ import annotations
 
 import math
+import signal
 import time
 import warnings
 from collections.abc import Sequence
@@ -61,7 +62,8 @@ def policy_options(policy: str, seed: int, *, accuracy: float = 0.79, extra: dic
 def run_episode(scenario: Scenario, policy, workload, *, seed: int, options: dict | None = None,
                 drain: float = 3600.0, backend: str = "auto"):
     """Run ``policy`` on one episode's ``workload`` until all its requests are resolved (or ``drain``
-    seconds after the last arrival); return the SimResult."""
+    seconds after the last arrival); return the SimResult. Ctrl-C or SIGTERM (the engine stops between
+    two events) raises :class:`~fluidopt.interrupt.Interrupted`: a cut-short episode is never returned."""
     from fluidopt.sim.api import make_engine
 
     last = float(workload.duration)
@@ -77,6 +79,10 @@ def run_episode(scenario: Scenario, policy, workload, *, seed: int, options: dic
         if eng.now > last and in_system(eng) == 0:
             break
     res = eng.finish()
+    if res.interrupted:
+        import fluidopt.interrupt as interrupt
+
+        raise interrupt.Interrupted(interrupt.pending() or signal.SIGINT)
     res.meta["controller"] = eng.controller
     return res
 

@@ -103,6 +103,8 @@ def advance(eng, until: float | None = None) -> float:
     gc.disable()
     try:
         eng._loop(stop)
+        if eng._stop:  # a Ctrl-C the loop had no 1,024th event left to see: the run is still cut short
+            eng._interrupted = True
     except KeyboardInterrupt as e:  # a second Ctrl-C, or SIGTERM under fluidopt.interrupt.handle_sigterm
         interrupt.note(interrupt.signum_of(e))
         eng._interrupted = True

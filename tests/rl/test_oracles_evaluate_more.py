@@ -45,3 +45,36 @@ def test_trace_episodes_keep_the_traces_times_by_default():
 def test_trace_episodes_refuse_a_speedup_that_is_not_a_finite_positive_number(bad):
     with pytest.raises(ScenarioError, match="trace_episodes: speedup: expected a number > 0"):
         trace_episodes(_trace(), 2, speedup=bad)
+
+
+def test_an_episode_cut_short_by_ctrl_c_raises_instead_of_passing_for_a_whole_one():
+    # Ctrl-C in an evaluation: the engine stops between two events and flags its result interrupted;
+    # run_episode must raise, or `rl evaluate` / `rl regimes` would average the cut-short episode with
+    # the whole ones and go on to write their table as if nothing happened.
+    import os
+    import signal
+
+    from fluidopt.control.load_balancers import RandomRouter
+    from fluidopt.interrupt import Interrupted, clear, pending
+    from fluidopt.rl.core import episode_workload
+    from fluidopt.rl.evaluate import run_episode
+    from fluidopt.scenario import load_scenario
+
+    class CtrlCAtTheTenthArrival(RandomRouter):
+        def route(self, ctx, r):
+            self.seen = getattr(self, "seen", 0) + 1
+            if self.seen == 10:
+                os.kill(os.getpid(), signal.SIGINT)
+            return super().route(ctx, r)
+
+    sc = load_scenario("examples/scenarios/rl-router-paper-regime.toml")
+    wl = episode_workload(sc, 200, 7)
+    clear()
+    try:
+        whole = run_episode(sc, RandomRouter(), wl, seed=7)
+        assert not whole.interrupted and whole.totals["completed"] == 200
+        with pytest.raises(Interrupted) as info:
+            run_episode(sc, CtrlCAtTheTenthArrival(), wl, seed=7)
+        assert info.value.signum == signal.SIGINT and pending() == signal.SIGINT
+    finally:
+        clear()
