@@ -70,6 +70,8 @@ def test_an_episode_cut_short_by_ctrl_c_raises_instead_of_passing_for_a_whole_on
     sc = load_scenario("examples/scenarios/rl-router-paper-regime.toml")
     wl = episode_workload(sc, 200, 7)
     clear()
+    # a run started in the background (as CI may be) inherits Ctrl-C ignored; a user's terminal does not
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         whole = run_episode(sc, RandomRouter(), wl, seed=7)
         assert not whole.interrupted and whole.totals["completed"] == 200
@@ -77,4 +79,5 @@ def test_an_episode_cut_short_by_ctrl_c_raises_instead_of_passing_for_a_whole_on
             run_episode(sc, CtrlCAtTheTenthArrival(), wl, seed=7)
         assert info.value.signum == signal.SIGINT and pending() == signal.SIGINT
     finally:
+        signal.signal(signal.SIGINT, previous)
         clear()
