@@ -6,14 +6,12 @@ it, with the static types of fluidopt/sim/engine.pxd, into the extension ``fluid
 engine.pxd it was built from, so that an edited engine is never shadowed by a stale build:
 fluidopt.sim.backend then falls back to engine.py with a warning.
 
-Next to it, ``fluidopt.sim._cgate`` (from fluidopt/sim/_cgate.pyx, compiled against the core's
-declarations) holds the built-in gate-and-route controllers' fast path; it carries the SHA-256 of its
-source and of the core it was built against (fluidopt.sim.controller_fastpath checks both).
-
-Controllers whose handlers are written once (the plain Python module fluidopt/control/<stem>.py, a
-mixin of the controller, next to the static types fluidopt/sim/<stem>.pxd: every such pair is found, no
-list) are compiled from that same source into ``fluidopt.sim._c_<stem>``, with the SHA-256 of both files
-and of the core (fluidopt.sim.controller_fastpath finds them the same way and checks the digests).
+Next to it, the controllers' handlers, written once (the plain Python module
+fluidopt/control/<stem>.py, a mixin of the controller, next to the static types fluidopt/sim/<stem>.pxd:
+the gate-and-route family, FI-WSP and the reference FCFS policy; every such pair is found, no list), are
+compiled from that same source into ``fluidopt.sim._c_<stem>``, against the core's declarations and
+with the SHA-256 of both files and of the core (fluidopt.sim.controller_fastpath finds them the same
+way and checks the digests).
 
 No compiler, no Cython, or ``FLUIDOPT_PURE_PYTHON=1`` in the environment: the install goes on
 without the extension and the simulator runs engine.py (a notice is printed; nothing else changes),
@@ -36,7 +34,6 @@ ROOT = Path(__file__).resolve().parent
 ENGINE = ROOT / "fluidopt" / "sim" / "engine.py"
 TYPES = ROOT / "fluidopt" / "sim" / "engine.pxd"
 GEN = ROOT / "build" / "cengine"  # generated sources (ignored by git), laid out as the package
-CGATE = ROOT / "fluidopt" / "sim" / "_cgate.pyx"  # the controllers' fast path (cimports the core)
 
 
 def single_sourced() -> list[str]:
@@ -106,7 +103,7 @@ def _extensions() -> list[Extension]:
     except Exception as exc:  # a Cython error must not stop the install: the Python engine is complete
         _notice(f"Cython could not translate the simulator core ({exc})")
         return []
-    return exts + _controller_extensions(cythonize, digest) + _single_sourced_extensions(cythonize, digest)
+    return exts + _single_sourced_extensions(cythonize, digest)
 
 
 def single_source_digest(py: bytes, pxd: bytes) -> str:
@@ -144,32 +141,6 @@ def _single_sourced_extensions(cythonize, engine_digest: str) -> list[Extension]
             _notice(f"Cython could not translate fluidopt/control/{stem}.py ({exc})",
                     "the controller will run its Python handlers")
     return out
-
-
-def _controller_extensions(cythonize, engine_digest: str) -> list[Extension]:
-    """fluidopt.sim._cgate: a copy of _cgate.pyx with the digests it is checked by at run time."""
-    src = CGATE.read_bytes()
-    pkg = GEN / "fluidopt" / "sim"
-    pyx = pkg / "_cgate.pyx"
-    text = src.decode("utf-8") + (
-        "\n\n# Added by setup.py: the _cgate.pyx this module was built from, and the engine core it was built against.\n"
-        f'SOURCE_SHA256 = "{hashlib.sha256(src).hexdigest()}"\n'
-        f'ENGINE_SHA256 = "{engine_digest}"\n'
-    )
-    if not pyx.exists() or pyx.read_text(encoding="utf-8") != text:
-        pyx.write_text(text, encoding="utf-8")
-    ext = Extension(
-        "fluidopt.sim._cgate",
-        [str(pyx.relative_to(ROOT))],
-        # the same rounding as the Python controllers: no fused multiply-add
-        extra_compile_args=["-O2", "-ffp-contract=off"] if os.name != "nt" else [],
-    )
-    try:
-        return cythonize([ext], include_path=[str(GEN)], quiet=True)
-    except Exception as exc:  # the core and the Python controllers are complete without it
-        _notice(f"Cython could not translate the controllers' fast path ({exc})",
-                "the controllers will run their Python handlers")
-        return []
 
 
 class OptionalBuildExt(build_ext):

@@ -23,8 +23,9 @@ the router (where a finished prefill's decode goes):
 The controllers only use the :mod:`fluidopt.control.protocol` view and actions, so a real router can
 drive them from its own event loop. Every decision costs O(I) (I = number of classes): GPUs are
 picked from the view's ``idle_prefill`` / ``free_decode`` sets, never by scanning the fleet. On the
-compiled engine core the built-in classes run a compiled transcription of the same handlers
-(:mod:`fluidopt.control.fastpath`, installed by the simulator; same decisions bit for bit).
+compiled engine core the same handlers run compiled: they are written once, in
+:mod:`fluidopt.control.gate_handlers` (a mixin of every controller here), which setup.py also compiles
+(:mod:`fluidopt.control.fastpath`; same decisions bit for bit).
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ import numpy as np
 import pandas as pd
 
 from fluidopt.control import fastpath
-from fluidopt.control.protocol import DECODE_QUEUE, PREFILL_QUEUE, Context, Controller
+from fluidopt.control.gate_handlers import MIXED_POOL, ROUTE_SLI, SOLO_POOL, GateHandlers, doubles, ints, plain_state
+from fluidopt.control.protocol import DECODE_QUEUE, Context, Controller
 from fluidopt.control.registry import register
 from fluidopt.errors import ScenarioError
 from fluidopt.fluid.solution import FluidSolution, mixed_gpus_of
@@ -54,8 +56,6 @@ __all__ = [
     "solo_probabilities",
 ]
 
-MIXED_POOL = 0
-SOLO_POOL = 1
 _EPS = 1e-12  # LP targets below this (per GPU) count as zero
 _LP_TOL = 1e-7  # negative inputs down to this are solver round-off, read as 0
 _X_SUM_TOL = 1e-6  # sum x_i above 1 by up to this is the LP solver's feasibility tolerance (rescaled), beyond it an error
@@ -108,8 +108,9 @@ def solo_probabilities(solution: FluidSolution, rates: Rates) -> np.ndarray:
     return np.clip(p, 0.0, 1.0)
 
 
-class PartitionedController(Controller):
-    """Shared machinery: the static mixed/solo partition, the deviation gate and the greedy router.
+class PartitionedController(GateHandlers, Controller):
+    """Shared machinery: the static mixed/solo partition, the deviation gate and the greedy router
+    (the gate, the routers and the event handlers are :class:`~fluidopt.control.gate_handlers.GateHandlers`').
 
     ``x``: per-GPU prefill occupancy targets x_i* (prefill slots per GPU; sum <= 1). ``q_prefill``:
     per-GPU fluid prefill queues q_p,i* (tie-break of the gate; zeros if omitted). ``mixed_gpus``:
@@ -152,13 +153,17 @@ class PartitionedController(Controller):
         self.n_gpus = 0
         self.batch = 0
         self.mixed_gpus = 0
-        self._nx: list[float] = []
-        self._inv_x: list[float] = []
-        self._nqp: list[float] = []
+        self._nx = doubles([])
+        self._inv_x = doubles([])
+        self._nqp = doubles([])
         self._admissible: list[int] = [i for i in range(n_classes) if self.x[i] > 0]
         self._has_mixed = False
         self._has_solo = False
         self._kv = False
+        # the handlers' state (gate_handlers.STATE): no caps, no backpressure, the greedy route; the gate
+        # considers the admissible classes (_adm)
+        vars(self).update(plain_state(n_classes))
+        self._adm = ints(self._admissible)  # a subclass with its own _gate_order sets it again
 
     # -- planning ---------------------------------------------------------------------------------
     @property
@@ -203,9 +208,9 @@ class PartitionedController(Controller):
             )
         n, B = int(ctx.n_gpus), int(ctx.batch)
         self.n_gpus, self.batch = n, B
-        self._nx = [n * float(v) for v in self.x]
-        self._inv_x = [1.0 / float(v) if v > 0 else 0.0 for v in self.x]
-        self._nqp = [n * float(v) for v in self.q_prefill]
+        self._nx = doubles([n * float(v) for v in self.x])
+        self._inv_x = doubles([1.0 / float(v) if v > 0 else 0.0 for v in self.x])
+        self._nqp = doubles([n * float(v) for v in self.q_prefill])
         # tokens mode with a KV capacity: check that work fits before starting it (the paper's model has
         # no KV limit; there the checks cost nothing).
         self._kv = n > 0 and ctx.gpu_kv_free(0) != float("inf")
@@ -225,103 +230,13 @@ class PartitionedController(Controller):
     def _setup_queues(self, ctx: Context) -> None:
         """Hook for subclasses that need named queues."""
 
-    # -- gate -------------------------------------------------------------------------------------
-    def gate_class(self, ctx: Context) -> int:
-        """The class the gate admits next, or -1: argmin_i (X_i - n x_i*) / x_i* over waiting classes.
-
-        Only classes with x_i* > 0 and a request in PREFILL_QUEUE compete; ties (exact) go to the largest
-        Q_p,i - n q_p,i*, then to the lowest index. O(I).
-        """
-        best, best_dev, best_tie = -1, 0.0, 0.0
-        nx, inv, nqp = self._nx, self._inv_x, self._nqp
-        qlen, n_prefill = ctx.qlen, ctx.n_prefill
-        for i in self._admissible:
-            q = qlen(PREFILL_QUEUE, i)
-            if q == 0:
-                continue
-            dev = (n_prefill(i) - nx[i]) * inv[i]
-            tie = q - nqp[i]
-            if best < 0 or dev < best_dev or (dev == best_dev and tie > best_tie):
-                best, best_dev, best_tie = i, dev, tie
-        return best
-
-    def _fits(self, ctx: Context, r: int, g: int) -> bool:
-        """KV capacity (tokens mode only): r's context (prompt + generated tokens) fits in g's free cache."""
-        return not self._kv or ctx.gpu_kv_free(g) >= ctx.req_prompt(r) + ctx.req_generated(r)
-
-    def _admit_on(self, ctx: Context, g: int) -> bool:
-        """Start the gate's choice on GPU g (which must have an idle prefill slot); False if none starts."""
-        i = self.gate_class(ctx)
-        if i < 0:
-            return False
-        r = ctx.head(PREFILL_QUEUE, i)
-        if self._kv and not self._fits(ctx, r, g):
-            return False  # KV full: the slot waits for the next freed capacity
-        ctx.start_prefill(r, g)
-        return True
-
-    def _admit_all(self, ctx: Context, pool: int = MIXED_POOL) -> None:
-        """Fill idle prefill slots of ``pool`` (random GPU each time) while the gate has a class to admit."""
-        idle = ctx.idle_prefill(pool)
-        while len(idle):
-            if not self._admit_on(ctx, idle.choice()):
-                return
-
-    @staticmethod
-    def _prefill_slot_idle(ctx: Context, g: int) -> bool:
-        return ctx.gpu_prefill_allowed(g) and ctx.gpu_prefill(g) < 0 and ctx.gpu_free(g) > 0
+    def _gate_order(self) -> list[int]:
+        """The classes the gate considers (``_adm``), in the order it scans them: those with x_i* > 0."""
+        return self._admissible
 
     @staticmethod
     def _decode_slot_free(ctx: Context, g: int) -> bool:
         return ctx.gpu_free(g) > 0 and ctx.gpu_decodes(g) < ctx.gpu_max_decodes(g)
-
-    def _pull_decodes(self, ctx: Context, g: int, queue: int) -> None:
-        """Fill g's free decode slots from the FCFS head (across classes) of ``queue``."""
-        # g has a free decode slot iff it is in its pool's free_decode set (same test as
-        # _decode_slot_free, two view calls instead of four); the set is asked again after every start.
-        pool = ctx.gpu_pool(g)
-        kv = self._kv
-        while g in ctx.free_decode(pool):
-            r = ctx.head(queue)
-            if r < 0 or (kv and not self._fits(ctx, r, g)):
-                return
-            ctx.start_decode(r, g)
-
-    def _greedy_place(self, ctx: Context, r: int) -> bool:
-        """Greedy router: a random solo GPU with a free slot, else a random mixed GPU with a free decode slot."""
-        kv = self._kv
-        if self._has_solo:
-            g = ctx.free_decode(SOLO_POOL).choice()
-            if g >= 0 and (not kv or self._fits(ctx, r, g)):
-                ctx.start_decode(r, g)
-                return True
-        if self._has_mixed:
-            g = ctx.free_decode(MIXED_POOL).choice()
-            if g >= 0 and (not kv or self._fits(ctx, r, g)):
-                ctx.start_decode(r, g)
-                return True
-        return False
-
-    # -- events -----------------------------------------------------------------------------------
-    def on_arrival(self, ctx: Context, r: int) -> None:
-        # Queue first, then let the gate choose among everything waiting (by the invariant "no idle
-        # reserved slot while an admissible class waits" that is r itself, but the gate stays exact
-        # even if a real router hands over a state that breaks the invariant).
-        ctx.enqueue(r, PREFILL_QUEUE)
-        if self._has_mixed:
-            self._admit_all(ctx)
-
-    def on_prefill_done(self, ctx: Context, r: int, g: int) -> None:
-        self._greedy_place(ctx, r)  # unplaced: the engine appends r to DECODE_QUEUE (FCFS buffer)
-
-    def on_slot_freed(self, ctx: Context, g: int) -> None:
-        # Mixed GPU: its prefill slot goes to the gate, its decode slots to the buffer head; solo GPU:
-        # its slots go to the buffer head. (Fast forms of _prefill_slot_idle and _pull_decodes: g has an
-        # idle prefill slot iff it is in its pool's idle_prefill set; an empty buffer has nothing to pull.)
-        if g in ctx.idle_prefill(ctx.gpu_pool(g)):
-            self._admit_on(ctx, g)
-        if ctx.qlen(DECODE_QUEUE):
-            self._pull_decodes(ctx, g, DECODE_QUEUE)
 
     # -- construction helpers ---------------------------------------------------------------------
     @staticmethod
@@ -370,14 +285,14 @@ class PrioritizeAndRoute(PartitionedController):
         if pr.size != self.n_classes or not np.all(np.isfinite(pr)):
             raise ScenarioError(f"priority: expected {self.n_classes} finite numbers (one per class), got {pr.tolist()}")
         self.priority = pr
-        # Admissible classes in priority order, once: the gate is then a scan for the first waiting one.
-        self._order = sorted(self._admissible, key=lambda i: (-pr[i], i))
+        self._priority_gate = True
+        self._adm = ints(self._gate_order())
 
-    def gate_class(self, ctx: Context) -> int:
-        for i in self._order:
-            if ctx.qlen(PREFILL_QUEUE, i):
-                return i
-        return -1
+    def _gate_order(self) -> list[int]:
+        """The admissible classes in priority order (largest first, ties: the lowest index): the gate is a
+        scan for the first waiting one."""
+        pr = self.priority
+        return sorted(self._admissible, key=lambda i: (-pr[i], i))
 
     @classmethod
     def from_solution(cls, solution: FluidSolution, scenario: Scenario, *,
@@ -418,37 +333,12 @@ class SLIGateAndRoute(PartitionedController):
         if np.any(p > 1):
             raise ScenarioError(f"p_solo: expected probabilities in [0, 1], got {p.tolist()}")
         self.p_solo = p
-        self._p: list[float] = [float(v) for v in p]
-        self._buf = [DECODE_QUEUE, DECODE_QUEUE]
+        self._route = ROUTE_SLI
+        self._p = doubles(p)
+        self._buf = ints([DECODE_QUEUE, DECODE_QUEUE])
 
     def _setup_queues(self, ctx: Context) -> None:
-        self._buf = [ctx.add_queue(self.MIXED_BUFFER), ctx.add_queue(self.SOLO_BUFFER)]
-
-    def _pool_for(self, ctx: Context, i: int) -> int:
-        if not self._has_solo:
-            return MIXED_POOL
-        if not self._has_mixed:
-            return SOLO_POOL
-        p = self._p[i]
-        # Draw only when the split is random, so deterministic splits do not consume the stream.
-        if p >= 1.0:
-            return SOLO_POOL
-        if p <= 0.0:
-            return MIXED_POOL
-        return SOLO_POOL if ctx.rng.random() < p else MIXED_POOL
-
-    def on_prefill_done(self, ctx: Context, r: int, g: int) -> None:
-        pool = self._pool_for(ctx, ctx.req_class(r))
-        h = ctx.free_decode(pool).choice()
-        if h >= 0 and self._fits(ctx, r, h):
-            ctx.start_decode(r, h)
-        else:
-            ctx.enqueue(r, self._buf[pool])
-
-    def on_slot_freed(self, ctx: Context, g: int) -> None:
-        if self._prefill_slot_idle(ctx, g):
-            self._admit_on(ctx, g)
-        self._pull_decodes(ctx, g, self._buf[ctx.gpu_pool(g)])
+        self._buf = ints([ctx.add_queue(self.MIXED_BUFFER), ctx.add_queue(self.SOLO_BUFFER)])
 
     @classmethod
     def from_solution(cls, solution: FluidSolution, scenario: Scenario | Rates, *,
@@ -491,7 +381,7 @@ class WeightedSLIGateAndRoute(SLIGateAndRoute):
         self._w = [[float(v) for v in wm], [float(v) for v in ws]]
 
     def _setup_queues(self, ctx: Context) -> None:
-        self._buf = [DECODE_QUEUE, DECODE_QUEUE]
+        self._buf = ints([DECODE_QUEUE, DECODE_QUEUE])
 
     def on_prefill_done(self, ctx: Context, r: int, g: int) -> None:
         i = ctx.req_class(r)

@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fluidopt.control import fastpath
+from fluidopt.control.fiwsp_handlers import FIWSPHandlers
 from fluidopt.control.gate_and_route import MIXED_POOL, GateAndRoute
 from fluidopt.control.protocol import DECODE_QUEUE, PREFILL_QUEUE, Context, Controller
 from fluidopt.control.registry import register
@@ -43,51 +44,21 @@ from fluidopt.model import Scenario
 __all__ = ["FGSP", "FIWSP", "GFWSP", "GIWSP"]
 
 
-class FIWSP(Controller):
+class FIWSP(FIWSPHandlers, Controller):
     """FCFS admission to any GPU with an idle prefill slot; decode stays on its prefill's GPU.
 
     An arrival that finds idle prefill slots starts on one chosen uniformly at random (the
     controller's seeded stream). With a KV capacity (tokens mode) a prefill starts only where its
-    prompt fits; otherwise it waits.
+    prompt fits; otherwise it waits. The handlers are :class:`~fluidopt.control.fiwsp_handlers.FIWSPHandlers`'.
     """
 
     name = "fi-wsp"
-    _fast: Any = None  # the compiled fast path bound by setup (fluidopt.control.fastpath), or None
+    _fast: Any = None  # the compiled handlers bound by setup (fluidopt.control.fastpath), or None
 
     def setup(self, ctx: Context) -> None:
         self._idle = ctx.idle_prefill(0)
         self._kv = ctx.gpu_kv_free(0) != float("inf")
         self._fast = fastpath.bind(self, ctx)  # compiled handlers on the compiled engine (same decisions)
-
-    def _fits(self, ctx: Context, r: int, g: int) -> bool:
-        return not self._kv or ctx.gpu_kv_free(g) >= ctx.req_prompt(r) + ctx.req_generated(r)
-
-    def on_arrival(self, ctx: Context, r: int) -> None:
-        idle = self._idle
-        if ctx.qlen(PREFILL_QUEUE) == 0:
-            g = idle.choice()
-            if g >= 0 and (not self._kv or self._fits(ctx, r, g)):
-                ctx.start_prefill(r, g)
-            return
-        # Others wait (possible only when KV space held them back): FCFS, r joins the back.
-        ctx.enqueue(r, PREFILL_QUEUE)
-        while idle:
-            h = ctx.head(PREFILL_QUEUE)
-            g = idle.choice()
-            if not self._fits(ctx, h, g):
-                break
-            ctx.start_prefill(h, g)
-            if ctx.qlen(PREFILL_QUEUE) == 0:
-                break
-
-    def on_prefill_done(self, ctx: Context, r: int, g: int) -> None:
-        ctx.start_decode(r, g)  # the slot it held for the prefill: always free
-
-    def on_slot_freed(self, ctx: Context, g: int) -> None:
-        if g in self._idle:
-            r = ctx.head(PREFILL_QUEUE)
-            if r >= 0 and (not self._kv or self._fits(ctx, r, g)):
-                ctx.start_prefill(r, g)
 
 
 @register("fi-wsp", description="paper baseline: FCFS admission, no gate, decode stays on its prefill's GPU",

@@ -104,7 +104,8 @@ from fluidopt.control.gate_and_route import (
     SLIGateAndRoute,
     _check_solution,
 )
-from fluidopt.control.protocol import DECODE_QUEUE, PREFILL_QUEUE, Context
+from fluidopt.control.gate_handlers import ROUTE_ROBUST, doubles, ints
+from fluidopt.control.protocol import PREFILL_QUEUE, Context
 from fluidopt.control.registry import register
 from fluidopt.errors import ScenarioError
 from fluidopt.fluid.solution import FluidSolution, mixed_gpus_of
@@ -240,11 +241,11 @@ class _Mechanisms:
         self._gamma_tau = float(scenario.gpu.gamma * scenario.gpu.tau_mix)
         self.resolves = 0  # LP re-solves performed (diagnostics)
         self.extra_mixed = 0
-        self._overflowing = 0
+        self._over = ints([0])  # solo GPUs running an overflow prefill (shared with the compiled handlers)
         self._max_overflow = 0
-        self._cap: list[float] = []
-        self._decodable: list[bool] = []
         self._all_decodable = True
+        if isinstance(self, _MechanismEvents):
+            self._route = ROUTE_ROBUST  # the greedy route with re-solve counts, overflow and the value order
         self._buffer_allowed = 0.0
         self._plan_now = solution
         if resolve:
@@ -256,6 +257,11 @@ class _Mechanisms:
             self.tick_interval = float(win)
         self._counts = _zero_counts(len(idx))
         self._I = len(idx)
+
+    @property
+    def overflowing(self) -> int:
+        """Solo GPUs running an overflow prefill now (the handlers keep the count in ``_over``)."""
+        return int(self._over[0])
 
     # -- planning -------------------------------------------------------------------------------
     def _targets(self) -> None:
@@ -302,8 +308,33 @@ class _Mechanisms:
         self._may_overflow = [cheap or not rat[i] for i in range(self.n_classes)]
         self._overflow_caps = [math.inf if ok else -math.inf for ok in self._may_overflow]
         self._elastic_plan()
-        self._gate_plan = (self._admissible, self._nx, self._inv_x, self._nqp, self._room, self._ahead_terms,
-                           self._fcfs_buffer, self.backpressure, self._uncapped)
+        self._pack()
+
+    def _pack(self) -> None:
+        """The plan as the handlers read it (gate_handlers.STATE): the per-class lists as typed arrays, the
+        backpressure terms flattened (class i's: ``_t_j`` / ``_t_p`` from ``_t_off[i]`` to ``_t_off[i + 1]``)."""
+        I = self.n_classes
+        self._bp = self.backpressure
+        self._cap = doubles(self._cap)
+        self._room = doubles(self._room)
+        off, js, ps = [0], [], []
+        for i in range(I):
+            for j, p in self._ahead_terms[i]:
+                js.append(j)
+                ps.append(p)
+            off.append(len(js))
+        self._t_off, self._t_j, self._t_p = ints(off), ints(js), doubles(ps)
+        self._value_order = self._route == ROUTE_ROBUST and not (self.decode_order == "fcfs" and self._all_decodable)
+        self._dorder = ints(self._decode_order if self._all_decodable
+                            else [i for i in self._decode_order if self._decodable[i]])
+        self._decodable = ints(self._decodable)
+        self._may_overflow = ints(self._may_overflow)
+        self._ovcap_el = doubles([math.inf if fl else c for fl, c in zip(self._float_classes, self._overflow_caps)]
+                                 if self._elastic_on else self._overflow_caps)
+        self._overflow_caps = doubles(self._overflow_caps)
+        self._ovcap_now = doubles(self._overflow_caps)
+        self._float_cls = ints(self._float_classes)
+        self._float_room = doubles(self._float_room if self._slots_on else [0.0] * I)
 
     def _elastic_plan(self) -> None:
         """Elastic prefill capacity for a plan that rations every class it admits (``elastic``).
@@ -373,26 +404,6 @@ class _Mechanisms:
         return [bool(rat[i] and float(x[i]) > 0 and float(self._w[i]) > (B - 1) * max(v_s - v_m, 0.0) / mu_p[i])
                 for i in range(n_cls)]
 
-    def _elastic_caps(self, ctx: Context) -> list[float]:
-        """Overflow caps with the floating capacity: the floating classes (static overflow cap -inf: gamma
-        tau > 1 and rationed) may overflow only while no solo GPU runs a prefill; with ``elastic_slots``,
-        instead, while the decode slots free now (not held by an overflow prefill) plus the slots the plan
-        frees during one class-i prefill, less one Poisson standard deviation of those, exceed the decodes
-        ahead of class i (the backpressure sum, in-flight prefills counted in full)."""
-        if self._slots_on:
-            used = self._overflowing
-            for j in range(self.n_classes):
-                used += ctx.n_decode_mixed(j) + ctx.n_decode_solo(j)
-            free = self._decode_slots - used
-            caps = list(self._overflow_caps)
-            for i, fl in enumerate(self._float_classes):
-                if fl and self._ahead(ctx, i) < self._float_room[i] + free:
-                    caps[i] = math.inf
-            return caps
-        if self._overflowing >= 1:
-            return self._overflow_caps
-        return [math.inf if fl else c for fl, c in zip(self._float_classes, self._overflow_caps)]
-
     def plan_mixed_gpus(self, n_gpus: int) -> int:
         base = PartitionedController.plan_mixed_gpus(self, n_gpus)
         if not self.staffing or self.mixed_override is not None:
@@ -423,7 +434,7 @@ class _Mechanisms:
             self.mixed_gpus = n
             self.extra_mixed = 0
             self._has_mixed, self._has_solo = True, False
-            self._overflowing = 0
+            self._over = ints([0])
             self._max_overflow = 0
             return
         M = self.plan_mixed_gpus(n)
@@ -436,7 +447,7 @@ class _Mechanisms:
         if M < n:
             # overflow: solo GPUs may host one prefill in a free slot (never a reserved one)
             ctx.set_pool(range(M, n), SOLO_POOL, prefill=self.overflow, max_decodes=B)
-        self._overflowing = 0
+        self._over = ints([0])
         mo = self.max_overflow_option
         # never more than the solo GPUs (each hosts at most one prefill): with no solo pool, no overflow
         self._max_overflow = ((n - M) if mo is None else min(int(mo), n - M)) if self.overflow else 0
@@ -445,48 +456,6 @@ class _Mechanisms:
         self._apply(self.solution, self._lam_plan.copy())  # a reused controller starts from its plan
         self._counts = _zero_counts(self.n_classes)
         self._window_start = float(ctx.now)
-
-    # -- gate -----------------------------------------------------------------------------------
-    def gate_class(self, ctx: Context, capped: bool = True) -> int:
-        """Deviation-index gate over waiting classes with room in the decode buffer (backpressure) and
-        below their cap (``capped``; else: the classes allowed to overflow onto solo GPUs); -1 if none."""
-        # Hot path (called on most events): the plan's constants come in one tuple, the helpers
-        # _decode_slot_free_now and _ahead are inlined with the same arithmetic in the same order (an
-        # empty buffer adds 0 per class, so its per-class lengths are not asked), and an all-infinite
-        # cap list is not consulted. The decisions are those of the plain form, bit for bit.
-        admissible, nx, inv, nqp, room, terms, fcfs, bp, uncapped = self._gate_plan
-        cap = (None if uncapped else self._cap) if capped else self._overflow_caps
-        qlen, n_prefill = ctx.qlen, ctx.n_prefill
-        best, best_dev, best_tie = -1, 0.0, 0.0
-        free = None  # whether a decode slot is free now: asked once, only if needed
-        waiting = 0  # requests in the decode buffer (asked with free)
-        for i in admissible:
-            q = qlen(PREFILL_QUEUE, i)
-            if q == 0:
-                continue
-            X = n_prefill(i)
-            if cap is not None and X >= cap[i]:
-                continue
-            if bp:
-                if free is None:
-                    waiting = qlen(DECODE_QUEUE)
-                    free = not waiting and self._free_decode_slot(ctx)
-                if not free:
-                    if fcfs or not waiting:
-                        tot = float(waiting)
-                        for j, p in terms[i]:
-                            tot += n_prefill(j) * p
-                    else:
-                        tot = 0.0
-                        for j, p in terms[i]:
-                            tot += qlen(DECODE_QUEUE, j) + n_prefill(j) * p
-                    if tot >= room[i]:
-                        continue
-            dev = (X - nx[i]) * inv[i]
-            tie = q - nqp[i]
-            if best < 0 or dev < best_dev or (dev == best_dev and tie > best_tie):
-                best, best_dev, best_tie = i, dev, tie
-        return best
 
     def _decodes_ahead(self, ctx: Context) -> list[float]:
         """Per class i: the decodes that will want a slot within one mean class-i prefill before a
@@ -497,59 +466,7 @@ class _Mechanisms:
             return [0.0] * self._I
         return [self._ahead(ctx, i) for i in range(self._I)]
 
-    def _decode_slot_free_now(self, ctx: Context) -> bool:
-        return not ctx.qlen(DECODE_QUEUE) and self._free_decode_slot(ctx)
-
-    def _free_decode_slot(self, ctx: Context) -> bool:
-        """Some GPU has a free decode slot (the buffer's length aside)."""
-        # a fleet too small for a solo (or a mixed) pool declares only the other one
-        return bool((self._has_solo and len(ctx.free_decode(SOLO_POOL)))
-                    or (self._has_mixed and len(ctx.free_decode(MIXED_POOL))))
-
-    def _ahead(self, ctx: Context, i: int) -> float:
-        qlen, n_prefill = ctx.qlen, ctx.n_prefill
-        if self._fcfs_buffer:
-            tot = float(qlen(DECODE_QUEUE))
-            for j, p in self._ahead_terms[i]:
-                tot += n_prefill(j) * p
-        else:
-            tot = 0.0
-            for j, p in self._ahead_terms[i]:
-                tot += qlen(DECODE_QUEUE, j) + n_prefill(j) * p
-        return tot
-
-    def _try_overflow(self, ctx: Context, g: int = -1) -> None:
-        """Start gate-admitted prefills on solo GPUs with a free slot, up to the churn bound."""
-        if self._overflowing >= self._max_overflow:
-            return
-        idle = ctx.idle_prefill(SOLO_POOL)
-        while self._overflowing < self._max_overflow:
-            h = g if g >= 0 else idle.choice()
-            if h < 0 or h not in idle:
-                return
-            # A free solo slot means the decode pool has room now: the caps (which keep the rationed
-            # classes from over-filling a full decode pool) do not apply; backpressure does.
-            if self._elastic_on:
-                saved = self._overflow_caps
-                self._overflow_caps = self._elastic_caps(ctx)
-                i = self.gate_class(ctx, capped=False)
-                self._overflow_caps = saved
-            else:
-                i = self.gate_class(ctx, capped=False)
-            if i < 0:
-                return
-            r = ctx.head(PREFILL_QUEUE, i)
-            if self._kv and not self._fits(ctx, r, h):
-                return
-            ctx.start_prefill(r, h)
-            self._overflowing += 1
-            if g >= 0:
-                return
-
     # -- rolling re-solve -----------------------------------------------------------------------
-    def _count_arrival(self, ctx: Context, r: int) -> None:
-        self._counts[ctx.req_class(r)] += 1
-
     def on_tick(self, ctx: Context) -> None:
         if not self.resolve:
             return
@@ -592,10 +509,11 @@ class _Mechanisms:
         x, qp = _lp_targets(sol.x), _lp_targets(sol.q_prefill)
         self.x, self.q_prefill = x, qp
         n = self.n_gpus
-        self._nx = [n * float(v) for v in x]
-        self._inv_x = [1.0 / float(v) if v > 0 else 0.0 for v in x]
-        self._nqp = [n * float(v) for v in qp]
+        self._nx = doubles([n * float(v) for v in x])
+        self._inv_x = doubles([1.0 / float(v) if v > 0 else 0.0 for v in x])
+        self._nqp = doubles([n * float(v) for v in qp])
         self._admissible = [i for i in range(self.n_classes) if x[i] > 0]
+        self._adm = ints(self._gate_order())  # a re-solve may move x_i* to or from 0
         self._lam_now = lam_per_gpu
         self._plan_now = sol
         self._targets()
@@ -603,103 +521,15 @@ class _Mechanisms:
 
 
 class _MechanismEvents:
-    """Event handling of the pipelines with backpressure, the value-ordered buffer and overflow (the
-    bundled and the separate-pricing variant; mixed in before :class:`_Mechanisms`); the gate
-    (``gate_class``) is the subclass's."""
+    """The robust route (gate_handlers.ROUTE_ROBUST: re-solve counts, overflow prefills, the value-ordered
+    buffer; the bundled and the separate-pricing variant, mixed in before :class:`_Mechanisms`): its
+    set-up and the re-solve's tick; the handlers are gate_handlers.GateHandlers'."""
 
     def setup(self, ctx: Context) -> None:
         self._bind(ctx)
         self._declare_pools(ctx)
         self._bind_mechanisms(ctx)
         self._fast = fastpath.bind(self, ctx)  # compiled handlers on the compiled engine (same decisions)
-
-    # -- decode buffer --------------------------------------------------------------------------
-    def _pull_decodes(self, ctx: Context, g: int, queue: int) -> None:
-        if self.decode_order == "fcfs" and self._all_decodable:
-            return PartitionedController._pull_decodes(self, ctx, g, queue)
-        free = ctx.free_decode(MIXED_POOL if g < self.mixed_gpus else SOLO_POOL)
-        order = self._decode_order if self._all_decodable else [i for i in self._decode_order if self._decodable[i]]
-        kv = self._kv
-        while g in free:
-            r = -1
-            for i in order:
-                r = ctx.head(queue, i)
-                if r >= 0:
-                    break
-            if r < 0 or (kv and not self._fits(ctx, r, g)):
-                return
-            ctx.start_decode(r, g)
-
-    # -- events ---------------------------------------------------------------------------------
-    def on_arrival(self, ctx: Context, r: int) -> None:
-        i = ctx.req_class(r)
-        if self.resolve:
-            self._counts[i] += 1
-        ctx.enqueue(r, PREFILL_QUEUE)
-        if ctx.qlen(PREFILL_QUEUE, i) > 1:
-            # Class i already waited, so the gate has judged this state: every other change that can
-            # open a slot (a completion, a drained buffer, a re-solve) re-runs it. This keeps the
-            # controller's cost per arrival at Gate-and-Route's when slots are held back.
-            return
-        if self._has_mixed:
-            self._admit_all(ctx)
-        if self._max_overflow and self._may_overflow[i] and ctx.qlen(PREFILL_QUEUE, i):
-            self._try_overflow(ctx)
-
-    def on_prefill_done(self, ctx: Context, r: int, g: int) -> None:
-        if g >= self.mixed_gpus:
-            self._overflowing -= 1  # the overflow GPU is solo again
-        if self._all_decodable or self._decodable[ctx.req_class(r)]:
-            self._greedy_place(ctx, r)
-
-    def on_slot_freed(self, ctx: Context, g: int) -> None:
-        qlen = ctx.qlen
-        if qlen(DECODE_QUEUE):
-            self._pull_decodes(ctx, g, DECODE_QUEUE)
-        if not qlen(PREFILL_QUEUE):
-            return  # nothing waits for a prefill: the gate would refuse, and no overflow can start
-        mixed = g < self.mixed_gpus  # the pools are the ranges declared at setup
-        judged = False
-        pending = True  # prefills wait: asked above, and asked again only after one may have started
-        if mixed and g in ctx.idle_prefill(MIXED_POOL):
-            judged = not self._admit_on(ctx, g)  # the gate refused this very state: no need to ask again
-            pending = judged or bool(qlen(PREFILL_QUEUE))
-        if not judged and pending and self.backpressure and self._has_mixed and len(ctx.idle_prefill(MIXED_POOL)):
-            # a freed or drained decode slot may lift the backpressure on reserved slots held idle
-            self._admit_all(ctx)
-            pending = bool(qlen(PREFILL_QUEUE))
-        if self._max_overflow and not mixed and pending and g in ctx.idle_prefill(SOLO_POOL):
-            self._try_overflow(ctx, g)
-
-    def _admit_all(self, ctx: Context, pool: int = MIXED_POOL) -> None:
-        # PartitionedController._admit_all with _admit_on inlined (the same GPU draws, the same order)
-        idle = ctx.idle_prefill(pool)
-        kv = self._kv
-        while len(idle):
-            g = idle.choice()
-            i = self.gate_class(ctx)
-            if i < 0:
-                return
-            r = ctx.head(PREFILL_QUEUE, i)
-            if kv and not self._fits(ctx, r, g):
-                return
-            ctx.start_prefill(r, g)
-
-    def _holding(self, ctx: Context) -> bool:
-        """Backpressure may be holding idle reserved slots while prefills wait."""
-        return self.backpressure and self._has_mixed and bool(ctx.qlen(PREFILL_QUEUE)) and bool(
-            len(ctx.idle_prefill(MIXED_POOL)))
-
-    def on_preempt(self, ctx: Context, r: int, g: int) -> None:
-        # KV preemption (tokens mode) may evict an overflow prefill: recount the solo GPUs running one
-        # (O(n), rare) so that the churn bound stays exact.
-        self._overflowing = sum(1 for h in range(self.mixed_gpus, self.n_gpus) if ctx.gpu_prefill(h) >= 0)
-
-    on_drop = on_preempt
-
-    def on_abandon(self, ctx: Context, r: int, q: int) -> None:
-        if q == DECODE_QUEUE and self._holding(ctx):
-            self._admit_all(ctx)  # the buffer shrank: backpressure may lift
 
     def on_tick(self, ctx: Context) -> None:
         before = self._plan_now
@@ -761,29 +591,6 @@ class StaffedPrioritizeAndRoute(_MechanismEvents, _Mechanisms, PrioritizeAndRout
         v_m = max(float(d.get("mixed_decode_capacity", 0.0) or 0.0), 0.0)
         self._staff_busy_cost = (int(scenario.gpu.batch) - 1) * max(self._slot_value - v_m, 0.0)
 
-    def gate_class(self, ctx: Context, capped: bool = True) -> int:
-        """Prioritize-and-Route's gate (the waiting class with the largest D_i / P_i) over the classes with
-        room in the decode buffer (backpressure) and below their cap (``capped``; else: the classes
-        allowed to overflow onto solo GPUs); -1 if none."""
-        cap = (None if self._uncapped else self._cap) if capped else self._overflow_caps
-        qlen, n_prefill = ctx.qlen, ctx.n_prefill
-        free = None
-        for i in self._order:
-            if not qlen(PREFILL_QUEUE, i) or (cap is not None and n_prefill(i) >= cap[i]):
-                continue
-            if self.backpressure:
-                if free is None:
-                    free = self._decode_slot_free_now(ctx)
-                if not free and self._ahead(ctx, i) >= self._room[i]:
-                    continue
-            return i
-        return -1
-
-    def _apply(self, sol: FluidSolution, lam_per_gpu: np.ndarray) -> None:
-        _Mechanisms._apply(self, sol, lam_per_gpu)
-        pr = self.priority
-        self._order = sorted(self._admissible, key=lambda i: (-pr[i], i))  # a re-solve may move x_i* to or from 0
-
 
 class _AverageCaps:
     """Time-averaged caps (the SLI-aware variant's ``average_caps``): a rationed class's long-run
@@ -800,50 +607,24 @@ class _AverageCaps:
     """
 
     def _init_average_caps(self, ctx: Context) -> None:
+        """The averaged classes (``_avg``: those with a cap) and, per class (0 for the others), the integer
+        part of n x_i* (``_avg_lo``), the integral's floor, the integral, X_i as last seen; then the
+        caps now. The handlers (gate_handlers.GateHandlers._avg_cap) update them on every gate call,
+        prefill completion, preemption and drop."""
         n = self.n_gpus
         mu_p = np.asarray(self._rates.mu_p, float)
-        self._avg = [i for i in range(self.n_classes) if self._cap[i] != math.inf]
-        self._avg_lo = {i: math.floor(n * float(self.x[i]) + 1e-9) for i in self._avg}
-        self._avg_floor = {i: -n * float(self.x[i]) / float(mu_p[i]) for i in self._avg}
-        self._avg_int = {i: 0.0 for i in self._avg}
-        self._avg_x = {i: int(ctx.n_prefill(i)) for i in self._avg}
-        self._avg_t = float(ctx.now)
-        self._avg_cap(ctx)
-
-    def _avg_cap(self, ctx: Context) -> None:
-        """Integrate X_i - n x_i* up to now (X_i constant since the last update) and set the caps."""
-        now = float(ctx.now)
-        dt = now - self._avg_t
-        self._avg_t = now
-        nx = self._nx
-        for i in self._avg:
-            v = self._avg_int[i] + (self._avg_x[i] - nx[i]) * dt
-            v = max(v, self._avg_floor[i])
-            self._avg_int[i] = v
-            self._avg_x[i] = int(ctx.n_prefill(i))
-            lo = self._avg_lo[i]
-            self._cap[i] = float(lo + 1 if (v < 0 and lo < nx[i]) else lo)
-
-    def gate_class(self, ctx: Context, capped: bool = True) -> int:
-        if self._avg and capped:
+        I = self.n_classes
+        avg = [i for i in range(I) if self._cap[i] != math.inf]
+        self._avg = ints(avg)
+        self._avg_on = bool(avg)
+        self._avg_is = ints([i in avg for i in range(I)])
+        self._avg_lo = ints([math.floor(n * float(self.x[i]) + 1e-9) if i in avg else 0 for i in range(I)])
+        self._avg_floor = doubles([-n * float(self.x[i]) / float(mu_p[i]) if i in avg else 0.0 for i in range(I)])
+        self._avg_int = doubles([0.0] * I)
+        self._avg_x = ints([ctx.n_prefill(i) if i in avg else 0 for i in range(I)])
+        self._avg_t = doubles([ctx.now])
+        if avg:
             self._avg_cap(ctx)
-            i = _Mechanisms.gate_class(self, ctx, capped)
-            if i in self._avg_x:
-                self._avg_x[i] += 1  # the caller starts it now: X_i is one higher from here on
-            return i
-        return _Mechanisms.gate_class(self, ctx, capped)
-
-    def on_prefill_done(self, ctx: Context, r: int, g: int) -> None:
-        if self._avg:
-            self._avg_cap(ctx)
-        SLIGateAndRoute.on_prefill_done(self, ctx, r, g)
-
-    def on_preempt(self, ctx: Context, r: int, g: int) -> None:
-        if self._avg:
-            self._avg_cap(ctx)
-
-    on_drop = on_preempt
-
 
 class BackpressureSLIGateAndRoute(_AverageCaps, _Mechanisms, SLIGateAndRoute):
     """SLI-aware Gate-and-Route (per-pool buffers, p_s,i) with time-averaged ``caps`` (``average_caps``);
@@ -867,18 +648,16 @@ class BackpressureSLIGateAndRoute(_AverageCaps, _Mechanisms, SLIGateAndRoute):
         self._init_mechanisms(scenario, solution, backpressure=False, caps=caps, staffing=staffing,
                               decode_order="fcfs", overflow=False, max_overflow=None, resolve=False)
         self.average_caps = bool(average_caps)
-        self._avg: list[int] = []
 
     def setup(self, ctx: Context) -> None:
         self._bind(ctx)
         self._declare_pools(ctx)
         self._setup_queues(ctx)
         self._bind_mechanisms(ctx)
-        self._avg = []
+        self._avg_on = False
         if self.caps and self.average_caps:
             self._init_average_caps(ctx)
         self._uncapped = all(c == math.inf for c in self._cap)
-        self._gate_plan = self._gate_plan[:-1] + (self._uncapped,)
         self._fast = fastpath.bind(self, ctx)  # compiled handlers on the compiled engine (same decisions)
 
 

@@ -1,61 +1,49 @@
-"""When the built-in gate-and-route controllers run their compiled fast path (docs/simulator.md section 9).
+"""Where a controller's handlers run compiled (docs/simulator.md section 9, "One source for a controller's handlers").
 
-``fluidopt.sim._cgate`` (built by setup.py next to the compiled engine core, from
-``fluidopt/sim/_cgate.pyx``) holds transcriptions of the Python handlers of the gate-and-route
-family (Gate-and-Route, Prioritize-and-Route, SLI-aware Gate-and-Route and the robust variants of
-:mod:`fluidopt.control.robust`), of the FI-WSP baseline and of the reference FCFS policy
-(:mod:`fluidopt.control.fcfs`, the textbook queues' controller) that read the compiled engine's state as typed arrays and call its
-actions at C level. :func:`bind`, registered with :func:`fluidopt.control.fastpath.set_binder` when
-this module is imported (by ``fluidopt/sim/__init__.py``) and called through
-:func:`fluidopt.control.fastpath.bind` at the end of the controllers' ``setup``, installs them as the
-engine's event callbacks when all of these hold:
+A controller whose handlers are written once, as a mixin class in a handler module
+``fluidopt/control/<stem>.py`` with the static types ``fluidopt/sim/<stem>.pxd`` (the gate-and-route
+family: :mod:`fluidopt.control.gate_handlers`; FI-WSP: :mod:`fluidopt.control.fiwsp_handlers`; the
+reference FCFS policy: :mod:`fluidopt.control.fcfs_handlers`), has that same file compiled by setup.py
+into ``fluidopt.sim._c_<stem>`` (:func:`compiled_name`; every such pair is found, no list). :func:`bind`,
+registered with :func:`fluidopt.control.fastpath.set_binder` when this module is imported (by
+``fluidopt/sim/__init__.py``) and called through :func:`fluidopt.control.fastpath.bind` at the end of
+the controller's ``setup``, installs the compiled class's handlers as the engine's event callbacks, with
+the controller's state (the handler module's ``STATE``) copied over, when all of these hold:
 
 * the context is the compiled engine (``fluidopt.sim._cengine.Engine``): a pure-Python engine, a
-  router's snapshot or any other :class:`~fluidopt.control.protocol.Context` gets the Python
-  handlers;
-* the extension was built from the ``_cgate.pyx`` on disk now and against the engine core in use
-  (both carry SHA-256 digests, like the core itself: a stale build never runs);
-* the controller's class is exactly one of the built-in classes in ``_cgate.MIRRORS`` (a user's
-  subclass may override any method, so it runs the Python code), and the source of every Python
-  method the fast path transcribes still hashes to the digest recorded there (an edited handler
-  switches the fast path off, with one warning, until _cgate.pyx is updated);
+  router's snapshot or any other :class:`~fluidopt.control.protocol.Context` gets the Python handlers
+  (the same source);
+* the compiled module was built from the handler module and .pxd on disk now and against the engine
+  core in use (both carry SHA-256 digests, like the core itself: a stale build never runs);
+* every method of the handler class resolves, on the controller's class, to the handler class's own (a
+  subclass that overrides one, a user's or a built-in baseline's, runs the Python code, overrides
+  included);
 * ``FLUIDOPT_FAST_CONTROLLERS`` is not ``0`` in the environment (the switch the differential tests
   and benchmarks use to run the Python handlers on the compiled engine).
 
-The decisions are the same bit for bit either way (same draws from the controller's stream, same
-arithmetic in the same order): tests/control/test_fast_path.py compares whole runs, per-request
-records included, with the fast path on and off.
-
-Controllers whose handlers are written once need no transcription: their handler class (a mixin of
-the controller, in ``fluidopt/control/<stem>.py``) is compiled from that same file, with the types of
-``fluidopt/sim/<stem>.pxd``, into ``fluidopt.sim._c_<stem>`` (:func:`compiled_name`; setup.py compiles
-every such pair it finds). :func:`bind`
-installs the compiled class's handlers for any controller class on which every method of the handler
-class resolves to the handler class's own (a subclass that overrides one runs the Python code), with
-the controller's state (the handler module's ``STATE``) copied over, when the compiled module was built
-from the files on disk now and against the core in use.
+The decisions are the same bit for bit either way (the same source, the same draws, the same
+arithmetic compiled without fused multiply-adds): tests/control/test_fast_path.py compares whole runs,
+per-request records included, with the compiled handlers on and off. A controller that changes its plan
+during a run (a re-solve) calls ``_fast.sync()`` to copy the state again; per-class arrays in the state
+are shared with the controller, not copied, so counts the handlers keep (arrival counts, the overflow
+count) are the controller's.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
-import inspect
 import sys
-import warnings
 from pathlib import Path
 from typing import Any
 
 from fluidopt.control import fastpath as _hook
 
-__all__ = ["bind", "compiled_name", "mirror_digest", "single_source_digest", "status"]
+__all__ = ["bind", "compiled_name", "single_source_digest", "status"]
 
 # handler name -> the engine attribute that holds its callback (fluidopt/sim/engine.pxd)
 _CALLBACKS = (("on_arrival", "_cb_arrival"), ("on_prefill_done", "_cb_pdone"), ("on_slot_freed", "_cb_freed"),
               ("on_abandon", "_cb_abandon"), ("on_preempt", "_cb_preempt"), ("on_drop", "_cb_drop"))
-_BUILTIN_MODULES = ("fluidopt.control.gate_and_route", "fluidopt.control.robust", "fluidopt.control.paper_baselines")
-
-
 
 
 def compiled_name(source: str) -> str | None:
@@ -80,10 +68,18 @@ class Bound:
     """A run's compiled handlers as the controller keeps them (``ctrl._fast``): a copy or a pickle of the
     controller leaves them behind (they hold the run's engine sets)."""
 
-    __slots__ = ("handlers",)
+    __slots__ = ("handlers", "_ctrl", "_state")
 
-    def __init__(self, handlers: Any) -> None:
+    def __init__(self, handlers: Any, ctrl: Any, state: tuple[str, ...]) -> None:
         self.handlers = handlers
+        self._ctrl, self._state = ctrl, state
+        self.sync()
+
+    def sync(self) -> None:
+        """Copy the controller's state to the handlers (at bind, and after every change of plan)."""
+        ctrl, handlers = self._ctrl, self.handlers
+        for attr in self._state:
+            setattr(handlers, attr, getattr(ctrl, attr))
 
     def __reduce__(self):
         return _gone, ()
@@ -140,70 +136,20 @@ def _single_spec(cls: type) -> tuple[type, tuple[str, ...]] | None:
     return None
 
 
-@functools.lru_cache(maxsize=1)
-def _module() -> tuple[Any, Any, str]:
-    """(the _cgate module, the compiled Engine class, why) or (None, None, why not)."""
+def status() -> tuple[bool, str]:
+    """(usable, reason): whether compiled handlers can run at all (the compiled core and every handler
+    module's compiled twin built from the sources on disk)."""
     from fluidopt.sim.backend import compiled_status
 
     ok, why = compiled_status()
     if not ok:
-        return None, None, f"compiled core not usable: {why}"
-    try:
-        from fluidopt.sim import _cengine, _cgate  # type: ignore[attr-defined]
-    except ImportError as exc:
-        return None, None, f"compiled core's controller fast path is not installed ({exc}); reinstall to build it"
-    src = Path(__file__).with_name("_cgate.pyx")
-    try:
-        digest = hashlib.sha256(src.read_bytes()).hexdigest()
-    except OSError:
-        digest = getattr(_cgate, "SOURCE_SHA256", None)  # an installed package without its sources
-    if digest != getattr(_cgate, "SOURCE_SHA256", None):
-        return None, None, ("compiled core's controller fast path was built from another version of "
-                            "fluidopt/sim/_cgate.pyx; reinstall (pip install -e .) to rebuild it")
-    if getattr(_cgate, "ENGINE_SHA256", None) != getattr(_cengine, "SOURCE_SHA256", None):
-        return None, None, ("compiled core's controller fast path was built against another engine core; "
-                            "reinstall (pip install -e .) to rebuild it")
-    return _cgate, _cengine.Engine, "compiled controller fast path built from the current sources"
-
-
-def status() -> tuple[bool, str]:
-    """(usable, reason): whether the compiled fast path can run at all (on the compiled engine)."""
-    mod, _, why = _module()
-    return mod is not None, why
-
-
-def mirror_digest(cls: type, methods: tuple[str, ...]) -> str:
-    """SHA-256 of the source of ``cls``'s methods ``methods`` (as resolved on ``cls``; ``"Owner.name"``:
-    the method ``name`` of the class ``Owner`` on ``cls``'s MRO, for a method a mixin wraps)."""
-    h = hashlib.sha256()
-    for name in methods:
-        if "." in name:
-            owner, attr = name.split(".", 1)
-            base = next(k for k in cls.__mro__ if k.__name__ == owner)
-            fn = inspect.unwrap(base.__dict__[attr])
-        else:
-            fn = inspect.unwrap(getattr(cls, name))
-        h.update(f"{name}\0{inspect.getsource(fn)}\0".encode())
-    return h.hexdigest()
-
-
-@functools.cache
-def _spec(cls: type) -> tuple[int, int] | None:
-    """(routing, gate) of the fast path for exactly ``cls``, or None."""
-    mod = _module()[0]
-    if cls.__module__ not in _BUILTIN_MODULES or cls.__name__ not in mod.MIRRORS:
-        return None
-    route, gate, methods, digest = mod.MIRRORS[cls.__name__]
-    try:
-        now = mirror_digest(cls, methods)
-    except (OSError, TypeError, AttributeError, KeyError, StopIteration):
-        return None  # no source to check against: the Python handlers run
-    if now != digest:
-        warnings.warn(f"fluidopt: {cls.__name__}: the Python handlers differ from the ones the compiled fast "
-                      "path transcribes (fluidopt/sim/_cgate.pyx); running the Python handlers",
-                      RuntimeWarning, stacklevel=3)
-        return None
-    return route, gate
+        return False, f"compiled core not usable: {why}"
+    stems = sorted(p.stem for p in Path(__file__).parent.glob("*.pxd") if p.name != "engine.pxd")
+    for stem in stems:
+        mod, why = _single_module(f"fluidopt.control.{stem}")
+        if mod is None:
+            return False, why
+    return True, f"compiled handlers built from the current sources ({', '.join(stems)})"
 
 
 def bind(ctrl: Any, ctx: Any) -> Any:
@@ -217,31 +163,12 @@ def bind(ctrl: Any, ctx: Any) -> Any:
         if type(ctx) is not _cengine.Engine:
             return None
         compiled_cls, state = single
-        handlers = compiled_cls()
-        for attr in state:
-            setattr(handlers, attr, getattr(ctrl, attr))
+        bound = Bound(compiled_cls(), ctrl, state)
         for name, attr in _CALLBACKS:
-            if hasattr(handlers, name) and getattr(ctx, attr) == getattr(ctrl, name, None):
-                setattr(ctx, attr, getattr(handlers, name))
-        return Bound(handlers)
-    mod, engine_cls, _ = _module()
-    if mod is None or type(ctx) is not engine_cls:
-        return None
-    spec = _spec(type(ctrl))
-    if spec is None:
-        return None
-    from fluidopt.sim import metrics
-
-    fast = mod.FastGate(ctrl, spec[0], spec[1], (metrics.N_CLASS_QTY, metrics.X_PREFILL, metrics.Y_MIXED, metrics.Y_SOLO))
-    for name, attr in _CALLBACKS:
-        handler = getattr(fast, name, None)
-        if handler is not None and getattr(ctx, attr) == getattr(ctrl, name, None):
-            if name in ("on_abandon", "on_preempt", "on_drop") and spec[0] != mod.ROUTE_ROBUST:
-                # the SLI variant's time-averaged caps keep their state in the fast object
-                if not (name != "on_abandon" and spec[0] == mod.ROUTE_SLI and fast.avg):
-                    continue
-            setattr(ctx, attr, handler)
-    return fast
+            if hasattr(bound.handlers, name) and getattr(ctx, attr) == getattr(ctrl, name, None):
+                setattr(ctx, attr, getattr(bound.handlers, name))
+        return bound
+    return None
 
 
 _hook.set_binder(bind)

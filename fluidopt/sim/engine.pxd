@@ -66,7 +66,7 @@ cdef class GpuSet:
     cdef public object _rand
 
     @cython.locals(n=Py_ssize_t)
-    cpdef choice(self)
+    cpdef Py_ssize_t choice(self) except? -2
 
     cpdef bint has(self, Py_ssize_t g)  # the protocol's GpuSet.has: a C-level membership test
 
@@ -135,24 +135,27 @@ cdef class Engine:
 
     @cython.locals(I=Py_ssize_t, qh="long long[::1]", a=Py_ssize_t, b=Py_ssize_t, seq="long long[:]", best=Py_ssize_t,
                    bs=Py_ssize_t, k=Py_ssize_t, r=Py_ssize_t)
-    cpdef head(self, Py_ssize_t q, Py_ssize_t cls=*)
+    cpdef Py_ssize_t head(self, Py_ssize_t q, Py_ssize_t cls=*) except? -2
 
-    # -- the view's O(1) reads, called by controllers on every event: typed arguments ------------
-    cpdef qlen(self, Py_ssize_t q, Py_ssize_t cls=*)
-    cpdef n_prefill(self, Py_ssize_t i)
-    cpdef n_decode_mixed(self, Py_ssize_t i)
-    cpdef n_decode_solo(self, Py_ssize_t i)
+    # -- the view's O(1) reads, called by controllers on every event: typed arguments; the ones a
+    # compiled handler (gate_handlers.pxd, fcfs_handlers.pxd) calls per event return C integers (no boxing;
+    # -2 is never a value, so that it can flag an exception) --------------------------------------
+    cpdef Py_ssize_t qlen(self, Py_ssize_t q, Py_ssize_t cls=*) except? -2
+    cpdef Py_ssize_t n_prefill(self, Py_ssize_t i) except? -2
+    cpdef Py_ssize_t n_decode_mixed(self, Py_ssize_t i) except? -2
+    cpdef Py_ssize_t n_decode_solo(self, Py_ssize_t i) except? -2
     cpdef n_wait_prefill(self, Py_ssize_t i)
     cpdef n_wait_decode(self, Py_ssize_t i)
-    cpdef gpu_prefill(self, Py_ssize_t g)
+    cpdef Py_ssize_t gpu_prefill(self, Py_ssize_t g) except? -2
     cpdef gpu_decodes(self, Py_ssize_t g)
-    cpdef gpu_free(self, Py_ssize_t g)
-    cpdef gpu_pool(self, Py_ssize_t g)
+    cpdef Py_ssize_t gpu_free(self, Py_ssize_t g) except? -2
+    cpdef Py_ssize_t gpu_pool(self, Py_ssize_t g) except? -2
+    cpdef bint gpu_prefill_allowed(self, Py_ssize_t g) except -1
     cpdef gpu_max_decodes(self, Py_ssize_t g)
     cpdef idle_prefill(self, Py_ssize_t pool=*)
     cpdef free_decode(self, Py_ssize_t pool=*)
-    cpdef req_class(self, Py_ssize_t r)
-    cpdef req_prompt(self, Py_ssize_t r)
+    cpdef Py_ssize_t req_class(self, Py_ssize_t r) except? -2
+    cpdef Py_ssize_t req_prompt(self, Py_ssize_t r) except? -2
     cpdef req_output(self, Py_ssize_t r)
     cpdef req_arrival(self, Py_ssize_t r)
     cpdef req_phase(self, Py_ssize_t r)

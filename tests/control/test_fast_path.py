@@ -1,4 +1,4 @@
-"""The compiled fast path of the gate-and-route family (fluidopt.sim.controller_fastpath, _cgate.pyx).
+"""The compiled handlers (fluidopt.sim.controller_fastpath): the gate-and-route family, FI-WSP, reference FCFS.
 
 Differential: every run is made twice on the compiled engine, with the compiled handlers and with
 the Python ones (``FLUIDOPT_FAST_CONTROLLERS=0``), and must give the same events, totals, per-class
@@ -7,7 +7,7 @@ two-class fleet with abandonment, ``markov``, ``tokens`` and ``tokens`` with a K
 term (preemptions, drops), every policy with a fast path and the robust variants' option sets, the
 rolling re-solve (plan off the real rates) included; plus random fleets under hypothesis. Also: when
 the fast path must not run (pure-Python engine, a router's snapshot, a user's subclass, an edited
-Python handler, a stale build), and that the transcribed Python methods are the ones recorded.
+Python handler, a stale build), and that every handler is written once (no Cython twin).
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def _same(a, b, what: str) -> None:
     pd.testing.assert_frame_equal(ra.batches, rb.batches, check_exact=True, obj=what)
     pd.testing.assert_frame_equal(ra.timeseries, rb.timeseries, check_exact=True, obj=what)
     assert fa == fb, f"{what}: per-request records differ"
-    for attr in ("_overflowing", "resolves", "_counts"):
+    for attr in ("overflowing", "resolves", "_counts"):
         assert getattr(ca, attr, None) == getattr(cb, attr, None), f"{what}: controller state {attr}"
 
 
@@ -193,7 +193,7 @@ def test_fast_path_with_average_caps(monkeypatch, tmp_path, opts, case):
     sc = _paper(60, kv=12000.0) if case == "paper-tokens-kv" else _paper(60)
     service = "markov" if case.endswith("markov") else "tokens"
     res, _, ctrl = _both(monkeypatch, tmp_path, sc, "backpressure-sli-gate-and-route", opts, service, horizon=80.0)
-    assert ctrl._avg and ctrl._fast.avg  # the paper instance's SLI plan rations class 1: averaged caps
+    assert ctrl._avg_on and ctrl._fast.handlers._avg_on  # the SLI plan rations class 1: averaged caps
     if case == "paper-tokens-kv":
         assert res.totals["preemptions"] > 0 and res.totals["dropped"] > 0  # on_preempt / on_drop ran
 
@@ -215,21 +215,6 @@ def _fleets(draw):
 def test_fast_path_on_random_fleets(monkeypatch, tmp_path, case):
     sc, policy, opts, service, horizon, seed = case
     _both(monkeypatch, tmp_path, sc, policy, opts, service, horizon=horizon, seed=seed)
-
-
-@needs_fast
-def test_transcribed_python_methods_are_the_recorded_ones():
-    """_cgate.pyx transcribes these Python methods; editing one must come with editing the transcription
-    (and recording the new digest in _cgate.MIRRORS), else the fast path stays off for that class."""
-    from fluidopt.control import fcfs, gate_and_route, paper_baselines, robust
-    from fluidopt.sim import _cgate
-
-    for name, (_route, _gate, methods, digest) in _cgate.MIRRORS.items():
-        cls = (getattr(gate_and_route, name, None) or getattr(robust, name, None)
-               or getattr(paper_baselines, name, None) or getattr(fcfs, name))
-        assert fastpath.mirror_digest(cls, methods) == digest, (
-            f"{name}: one of {', '.join(methods)} changed since fluidopt/sim/_cgate.pyx transcribed it: "
-            "update the transcription there and its digest in MIRRORS")
 
 
 @needs_fast
@@ -275,91 +260,76 @@ def test_fast_path_only_where_it_is_exact(monkeypatch):
     assert ctrl._fast is None
 
 
-@needs_fast
-def test_an_edited_handler_or_a_stale_build_switches_the_fast_path_off(monkeypatch):
-    from fluidopt.sim import _cgate
-
-    monkeypatch.delenv("FLUIDOPT_FAST_CONTROLLERS", raising=False)
-    sc = _paper(20)
-    # the transcribed source no longer matches: a warning, and the Python handlers
-    fastpath._spec.cache_clear()
-    route, gate, methods, _ = _cgate.MIRRORS["GateAndRoute"]
-    monkeypatch.setitem(_cgate.MIRRORS, "GateAndRoute", (route, gate, methods, "0" * 64))
-    ctrl = make_controller("gate-and-route", sc)
-    with pytest.warns(RuntimeWarning, match="differ from the ones the compiled fast path transcribes"):
-        simulate(sc, ctrl, horizon=5.0, seed=1, backend="compiled", progress=False)
-    assert ctrl._fast is None
-    monkeypatch.undo()
-    fastpath._spec.cache_clear()
-    # a build from another _cgate.pyx, or against another engine core: not usable
-    for attr in ("SOURCE_SHA256", "ENGINE_SHA256"):
-        fastpath._module.cache_clear()
-        monkeypatch.setattr(_cgate, attr, "0" * 64)
-        ok, why = fastpath.status()
-        assert not ok and "reinstall" in why
-        monkeypatch.undo()
-    fastpath._module.cache_clear()
-    assert fastpath.status()[0]
-
-
 # -- handlers written once (controller_fastpath.compiled_name): no transcription to keep in step ------------
+# (handler module, its mixin, a registered policy whose handlers are all the mixin's)
+SINGLE = [("fcfs_handlers", "FCFSHandlers", "reserved-prefill-fcfs"),
+          ("gate_handlers", "GateHandlers", "gate-and-route"),
+          ("gate_handlers", "GateHandlers", "backpressure-gate-and-route"),
+          ("fiwsp_handlers", "FIWSPHandlers", "fi-wsp")]
+
+
 def test_single_sourced_handlers_are_listed_alike_and_have_no_transcription():
-    """A handler module with a .pxd in fluidopt/sim is compiled from the control layer's own file; the
-    reference FCFS policy's handlers are that module's (no copy of them in _cgate.pyx)."""
+    """Every handler module with a .pxd in fluidopt/sim is compiled from the control layer's own file; the
+    built-in controllers' handlers are those modules' classes, and no hand-written Cython twin exists."""
+    import importlib
     from pathlib import Path
 
-    from fluidopt.control.fcfs import ReservedPrefillFCFS
-    from fluidopt.control.fcfs_handlers import FCFSHandlers
-
     root = Path(__file__).resolve().parents[2]
-    assert fastpath.compiled_name("fluidopt.control.fcfs_handlers") == "fluidopt.sim._c_fcfs_handlers"
+    pxds = {p.stem for p in (root / "fluidopt" / "sim").glob("*.pxd")} - {"engine"}
+    assert pxds == {m for m, _, _ in SINGLE}
+    assert not list((root / "fluidopt").rglob("*.pyx")), "a hand-written Cython module: write the handlers once"
     assert fastpath.compiled_name("fluidopt.control.fcfs") is None  # no fluidopt/sim/fcfs.pxd: plain Python
-    assert (root / "fluidopt" / "sim" / "fcfs_handlers.pxd").is_file()
-    for name in ("on_arrival", "on_prefill_done", "on_slot_freed", "_fits"):
-        assert getattr(ReservedPrefillFCFS, name) is getattr(FCFSHandlers, name)
-    cgate = (root / "fluidopt" / "sim" / "_cgate.pyx").read_text(encoding="utf-8")
-    assert "FastFCFS" not in cgate and "ReservedPrefillFCFS" not in cgate
-    assert "_gate_deviation" not in cgate and "_r_gate_dev" not in cgate  # one typed gate for every route
+    for stem, cls_name, policy in SINGLE:
+        assert fastpath.compiled_name(f"fluidopt.control.{stem}") == f"fluidopt.sim._c_{stem}"
+        mixin = getattr(importlib.import_module(f"fluidopt.control.{stem}"), cls_name)
+        cls = type(make_controller(policy, _paper(12)))
+        for name, fn in vars(mixin).items():
+            if callable(fn) and not name.startswith("__"):
+                assert getattr(cls, name) is fn, f"{policy}: {name} is not {cls_name}'s"
 
 
 @needs_fast
-def test_single_sourced_fast_path_is_the_compiled_source_and_only_where_exact(monkeypatch):
+@pytest.mark.parametrize("stem,cls_name,policy", SINGLE, ids=[p for _, _, p in SINGLE])
+def test_single_sourced_fast_path_is_the_compiled_source_and_only_where_exact(monkeypatch, stem, cls_name, policy):
     import copy
+    import importlib
     import pickle
     from pathlib import Path
 
-    from fluidopt.control.fcfs import ReservedPrefillFCFS
-    from fluidopt.sim import _c_fcfs_handlers as _cfcfs
-
+    compiled = importlib.import_module(f"fluidopt.sim._c_{stem}")
     root = Path(__file__).resolve().parents[2]
-    assert _cfcfs.SOURCE_SHA256 == fastpath.single_source_digest(
-        (root / "fluidopt" / "control" / "fcfs_handlers.py").read_bytes(),
-        (root / "fluidopt" / "sim" / "fcfs_handlers.pxd").read_bytes())
+    assert compiled.SOURCE_SHA256 == fastpath.single_source_digest(
+        (root / "fluidopt" / "control" / f"{stem}.py").read_bytes(),
+        (root / "fluidopt" / "sim" / f"{stem}.pxd").read_bytes())
     monkeypatch.delenv("FLUIDOPT_FAST_CONTROLLERS", raising=False)
     sc = _paper(12)
-    ctrl = make_controller("reserved-prefill-fcfs", sc)
+    ctrl = make_controller(policy, sc)
     simulate(sc, ctrl, horizon=5.0, seed=1, backend="compiled", progress=False)
-    assert type(ctrl._fast.handlers) is _cfcfs.FCFSHandlers
+    assert type(ctrl._fast.handlers) is getattr(compiled, cls_name)
     # a copy of the run's handlers is nothing (they hold the run's engine sets)
     assert copy.deepcopy(ctrl._fast) is None and pickle.loads(pickle.dumps(ctrl._fast)) is None
     simulate(sc, ctrl, horizon=5.0, seed=1, backend="python", progress=False)
     assert ctrl._fast is None
 
-    class Counting(ReservedPrefillFCFS):  # overrides a handler: the Python code runs, the override included
+    base = type(ctrl)
+
+    class Counting(base):  # overrides a handler: the Python code runs, the override included
         calls = 0
 
         def on_arrival(self, ctx, r):
             Counting.calls += 1
             super().on_arrival(ctx, r)
 
-    sub = Counting()
+    sub = copy.copy(ctrl)
+    sub.__class__ = Counting
     simulate(sc, sub, horizon=5.0, seed=1, backend="compiled", progress=False)
     assert sub._fast is None and Counting.calls > 0
 
-    class Renamed(ReservedPrefillFCFS):  # overrides nothing the handlers are: compiled
+    class Renamed(base):  # overrides nothing the handlers are: compiled
         name = "renamed"
 
-    ren = Renamed()
+    ren = copy.copy(ctrl)
+    ren.__class__ = Renamed
     simulate(sc, ren, horizon=5.0, seed=1, backend="compiled", progress=False)
     assert ren._fast is not None
 
@@ -367,12 +337,15 @@ def test_single_sourced_fast_path_is_the_compiled_source_and_only_where_exact(mo
     for attr in ("SOURCE_SHA256", "ENGINE_SHA256"):
         fastpath._single_module.cache_clear()
         fastpath._single_spec.cache_clear()
-        monkeypatch.setattr(_cfcfs, attr, "0" * 64)
-        mod, why = fastpath._single_module("fluidopt.control.fcfs_handlers")
+        monkeypatch.setattr(compiled, attr, "0" * 64)
+        mod, why = fastpath._single_module(f"fluidopt.control.{stem}")
         assert mod is None and "reinstall" in why
-        ctrl = make_controller("reserved-prefill-fcfs", sc)
+        ok, why = fastpath.status()
+        assert not ok and "reinstall" in why
+        ctrl = make_controller(policy, sc)
         simulate(sc, ctrl, horizon=5.0, seed=1, backend="compiled", progress=False)
         assert ctrl._fast is None
         monkeypatch.undo()
     fastpath._single_module.cache_clear()
     fastpath._single_spec.cache_clear()
+    assert fastpath.status()[0]
