@@ -1,10 +1,11 @@
 """Where the built-in controllers hand over to a compiled fast path, if the simulator installed one.
 
-The gate-and-route family (and FI-WSP) call :func:`bind` at the end of ``setup``. The control layer
-knows nothing of the simulator: the simulator layer (:mod:`fluidopt.sim.controller_fastpath`,
-imported with :mod:`fluidopt.sim`) registers the binder that, on its compiled engine core, installs
-compiled transcriptions of the controller's handlers as the engine's callbacks and returns the fast
-object (None everywhere else: the Python handlers run). ``FLUIDOPT_FAST_CONTROLLERS=0`` in the
+The controllers whose handlers are written once (gate_handlers.py, fiwsp_handlers.py,
+fcfs_handlers.py) call :func:`bind` at the end of ``setup``. The control layer knows nothing of the
+simulator: the simulator layer (:mod:`fluidopt.sim.controller_fastpath`, imported with
+:mod:`fluidopt.sim`) registers the binder that, on its compiled engine core, installs the compiled
+build of those same handlers as the engine's callbacks and returns the bound object (None everywhere
+else: the Python handlers run). ``FLUIDOPT_FAST_CONTROLLERS=0`` in the
 environment switches it off (the differential tests and the benchmarks use it). Same decisions bit
 for bit either way (docs/simulator.md section 9).
 """

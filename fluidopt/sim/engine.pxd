@@ -18,6 +18,8 @@ cimport cython
 # the counter layouts (engine.py binds them from fluidopt.sim.metrics) and state.py's constants: C integers
 cdef Py_ssize_t NQ, Q_WP, Q_X, Q_WD, Q_YM, Q_YS, NC, C_ARRIVED, C_PREFILLED, C_COMPLETED, C_PREEMPTED
 cdef Py_ssize_t C_AB_PREFILL, C_AB_DECODE, C_DROPPED, C_PREFILL_TOKENS, C_DONE_PROMPT, C_DONE_OUTPUT, _NREC
+cdef Py_ssize_t REC_ID, REC_CLS, REC_ARRIVAL, REC_PROMPT, REC_OUTPUT, REC_OUTCOME, REC_END, REC_TTFT, REC_WAIT_PREFILL
+cdef Py_ssize_t REC_WAIT_DECODE, REC_PREEMPTIONS, REC_PREFILL_GPU, REC_DECODE_GPU
 cdef Py_ssize_t RACE_WAIT, RACE_PREFILL, RACE_DECODE
 cdef Py_ssize_t G_ONLINE, G_STARTING, G_DRAINING, G_OFFLINE, _STARTUP
 cdef bint _COMPILED
@@ -217,8 +219,8 @@ cdef class Engine:
     @cython.locals(rs="int[::1]", b=Py_ssize_t, n=Py_ssize_t, j=Py_ssize_t, last=Py_ssize_t)
     cdef _race_remove(self, Py_ssize_t r, Py_ssize_t s)
 
-    @cython.locals(rec="double[::1]", k=Py_ssize_t)
-    cdef _record(self, Py_ssize_t r, Py_ssize_t c, Py_ssize_t outcome, double t)
+    # (cpdef: results.py writes the rows of the requests still in the system with it)
+    cpdef _write_record(self, double[::1] rec, Py_ssize_t k, Py_ssize_t r, Py_ssize_t c, Py_ssize_t outcome, double t)
 
     cdef _resolve(self, Py_ssize_t r, Py_ssize_t outcome, double t)
 

@@ -35,27 +35,28 @@ NAN = math.nan
 _NEVER = 1 << 62  # a boundary index beyond any run
 _FLUSH = S.FLUSH  # finished requests buffered before folding into the metrics
 _RNG_BLOCK = S.RNG_BLOCK
-_NREC = M.N_RECORD_FIELDS  # fields of a finished request's row (metrics.RECORD_FIELDS; see _record)
+_NREC = M.N_RECORD_FIELDS  # fields of a finished request's row (metrics.RECORD_FIELDS; see _write_record)
 REQUEST_FIELDS = S.REQUEST_FIELDS  # each per-request field's one definition (fluidopt.sim.state)
 
-# The exponential race's request sets, one segment per (kind, class): see Engine._rs
-RACE_WAIT, RACE_PREFILL, RACE_DECODE = S.RACE_WAIT, S.RACE_PREFILL, S.RACE_DECODE
+RACE_WAIT, RACE_PREFILL, RACE_DECODE = S.RACE_WAIT, S.RACE_PREFILL, S.RACE_DECODE  # the race's request sets: Engine._rs
 
-# The layouts of the time-integrated counts (NQ per class) and the event counters (NC per class), by
-# name, from their one definition in fluidopt.sim.metrics (engine.pxd types these as C integers).
+# The layouts of the time-integrated counts (NQ per class), the event counters (NC per class) and a finished
+# request's row (_write_record), by name, from their one definition in fluidopt.sim.metrics (engine.pxd: C integers).
 NQ = M.N_CLASS_QTY
 Q_WP, Q_X, Q_WD, Q_YM, Q_YS = M.Q_PREFILL, M.X_PREFILL, M.Q_DECODE, M.Y_MIXED, M.Y_SOLO
 NC = M.N_CTR
 C_ARRIVED, C_PREFILLED, C_COMPLETED, C_PREEMPTED = M.C_ARRIVED, M.C_PREFILLED, M.C_COMPLETED, M.C_PREEMPTED
 C_AB_PREFILL, C_AB_DECODE, C_DROPPED = M.C_AB_PREFILL, M.C_AB_DECODE, M.C_DROPPED
 C_PREFILL_TOKENS, C_DONE_PROMPT, C_DONE_OUTPUT = M.C_PREFILL_TOKENS, M.C_DONE_PROMPT, M.C_DONE_OUTPUT
+REC_ID, REC_CLS, REC_ARRIVAL, REC_PROMPT, REC_OUTPUT = M.REC_ID, M.REC_CLS, M.REC_ARRIVAL, M.REC_PROMPT, M.REC_OUTPUT
+REC_OUTCOME, REC_END, REC_TTFT, REC_WAIT_PREFILL = M.REC_OUTCOME, M.REC_END, M.REC_TTFT, M.REC_WAIT_PREFILL
+REC_WAIT_DECODE, REC_PREEMPTIONS, REC_PREFILL_GPU, REC_DECODE_GPU = M.REC_WAIT_DECODE, M.REC_PREEMPTIONS, M.REC_PREFILL_GPU, M.REC_DECODE_GPU
 
 # Fleet states of a GPU (g_state; docs/simulator.md section 11). A fixed fleet never leaves ONLINE.
 G_ONLINE, G_STARTING, G_DRAINING, G_OFFLINE = S.G_ONLINE, S.G_STARTING, S.G_DRAINING, S.G_OFFLINE
 _STARTUP = S.STARTUP  # t_pkb of a starting GPU: its pending heap event is its start-up completion
 
-# True only in the compiled core: setup.py appends "_COMPILED = True" to the copy it compiles.
-_COMPILED = False
+_COMPILED = False  # True only in the compiled core: setup.py appends "_COMPILED = True" to the copy it compiles
 
 
 class GpuSet:
@@ -535,21 +536,20 @@ class Engine:
         self._rsn[s] = n
 
     # -- Internal: request lifecycle -------------------------------------------------------------
-    def _record(self, r: int, c: int, outcome: int, t: float) -> None:
-        """Append r's row (metrics.RECORD_FIELDS) to the buffer of finished requests; fold a full one."""
-        rec = self._rec
-        k = self._nrec * _NREC
-        rec[k], rec[k + 1], rec[k + 2], rec[k + 3], rec[k + 4], rec[k + 5], rec[k + 6] = (
-            self.r_serial[r], c, self.r_arr[r], self.r_prompt[r], self.r_output[r], outcome, t)
-        rec[k + 7], rec[k + 8], rec[k + 9], rec[k + 10], rec[k + 11], rec[k + 12] = (
-            self.r_ttft[r], self.r_wp[r], self.r_wd[r], self.r_npre[r], self.r_pg[r], self.r_dg[r])
+    def _write_record(self, rec, k: int, r: int, c: int, outcome: int, t: float) -> None:
+        """r's row (metrics.RECORD_FIELDS, by name) at rec[k:k + _NREC]: class c, ``outcome`` at time t."""
+        rec[k + REC_ID], rec[k + REC_CLS], rec[k + REC_ARRIVAL] = self.r_serial[r], c, self.r_arr[r]
+        rec[k + REC_PROMPT], rec[k + REC_OUTPUT], rec[k + REC_OUTCOME] = self.r_prompt[r], self.r_output[r], outcome
+        rec[k + REC_END], rec[k + REC_TTFT], rec[k + REC_PREEMPTIONS] = t, self.r_ttft[r], self.r_npre[r]
+        rec[k + REC_WAIT_PREFILL], rec[k + REC_WAIT_DECODE] = self.r_wp[r], self.r_wd[r]
+        rec[k + REC_PREFILL_GPU], rec[k + REC_DECODE_GPU] = self.r_pg[r], self.r_dg[r]
+
+    def _resolve(self, r: int, outcome: int, t: float) -> None:
+        """Record r's outcome (its row to the buffer of finished requests; a full one is folded) and free its slot."""
+        self._write_record(self._rec, self._nrec * _NREC, r, self.r_cls[r], outcome, t)
         self._nrec += 1
         if self._nrec >= _FLUSH:
             self._flush()
-
-    def _resolve(self, r: int, outcome: int, t: float) -> None:
-        """Record r's outcome and free its slot."""
-        self._record(r, self.r_cls[r], outcome, t)
         self.r_phase[r] = _GONE
         self.r_gpu[r] = -1
         self._free.append(r)

@@ -53,9 +53,12 @@ C_PREFILL_TOKENS, C_DONE_PROMPT, C_DONE_OUTPUT = 7, 8, 9
 N_CTR = 10
 
 # A finished request's row as the engine buffers it (floats; integers below 2**53 are exact), field by
-# field in this order; the integer fields are converted back when folded.
+# field in this order, each written and read at its named offset (REC_<NAME>: RECORD_FIELDS[REC_ID] ==
+# "id"; tests/sim/test_state_layout.py); the integer fields are converted back when folded.
 RECORD_FIELDS = ("id", "cls", "arrival", "prompt", "output", "outcome", "end", "ttft", "wait_prefill", "wait_decode",
                  "preemptions", "prefill_gpu", "decode_gpu")
+(REC_ID, REC_CLS, REC_ARRIVAL, REC_PROMPT, REC_OUTPUT, REC_OUTCOME, REC_END, REC_TTFT, REC_WAIT_PREFILL, REC_WAIT_DECODE,
+ REC_PREEMPTIONS, REC_PREFILL_GPU, REC_DECODE_GPU) = range(13)
 RECORD_INT_FIELDS = frozenset({"id", "cls", "prompt", "output", "outcome", "preemptions", "prefill_gpu", "decode_gpu"})
 N_RECORD_FIELDS = len(RECORD_FIELDS)
 

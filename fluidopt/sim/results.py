@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+from array import array
 
 import numpy as np
 import pandas as pd
@@ -31,11 +32,11 @@ def write_live_records(eng, t_end: float, live: list[int] | None = None) -> str 
     _NREC = M.N_RECORD_FIELDS
     if live is None:
         live = eng._in_system()
-    rows = [(eng.r_serial[r], eng.r_cls[r], eng.r_arr[r], eng.r_prompt[r], eng.r_output[r], M.IN_SYSTEM,
-             t_end, eng.r_ttft[r], eng.r_wp[r], eng.r_wd[r], eng.r_npre[r], eng.r_pg[r], eng.r_dg[r])
-            for r in sorted(live, key=eng.r_serial.__getitem__)]
-    if rows:
-        eng._fold(np.array(rows, dtype=float).reshape(-1, _NREC))
+    if live:
+        rows = array("d", [0.0]) * (len(live) * _NREC)  # the engine's own row writer fills them (one format)
+        for j, r in enumerate(sorted(live, key=eng.r_serial.__getitem__)):
+            eng._write_record(rows, j * _NREC, r, eng.r_cls[r], M.IN_SYSTEM, t_end)
+        eng._fold(np.frombuffer(rows, dtype=float).reshape(-1, _NREC))
     return eng._records.close()
 
 

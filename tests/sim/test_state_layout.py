@@ -20,3 +20,18 @@ def test_rows_grow_by_whole_cache_lines_with_their_fields():
     assert new.dtype.itemsize == 256 and new.ctypes.data % S.ROW_ALIGN == 0
     assert list(new["r_cls"]) == [2, 0, 1, 0, 0] and np.isnan(new["r_new"]).all()
     assert list(new["r_phase"][3:]) == [S.REQUEST_FILL["r_phase"]] * 2
+
+
+def test_every_record_field_has_its_named_offset_and_the_engine_writes_each_once():
+    """A finished request's row is written by name (metrics.REC_<NAME>), one field per name, in one place."""
+    import inspect
+
+    from fluidopt.sim import metrics as M
+    from fluidopt.sim.engine import Engine
+
+    offsets = {nm: getattr(M, f"REC_{nm.upper()}") for nm in M.RECORD_FIELDS}
+    assert sorted(offsets.values()) == list(range(M.N_RECORD_FIELDS))
+    assert all(M.RECORD_FIELDS[k] == nm for nm, k in offsets.items())
+    src = inspect.getsource(Engine._write_record)
+    for nm in M.RECORD_FIELDS:
+        assert src.count(f"rec[k + REC_{nm.upper()}]") == 1, nm
