@@ -187,6 +187,7 @@ class PartitionedController(GateHandlers, Controller):
         """Declare the two pools: GPUs 0..M-1 mixed (B-1 decodes, prefill allowed), M..n-1 solo (B decodes)."""
         self._bind(ctx)
         self._declare_pools(ctx)
+        self._read_pools(ctx)
         self._setup_queues(ctx)
         self._fast = fastpath.bind(self, ctx)
 
@@ -226,6 +227,13 @@ class PartitionedController(GateHandlers, Controller):
             ctx.set_pool(range(M), MIXED_POOL, prefill=True, max_decodes=B - 1)
         if M < n:
             ctx.set_pool(range(M, n), SOLO_POOL, prefill=False, max_decodes=B)
+
+    def _read_pools(self, ctx: Context) -> None:
+        """The pools' GPU sets as the handlers read them (live sets; the solo pool's None where the fleet has
+        none): read once, after the pools are declared."""
+        self._idle_mixed, self._free_mixed = ctx.idle_prefill(MIXED_POOL), ctx.free_decode(MIXED_POOL)
+        self._idle_solo = ctx.idle_prefill(SOLO_POOL) if self._has_solo else None
+        self._free_solo = ctx.free_decode(SOLO_POOL) if self._has_solo else None
 
     def _setup_queues(self, ctx: Context) -> None:
         """Hook for subclasses that need named queues."""

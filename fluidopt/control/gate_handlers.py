@@ -27,7 +27,9 @@ What a controller of the family is, as the handlers see it (set by the controlle
   during one of its prefills (``_room``). The plain controllers have no caps and no backpressure.
 
 Rules for a handler module compiled this way (as fluidopt/control/fcfs_handlers.py): only the
-protocol's reads and actions on ``ctx``; ``s.has(g)`` for a GPU set; one type per local, declared in the
+protocol's reads and actions on ``ctx`` and on the pools' GPU sets (``ctx.idle_prefill(pool)`` and
+``ctx.free_decode(pool)``, live sets that the controller reads once, at setup, after declaring the
+pools); ``s.has(g)`` for a GPU set; one type per local, declared in the
 .pxd; no closures, generators or comprehensions; module constants bound by assignment. Per-class plan
 data are typed arrays (``array('d')`` / ``array('q')``: the compiled class reads them as C arrays), and
 the counts the handlers change during a run are shared with the controller, not copied: the arrival
@@ -56,8 +58,9 @@ INF = float("inf")
 # The controller's attributes the handlers read (copied to the compiled handlers at bind and at every
 # _sync_fast; the arrays among them are shared, not copied).
 STATE = (
-    # the fleet and the route
-    "_kv", "_has_mixed", "_has_solo", "mixed_gpus", "n_gpus", "_route",
+    # the fleet and the route; the pools' idle-prefill and free-decode sets (None for a pool not declared)
+    "_kv", "_has_mixed", "_has_solo", "mixed_gpus", "n_gpus", "_route", "_idle_mixed", "_idle_solo", "_free_mixed",
+    "_free_solo",
     # the gate
     "_priority_gate", "_adm", "_nx", "_inv_x", "_nqp", "_bp", "_uncapped", "_cap", "_room", "_fcfs_buffer",
     "_t_off", "_t_j", "_t_p",
@@ -87,7 +90,7 @@ def plain_state(n_classes: int) -> dict:
     the one decode buffer, no time-averaged caps."""
     I = int(n_classes)
     return {
-        "_route": ROUTE_GREEDY, "_priority_gate": False, "_bp": False, "_uncapped": True, "_fcfs_buffer": True,
+        "_idle_mixed": None, "_idle_solo": None, "_free_mixed": None, "_free_solo": None, "_route": ROUTE_GREEDY, "_priority_gate": False, "_bp": False, "_uncapped": True, "_fcfs_buffer": True,
         "_cap": doubles([INF] * I), "_room": doubles([0.0] * I),
         "_t_off": ints([0] * (I + 1)), "_t_j": ints([]), "_t_p": doubles([]),
         "resolve": False, "_counts": ints([0] * I), "_all_decodable": True, "_decodable": ints([1] * I),
@@ -127,16 +130,14 @@ class GateHandlers:
     def _gate_deviation(self, ctx, cap, use_cap):
         """argmin_i (X_i - n x_i*) / x_i* over the waiting admissible classes below their cap (``cap``,
         consulted if ``use_cap``) and, with backpressure, with room for their decode. O(I)."""
-        adm = self._adm
-        nx = self._nx
-        inv = self._inv_x
-        nqp = self._nqp
+        # (the plan is read as self._x[i], not through local aliases: a compiled alias of an array costs a
+        # reference count, atomically, per call)
         best = -1
         best_dev = 0.0
         best_tie = 0.0
         free = -1  # whether a decode slot is free now (-1: not asked yet; asked once, only if needed)
-        for k in range(len(adm)):
-            i = adm[k]
+        for k in range(len(self._adm)):
+            i = self._adm[k]
             q = ctx.qlen(PREFILL_QUEUE, i)
             if q == 0:
                 continue
@@ -148,8 +149,8 @@ class GateHandlers:
                     free = 1 if self._decode_slot_free_now(ctx) else 0
                 if not free and self._ahead(ctx, i) >= self._room[i]:
                     continue
-            dev = (X - nx[i]) * inv[i]
-            tie = q - nqp[i]
+            dev = (X - self._nx[i]) * self._inv_x[i]
+            tie = q - self._nqp[i]
             if best < 0 or dev < best_dev or (dev == best_dev and tie > best_tie):
                 best = i
                 best_dev = dev
@@ -159,10 +160,9 @@ class GateHandlers:
     def _gate_priority(self, ctx, cap, use_cap):
         """The first waiting class in priority order (``_adm``) below its cap and, with backpressure, with
         room for its decode. O(I)."""
-        adm = self._adm
         free = -1
-        for k in range(len(adm)):
-            i = adm[k]
+        for k in range(len(self._adm)):
+            i = self._adm[k]
             if not ctx.qlen(PREFILL_QUEUE, i) or (use_cap and ctx.n_prefill(i) >= cap[i]):
                 continue
             if self._bp:
@@ -179,8 +179,7 @@ class GateHandlers:
 
     def _free_decode_slot(self, ctx):
         """Some GPU has a free decode slot (a fleet too small for one of the pools declares only the other)."""
-        return bool((self._has_solo and len(ctx.free_decode(SOLO_POOL)) > 0)
-                    or (self._has_mixed and len(ctx.free_decode(MIXED_POOL)) > 0))
+        return bool((self._has_solo and len(self._free_solo) > 0) or (self._has_mixed and len(self._free_mixed) > 0))
 
     def _ahead(self, ctx, i):
         """The decodes that will want a slot within one mean class-i prefill before a class-i decode: those
@@ -205,17 +204,15 @@ class GateHandlers:
         now = ctx.now
         dt = now - self._avg_t[0]
         self._avg_t[0] = now
-        nx = self._nx
-        avg = self._avg
-        for k in range(len(avg)):
-            i = avg[k]
-            v = self._avg_int[i] + (self._avg_x[i] - nx[i]) * dt
+        for k in range(len(self._avg)):
+            i = self._avg[k]
+            v = self._avg_int[i] + (self._avg_x[i] - self._nx[i]) * dt
             if self._avg_floor[i] > v:
                 v = self._avg_floor[i]
             self._avg_int[i] = v
             self._avg_x[i] = ctx.n_prefill(i)
             lo = self._avg_lo[i]
-            self._cap[i] = float(lo + 1 if (v < 0 and lo < nx[i]) else lo)
+            self._cap[i] = float(lo + 1 if (v < 0 and lo < self._nx[i]) else lo)
 
     # -- admission --------------------------------------------------------------------------------
     def _fits(self, ctx, r, g):
@@ -235,7 +232,7 @@ class GateHandlers:
 
     def _admit_all(self, ctx):
         """Fill the mixed pool's idle prefill slots (a random GPU each time) while the gate admits a class."""
-        idle = ctx.idle_prefill(MIXED_POOL)
+        idle = self._idle_mixed
         while len(idle):
             if not self._admit_on(ctx, idle.choice()):
                 return
@@ -249,7 +246,7 @@ class GateHandlers:
         overflow caps apply instead of the caps, and backpressure still does."""
         if self._over[0] >= self._max_overflow:
             return
-        idle = ctx.idle_prefill(SOLO_POOL)
+        idle = self._idle_solo
         while self._over[0] < self._max_overflow:
             h = g if g >= 0 else idle.choice()
             if h < 0 or not idle.has(h):
@@ -290,12 +287,12 @@ class GateHandlers:
         """Greedy router: a random solo GPU with a free slot, else a random mixed GPU with a free decode slot."""
         kv = self._kv
         if self._has_solo:
-            g = ctx.free_decode(SOLO_POOL).choice()
+            g = self._free_solo.choice()
             if g >= 0 and (not kv or self._fits(ctx, r, g)):
                 ctx.start_decode(r, g)
                 return True
         if self._has_mixed:
-            g = ctx.free_decode(MIXED_POOL).choice()
+            g = self._free_mixed.choice()
             if g >= 0 and (not kv or self._fits(ctx, r, g)):
                 ctx.start_decode(r, g)
                 return True
@@ -318,14 +315,13 @@ class GateHandlers:
     def _pull_decodes(self, ctx, g, queue):
         """Fill g's free decode slots from ``queue``: its FCFS head across classes, or with the value order
         (``_value_order``), the head of the first class in ``_dorder`` that waits."""
-        free = ctx.free_decode(ctx.gpu_pool(g))
+        free = self._free_mixed if ctx.gpu_pool(g) == MIXED_POOL else self._free_solo
         kv = self._kv
-        order = self._dorder
         while free.has(g):
             if self._value_order:
                 r = -1
-                for k in range(len(order)):
-                    r = ctx.head(queue, order[k])
+                for k in range(len(self._dorder)):
+                    r = ctx.head(queue, self._dorder[k])
                     if r >= 0:
                         break
             else:
@@ -370,7 +366,7 @@ class GateHandlers:
             if self._avg_on:
                 self._avg_cap(ctx)
             pool = self._pool_for(ctx, ctx.req_class(r))
-            h = ctx.free_decode(pool).choice()
+            h = (self._free_mixed if pool == MIXED_POOL else self._free_solo).choice()
             if h >= 0 and self._fits(ctx, r, h):
                 ctx.start_decode(r, h)
             else:
@@ -381,7 +377,7 @@ class GateHandlers:
         if route == ROUTE_GREEDY:
             # Mixed GPU: its prefill slot goes to the gate, its decode slots to the buffer head; solo GPU:
             # its slots go to the buffer head.
-            if ctx.idle_prefill(ctx.gpu_pool(g)).has(g):
+            if (self._idle_mixed if ctx.gpu_pool(g) == MIXED_POOL else self._idle_solo).has(g):
                 self._admit_on(ctx, g)
             if ctx.qlen(DECODE_QUEUE):
                 self._pull_decodes(ctx, g, DECODE_QUEUE)
@@ -398,14 +394,14 @@ class GateHandlers:
         mixed = g < self.mixed_gpus  # the pools are the ranges declared at setup
         judged = False
         pending = True  # prefills wait: asked above, and asked again only after one may have started
-        if mixed and ctx.idle_prefill(MIXED_POOL).has(g):
+        if mixed and self._idle_mixed.has(g):
             judged = not self._admit_on(ctx, g)  # the gate refused this very state: no need to ask again
             pending = judged or ctx.qlen(PREFILL_QUEUE) != 0
-        if not judged and pending and self._bp and self._has_mixed and len(ctx.idle_prefill(MIXED_POOL)) > 0:
+        if not judged and pending and self._bp and self._has_mixed and len(self._idle_mixed) > 0:
             # a freed or drained decode slot may lift the backpressure on reserved slots held idle
             self._admit_all(ctx)
             pending = ctx.qlen(PREFILL_QUEUE) != 0
-        if self._max_overflow and not mixed and pending and ctx.idle_prefill(SOLO_POOL).has(g):
+        if self._max_overflow and not mixed and pending and self._idle_solo.has(g):
             self._try_overflow(ctx, g)
 
     def on_abandon(self, ctx, r, q):
@@ -415,7 +411,7 @@ class GateHandlers:
     def _holding(self, ctx):
         """Backpressure may be holding idle reserved slots while prefills wait."""
         return (self._bp and self._has_mixed and ctx.qlen(PREFILL_QUEUE) != 0
-                and len(ctx.idle_prefill(MIXED_POOL)) > 0)
+                and len(self._idle_mixed) > 0)
 
     def on_preempt(self, ctx, r, g):
         if self._route == ROUTE_ROBUST:

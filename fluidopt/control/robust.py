@@ -528,6 +528,7 @@ class _MechanismEvents:
     def setup(self, ctx: Context) -> None:
         self._bind(ctx)
         self._declare_pools(ctx)
+        self._read_pools(ctx)
         self._bind_mechanisms(ctx)
         self._fast = fastpath.bind(self, ctx)  # compiled handlers on the compiled engine (same decisions)
 
@@ -652,6 +653,7 @@ class BackpressureSLIGateAndRoute(_AverageCaps, _Mechanisms, SLIGateAndRoute):
     def setup(self, ctx: Context) -> None:
         self._bind(ctx)
         self._declare_pools(ctx)
+        self._read_pools(ctx)
         self._setup_queues(ctx)
         self._bind_mechanisms(ctx)
         self._avg_on = False

@@ -154,8 +154,8 @@ cdef class Engine:
     cpdef Py_ssize_t gpu_pool(self, Py_ssize_t g) except? -2
     cpdef bint gpu_prefill_allowed(self, Py_ssize_t g) except -1
     cpdef gpu_max_decodes(self, Py_ssize_t g)
-    cpdef idle_prefill(self, Py_ssize_t pool=*)
-    cpdef free_decode(self, Py_ssize_t pool=*)
+    cpdef GpuSet idle_prefill(self, Py_ssize_t pool=*)
+    cpdef GpuSet free_decode(self, Py_ssize_t pool=*)
     cpdef Py_ssize_t req_class(self, Py_ssize_t r) except? -2
     cpdef Py_ssize_t req_prompt(self, Py_ssize_t r) except? -2
     cpdef req_output(self, Py_ssize_t r)

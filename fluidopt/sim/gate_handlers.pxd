@@ -17,6 +17,7 @@ cdef class GateHandlers:
     # the fleet and the route
     cdef public bint _kv, _has_mixed, _has_solo
     cdef public Py_ssize_t mixed_gpus, n_gpus, _route
+    cdef public GpuSet _idle_mixed, _idle_solo, _free_mixed, _free_solo  # None: a pool not declared
     # the gate
     cdef public bint _priority_gate, _bp, _uncapped, _fcfs_buffer
     cdef public long long[::1] _adm, _t_off, _t_j
@@ -37,12 +38,11 @@ cdef class GateHandlers:
 
     cdef Py_ssize_t _gate(self, Engine ctx, double[::1] cap, bint use_cap) except? -2
 
-    @cython.locals(adm="long long[::1]", nx="double[::1]", inv="double[::1]", nqp="double[::1]", best=Py_ssize_t,
-                   best_dev=double, best_tie=double, free=int, k=Py_ssize_t, i=Py_ssize_t, q=Py_ssize_t, X=Py_ssize_t,
-                   dev=double, tie=double)
+    @cython.locals(best=Py_ssize_t, best_dev=double, best_tie=double, free=int, k=Py_ssize_t, i=Py_ssize_t,
+                   q=Py_ssize_t, X=Py_ssize_t, dev=double, tie=double)
     cdef Py_ssize_t _gate_deviation(self, Engine ctx, double[::1] cap, bint use_cap) except? -2
 
-    @cython.locals(adm="long long[::1]", free=int, k=Py_ssize_t, i=Py_ssize_t)
+    @cython.locals(free=int, k=Py_ssize_t, i=Py_ssize_t)
     cdef Py_ssize_t _gate_priority(self, Engine ctx, double[::1] cap, bint use_cap) except? -2
 
     cpdef bint _decode_slot_free_now(self, Engine ctx) except -1
@@ -52,8 +52,7 @@ cdef class GateHandlers:
     @cython.locals(tot=double, k=Py_ssize_t, j=Py_ssize_t)
     cpdef double _ahead(self, Engine ctx, Py_ssize_t i) except? -1.0
 
-    @cython.locals(now=double, dt=double, nx="double[::1]", avg="long long[::1]", k=Py_ssize_t, i=Py_ssize_t,
-                   v=double, lo=Py_ssize_t)
+    @cython.locals(now=double, dt=double, k=Py_ssize_t, i=Py_ssize_t, v=double, lo=Py_ssize_t)
     cpdef _avg_cap(self, Engine ctx)
 
     # -- admission
@@ -80,7 +79,7 @@ cdef class GateHandlers:
     @cython.locals(p=double)
     cpdef Py_ssize_t _pool_for(self, Engine ctx, Py_ssize_t i) except? -2
 
-    @cython.locals(free=GpuSet, kv=bint, order="long long[::1]", r=Py_ssize_t, k=Py_ssize_t)
+    @cython.locals(free=GpuSet, kv=bint, r=Py_ssize_t, k=Py_ssize_t)
     cpdef _pull_decodes(self, Engine ctx, Py_ssize_t g, Py_ssize_t queue)
 
     # -- events
