@@ -43,6 +43,10 @@ class ReservedPrefillFCFS(FCFSHandlers, Controller):
         self.prefill_gpus = prefill_gpus
         self.decode_on_prefill_gpus = bool(decode_on_prefill_gpus)
 
+    def __getstate__(self) -> dict:
+        """A copy or a pickle leaves the run behind: the engine's GPU sets are not copied."""
+        return {**self.__dict__, "_idle": None, "_solo": None, "_mixed": None}
+
     def setup(self, ctx: Context) -> None:
         n, B = ctx.n_gpus, ctx.batch
         m = n if self.prefill_gpus is None else int(self.prefill_gpus)

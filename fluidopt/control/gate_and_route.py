@@ -198,6 +198,7 @@ class PartitionedController(GateHandlers, Controller):
 
     def _bind(self, ctx: Context) -> None:
         """Check the fleet's classes and scale the per-GPU targets to its size n."""
+        self._fast = None  # a previous run's compiled handlers (setup binds this run's, at its end)
         if ctx.n_classes != self.n_classes:
             raise ScenarioError(
                 f"{self.name}: the plan has {self.n_classes} classes, the fleet serves {ctx.n_classes}"
@@ -227,6 +228,12 @@ class PartitionedController(GateHandlers, Controller):
             ctx.set_pool(range(M), MIXED_POOL, prefill=True, max_decodes=B - 1)
         if M < n:
             ctx.set_pool(range(M, n), SOLO_POOL, prefill=False, max_decodes=B)
+
+    def __getstate__(self) -> dict:
+        """A copy or a pickle leaves the run behind: the pools' GPU sets (the engine's) are not copied."""
+        state = dict(self.__dict__)
+        state.update(_idle_mixed=None, _idle_solo=None, _free_mixed=None, _free_solo=None)
+        return state
 
     def _read_pools(self, ctx: Context) -> None:
         """The pools' GPU sets as the handlers read them (live sets; the solo pool's None where the fleet has

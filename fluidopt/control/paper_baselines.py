@@ -55,6 +55,10 @@ class FIWSP(FIWSPHandlers, Controller):
     name = "fi-wsp"
     _fast: Any = None  # the compiled handlers bound by setup (fluidopt.control.fastpath), or None
 
+    def __getstate__(self) -> dict:
+        """A copy or a pickle leaves the run behind: the engine's idle-prefill set is not copied."""
+        return {**self.__dict__, "_idle": None}
+
     def setup(self, ctx: Context) -> None:
         self._idle = ctx.idle_prefill(0)
         self._kv = ctx.gpu_kv_free(0) != float("inf")

@@ -306,8 +306,13 @@ def test_single_sourced_fast_path_is_the_compiled_source_and_only_where_exact(mo
     ctrl = make_controller(policy, sc)
     simulate(sc, ctrl, horizon=5.0, seed=1, backend="compiled", progress=False)
     assert type(ctrl._fast.handlers) is getattr(compiled, cls_name)
-    # a copy of the run's handlers is nothing (they hold the run's engine sets)
+    # a copy of the run's handlers is nothing (they hold the run's engine sets); a copy of the controller
+    # leaves the engine's sets behind, and runs again
     assert copy.deepcopy(ctrl._fast) is None and pickle.loads(pickle.dumps(ctrl._fast)) is None
+    for twin in (copy.deepcopy(ctrl), pickle.loads(pickle.dumps(ctrl))):
+        assert twin._fast is None
+        simulate(sc, twin, horizon=5.0, seed=1, backend="compiled", progress=False)
+        assert twin._fast is not None
     simulate(sc, ctrl, horizon=5.0, seed=1, backend="python", progress=False)
     assert ctrl._fast is None
 
