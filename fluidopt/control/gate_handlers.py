@@ -70,7 +70,14 @@ STATE = (
     "_float_room", "_float_cls", "_ovcap_now",
     # the SLI route, and its time-averaged caps
     "_p", "_buf", "_avg_on", "_avg", "_avg_is", "_avg_lo", "_avg_floor", "_avg_int", "_avg_x", "_avg_t",
+    # scratch: what the backpressure sums read, once per gate call (_read_ahead)
+    "_seen_x", "_seen_d", "_seen_waiting",
 )
+# which caps the gate applies (_gate): none, the controller's own (_cap), or the overflow caps now in use
+# (_ovcap_now, which the caller fills)
+NO_CAPS = 0
+OWN_CAPS = 1
+OVERFLOW_CAPS = 2
 
 
 def doubles(values) -> array:
@@ -101,6 +108,7 @@ def plain_state(n_classes: int) -> dict:
         "_p": doubles([1.0] * I), "_buf": ints([DECODE_QUEUE, DECODE_QUEUE]), "_avg_on": False, "_avg": ints([]),
         "_avg_is": ints([0] * I), "_avg_lo": ints([0] * I), "_avg_floor": doubles([0.0] * I),
         "_avg_int": doubles([0.0] * I), "_avg_x": ints([0] * I), "_avg_t": doubles([0.0]),
+        "_seen_x": ints([0] * I), "_seen_d": ints([0] * I), "_seen_waiting": 0,
     }
 
 
@@ -112,24 +120,34 @@ class GateHandlers:
         """The class the gate admits next, or -1. ``capped``: the controller's own caps (none for the
         plain controllers); else the overflow caps (the classes allowed on a free solo slot)."""
         if not capped:
-            return self._gate(ctx, self._overflow_caps, True)
+            for i in range(len(self._ovcap_now)):
+                self._ovcap_now[i] = self._overflow_caps[i]
+            return self._gate(ctx, OVERFLOW_CAPS)
+        caps = NO_CAPS if self._uncapped else OWN_CAPS
         if self._avg_on:
             # time-averaged caps (robust.BackpressureSLIGateAndRoute): integrate, then gate
             self._avg_cap(ctx)
-            i = self._gate(ctx, self._cap, not self._uncapped)
+            i = self._gate(ctx, caps)
             if i >= 0 and self._avg_is[i]:
                 self._avg_x[i] += 1  # the caller starts it now: X_i is one higher from here on
             return i
-        return self._gate(ctx, self._cap, not self._uncapped)
+        return self._gate(ctx, caps)
 
-    def _gate(self, ctx, cap, use_cap):
+    def _gate(self, ctx, caps):
+        """The gate with the caps ``caps`` (NO_CAPS, OWN_CAPS or OVERFLOW_CAPS)."""
         if self._priority_gate:
-            return self._gate_priority(ctx, cap, use_cap)
-        return self._gate_deviation(ctx, cap, use_cap)
+            return self._gate_priority(ctx, caps)
+        return self._gate_deviation(ctx, caps)
 
-    def _gate_deviation(self, ctx, cap, use_cap):
-        """argmin_i (X_i - n x_i*) / x_i* over the waiting admissible classes below their cap (``cap``,
-        consulted if ``use_cap``) and, with backpressure, with room for their decode. O(I)."""
+    def _over_cap(self, caps, i, X):
+        """Class i, with X_i = X, is at its cap."""
+        if caps == OWN_CAPS:
+            return X >= self._cap[i]
+        return caps == OVERFLOW_CAPS and X >= self._ovcap_now[i]
+
+    def _gate_deviation(self, ctx, caps):
+        """argmin_i (X_i - n x_i*) / x_i* over the waiting admissible classes below their cap and, with
+        backpressure, with room for their decode. O(I)."""
         # (the plan is read as self._x[i], not through local aliases: a compiled alias of an array costs a
         # reference count, atomically, per call)
         best = -1
@@ -142,12 +160,14 @@ class GateHandlers:
             if q == 0:
                 continue
             X = ctx.n_prefill(i)
-            if use_cap and X >= cap[i]:
+            if caps and self._over_cap(caps, i, X):
                 continue
             if self._bp:
                 if free < 0:
                     free = 1 if self._decode_slot_free_now(ctx) else 0
-                if not free and self._ahead(ctx, i) >= self._room[i]:
+                    if not free:
+                        self._read_ahead(ctx)
+                if not free and self._ahead_of(i) >= self._room[i]:
                     continue
             dev = (X - self._nx[i]) * self._inv_x[i]
             tie = q - self._nqp[i]
@@ -157,18 +177,20 @@ class GateHandlers:
                 best_tie = tie
         return best
 
-    def _gate_priority(self, ctx, cap, use_cap):
+    def _gate_priority(self, ctx, caps):
         """The first waiting class in priority order (``_adm``) below its cap and, with backpressure, with
         room for its decode. O(I)."""
         free = -1
         for k in range(len(self._adm)):
             i = self._adm[k]
-            if not ctx.qlen(PREFILL_QUEUE, i) or (use_cap and ctx.n_prefill(i) >= cap[i]):
+            if not ctx.qlen(PREFILL_QUEUE, i) or (caps and self._over_cap(caps, i, ctx.n_prefill(i))):
                 continue
             if self._bp:
                 if free < 0:
                     free = 1 if self._decode_slot_free_now(ctx) else 0
-                if not free and self._ahead(ctx, i) >= self._room[i]:
+                    if not free:
+                        self._read_ahead(ctx)
+                if not free and self._ahead_of(i) >= self._room[i]:
                     continue
             return i
         return -1
@@ -186,15 +208,31 @@ class GateHandlers:
         waiting ahead of it in the buffer (FCFS: all; value order: its own class and higher ones) plus
         the prefills in flight of those classes expected to finish by then (the terms ``_t_j`` /
         ``_t_p`` from ``_t_off[i]`` to ``_t_off[i + 1]``: class j, probability)."""
+        self._read_ahead(ctx)
+        return self._ahead_of(i)
+
+    def _read_ahead(self, ctx):
+        """What the backpressure sums read, once for every class: the decode buffer's length and, per class,
+        the prefills running and (value order) the decodes waiting. The state does not change during one
+        decision, so each sum then reads these (_ahead_of) instead of asking again."""
         if self._fcfs_buffer:
-            tot = float(ctx.qlen(DECODE_QUEUE))
+            self._seen_waiting = ctx.qlen(DECODE_QUEUE)
+        for j in range(len(self._seen_x)):
+            self._seen_x[j] = ctx.n_prefill(j)
+            if not self._fcfs_buffer:
+                self._seen_d[j] = ctx.qlen(DECODE_QUEUE, j)
+
+    def _ahead_of(self, i):
+        """:meth:`_ahead` of class i from the state :meth:`_read_ahead` read (same sum, same order)."""
+        if self._fcfs_buffer:
+            tot = float(self._seen_waiting)
             for k in range(self._t_off[i], self._t_off[i + 1]):
-                tot += ctx.n_prefill(self._t_j[k]) * self._t_p[k]
+                tot += self._seen_x[self._t_j[k]] * self._t_p[k]
         else:
             tot = 0.0
             for k in range(self._t_off[i], self._t_off[i + 1]):
                 j = self._t_j[k]
-                tot += ctx.qlen(DECODE_QUEUE, j) + ctx.n_prefill(j) * self._t_p[k]
+                tot += self._seen_d[j] + self._seen_x[j] * self._t_p[k]
         return tot
 
     def _avg_cap(self, ctx):
@@ -212,7 +250,7 @@ class GateHandlers:
             self._avg_int[i] = v
             self._avg_x[i] = ctx.n_prefill(i)
             lo = self._avg_lo[i]
-            self._cap[i] = float(lo + 1 if (v < 0 and lo < self._nx[i]) else lo)
+            self._cap[i] = lo + 1 if (v < 0 and lo < self._nx[i]) else lo  # (an array of doubles: stored as float)
 
     # -- admission --------------------------------------------------------------------------------
     def _fits(self, ctx, r, g):
@@ -253,11 +291,11 @@ class GateHandlers:
                 return
             if self._slots_on:
                 self._slots_caps(ctx)
-                i = self._gate(ctx, self._ovcap_now, True)
-            elif self._elastic_on and self._over[0] < 1:
-                i = self._gate(ctx, self._ovcap_el, True)  # the floating GPU: no solo GPU runs a prefill
-            else:
-                i = self._gate(ctx, self._overflow_caps, True)
+            else:  # the floating GPU (elastic): its caps while no solo GPU runs a prefill
+                elastic = self._elastic_on and self._over[0] < 1
+                for j in range(len(self._ovcap_now)):
+                    self._ovcap_now[j] = self._ovcap_el[j] if elastic else self._overflow_caps[j]
+            i = self._gate(ctx, OVERFLOW_CAPS)
             if i < 0:
                 return
             r = ctx.head(PREFILL_QUEUE, i)
@@ -276,8 +314,9 @@ class GateHandlers:
         for j in range(len(self._float_cls)):
             used += ctx.n_decode_mixed(j) + ctx.n_decode_solo(j)
         free = self._decode_slots - used
+        self._read_ahead(ctx)
         for i in range(len(self._float_cls)):
-            if self._float_cls[i] and self._ahead(ctx, i) < self._float_room[i] + free:
+            if self._float_cls[i] and self._ahead_of(i) < self._float_room[i] + free:
                 self._ovcap_now[i] = INF
             else:
                 self._ovcap_now[i] = self._overflow_caps[i]

@@ -85,7 +85,7 @@ class GpuSet:
         return iter([self._items[k] for k in range(self._len)])  # a copy: safe while the controller acts
 
     def choice(self) -> int:
-        return self._items[int(self._rand() * self._len)] if self._len else -1
+        return self._items[int(float(self._rand()) * self._len)] if self._len else -1  # (float: C in the core)
 
     def _add(self, g: int) -> None:
         if self._pos[g] < 0:

@@ -9,6 +9,7 @@ cimport cython
 from fluidopt.sim._cengine cimport Engine, GpuSet
 
 cdef Py_ssize_t PREFILL_QUEUE, DECODE_QUEUE, MIXED_POOL, SOLO_POOL, ROUTE_GREEDY, ROUTE_SLI, ROUTE_ROBUST
+cdef Py_ssize_t NO_CAPS, OWN_CAPS, OVERFLOW_CAPS
 cdef double INF
 
 
@@ -31,26 +32,36 @@ cdef class GateHandlers:
     cdef public bint _avg_on
     cdef public long long[::1] _buf, _avg, _avg_is, _avg_lo, _avg_x
     cdef public double[::1] _p, _avg_floor, _avg_int, _avg_t
+    # scratch of one decision
+    cdef public long long[::1] _seen_x, _seen_d
+    cdef public Py_ssize_t _seen_waiting
 
     # -- the gate
-    @cython.locals(i=Py_ssize_t)
+    @cython.locals(i=Py_ssize_t, caps=Py_ssize_t)
     cpdef Py_ssize_t gate_class(self, Engine ctx, bint capped=*) except? -2
 
-    cdef Py_ssize_t _gate(self, Engine ctx, double[::1] cap, bint use_cap) except? -2
+    cdef Py_ssize_t _gate(self, Engine ctx, Py_ssize_t caps) except? -2
+
+    cdef inline bint _over_cap(self, Py_ssize_t caps, Py_ssize_t i, Py_ssize_t X) except -1
 
     @cython.locals(best=Py_ssize_t, best_dev=double, best_tie=double, free=int, k=Py_ssize_t, i=Py_ssize_t,
                    q=Py_ssize_t, X=Py_ssize_t, dev=double, tie=double)
-    cdef Py_ssize_t _gate_deviation(self, Engine ctx, double[::1] cap, bint use_cap) except? -2
+    cdef Py_ssize_t _gate_deviation(self, Engine ctx, Py_ssize_t caps) except? -2
 
     @cython.locals(free=int, k=Py_ssize_t, i=Py_ssize_t)
-    cdef Py_ssize_t _gate_priority(self, Engine ctx, double[::1] cap, bint use_cap) except? -2
+    cdef Py_ssize_t _gate_priority(self, Engine ctx, Py_ssize_t caps) except? -2
 
     cpdef bint _decode_slot_free_now(self, Engine ctx) except -1
 
     cpdef bint _free_decode_slot(self, Engine ctx) except -1
 
-    @cython.locals(tot=double, k=Py_ssize_t, j=Py_ssize_t)
     cpdef double _ahead(self, Engine ctx, Py_ssize_t i) except? -1.0
+
+    @cython.locals(j=Py_ssize_t)
+    cpdef _read_ahead(self, Engine ctx)
+
+    @cython.locals(tot=double, k=Py_ssize_t, j=Py_ssize_t)
+    cdef double _ahead_of(self, Py_ssize_t i) except? -1.0
 
     @cython.locals(now=double, dt=double, k=Py_ssize_t, i=Py_ssize_t, v=double, lo=Py_ssize_t)
     cpdef _avg_cap(self, Engine ctx)
@@ -66,7 +77,7 @@ cdef class GateHandlers:
 
     cpdef bint _prefill_slot_idle(self, Engine ctx, Py_ssize_t g) except -1
 
-    @cython.locals(idle=GpuSet, h=Py_ssize_t, i=Py_ssize_t, r=Py_ssize_t)
+    @cython.locals(idle=GpuSet, h=Py_ssize_t, i=Py_ssize_t, r=Py_ssize_t, elastic=bint, j=Py_ssize_t)
     cpdef _try_overflow(self, Engine ctx, Py_ssize_t g=*)
 
     @cython.locals(used=Py_ssize_t, j=Py_ssize_t, free=Py_ssize_t, i=Py_ssize_t)

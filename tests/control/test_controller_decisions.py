@@ -144,6 +144,7 @@ def test_sli_router_sends_decodes_to_the_planned_pool():
     c._has_mixed, c._has_solo, c._kv = True, True, False
     c._buf = [DECODE_QUEUE, DECODE_QUEUE]
     v = _View(cls={1: 0, 2: 1}, free_decode={MIXED_POOL: [0], SOLO_POOL: [5]}, pool={5: SOLO_POOL})
+    c._free_mixed, c._free_solo = v.free_decode(MIXED_POOL), v.free_decode(SOLO_POOL)  # as _read_pools at setup
     c.on_prefill_done(v, 1, 0)  # p_solo = 1: solo pool
     c.on_prefill_done(v, 2, 0)  # p_solo = 0: mixed pool
     assert v.started == [(1, 5), (2, 0)]
