@@ -1,3 +1,4 @@
+# cython: boundscheck=False, initializedcheck=False
 """The event handlers of the gate-and-route family, written once for both paths (docs/simulator.md
 section 9, "One source for a controller's handlers").
 
@@ -35,6 +36,11 @@ data are typed arrays (``array('d')`` / ``array('q')``: the compiled class reads
 the counts the handlers change during a run are shared with the controller, not copied: the arrival
 counts of the re-solve window (``_counts``), the overflow count (``_over``, one element) and the
 time-averaged caps' state (``_cap``, ``_avg_int``, ``_avg_x``, ``_avg_t``).
+
+The compiled build indexes these arrays without bounds checks (the directive on the first line: the
+checks cost more than the gate's arithmetic), so the binder first checks the state with
+:func:`check_state` (every per-class array of length I, every class index below I), at setup and after
+every change of plan; the indices the handlers compute come from that state or from the engine's reads.
 """
 
 from __future__ import annotations
@@ -43,7 +49,8 @@ from array import array
 
 from fluidopt.control import protocol as _P
 
-__all__ = ["STATE", "GateHandlers", "ROUTE_GREEDY", "ROUTE_SLI", "ROUTE_ROBUST", "doubles", "ints", "plain_state"]
+__all__ = ["STATE", "GateHandlers", "ROUTE_GREEDY", "ROUTE_SLI", "ROUTE_ROBUST", "check_state", "doubles", "ints",
+           "plain_state"]
 
 # the protocol's queues and the family's pools, bound by assignment (gate_handlers.pxd types them as C integers)
 PREFILL_QUEUE = _P.PREFILL_QUEUE
@@ -112,6 +119,35 @@ def plain_state(n_classes: int) -> dict:
     }
 
 
+_PER_CLASS = ("_nx", "_inv_x", "_nqp", "_cap", "_room", "_counts", "_decodable", "_may_overflow", "_overflow_caps",
+              "_ovcap_el", "_ovcap_now", "_float_room", "_float_cls", "_p", "_avg_is", "_avg_lo", "_avg_floor",
+              "_avg_int", "_avg_x", "_seen_x", "_seen_d")
+_CLASS_LISTS = ("_adm", "_dorder", "_avg", "_t_j")
+
+
+def check_state(ctrl) -> None:
+    """Raise ValueError unless ``ctrl``'s handler state (:data:`STATE`) is consistent: every per-class
+    array has one value per class, every class index is a class, the backpressure terms' offsets run
+    from 0 to the number of terms, the SLI route has its two buffers. The compiled handlers rely on it."""
+    who = type(ctrl).__name__
+    I = len(ctrl._nx)
+    for name in _PER_CLASS:
+        n = len(getattr(ctrl, name))
+        if n != I:
+            raise ValueError(f"{who}.{name}: expected {I} values (one per class), got {n}")
+    for name in _CLASS_LISTS:
+        bad = [int(v) for v in getattr(ctrl, name) if not 0 <= v < I]
+        if bad:
+            raise ValueError(f"{who}.{name}: expected class indices 0..{I - 1}, got {bad}")
+    off = list(ctrl._t_off)
+    if (len(off) != I + 1 or off[0] != 0 or off[-1] != len(ctrl._t_j) or len(ctrl._t_p) != len(ctrl._t_j)
+            or any(b < a for a, b in zip(off, off[1:]))):
+        raise ValueError(f"{who}._t_off: expected {I + 1} nondecreasing offsets from 0 to {len(ctrl._t_j)}, got {off}")
+    for name, n in (("_buf", 2), ("_over", 1), ("_avg_t", 1)):
+        if len(getattr(ctrl, name)) != n:
+            raise ValueError(f"{who}.{name}: expected {n} values, got {len(getattr(ctrl, name))}")
+
+
 class GateHandlers:
     """The gate-and-route family's gate, routers and event handlers (see the module docstring)."""
 
@@ -154,12 +190,13 @@ class GateHandlers:
         best_dev = 0.0
         best_tie = 0.0
         free = -1  # whether a decode slot is free now (-1: not asked yet; asked once, only if needed)
+        seen = False  # the backpressure sums' reads are done (_read_ahead): X_i is read there
         for k in range(len(self._adm)):
             i = self._adm[k]
             q = ctx.qlen(PREFILL_QUEUE, i)
             if q == 0:
                 continue
-            X = ctx.n_prefill(i)
+            X = self._seen_x[i] if seen else ctx.n_prefill(i)
             if caps and self._over_cap(caps, i, X):
                 continue
             if self._bp:
@@ -167,6 +204,7 @@ class GateHandlers:
                     free = 1 if self._decode_slot_free_now(ctx) else 0
                     if not free:
                         self._read_ahead(ctx)
+                        seen = True
                 if not free and self._ahead_of(i) >= self._room[i]:
                     continue
             dev = (X - self._nx[i]) * self._inv_x[i]
@@ -424,7 +462,7 @@ class GateHandlers:
         if route == ROUTE_SLI:
             if self._prefill_slot_idle(ctx, g):
                 self._admit_on(ctx, g)
-            self._pull_decodes(ctx, g, self._buf[ctx.gpu_pool(g)])
+            self._pull_decodes(ctx, g, self._buf[MIXED_POOL if ctx.gpu_pool(g) == MIXED_POOL else SOLO_POOL])
             return
         if ctx.qlen(DECODE_QUEUE):
             self._pull_decodes(ctx, g, DECODE_QUEUE)

@@ -68,16 +68,19 @@ class Bound:
     """A run's compiled handlers as the controller keeps them (``ctrl._fast``): a copy or a pickle of the
     controller leaves them behind (they hold the run's engine sets)."""
 
-    __slots__ = ("handlers", "_ctrl", "_state")
+    __slots__ = ("handlers", "_ctrl", "_state", "_check")
 
-    def __init__(self, handlers: Any, ctrl: Any, state: tuple[str, ...]) -> None:
+    def __init__(self, handlers: Any, ctrl: Any, state: tuple[str, ...], check: Any = None) -> None:
         self.handlers = handlers
-        self._ctrl, self._state = ctrl, state
+        self._ctrl, self._state, self._check = ctrl, state, check
         self.sync()
 
     def sync(self) -> None:
-        """Copy the controller's state to the handlers (at bind, and after every change of plan)."""
+        """Copy the controller's state to the handlers (at bind, and after every change of plan), after the
+        handler module's ``check_state`` (if it has one) has checked it."""
         ctrl, handlers = self._ctrl, self.handlers
+        if self._check is not None:
+            self._check(ctrl)
         for attr in self._state:
             setattr(handlers, attr, getattr(ctrl, attr))
 
@@ -120,9 +123,10 @@ def _single_module(source: str) -> tuple[Any, str]:
 
 
 @functools.cache
-def _single_spec(cls: type) -> tuple[type, tuple[str, ...]] | None:
-    """(the compiled handler class, the state to copy) for controllers of ``cls``, or None: the handler
-    class on ``cls``'s MRO whose every method ``cls`` resolves to the handler class's own."""
+def _single_spec(cls: type) -> tuple[type, tuple[str, ...], Any] | None:
+    """(the compiled handler class, the state to copy, the module's state check or None) for controllers
+    of ``cls``, or None: the handler class on ``cls``'s MRO whose every method ``cls`` resolves to the
+    handler class's own."""
     for base in cls.__mro__:
         if compiled_name(base.__module__) is None:
             continue
@@ -132,7 +136,8 @@ def _single_spec(cls: type) -> tuple[type, tuple[str, ...]] | None:
         mod, _ = _single_module(base.__module__)
         if mod is None:
             return None
-        return getattr(mod, base.__name__), tuple(sys.modules[base.__module__].STATE)
+        source = sys.modules[base.__module__]
+        return getattr(mod, base.__name__), tuple(source.STATE), getattr(source, "check_state", None)
     return None
 
 
@@ -162,8 +167,8 @@ def bind(ctrl: Any, ctx: Any) -> Any:
 
         if type(ctx) is not _cengine.Engine:
             return None
-        compiled_cls, state = single
-        bound = Bound(compiled_cls(), ctrl, state)
+        compiled_cls, state, check = single
+        bound = Bound(compiled_cls(), ctrl, state, check)
         for name, attr in _CALLBACKS:
             if hasattr(bound.handlers, name) and getattr(ctx, attr) == getattr(ctrl, name, None):
                 setattr(ctx, attr, getattr(bound.handlers, name))

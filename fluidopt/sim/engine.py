@@ -30,8 +30,7 @@ __all__ = ["Engine", "GpuSet", "REQUEST_FIELDS"]
 DECODE, PREFILL, WAIT_DECODE, WAIT_PREFILL, NO_REQUEST = P.DECODE, P.PREFILL, P.WAIT_DECODE, P.WAIT_PREFILL, P.NO_REQUEST
 DECODE_QUEUE, PREFILL_QUEUE = P.DECODE_QUEUE, P.PREFILL_QUEUE
 
-INF = math.inf
-NAN = math.nan
+INF, NAN = math.inf, math.nan
 _NEVER = 1 << 62  # a boundary index beyond any run
 _FLUSH = S.FLUSH  # finished requests buffered before folding into the metrics
 _RNG_BLOCK = S.RNG_BLOCK
@@ -536,8 +535,9 @@ class Engine:
         self._rsn[s] = n
 
     # -- Internal: request lifecycle -------------------------------------------------------------
-    def _write_record(self, rec, k: int, r: int, c: int, outcome: int, t: float) -> None:
-        """r's row (metrics.RECORD_FIELDS, by name) at rec[k:k + _NREC]: class c, ``outcome`` at time t."""
+    def _write_record(self, k: int, r: int, c: int, outcome: int, t: float) -> None:
+        """r's row (metrics.RECORD_FIELDS, by name) at _rec[k:k + _NREC]: class c, ``outcome`` at time t."""
+        rec = self._rec
         rec[k + REC_ID], rec[k + REC_CLS], rec[k + REC_ARRIVAL] = self.r_serial[r], c, self.r_arr[r]
         rec[k + REC_PROMPT], rec[k + REC_OUTPUT], rec[k + REC_OUTCOME] = self.r_prompt[r], self.r_output[r], outcome
         rec[k + REC_END], rec[k + REC_TTFT], rec[k + REC_PREEMPTIONS] = t, self.r_ttft[r], self.r_npre[r]
@@ -546,7 +546,7 @@ class Engine:
 
     def _resolve(self, r: int, outcome: int, t: float) -> None:
         """Record r's outcome (its row to the buffer of finished requests; a full one is folded) and free its slot."""
-        self._write_record(self._rec, self._nrec * _NREC, r, self.r_cls[r], outcome, t)
+        self._write_record(self._nrec * _NREC, r, self.r_cls[r], outcome, t)
         self._nrec += 1
         if self._nrec >= _FLUSH:
             self._flush()

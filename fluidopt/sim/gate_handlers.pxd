@@ -44,7 +44,7 @@ cdef class GateHandlers:
 
     cdef inline bint _over_cap(self, Py_ssize_t caps, Py_ssize_t i, Py_ssize_t X) except -1
 
-    @cython.locals(best=Py_ssize_t, best_dev=double, best_tie=double, free=int, k=Py_ssize_t, i=Py_ssize_t,
+    @cython.locals(best=Py_ssize_t, best_dev=double, best_tie=double, free=int, seen=bint, k=Py_ssize_t, i=Py_ssize_t,
                    q=Py_ssize_t, X=Py_ssize_t, dev=double, tie=double)
     cdef Py_ssize_t _gate_deviation(self, Engine ctx, Py_ssize_t caps) except? -2
 

@@ -33,10 +33,15 @@ def write_live_records(eng, t_end: float, live: list[int] | None = None) -> str 
     if live is None:
         live = eng._in_system()
     if live:
-        rows = array("d", [0.0]) * (len(live) * _NREC)  # the engine's own row writer fills them (one format)
-        for j, r in enumerate(sorted(live, key=eng.r_serial.__getitem__)):
-            eng._write_record(rows, j * _NREC, r, eng.r_cls[r], M.IN_SYSTEM, t_end)
-        eng._fold(np.frombuffer(rows, dtype=float).reshape(-1, _NREC))
+        # the engine's own row writer fills them (one format), into a buffer of their own lent as its _rec
+        saved, eng._rec = eng._rec, array("d", [0.0]) * (len(live) * _NREC)
+        try:
+            for j, r in enumerate(sorted(live, key=eng.r_serial.__getitem__)):
+                eng._write_record(j * _NREC, r, eng.r_cls[r], M.IN_SYSTEM, t_end)
+            rows = np.frombuffer(eng._rec, dtype=float).reshape(-1, _NREC)
+        finally:
+            saved, eng._rec = eng._rec, saved
+        eng._fold(rows)
     return eng._records.close()
 
 
