@@ -140,7 +140,7 @@ def check_state(ctrl) -> None:
         if bad:
             raise ValueError(f"{who}.{name}: expected class indices 0..{I - 1}, got {bad}")
     off = list(ctrl._t_off)
-    if (len(off) != I + 1 or off[0] != 0 or off[-1] != len(ctrl._t_j) or len(ctrl._t_p) != len(ctrl._t_j)
+    if (len(off) != I + 1 or off[0] != 0 or off[I] != len(ctrl._t_j) or len(ctrl._t_p) != len(ctrl._t_j)
             or any(b < a for a, b in zip(off, off[1:]))):
         raise ValueError(f"{who}._t_off: expected {I + 1} nondecreasing offsets from 0 to {len(ctrl._t_j)}, got {off}")
     for name, n in (("_buf", 2), ("_over", 1), ("_avg_t", 1)):

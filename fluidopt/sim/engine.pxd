@@ -220,7 +220,6 @@ cdef class Engine:
     cdef _race_remove(self, Py_ssize_t r, Py_ssize_t s)
 
     # (cpdef: results.py writes the rows of the requests still in the system with it)
-    @cython.locals(rec="double[::1]")
     cpdef _write_record(self, Py_ssize_t k, Py_ssize_t r, Py_ssize_t c, Py_ssize_t outcome, double t)
 
     cdef _resolve(self, Py_ssize_t r, Py_ssize_t outcome, double t)

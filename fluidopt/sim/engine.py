@@ -536,13 +536,13 @@ class Engine:
 
     # -- Internal: request lifecycle -------------------------------------------------------------
     def _write_record(self, k: int, r: int, c: int, outcome: int, t: float) -> None:
-        """r's row (metrics.RECORD_FIELDS, by name) at _rec[k:k + _NREC]: class c, ``outcome`` at time t."""
-        rec = self._rec
-        rec[k + REC_ID], rec[k + REC_CLS], rec[k + REC_ARRIVAL] = self.r_serial[r], c, self.r_arr[r]
-        rec[k + REC_PROMPT], rec[k + REC_OUTPUT], rec[k + REC_OUTCOME] = self.r_prompt[r], self.r_output[r], outcome
-        rec[k + REC_END], rec[k + REC_TTFT], rec[k + REC_PREEMPTIONS] = t, self.r_ttft[r], self.r_npre[r]
-        rec[k + REC_WAIT_PREFILL], rec[k + REC_WAIT_DECODE] = self.r_wp[r], self.r_wd[r]
-        rec[k + REC_PREFILL_GPU], rec[k + REC_DECODE_GPU] = self.r_pg[r], self.r_dg[r]
+        """r's row (metrics.RECORD_FIELDS, by name) at _rec[k:k + _NREC]: class c, ``outcome`` at time t
+        (self._rec, not a local alias: in the core an alias of an array costs a reference count per call)."""
+        self._rec[k + REC_ID], self._rec[k + REC_CLS], self._rec[k + REC_ARRIVAL] = self.r_serial[r], c, self.r_arr[r]
+        self._rec[k + REC_PROMPT], self._rec[k + REC_OUTPUT], self._rec[k + REC_OUTCOME] = self.r_prompt[r], self.r_output[r], outcome
+        self._rec[k + REC_END], self._rec[k + REC_TTFT], self._rec[k + REC_PREEMPTIONS] = t, self.r_ttft[r], self.r_npre[r]
+        self._rec[k + REC_WAIT_PREFILL], self._rec[k + REC_WAIT_DECODE] = self.r_wp[r], self.r_wd[r]
+        self._rec[k + REC_PREFILL_GPU], self._rec[k + REC_DECODE_GPU] = self.r_pg[r], self.r_dg[r]
 
     def _resolve(self, r: int, outcome: int, t: float) -> None:
         """Record r's outcome (its row to the buffer of finished requests; a full one is folded) and free its slot."""

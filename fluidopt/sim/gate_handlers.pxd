@@ -40,7 +40,7 @@ cdef class GateHandlers:
     @cython.locals(i=Py_ssize_t, caps=Py_ssize_t)
     cpdef Py_ssize_t gate_class(self, Engine ctx, bint capped=*) except? -2
 
-    cdef Py_ssize_t _gate(self, Engine ctx, Py_ssize_t caps) except? -2
+    cdef inline Py_ssize_t _gate(self, Engine ctx, Py_ssize_t caps) except? -2
 
     cdef inline bint _over_cap(self, Py_ssize_t caps, Py_ssize_t i, Py_ssize_t X) except -1
 
@@ -51,17 +51,17 @@ cdef class GateHandlers:
     @cython.locals(free=int, k=Py_ssize_t, i=Py_ssize_t)
     cdef Py_ssize_t _gate_priority(self, Engine ctx, Py_ssize_t caps) except? -2
 
-    cpdef bint _decode_slot_free_now(self, Engine ctx) except -1
+    cdef inline bint _decode_slot_free_now(self, Engine ctx) except -1
 
-    cpdef bint _free_decode_slot(self, Engine ctx) except -1
+    cdef inline bint _free_decode_slot(self, Engine ctx) except -1
 
     cpdef double _ahead(self, Engine ctx, Py_ssize_t i) except? -1.0
 
     @cython.locals(j=Py_ssize_t)
-    cpdef _read_ahead(self, Engine ctx)
+    cdef int _read_ahead(self, Engine ctx) except -1
 
     @cython.locals(tot=double, k=Py_ssize_t, j=Py_ssize_t)
-    cdef double _ahead_of(self, Py_ssize_t i) except? -1.0
+    cdef inline double _ahead_of(self, Py_ssize_t i) noexcept
 
     @cython.locals(now=double, dt=double, k=Py_ssize_t, i=Py_ssize_t, v=double, lo=Py_ssize_t)
     cpdef _avg_cap(self, Engine ctx)

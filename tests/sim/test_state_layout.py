@@ -34,4 +34,4 @@ def test_every_record_field_has_its_named_offset_and_the_engine_writes_each_once
     assert all(M.RECORD_FIELDS[k] == nm for nm, k in offsets.items())
     src = inspect.getsource(Engine._write_record)
     for nm in M.RECORD_FIELDS:
-        assert src.count(f"rec[k + REC_{nm.upper()}]") == 1, nm
+        assert src.count(f"_rec[k + REC_{nm.upper()}]") == 1, nm
