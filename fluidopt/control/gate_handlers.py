@@ -78,7 +78,7 @@ STATE = (
     # the SLI route, and its time-averaged caps
     "_p", "_buf", "_avg_on", "_avg", "_avg_is", "_avg_lo", "_avg_floor", "_avg_int", "_avg_x", "_avg_t",
     # scratch: what the backpressure sums read, once per gate call (_read_ahead)
-    "_seen_x", "_seen_d", "_seen_waiting",
+    "_seen_x", "_seen_d", "_seen_waiting", "_free_now",
 )
 # which caps the gate applies (_gate): none, the controller's own (_cap), or the overflow caps now in use
 # (_ovcap_now, which the caller fills)
@@ -115,7 +115,7 @@ def plain_state(n_classes: int) -> dict:
         "_p": doubles([1.0] * I), "_buf": ints([DECODE_QUEUE, DECODE_QUEUE]), "_avg_on": False, "_avg": ints([]),
         "_avg_is": ints([0] * I), "_avg_lo": ints([0] * I), "_avg_floor": doubles([0.0] * I),
         "_avg_int": doubles([0.0] * I), "_avg_x": ints([0] * I), "_avg_t": doubles([0.0]),
-        "_seen_x": ints([0] * I), "_seen_d": ints([0] * I), "_seen_waiting": 0,
+        "_seen_x": ints([0] * I), "_seen_d": ints([0] * I), "_seen_waiting": 0, "_free_now": -1,
     }
 
 
@@ -189,24 +189,17 @@ class GateHandlers:
         best = -1
         best_dev = 0.0
         best_tie = 0.0
-        free = -1  # whether a decode slot is free now (-1: not asked yet; asked once, only if needed)
-        seen = False  # the backpressure sums' reads are done (_read_ahead): X_i is read there
+        self._free_now = -1
         for k in range(len(self._adm)):
             i = self._adm[k]
             q = ctx.qlen(PREFILL_QUEUE, i)
             if q == 0:
                 continue
-            X = self._seen_x[i] if seen else ctx.n_prefill(i)
+            X = self._seen_x[i] if self._free_now == 0 else ctx.n_prefill(i)  # (0: _read_ahead has read it)
             if caps and self._over_cap(caps, i, X):
                 continue
-            if self._bp:
-                if free < 0:
-                    free = 1 if self._decode_slot_free_now(ctx) else 0
-                    if not free:
-                        self._read_ahead(ctx)
-                        seen = True
-                if not free and self._ahead_of(i) >= self._room[i]:
-                    continue
+            if self._bp and self._held_back(ctx, i):
+                continue
             dev = (X - self._nx[i]) * self._inv_x[i]
             tie = q - self._nqp[i]
             if best < 0 or dev < best_dev or (dev == best_dev and tie > best_tie):
@@ -218,20 +211,25 @@ class GateHandlers:
     def _gate_priority(self, ctx, caps):
         """The first waiting class in priority order (``_adm``) below its cap and, with backpressure, with
         room for its decode. O(I)."""
-        free = -1
+        self._free_now = -1
         for k in range(len(self._adm)):
             i = self._adm[k]
             if not ctx.qlen(PREFILL_QUEUE, i) or (caps and self._over_cap(caps, i, ctx.n_prefill(i))):
                 continue
-            if self._bp:
-                if free < 0:
-                    free = 1 if self._decode_slot_free_now(ctx) else 0
-                    if not free:
-                        self._read_ahead(ctx)
-                if not free and self._ahead_of(i) >= self._room[i]:
-                    continue
+            if self._bp and self._held_back(ctx, i):
+                continue
             return i
         return -1
+
+    def _held_back(self, ctx, i):
+        """Backpressure holds class i back: no decode slot is free now, and the decodes ahead of it fill the
+        slots the plan frees during one of its prefills. Whether a slot is free (``_free_now``: -1 not
+        asked yet, 0 or 1) is asked once per gate call, with the reads of the sums (_read_ahead)."""
+        if self._free_now < 0:
+            self._free_now = 1 if self._decode_slot_free_now(ctx) else 0
+            if not self._free_now:
+                self._read_ahead(ctx)
+        return not self._free_now and self._ahead_of(i) >= self._room[i]
 
     def _decode_slot_free_now(self, ctx):
         """The decode buffer is empty and some GPU has a free decode slot."""

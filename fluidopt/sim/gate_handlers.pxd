@@ -34,7 +34,7 @@ cdef class GateHandlers:
     cdef public double[::1] _p, _avg_floor, _avg_int, _avg_t
     # scratch of one decision
     cdef public long long[::1] _seen_x, _seen_d
-    cdef public Py_ssize_t _seen_waiting
+    cdef public Py_ssize_t _seen_waiting, _free_now
 
     # -- the gate
     @cython.locals(i=Py_ssize_t, caps=Py_ssize_t)
@@ -44,12 +44,14 @@ cdef class GateHandlers:
 
     cdef inline bint _over_cap(self, Py_ssize_t caps, Py_ssize_t i, Py_ssize_t X) except -1
 
-    @cython.locals(best=Py_ssize_t, best_dev=double, best_tie=double, free=int, seen=bint, k=Py_ssize_t, i=Py_ssize_t,
-                   q=Py_ssize_t, X=Py_ssize_t, dev=double, tie=double)
+    @cython.locals(best=Py_ssize_t, best_dev=double, best_tie=double, k=Py_ssize_t, i=Py_ssize_t, q=Py_ssize_t,
+                   X=Py_ssize_t, dev=double, tie=double)
     cdef Py_ssize_t _gate_deviation(self, Engine ctx, Py_ssize_t caps) except? -2
 
-    @cython.locals(free=int, k=Py_ssize_t, i=Py_ssize_t)
+    @cython.locals(k=Py_ssize_t, i=Py_ssize_t)
     cdef Py_ssize_t _gate_priority(self, Engine ctx, Py_ssize_t caps) except? -2
+
+    cdef inline bint _held_back(self, Engine ctx, Py_ssize_t i) except -1
 
     cdef inline bint _decode_slot_free_now(self, Engine ctx) except -1
 
