@@ -41,8 +41,10 @@ SETS = {  # --set -> {table row -> files (as mutmut names them: fluidopt.x.y)}
         "fluid/lp.py": ["fluidopt.fluid.lp"],
         "sim/engine.py": ["fluidopt.sim.engine"],
         "sim/metrics.py": ["fluidopt.sim.metrics"],
-        "control/*": ["fluidopt.control.gate_and_route", "fluidopt.control.fcfs", "fluidopt.control.paper_baselines",
-                      "fluidopt.control.load_balancers", "fluidopt.control.instance"],
+        "control/*": ["fluidopt.control.gate_and_route", "fluidopt.control.gate_handlers", "fluidopt.control.fcfs",
+                      "fluidopt.control.fcfs_handlers", "fluidopt.control.fiwsp_handlers",
+                      "fluidopt.control.paper_baselines", "fluidopt.control.load_balancers",
+                      "fluidopt.control.instance"],
     },
     # issue 35: the newer modules (planning, day plan, multi-period LP, robust staffing, orchestration,
     # RL evaluation, pricing, cohort revenue, run-length queueing, the executor layer)
