@@ -77,8 +77,8 @@ STATE = (
     "_float_room", "_float_cls", "_ovcap_now",
     # the SLI route, and its time-averaged caps
     "_p", "_buf", "_avg_on", "_avg", "_avg_is", "_avg_lo", "_avg_floor", "_avg_int", "_avg_x", "_avg_t",
-    # scratch: what the backpressure sums read, each value once per gate call (_read_ahead, _read_class)
-    "_seen_x", "_seen_d", "_seen_at", "_stamp", "_seen_waiting", "_free_now",
+    # scratch: what the backpressure sums read, once per gate call (_read_ahead)
+    "_seen_x", "_seen_d", "_seen_waiting", "_free_now",
 )
 # which caps the gate applies (_gate): none, the controller's own (_cap), or the overflow caps now in use
 # (_ovcap_now, which the caller fills)
@@ -115,14 +115,13 @@ def plain_state(n_classes: int) -> dict:
         "_p": doubles([1.0] * I), "_buf": ints([DECODE_QUEUE, DECODE_QUEUE]), "_avg_on": False, "_avg": ints([]),
         "_avg_is": ints([0] * I), "_avg_lo": ints([0] * I), "_avg_floor": doubles([0.0] * I),
         "_avg_int": doubles([0.0] * I), "_avg_x": ints([0] * I), "_avg_t": doubles([0.0]),
-        "_seen_x": ints([0] * I), "_seen_d": ints([0] * I), "_seen_at": ints([-1] * I), "_stamp": ints([0]),
-        "_seen_waiting": 0, "_free_now": -1,
+        "_seen_x": ints([0] * I), "_seen_d": ints([0] * I), "_seen_waiting": 0, "_free_now": -1,
     }
 
 
 _PER_CLASS = ("_nx", "_inv_x", "_nqp", "_cap", "_room", "_counts", "_decodable", "_may_overflow", "_overflow_caps",
               "_ovcap_el", "_ovcap_now", "_float_room", "_float_cls", "_p", "_avg_is", "_avg_lo", "_avg_floor",
-              "_avg_int", "_avg_x", "_seen_x", "_seen_d", "_seen_at")
+              "_avg_int", "_avg_x", "_seen_x", "_seen_d")
 _CLASS_LISTS = ("_adm", "_dorder", "_avg", "_t_j")
 
 
@@ -144,7 +143,7 @@ def check_state(ctrl) -> None:
     if (len(off) != I + 1 or off[0] != 0 or off[I] != len(ctrl._t_j) or len(ctrl._t_p) != len(ctrl._t_j)
             or any(b < a for a, b in zip(off, off[1:]))):
         raise ValueError(f"{who}._t_off: expected {I + 1} nondecreasing offsets from 0 to {len(ctrl._t_j)}, got {off}")
-    for name, n in (("_buf", 2), ("_over", 1), ("_avg_t", 1), ("_stamp", 1)):
+    for name, n in (("_buf", 2), ("_over", 1), ("_avg_t", 1)):
         if len(getattr(ctrl, name)) != n:
             raise ValueError(f"{who}.{name}: expected {n} values, got {len(getattr(ctrl, name))}")
 
@@ -196,7 +195,7 @@ class GateHandlers:
             q = ctx.qlen(PREFILL_QUEUE, i)
             if q == 0:
                 continue
-            X = self._read_class(ctx, i) if self._free_now == 0 else ctx.n_prefill(i)  # (0: the sums' reads are on)
+            X = self._seen_x[i] if self._free_now == 0 else ctx.n_prefill(i)  # (0: _read_ahead has read it)
             if caps and self._over_cap(caps, i, X):
                 continue
             if self._bp and self._held_back(ctx, i):
@@ -230,7 +229,7 @@ class GateHandlers:
             self._free_now = 1 if self._decode_slot_free_now(ctx) else 0
             if not self._free_now:
                 self._read_ahead(ctx)
-        return not self._free_now and self._ahead_of(ctx, i) >= self._room[i]
+        return not self._free_now and self._ahead_of(i) >= self._room[i]
 
     def _decode_slot_free_now(self, ctx):
         """The decode buffer is empty and some GPU has a free decode slot."""
@@ -238,9 +237,7 @@ class GateHandlers:
 
     def _free_decode_slot(self, ctx):
         """Some GPU has a free decode slot (a fleet too small for one of the pools declares only the other)."""
-        # (s.first() >= 0: s is not empty; a C call in the core, where len(s) goes through Python's slot)
-        return bool((self._has_solo and self._free_solo.first() >= 0)
-                    or (self._has_mixed and self._free_mixed.first() >= 0))
+        return bool((self._has_solo and len(self._free_solo) > 0) or (self._has_mixed and len(self._free_mixed) > 0))
 
     def _ahead(self, ctx, i):
         """The decodes that will want a slot within one mean class-i prefill before a class-i decode: those
@@ -248,37 +245,30 @@ class GateHandlers:
         the prefills in flight of those classes expected to finish by then (the terms ``_t_j`` /
         ``_t_p`` from ``_t_off[i]`` to ``_t_off[i + 1]``: class j, probability)."""
         self._read_ahead(ctx)
-        return self._ahead_of(ctx, i)
+        return self._ahead_of(i)
 
     def _read_ahead(self, ctx):
-        """Start the reads of one decision's backpressure sums: the decode buffer's length (FCFS buffer) now,
-        each class's counts when a sum first needs them (_read_class). The state does not change during
-        one decision, so no count is asked twice."""
-        self._stamp[0] += 1
+        """What the backpressure sums read, once for every class: the decode buffer's length and, per class,
+        the prefills running and (value order) the decodes waiting. The state does not change during one
+        decision, so each sum then reads these (_ahead_of) instead of asking again."""
         if self._fcfs_buffer:
             self._seen_waiting = ctx.qlen(DECODE_QUEUE)
-
-    def _read_class(self, ctx, j):
-        """Class j's prefills running (returned) and, value order, decodes waiting, read once per decision."""
-        if self._seen_at[j] != self._stamp[0]:
-            self._seen_at[j] = self._stamp[0]
+        for j in range(len(self._seen_x)):
             self._seen_x[j] = ctx.n_prefill(j)
             if not self._fcfs_buffer:
                 self._seen_d[j] = ctx.qlen(DECODE_QUEUE, j)
-        return self._seen_x[j]
 
-    def _ahead_of(self, ctx, i):
-        """:meth:`_ahead` of class i within a decision (_read_ahead): the same sum, in the same order."""
+    def _ahead_of(self, i):
+        """:meth:`_ahead` of class i from the state :meth:`_read_ahead` read (same sum, same order)."""
         if self._fcfs_buffer:
             tot = float(self._seen_waiting)
             for k in range(self._t_off[i], self._t_off[i + 1]):
-                tot += self._read_class(ctx, self._t_j[k]) * self._t_p[k]
+                tot += self._seen_x[self._t_j[k]] * self._t_p[k]
         else:
             tot = 0.0
             for k in range(self._t_off[i], self._t_off[i + 1]):
                 j = self._t_j[k]
-                x = self._read_class(ctx, j)
-                tot += self._seen_d[j] + x * self._t_p[k]
+                tot += self._seen_d[j] + self._seen_x[j] * self._t_p[k]
         return tot
 
     def _avg_cap(self, ctx):
@@ -317,7 +307,7 @@ class GateHandlers:
     def _admit_all(self, ctx):
         """Fill the mixed pool's idle prefill slots (a random GPU each time) while the gate admits a class."""
         idle = self._idle_mixed
-        while idle.first() >= 0:
+        while len(idle):
             if not self._admit_on(ctx, idle.choice()):
                 return
 
@@ -362,7 +352,7 @@ class GateHandlers:
         free = self._decode_slots - used
         self._read_ahead(ctx)
         for i in range(len(self._float_cls)):
-            if self._float_cls[i] and self._ahead_of(ctx, i) < self._float_room[i] + free:
+            if self._float_cls[i] and self._ahead_of(i) < self._float_room[i] + free:
                 self._ovcap_now[i] = INF
             else:
                 self._ovcap_now[i] = self._overflow_caps[i]
@@ -482,7 +472,7 @@ class GateHandlers:
         if mixed and self._idle_mixed.has(g):
             judged = not self._admit_on(ctx, g)  # the gate refused this very state: no need to ask again
             pending = judged or ctx.qlen(PREFILL_QUEUE) != 0
-        if not judged and pending and self._bp and self._has_mixed and self._idle_mixed.first() >= 0:
+        if not judged and pending and self._bp and self._has_mixed and len(self._idle_mixed) > 0:
             # a freed or drained decode slot may lift the backpressure on reserved slots held idle
             self._admit_all(ctx)
             pending = ctx.qlen(PREFILL_QUEUE) != 0
@@ -496,7 +486,7 @@ class GateHandlers:
     def _holding(self, ctx):
         """Backpressure may be holding idle reserved slots while prefills wait."""
         return (self._bp and self._has_mixed and ctx.qlen(PREFILL_QUEUE) != 0
-                and self._idle_mixed.first() >= 0)
+                and len(self._idle_mixed) > 0)
 
     def on_preempt(self, ctx, r, g):
         if self._route == ROUTE_ROBUST:

@@ -71,7 +71,6 @@ cdef class GpuSet:
     cpdef Py_ssize_t choice(self) except? -2
 
     cpdef bint has(self, Py_ssize_t g)  # the protocol's GpuSet.has: a C-level membership test
-    cpdef Py_ssize_t first(self) except? -2  # (a compiled handler's emptiness test: first() >= 0)
 
     @cython.locals(n=Py_ssize_t)
     cpdef _add(self, Py_ssize_t g)

@@ -33,7 +33,7 @@ cdef class GateHandlers:
     cdef public long long[::1] _buf, _avg, _avg_is, _avg_lo, _avg_x
     cdef public double[::1] _p, _avg_floor, _avg_int, _avg_t
     # scratch of one decision
-    cdef public long long[::1] _seen_x, _seen_d, _seen_at, _stamp
+    cdef public long long[::1] _seen_x, _seen_d
     cdef public Py_ssize_t _seen_waiting, _free_now
 
     # -- the gate
@@ -59,12 +59,11 @@ cdef class GateHandlers:
 
     cpdef double _ahead(self, Engine ctx, Py_ssize_t i) except? -1.0
 
+    @cython.locals(j=Py_ssize_t)
     cdef int _read_ahead(self, Engine ctx) except -1
 
-    cdef inline Py_ssize_t _read_class(self, Engine ctx, Py_ssize_t j) except? -2
-
-    @cython.locals(tot=double, k=Py_ssize_t, j=Py_ssize_t, x=Py_ssize_t)
-    cdef double _ahead_of(self, Engine ctx, Py_ssize_t i) except? -1.0
+    @cython.locals(tot=double, k=Py_ssize_t, j=Py_ssize_t)
+    cdef inline double _ahead_of(self, Py_ssize_t i) noexcept
 
     @cython.locals(now=double, dt=double, k=Py_ssize_t, i=Py_ssize_t, v=double, lo=Py_ssize_t)
     cpdef _avg_cap(self, Engine ctx)
