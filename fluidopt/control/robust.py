@@ -86,7 +86,6 @@ its decode abandons, so holding prefills back for decode room only loses revenue
 from __future__ import annotations
 
 import math
-from array import array
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -124,12 +123,6 @@ RESOLVE_ARRIVALS = 2000  # arrivals per rate-estimation window: a 1/sqrt(2000) =
 RESOLVE_SIGMAS = 3.0  # re-solve when a class's window count is this many Poisson sd off the plan
 _RATIONED_TOL = 1e-6  # served fraction below 1 - this: the LP rations the class
 DECODE_ORDERS = ("value", "fcfs")
-
-
-def _zero_counts(n: int) -> array:
-    """The per-class arrival counts of a re-solve window: 64-bit integers (an ``array``, which the
-    compiled fast path increments in place; a list works the same in the Python handlers)."""
-    return array("q", [0]) * n
 
 
 def _lp_targets(v: Any) -> np.ndarray:
@@ -255,7 +248,7 @@ class _Mechanisms:
             if th_min > 0:
                 win = max(win, 1.0 / th_min)
             self.tick_interval = float(win)
-        self._counts = _zero_counts(len(idx))
+        self._counts = ints([0] * len(idx))  # arrivals per class in the re-solve window (the handlers count)
         self._I = len(idx)
 
     @property
@@ -287,7 +280,6 @@ class _Mechanisms:
         # when it completes; with more, it would only wait (and may abandon) after its prefill was paid.
         done = n * float(np.sum(np.asarray(sol.throughput, float)))
         self._room = [done / float(mu) + self._buffer_allowed for mu in np.asarray(r.mu_p, float)]
-        self._zeros = [0.0] * self.n_classes
         mu_p = np.asarray(r.mu_p, float)
         # P[i][j]: probability that a class-j prefill in flight finishes within one mean class-i
         # prefill (exponential residual: 1 - exp(-mu_p,j / mu_p,i))
@@ -454,7 +446,7 @@ class _Mechanisms:
 
     def _bind_mechanisms(self, ctx: Context) -> None:
         self._apply(self.solution, self._lam_plan.copy())  # a reused controller starts from its plan
-        self._counts = _zero_counts(self.n_classes)
+        self._counts = ints([0] * self.n_classes)
         self._window_start = float(ctx.now)
 
     def _decodes_ahead(self, ctx: Context) -> list[float]:
@@ -473,7 +465,7 @@ class _Mechanisms:
         now = float(ctx.now)
         span = now - self._window_start
         counts = np.asarray(self._counts, float)
-        self._counts[:] = _zero_counts(len(self._counts))  # in place: the compiled fast path counts into it
+        self._counts[:] = ints([0] * len(self._counts))  # in place: the compiled handlers count into it
         self._window_start = now
         if span <= 0:
             return
