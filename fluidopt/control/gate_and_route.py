@@ -184,12 +184,15 @@ class PartitionedController(GateHandlers, Controller):
         return df
 
     def setup(self, ctx: Context) -> None:
-        """Declare the two pools: GPUs 0..M-1 mixed (B-1 decodes, prefill allowed), M..n-1 solo (B decodes)."""
+        """Declare the two pools: GPUs 0..M-1 mixed (B-1 decodes, prefill allowed), M..n-1 solo (B decodes);
+        then the named queues, the live reads, the plan's mechanisms and the compiled handlers."""
         self._bind(ctx)
         self._declare_pools(ctx)
         self._read_pools(ctx)
         self._setup_queues(ctx)
-        self._fast = fastpath.bind(self, ctx)
+        self._read_counts(ctx)
+        self._bind_mechanisms(ctx)
+        self._fast = fastpath.bind(self, ctx)  # compiled handlers on the compiled engine (same decisions)
 
     def _sync_fast(self) -> None:
         """Tell the compiled fast path (if bound) that the plan changed (robust re-solves)."""
@@ -232,7 +235,8 @@ class PartitionedController(GateHandlers, Controller):
     def __getstate__(self) -> dict:
         """A copy or a pickle leaves the run behind: the pools' GPU sets (the engine's) are not copied."""
         state = dict(self.__dict__)
-        state.update(_idle_mixed=None, _idle_solo=None, _free_mixed=None, _free_solo=None)
+        state.update(_idle_mixed=None, _idle_solo=None, _free_mixed=None, _free_solo=None, _class_counts=None,
+                     _queue_counts=None, _queue_totals=None)
         return state
 
     def _read_pools(self, ctx: Context) -> None:
@@ -242,8 +246,17 @@ class PartitionedController(GateHandlers, Controller):
         self._idle_solo = ctx.idle_prefill(SOLO_POOL) if self._has_solo else None
         self._free_solo = ctx.free_decode(SOLO_POOL) if self._has_solo else None
 
+    def _read_counts(self, ctx: Context) -> None:
+        """The live counts the handlers read instead of calling the view (ClusterView.class_counts,
+        queue_counts, queue_totals): read once, after the last named queue is added."""
+        self._class_counts, self._queue_counts = ctx.class_counts(), ctx.queue_counts()
+        self._queue_totals, self._n_cls = ctx.queue_totals(), self.n_classes
+
     def _setup_queues(self, ctx: Context) -> None:
         """Hook for subclasses that need named queues."""
+
+    def _bind_mechanisms(self, ctx: Context) -> None:
+        """Hook for the robust variants (fluidopt.control.robust): their mechanisms' state for this run."""
 
     def _gate_order(self) -> list[int]:
         """The classes the gate considers (``_adm``), in the order it scans them: those with x_i* > 0."""

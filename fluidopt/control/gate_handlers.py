@@ -28,9 +28,11 @@ What a controller of the family is, as the handlers see it (set by the controlle
   during one of its prefills (``_room``). The plain controllers have no caps and no backpressure.
 
 Rules for a handler module compiled this way (as fluidopt/control/fcfs_handlers.py): only the
-protocol's reads and actions on ``ctx`` and on the pools' GPU sets (``ctx.idle_prefill(pool)`` and
+protocol's reads and actions on ``ctx``, on the pools' GPU sets (``ctx.idle_prefill(pool)`` and
 ``ctx.free_decode(pool)``, live sets that the controller reads once, at setup, after declaring the
-pools); ``s.has(g)`` for a GPU set; one type per local, declared in the
+pools) and on the live counts (``ctx.class_counts()``, ``ctx.queue_counts()``, ``ctx.queue_totals()``,
+read once at the end of setup; the compiled class reads them as C arrays, where a call of the view
+would cost a call through the engine's method table per count); ``s.has(g)`` for a GPU set; one type per local, declared in the
 .pxd; no closures, generators or comprehensions; module constants bound by assignment. Per-class plan
 data are typed arrays (``array('d')`` / ``array('q')``: the compiled class reads them as C arrays), and
 the counts the handlers change during a run are shared with the controller, not copied: the arrival
@@ -55,6 +57,10 @@ __all__ = ["STATE", "GateHandlers", "ROUTE_GREEDY", "ROUTE_SLI", "ROUTE_ROBUST",
 # the protocol's queues and the family's pools, bound by assignment (gate_handlers.pxd types them as C integers)
 PREFILL_QUEUE = _P.PREFILL_QUEUE
 DECODE_QUEUE = _P.DECODE_QUEUE
+COUNTS_PER_CLASS = _P.COUNTS_PER_CLASS
+COUNT_PREFILL = _P.COUNT_PREFILL
+COUNT_DECODE_MIXED = _P.COUNT_DECODE_MIXED
+COUNT_DECODE_SOLO = _P.COUNT_DECODE_SOLO
 MIXED_POOL = 0
 SOLO_POOL = 1
 ROUTE_GREEDY = 0
@@ -65,9 +71,10 @@ INF = float("inf")
 # The controller's attributes the handlers read (copied to the compiled handlers at bind and at every
 # _sync_fast; the arrays among them are shared, not copied).
 STATE = (
-    # the fleet and the route; the pools' idle-prefill and free-decode sets (None for a pool not declared)
+    # the fleet and the route; the pools' idle-prefill and free-decode sets (None for a pool not declared); the
+    # live counts (ClusterView.class_counts, queue_counts, queue_totals) and the number of classes
     "_kv", "_has_mixed", "_has_solo", "mixed_gpus", "n_gpus", "_route", "_idle_mixed", "_idle_solo", "_free_mixed",
-    "_free_solo",
+    "_free_solo", "_class_counts", "_queue_counts", "_queue_totals", "_n_cls",
     # the gate
     "_priority_gate", "_adm", "_nx", "_inv_x", "_nqp", "_bp", "_uncapped", "_cap", "_room", "_fcfs_buffer",
     "_t_off", "_t_j", "_t_p",
@@ -77,8 +84,8 @@ STATE = (
     "_float_room", "_float_cls", "_ovcap_now",
     # the SLI route, and its time-averaged caps
     "_p", "_buf", "_avg_on", "_avg", "_avg_is", "_avg_lo", "_avg_floor", "_avg_int", "_avg_x", "_avg_t",
-    # scratch: what the backpressure sums read, once per gate call (_read_ahead)
-    "_seen_x", "_seen_d", "_seen_waiting", "_free_now",
+    # scratch: whether a decode slot is free, asked once per gate call (_held_back)
+    "_free_now",
 )
 # which caps the gate applies (_gate): none, the controller's own (_cap), or the overflow caps now in use
 # (_ovcap_now, which the caller fills)
@@ -99,12 +106,15 @@ def ints(values) -> array:
 
 def plain_state(n_classes: int) -> dict:
     """The handlers' state of a controller without the robust mechanisms, for ``n_classes`` classes (every
-    attribute of :data:`STATE` but the fleet's, the gate's targets and order, which the controller sets):
+    attribute of :data:`STATE` but the fleet's, the live counts, the gate's targets and order, which the
+    controller sets):
     the greedy route, no caps, no backpressure, an FCFS buffer, no overflow, the SLI route's buffers as
     the one decode buffer, no time-averaged caps."""
     I = int(n_classes)
     return {
-        "_idle_mixed": None, "_idle_solo": None, "_free_mixed": None, "_free_solo": None, "_route": ROUTE_GREEDY, "_priority_gate": False, "_bp": False, "_uncapped": True, "_fcfs_buffer": True,
+        "_idle_mixed": None, "_idle_solo": None, "_free_mixed": None, "_free_solo": None, "_class_counts": None,
+        "_queue_counts": None, "_queue_totals": None, "_n_cls": I, "_route": ROUTE_GREEDY, "_priority_gate": False,
+        "_bp": False, "_uncapped": True, "_fcfs_buffer": True,
         "_cap": doubles([INF] * I), "_room": doubles([0.0] * I),
         "_t_off": ints([0] * (I + 1)), "_t_j": ints([]), "_t_p": doubles([]),
         "resolve": False, "_counts": ints([0] * I), "_all_decodable": True, "_decodable": ints([1] * I),
@@ -114,23 +124,32 @@ def plain_state(n_classes: int) -> dict:
         "_ovcap_now": doubles([INF] * I),
         "_p": doubles([1.0] * I), "_buf": ints([DECODE_QUEUE, DECODE_QUEUE]), "_avg_on": False, "_avg": ints([]),
         "_avg_is": ints([0] * I), "_avg_lo": ints([0] * I), "_avg_floor": doubles([0.0] * I),
-        "_avg_int": doubles([0.0] * I), "_avg_x": ints([0] * I), "_avg_t": doubles([0.0]),
-        "_seen_x": ints([0] * I), "_seen_d": ints([0] * I), "_seen_waiting": 0, "_free_now": -1,
+        "_avg_int": doubles([0.0] * I), "_avg_x": ints([0] * I), "_avg_t": doubles([0.0]), "_free_now": -1,
     }
 
 
 _PER_CLASS = ("_nx", "_inv_x", "_nqp", "_cap", "_room", "_counts", "_decodable", "_may_overflow", "_overflow_caps",
               "_ovcap_el", "_ovcap_now", "_float_room", "_float_cls", "_p", "_avg_is", "_avg_lo", "_avg_floor",
-              "_avg_int", "_avg_x", "_seen_x", "_seen_d")
+              "_avg_int", "_avg_x")
 _CLASS_LISTS = ("_adm", "_dorder", "_avg", "_t_j")
 
 
 def check_state(ctrl) -> None:
-    """Raise ValueError unless ``ctrl``'s handler state (:data:`STATE`) is consistent: every per-class
-    array has one value per class, every class index is a class, the backpressure terms' offsets run
-    from 0 to the number of terms, the SLI route has its two buffers. The compiled handlers rely on it."""
+    """Raise ValueError unless ``ctrl``'s handler state (:data:`STATE`) is consistent: the live counts are
+    read (setup has run) and cover every class and queue the handlers index, every per-class array has
+    one value per class, every class index is a class, the backpressure terms' offsets run from 0 to the
+    number of terms, the SLI route has its two buffers. The compiled handlers rely on it."""
     who = type(ctrl).__name__
     I = len(ctrl._nx)
+    if ctrl._class_counts is None or ctrl._queue_counts is None or ctrl._queue_totals is None:
+        raise ValueError(f"{who}: the live counts are not read yet (setup reads them)")
+    nq = len(ctrl._queue_totals)
+    if ctrl._n_cls != I or len(ctrl._class_counts) < COUNTS_PER_CLASS * I or len(ctrl._queue_counts) != nq * I:
+        raise ValueError(f"{who}: the live counts do not match {I} classes and {nq} queues: "
+                         f"{len(ctrl._class_counts)} class counts, {len(ctrl._queue_counts)} queue counts")
+    bad = [int(q) for q in ctrl._buf if not 0 <= q < nq] + ([] if nq >= 2 else [DECODE_QUEUE])
+    if bad:
+        raise ValueError(f"{who}._buf: expected queue ids 0..{nq - 1}, got {bad}")
     for name in _PER_CLASS:
         n = len(getattr(ctrl, name))
         if n != I:
@@ -150,6 +169,19 @@ def check_state(ctrl) -> None:
 
 class GateHandlers:
     """The gate-and-route family's gate, routers and event handlers (see the module docstring)."""
+
+    # -- the live counts ---------------------------------------------------------------------------
+    def _qlen(self, q, i):
+        """``ctx.qlen(q, i)``, from the live queue counts."""
+        return self._queue_counts[q * self._n_cls + i]
+
+    def _qtot(self, q):
+        """``ctx.qlen(q)``, from the live queue totals."""
+        return self._queue_totals[q]
+
+    def _class_count(self, i, k):
+        """Class i's count k (COUNT_PREFILL: ``ctx.n_prefill(i)``), from the live class counts."""
+        return self._class_counts[COUNTS_PER_CLASS * i + k]
 
     # -- the gate -----------------------------------------------------------------------------------
     def gate_class(self, ctx, capped=True):
@@ -184,7 +216,7 @@ class GateHandlers:
     def _gate_deviation(self, ctx, caps):
         """argmin_i (X_i - n x_i*) / x_i* over the waiting admissible classes below their cap and, with
         backpressure, with room for their decode. O(I)."""
-        # (the plan is read as self._x[i], not through local aliases: a compiled alias of an array costs a
+        # (the plan is read as self._nx[i], not through local aliases: a compiled alias of an array costs a
         # reference count, atomically, per call)
         best = -1
         best_dev = 0.0
@@ -192,10 +224,10 @@ class GateHandlers:
         self._free_now = -1
         for k in range(len(self._adm)):
             i = self._adm[k]
-            q = ctx.qlen(PREFILL_QUEUE, i)
+            q = self._qlen(PREFILL_QUEUE, i)
             if q == 0:
                 continue
-            X = self._seen_x[i] if self._free_now == 0 else ctx.n_prefill(i)  # (0: _read_ahead has read it)
+            X = self._class_count(i, COUNT_PREFILL)
             if caps and self._over_cap(caps, i, X):
                 continue
             if self._bp and self._held_back(ctx, i):
@@ -214,7 +246,7 @@ class GateHandlers:
         self._free_now = -1
         for k in range(len(self._adm)):
             i = self._adm[k]
-            if not ctx.qlen(PREFILL_QUEUE, i) or (caps and self._over_cap(caps, i, ctx.n_prefill(i))):
+            if not self._qlen(PREFILL_QUEUE, i) or (caps and self._over_cap(caps, i, self._class_count(i, COUNT_PREFILL))):
                 continue
             if self._bp and self._held_back(ctx, i):
                 continue
@@ -224,16 +256,14 @@ class GateHandlers:
     def _held_back(self, ctx, i):
         """Backpressure holds class i back: no decode slot is free now, and the decodes ahead of it fill the
         slots the plan frees during one of its prefills. Whether a slot is free (``_free_now``: -1 not
-        asked yet, 0 or 1) is asked once per gate call, with the reads of the sums (_read_ahead)."""
+        asked yet, 0 or 1) is asked once per gate call."""
         if self._free_now < 0:
             self._free_now = 1 if self._decode_slot_free_now(ctx) else 0
-            if not self._free_now:
-                self._read_ahead(ctx)
         return not self._free_now and self._ahead_of(i) >= self._room[i]
 
     def _decode_slot_free_now(self, ctx):
         """The decode buffer is empty and some GPU has a free decode slot."""
-        return ctx.qlen(DECODE_QUEUE) == 0 and self._free_decode_slot(ctx)
+        return self._qtot(DECODE_QUEUE) == 0 and self._free_decode_slot(ctx)
 
     def _free_decode_slot(self, ctx):
         """Some GPU has a free decode slot (a fleet too small for one of the pools declares only the other)."""
@@ -244,31 +274,19 @@ class GateHandlers:
         waiting ahead of it in the buffer (FCFS: all; value order: its own class and higher ones) plus
         the prefills in flight of those classes expected to finish by then (the terms ``_t_j`` /
         ``_t_p`` from ``_t_off[i]`` to ``_t_off[i + 1]``: class j, probability)."""
-        self._read_ahead(ctx)
         return self._ahead_of(i)
 
-    def _read_ahead(self, ctx):
-        """What the backpressure sums read, once for every class: the decode buffer's length and, per class,
-        the prefills running and (value order) the decodes waiting. The state does not change during one
-        decision, so each sum then reads these (_ahead_of) instead of asking again."""
-        if self._fcfs_buffer:
-            self._seen_waiting = ctx.qlen(DECODE_QUEUE)
-        for j in range(len(self._seen_x)):
-            self._seen_x[j] = ctx.n_prefill(j)
-            if not self._fcfs_buffer:
-                self._seen_d[j] = ctx.qlen(DECODE_QUEUE, j)
-
     def _ahead_of(self, i):
-        """:meth:`_ahead` of class i from the state :meth:`_read_ahead` read (same sum, same order)."""
+        """:meth:`_ahead` of class i (the handlers' call: no context)."""
         if self._fcfs_buffer:
-            tot = float(self._seen_waiting)
+            tot = float(self._qtot(DECODE_QUEUE))
             for k in range(self._t_off[i], self._t_off[i + 1]):
-                tot += self._seen_x[self._t_j[k]] * self._t_p[k]
+                tot += self._class_count(self._t_j[k], COUNT_PREFILL) * self._t_p[k]
         else:
             tot = 0.0
             for k in range(self._t_off[i], self._t_off[i + 1]):
                 j = self._t_j[k]
-                tot += self._seen_d[j] + self._seen_x[j] * self._t_p[k]
+                tot += self._qlen(DECODE_QUEUE, j) + self._class_count(j, COUNT_PREFILL) * self._t_p[k]
         return tot
 
     def _avg_cap(self, ctx):
@@ -284,7 +302,7 @@ class GateHandlers:
             if self._avg_floor[i] > v:
                 v = self._avg_floor[i]
             self._avg_int[i] = v
-            self._avg_x[i] = ctx.n_prefill(i)
+            self._avg_x[i] = self._class_count(i, COUNT_PREFILL)
             lo = self._avg_lo[i]
             self._cap[i] = lo + 1 if (v < 0 and lo < self._nx[i]) else lo  # (an array of doubles: stored as float)
 
@@ -348,9 +366,8 @@ class GateHandlers:
         overflow prefill) plus ``_float_room`` exceed the decodes ahead of it."""
         used = self._over[0]
         for j in range(len(self._float_cls)):
-            used += ctx.n_decode_mixed(j) + ctx.n_decode_solo(j)
+            used += self._class_count(j, COUNT_DECODE_MIXED) + self._class_count(j, COUNT_DECODE_SOLO)
         free = self._decode_slots - used
-        self._read_ahead(ctx)
         for i in range(len(self._float_cls)):
             if self._float_cls[i] and self._ahead_of(i) < self._float_room[i] + free:
                 self._ovcap_now[i] = INF
@@ -419,13 +436,13 @@ class GateHandlers:
         if self.resolve:
             self._counts[i] += 1
         ctx.enqueue(r, PREFILL_QUEUE)
-        if ctx.qlen(PREFILL_QUEUE, i) > 1:
+        if self._qlen(PREFILL_QUEUE, i) > 1:
             # Class i already waited, so the gate has judged this state: every other change that can open a
             # slot (a completion, a drained buffer, a re-solve) re-runs it.
             return
         if self._has_mixed:
             self._admit_all(ctx)
-        if self._max_overflow and self._may_overflow[i] and ctx.qlen(PREFILL_QUEUE, i):
+        if self._max_overflow and self._may_overflow[i] and self._qlen(PREFILL_QUEUE, i):
             self._try_overflow(ctx, -1)
 
     def on_prefill_done(self, ctx, r, g):
@@ -454,7 +471,7 @@ class GateHandlers:
             # its slots go to the buffer head.
             if (self._idle_mixed if ctx.gpu_pool(g) == MIXED_POOL else self._idle_solo).has(g):
                 self._admit_on(ctx, g)
-            if ctx.qlen(DECODE_QUEUE):
+            if self._qtot(DECODE_QUEUE):
                 self._pull_decodes(ctx, g, DECODE_QUEUE)
             return
         if route == ROUTE_SLI:
@@ -462,20 +479,20 @@ class GateHandlers:
                 self._admit_on(ctx, g)
             self._pull_decodes(ctx, g, self._buf[MIXED_POOL if ctx.gpu_pool(g) == MIXED_POOL else SOLO_POOL])
             return
-        if ctx.qlen(DECODE_QUEUE):
+        if self._qtot(DECODE_QUEUE):
             self._pull_decodes(ctx, g, DECODE_QUEUE)
-        if not ctx.qlen(PREFILL_QUEUE):
+        if not self._qtot(PREFILL_QUEUE):
             return  # nothing waits for a prefill: the gate would refuse, and no overflow can start
         mixed = g < self.mixed_gpus  # the pools are the ranges declared at setup
         judged = False
         pending = True  # prefills wait: asked above, and asked again only after one may have started
         if mixed and self._idle_mixed.has(g):
             judged = not self._admit_on(ctx, g)  # the gate refused this very state: no need to ask again
-            pending = judged or ctx.qlen(PREFILL_QUEUE) != 0
+            pending = judged or self._qtot(PREFILL_QUEUE) != 0
         if not judged and pending and self._bp and self._has_mixed and len(self._idle_mixed) > 0:
             # a freed or drained decode slot may lift the backpressure on reserved slots held idle
             self._admit_all(ctx)
-            pending = ctx.qlen(PREFILL_QUEUE) != 0
+            pending = self._qtot(PREFILL_QUEUE) != 0
         if self._max_overflow and not mixed and pending and self._idle_solo.has(g):
             self._try_overflow(ctx, g)
 
@@ -485,7 +502,7 @@ class GateHandlers:
 
     def _holding(self, ctx):
         """Backpressure may be holding idle reserved slots while prefills wait."""
-        return (self._bp and self._has_mixed and ctx.qlen(PREFILL_QUEUE) != 0
+        return (self._bp and self._has_mixed and self._qtot(PREFILL_QUEUE) != 0
                 and len(self._idle_mixed) > 0)
 
     def on_preempt(self, ctx, r, g):

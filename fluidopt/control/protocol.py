@@ -48,6 +48,17 @@ Events (all optional to implement; the defaults do nothing):
   (Not after a preemption: like vLLM, no new work is admitted in an iteration that had to preempt.)
 * ``on_tick(ctx)``: every ``tick_interval`` seconds of simulated time, if the controller sets it.
 
+Live counts. Besides the one-number reads (``n_prefill(i)``, ``qlen(q, i)``, ...), the view hands out
+the same numbers as three live, read-only vectors, for a controller that reads many of them on every
+event (the gate-and-route family's compiled handlers, docs/simulator.md section 9, read these instead of
+calling the view): ``class_counts()[COUNTS_PER_CLASS * i + k]`` is class i's count k
+(:data:`COUNT_WAIT_PREFILL` = ``n_wait_prefill(i)``, :data:`COUNT_PREFILL` = ``n_prefill(i)``,
+:data:`COUNT_WAIT_DECODE`, :data:`COUNT_DECODE_MIXED`, :data:`COUNT_DECODE_SOLO`),
+``queue_counts()[q * n_classes + i]`` is ``qlen(q, i)`` and ``queue_totals()[q]`` is ``qlen(q)``
+(``class_counts()`` may hold more numbers after the per-class ones: the engine's cluster-wide ones).
+*Live*: the object a call returns shows every later change, so a controller asks once, at the end of
+its ``setup`` (after its last ``add_queue``, which makes new vectors); it must not write into them.
+
 Fleet actions (:class:`FleetView` and :class:`FleetActions`; docs/simulator.md section 11). The
 simulator's context also lets a controller change the fleet while the run goes on; a scenario with a
 ``[fleet]`` table has offline GPUs to add (``cluster.gpus`` is the maximum, ``fleet.initial`` are
@@ -102,6 +113,12 @@ __all__ = [
     "PREFILL_QUEUE",
     "WAIT_DECODE",
     "WAIT_PREFILL",
+    "COUNTS_PER_CLASS",
+    "COUNT_DECODE_MIXED",
+    "COUNT_DECODE_SOLO",
+    "COUNT_PREFILL",
+    "COUNT_WAIT_DECODE",
+    "COUNT_WAIT_PREFILL",
     "Actions",
     "ClusterView",
     "Context",
@@ -119,6 +136,10 @@ WAIT_PREFILL = 0
 PREFILL = 1
 WAIT_DECODE = 2
 DECODE = 3
+
+# the layout of ClusterView.class_counts(): COUNTS_PER_CLASS numbers per class, in this order
+COUNT_WAIT_PREFILL, COUNT_PREFILL, COUNT_WAIT_DECODE, COUNT_DECODE_MIXED, COUNT_DECODE_SOLO = range(5)
+COUNTS_PER_CLASS = 5
 
 
 @runtime_checkable
@@ -172,6 +193,9 @@ class ClusterView(Protocol):
     def n_decode_solo(self, i: int) -> int: ...  # Y_s,i
     def n_wait_prefill(self, i: int) -> int: ...  # Q_p,i (all waiting places)
     def n_wait_decode(self, i: int) -> int: ...  # Q_d,i (all waiting places)
+    def class_counts(self) -> Sequence[int]:
+        """Live: ``[COUNTS_PER_CLASS * i + k]`` is class i's count k (COUNT_PREFILL: n_prefill(i), ...)."""
+        ...
 
     # GPUs
     def gpu_prefill(self, g: int) -> int: ...  # request in prefill on g, or -1
@@ -198,6 +222,12 @@ class ClusterView(Protocol):
     def qlen(self, q: int, cls: int = -1) -> int: ...
     def head(self, q: int, cls: int = -1) -> int: ...  # FCFS head (of class cls), or -1
     def queue_requests(self, q: int) -> list[int]: ...  # FCFS order, O(length)
+    def queue_counts(self) -> Sequence[int]:
+        """Live: ``[q * n_classes + i]`` is ``qlen(q, i)`` (ask again after an add_queue)."""
+        ...
+    def queue_totals(self) -> Sequence[int]:
+        """Live: ``[q]`` is ``qlen(q)`` (ask again after an add_queue)."""
+        ...
 
     # instances (architecture b): work routed to g, waiting in its queue or in service on g
     def instance_requests(self, g: int) -> int: ...

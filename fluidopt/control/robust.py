@@ -92,7 +92,6 @@ from typing import Any
 
 import numpy as np
 
-from fluidopt.control import fastpath
 from fluidopt.control.gate_and_route import (
     _EPS,
     MIXED_POOL,
@@ -514,15 +513,9 @@ class _Mechanisms:
 
 class _MechanismEvents:
     """The robust route (gate_handlers.ROUTE_ROBUST: re-solve counts, overflow prefills, the value-ordered
-    buffer; the bundled and the separate-pricing variant, mixed in before :class:`_Mechanisms`): its
-    set-up and the re-solve's tick; the handlers are gate_handlers.GateHandlers'."""
-
-    def setup(self, ctx: Context) -> None:
-        self._bind(ctx)
-        self._declare_pools(ctx)
-        self._read_pools(ctx)
-        self._bind_mechanisms(ctx)
-        self._fast = fastpath.bind(self, ctx)  # compiled handlers on the compiled engine (same decisions)
+    buffer; the bundled and the separate-pricing variant, mixed in before :class:`_Mechanisms`): the
+    re-solve's tick. The set-up is PartitionedController.setup's (with :meth:`_Mechanisms._bind_mechanisms`),
+    the handlers are gate_handlers.GateHandlers'."""
 
     def on_tick(self, ctx: Context) -> None:
         before = self._plan_now
@@ -642,17 +635,12 @@ class BackpressureSLIGateAndRoute(_AverageCaps, _Mechanisms, SLIGateAndRoute):
                               decode_order="fcfs", overflow=False, max_overflow=None, resolve=False)
         self.average_caps = bool(average_caps)
 
-    def setup(self, ctx: Context) -> None:
-        self._bind(ctx)
-        self._declare_pools(ctx)
-        self._read_pools(ctx)
-        self._setup_queues(ctx)
-        self._bind_mechanisms(ctx)
+    def _bind_mechanisms(self, ctx: Context) -> None:
+        super()._bind_mechanisms(ctx)
         self._avg_on = False
         if self.caps and self.average_caps:
             self._init_average_caps(ctx)
         self._uncapped = all(c == math.inf for c in self._cap)
-        self._fast = fastpath.bind(self, ctx)  # compiled handlers on the compiled engine (same decisions)
 
 
 # -- registry ---------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from fluidopt.control import action_errors as _ae
 from fluidopt.control.action_errors import PHASE_NAMES as _PHASE_NAMES
 from fluidopt.control.protocol import (
+    COUNTS_PER_CLASS,
     DECODE,
     NO_REQUEST,
     PREFILL,
@@ -41,7 +42,7 @@ from fluidopt.control.protocol import (
 )
 from fluidopt.errors import ActionError
 
-__all__ = ["ClusterSnapshot", "SnapshotGpuSet"]
+__all__ = ["ClusterSnapshot", "SnapshotCounts", "SnapshotGpuSet"]
 
 
 @dataclass
@@ -53,6 +54,25 @@ class _Req:
     phase: int = WAIT_PREFILL
     gpu: int = NO_REQUEST
     queue: int = -1
+
+
+class SnapshotCounts(Sequence):
+    """A live, read-only vector of counts (the protocol's ``class_counts``, ``queue_counts`` and
+    ``queue_totals``): element k is ``read(k)``, recomputed on each read (O(requests))."""
+
+    def __init__(self, size: Callable[[], int], read: Callable[[int], int]):
+        self._size, self._read = size, read
+
+    def __len__(self) -> int:
+        return self._size()
+
+    def __getitem__(self, k):  # type: ignore[override]
+        if isinstance(k, slice):
+            return [self._read(j) for j in range(*k.indices(len(self)))]
+        n = len(self)
+        if isinstance(k, bool) or not isinstance(k, int) or not -n <= k < n:
+            raise IndexError(f"count index {k!r} out of range for a vector of {n}")
+        return self._read(k % n)
 
 
 class SnapshotGpuSet:
@@ -163,6 +183,12 @@ class ClusterSnapshot:
     def n_wait_decode(self, i: int) -> int:
         return self._count(i, WAIT_DECODE)
 
+    def class_counts(self) -> SnapshotCounts:
+        """Live: ``[COUNTS_PER_CLASS * i + k]`` is class i's count k (the protocol's COUNT_* layout)."""
+        reads = (self.n_wait_prefill, self.n_prefill, self.n_wait_decode, self.n_decode_mixed, self.n_decode_solo)
+        return SnapshotCounts(lambda: COUNTS_PER_CLASS * self.n_classes,
+                              lambda k: reads[k % COUNTS_PER_CLASS](k // COUNTS_PER_CLASS))
+
     # -- view: GPUs --------------------------------------------------------------------------------
     def gpu_prefill(self, g: int) -> int:
         return self._pre[g]
@@ -229,6 +255,15 @@ class ClusterSnapshot:
 
     def queue_requests(self, q: int) -> list[int]:
         return list(self._queues[q])
+
+    def queue_counts(self) -> SnapshotCounts:
+        """Live: ``[q * n_classes + i]`` is ``qlen(q, i)`` (queues added later included)."""
+        I = self.n_classes
+        return SnapshotCounts(lambda: I * len(self._queues), lambda k: self.qlen(k // I, k % I))
+
+    def queue_totals(self) -> SnapshotCounts:
+        """Live: ``[q]`` is ``qlen(q)``."""
+        return SnapshotCounts(lambda: len(self._queues), self.qlen)
 
     def instance_requests(self, g: int) -> int:
         """Requests waiting in g's instance queue or in service on g."""

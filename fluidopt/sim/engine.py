@@ -116,9 +116,9 @@ class Engine:
     n_gpus, batch, n_classes = property(V.n_gpus), property(V.batch), property(V.n_classes)
     class_names, service, n_pools = property(V.class_names), property(V.service), property(V.n_pools)
     gpu_mixed, gpu_decodes_by_class, gpu_requests = V.gpu_mixed, V.gpu_decodes_by_class, V.gpu_requests
-    queue_id, instance_queue, queue_requests = V.queue_id, V.instance_queue, V.queue_requests
-    instance_tokens, req_queue, req_preemptions = V.instance_tokens, V.req_queue, V.req_preemptions
-    set_pool, add_queue = V.set_pool, V.add_queue
+    queue_id, instance_queue, queue_requests, set_pool = V.queue_id, V.instance_queue, V.queue_requests, V.set_pool
+    instance_tokens, req_queue, req_preemptions, add_queue = V.instance_tokens, V.req_queue, V.req_preemptions, V.add_queue
+    class_counts, queue_counts, queue_totals = V.class_counts, V.queue_counts, V.queue_totals  # live vectors
     gpu_state, fleet_size, fleet_online, gpu_hours = FL.gpu_state, FL.fleet_size, FL.fleet_online, FL.gpu_hours
     add_gpu, drain_gpu, remove_gpu, set_max_decodes, evict, startup_delay = FL.add_gpu, FL.drain_gpu, \
         FL.remove_gpu, FL.set_max_decodes, FL.evict, FL.startup_delay

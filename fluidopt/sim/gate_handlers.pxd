@@ -9,6 +9,7 @@ cimport cython
 from fluidopt.sim._cengine cimport Engine, GpuSet
 
 cdef Py_ssize_t PREFILL_QUEUE, DECODE_QUEUE, MIXED_POOL, SOLO_POOL, ROUTE_GREEDY, ROUTE_SLI, ROUTE_ROBUST
+cdef Py_ssize_t COUNTS_PER_CLASS, COUNT_PREFILL, COUNT_DECODE_MIXED, COUNT_DECODE_SOLO
 cdef Py_ssize_t NO_CAPS, OWN_CAPS, OVERFLOW_CAPS
 cdef double INF
 
@@ -19,6 +20,9 @@ cdef class GateHandlers:
     cdef public bint _kv, _has_mixed, _has_solo
     cdef public Py_ssize_t mixed_gpus, n_gpus, _route
     cdef public GpuSet _idle_mixed, _idle_solo, _free_mixed, _free_solo  # None: a pool not declared
+    # the live counts (the engine's own arrays: Engine._cnt, q_cnt, q_tot) and the number of classes
+    cdef public long long[::1] _class_counts, _queue_counts, _queue_totals
+    cdef public Py_ssize_t _n_cls
     # the gate
     cdef public bint _priority_gate, _bp, _uncapped, _fcfs_buffer
     cdef public long long[::1] _adm, _t_off, _t_j
@@ -33,8 +37,14 @@ cdef class GateHandlers:
     cdef public long long[::1] _buf, _avg, _avg_is, _avg_lo, _avg_x
     cdef public double[::1] _p, _avg_floor, _avg_int, _avg_t
     # scratch of one decision
-    cdef public long long[::1] _seen_x, _seen_d
-    cdef public Py_ssize_t _seen_waiting, _free_now
+    cdef public Py_ssize_t _free_now
+
+    # -- the live counts: C array reads (the state check has checked their sizes)
+    cdef inline Py_ssize_t _qlen(self, Py_ssize_t q, Py_ssize_t i) noexcept
+
+    cdef inline Py_ssize_t _qtot(self, Py_ssize_t q) noexcept
+
+    cdef inline Py_ssize_t _class_count(self, Py_ssize_t i, Py_ssize_t k) noexcept
 
     # -- the gate
     @cython.locals(i=Py_ssize_t, caps=Py_ssize_t)
@@ -58,9 +68,6 @@ cdef class GateHandlers:
     cdef inline bint _free_decode_slot(self, Engine ctx) except -1
 
     cpdef double _ahead(self, Engine ctx, Py_ssize_t i) except? -1.0
-
-    @cython.locals(j=Py_ssize_t)
-    cdef int _read_ahead(self, Engine ctx) except -1
 
     @cython.locals(tot=double, k=Py_ssize_t, j=Py_ssize_t)
     cdef inline double _ahead_of(self, Py_ssize_t i) noexcept

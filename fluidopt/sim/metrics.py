@@ -33,15 +33,19 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from fluidopt.control import protocol as P
+
 __all__ = ["LogHistogram", "MetricCollector", "SimResult", "OUTCOMES"]
 
 # Outcome codes of a resolved request.
 COMPLETED, ABANDONED_PREFILL, ABANDONED_DECODE, DROPPED, IN_SYSTEM = 0, 1, 2, 3, 4
 OUTCOMES = ("completed", "abandoned_prefill", "abandoned_decode", "dropped", "in_system")
 
-# Per-class time-integrated quantities, in the engine's counter layout (5 per class).
-Q_PREFILL, X_PREFILL, Q_DECODE, Y_MIXED, Y_SOLO = 0, 1, 2, 3, 4
-N_CLASS_QTY = 5
+# Per-class time-integrated quantities, in the engine's counter layout: the live counts a controller reads
+# (ClusterView.class_counts, whose layout the protocol defines) are the quantities integrated here.
+Q_PREFILL, X_PREFILL, Q_DECODE = P.COUNT_WAIT_PREFILL, P.COUNT_PREFILL, P.COUNT_WAIT_DECODE
+Y_MIXED, Y_SOLO = P.COUNT_DECODE_MIXED, P.COUNT_DECODE_SOLO
+N_CLASS_QTY = P.COUNTS_PER_CLASS
 # Cluster-wide quantities after the per-class ones (GPUs running a prefill = sum_i X_i and occupied
 # slots = sum_i X_i + Y_i are derived, not tracked).
 G_BUSY = 0

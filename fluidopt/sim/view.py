@@ -15,8 +15,8 @@ from fluidopt.sim import state as S
 from fluidopt.sim.action_errors import check_gpu
 from fluidopt.sim.state import G_ONLINE
 
-__all__ = ["add_queue", "gpu_decodes_by_class", "gpu_requests", "instance_queue", "instance_tokens", "queue_id",
-           "queue_requests", "set_pool"]
+__all__ = ["add_queue", "class_counts", "gpu_decodes_by_class", "gpu_requests", "instance_queue", "instance_tokens",
+           "queue_counts", "queue_id", "queue_requests", "queue_totals", "set_pool"]
 
 
 def n_gpus(eng) -> int:
@@ -60,6 +60,19 @@ def gpu_requests(eng, g: int) -> list[int]:
     out = [eng.g_pre[g]] if eng.g_pre[g] >= 0 else []
     b = g * eng.B
     return out + sorted(eng.g_dec[b:b + eng.g_ndec[g]])
+
+
+def class_counts(eng) -> Sequence[int]:
+    """The live per-class counts (the protocol's layout, which is metrics' N_CLASS_QTY layout)."""
+    return eng._cnt
+
+
+def queue_counts(eng) -> Sequence[int]:
+    return eng.q_cnt  # (a new vector after add_queue: the protocol says to ask again)
+
+
+def queue_totals(eng) -> Sequence[int]:
+    return eng.q_tot
 
 
 def queue_id(eng, name: str) -> int:

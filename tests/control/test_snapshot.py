@@ -12,6 +12,12 @@ from hypothesis import strategies as st
 import fluidopt
 from fluidopt.control.gate_and_route import GateAndRoute
 from fluidopt.control.protocol import (
+    COUNT_DECODE_MIXED,
+    COUNT_DECODE_SOLO,
+    COUNT_PREFILL,
+    COUNT_WAIT_DECODE,
+    COUNT_WAIT_PREFILL,
+    COUNTS_PER_CLASS,
     DECODE,
     DECODE_QUEUE,
     PREFILL,
@@ -134,7 +140,25 @@ def test_outbox_records_decisions_in_order():
 
 
 # -- brute-force recount after random action sequences ------------------------------------------------
-def _recount(s: ClusterSnapshot) -> None:
+_COUNT_READS = ((COUNT_WAIT_PREFILL, "n_wait_prefill"), (COUNT_PREFILL, "n_prefill"), (COUNT_WAIT_DECODE, "n_wait_decode"),
+                (COUNT_DECODE_MIXED, "n_decode_mixed"), (COUNT_DECODE_SOLO, "n_decode_solo"))
+
+
+def _live_counts_agree(ctx, live: tuple, n_queues: int) -> None:
+    """The live vectors (read once, before the events that changed the state) against the one-number reads."""
+    cc, qc, qt = live
+    I = ctx.n_classes
+    assert len(cc) >= COUNTS_PER_CLASS * I and len(qc) == n_queues * I and len(qt) == n_queues
+    for i in range(I):
+        for k, read in _COUNT_READS:
+            assert cc[COUNTS_PER_CLASS * i + k] == getattr(ctx, read)(i), (read, i)
+    for q in range(n_queues):
+        assert qt[q] == ctx.qlen(q) and [qc[q * I + i] for i in range(I)] == [ctx.qlen(q, i) for i in range(I)]
+
+
+def _recount(s: ClusterSnapshot, live: tuple | None = None) -> None:
+    if live is not None:
+        _live_counts_agree(s, live, 2 + s.n_gpus + 1)
     rs = s.requests()
     for i in range(s.n_classes):
         mine = [r for r in rs if s.req_class(r) == i]
@@ -177,6 +201,7 @@ _OPS = st.lists(st.tuples(st.integers(0, 8), st.integers(0, 12), st.integers(0, 
 def test_random_sequences_match_a_brute_force_recount(ops):
     s, ctrl = _snap()
     n_q = 2 + s.n_gpus + 1
+    live = s.class_counts(), s.queue_counts(), s.queue_totals()
     for op, a, b, flag in ops:
         rs = s.requests()
         r = rs[a % len(rs)] if rs else a
@@ -203,7 +228,7 @@ def test_random_sequences_match_a_brute_force_recount(ops):
                 s.outbox.clear()
         except ActionError:
             assert _state(s) == before  # a rejected action changes nothing
-        _recount(s)
+        _recount(s, live)
 
 
 # -- differential: Gate-and-Route on the engine and, mirrored event by event, on a snapshot -------------
@@ -224,6 +249,7 @@ class _Mirror(Controller):
         self.snap.setup(self.snap_ctrl)
         self.ids: dict[int, int] = {}  # engine id -> snapshot id (the engine recycles its ids)
         self.ctx = ctx
+        self.live = ctx.class_counts(), ctx.queue_counts(), ctx.queue_totals()  # read once: live from here on
 
     def _same(self) -> None:
         e, s, m = self.ctx, self.snap, self.ids
@@ -238,6 +264,7 @@ class _Mirror(Controller):
         for i in range(e.n_classes):
             for f in ("n_prefill", "n_decode_mixed", "n_decode_solo", "n_wait_prefill", "n_wait_decode"):
                 assert getattr(e, f)(i) == getattr(s, f)(i), (f, i, e.now)
+        _live_counts_agree(e, self.live, 2 + e.n_gpus)  # the engine's live vectors, as the handlers read them
         for r, sr in m.items():
             assert (e.req_phase(r), e.req_gpu(r), e.req_queue(r)) == (s.req_phase(sr), s.req_gpu(sr), s.req_queue(sr))
 
