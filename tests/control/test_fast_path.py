@@ -354,3 +354,28 @@ def test_single_sourced_fast_path_is_the_compiled_source_and_only_where_exact(mo
     fastpath._single_module.cache_clear()
     fastpath._single_spec.cache_clear()
     assert fastpath.status()[0]
+
+
+# -- the state check the compiled handlers rely on (they index the live counts without bounds checks) --
+def test_state_check_requires_live_counts_that_cover_every_class_and_queue():
+    from fluidopt.control.gate_handlers import check_state
+
+    ctrl = make_controller("sli-gate-and-route", fluidopt.default_scenario(gpus=8))
+    with pytest.raises(ValueError, match="live counts are not read yet"):
+        check_state(ctrl)  # before setup: nothing to index
+    snap = ClusterSnapshot(8, 4, ctrl.class_names)
+    snap.setup(ctrl)  # the SLI route adds its two buffers, then reads the live counts
+    check_state(ctrl)
+    n_queues = 2 + 8 + 2
+    assert len(ctrl._queue_totals) == n_queues and len(ctrl._queue_counts) == n_queues * ctrl.n_classes
+    assert max(ctrl._buf) == n_queues - 1  # the second buffer is the last queue
+    stale = snap.queue_counts(), snap.queue_totals()
+    ctrl._queue_counts, ctrl._queue_totals = [0] * ((n_queues - 1) * ctrl.n_classes), [0] * (n_queues - 1)
+    with pytest.raises(ValueError, match=r"_buf: expected queue ids 0\.\.10, got \[11\]"):
+        check_state(ctrl)  # vectors read before the last add_queue miss a buffer
+    ctrl._queue_counts, ctrl._queue_totals = [0] * n_queues, stale[1]
+    with pytest.raises(ValueError, match="do not match 2 classes and 12 queues"):
+        check_state(ctrl)
+    ctrl._queue_counts, ctrl._class_counts = stale[0], [0] * 9  # 5 per class: 10 needed
+    with pytest.raises(ValueError, match="9 class counts"):
+        check_state(ctrl)
