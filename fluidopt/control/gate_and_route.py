@@ -213,12 +213,18 @@ class PartitionedController(GateHandlers, Controller):
             )
         n, B = int(ctx.n_gpus), int(ctx.batch)
         self.n_gpus, self.batch = n, B
-        self._nx = doubles([n * float(v) for v in self.x])
-        self._inv_x = doubles([1.0 / float(v) if v > 0 else 0.0 for v in self.x])
-        self._nqp = doubles([n * float(v) for v in self.q_prefill])
+        self._scale_targets()
         # tokens mode with a KV capacity: check that work fits before starting it (the paper's model has
         # no KV limit; there the checks cost nothing).
         self._kv = n > 0 and ctx.gpu_kv_free(0) != float("inf")
+
+    def _scale_targets(self) -> None:
+        """The gate's targets for the fleet of ``n_gpus``: n x_i*, 1 / x_i* (0 where x_i* = 0) and n q_p,i*,
+        from the per-GPU plan ``x`` and ``q_prefill`` (at setup and after a re-solve changes the plan)."""
+        n = self.n_gpus
+        self._nx = doubles([n * float(v) for v in self.x])
+        self._inv_x = doubles([1.0 / float(v) if v > 0 else 0.0 for v in self.x])
+        self._nqp = doubles([n * float(v) for v in self.q_prefill])
 
     def _declare_pools(self, ctx: Context) -> None:
         n, B = self.n_gpus, self.batch

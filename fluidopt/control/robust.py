@@ -499,10 +499,7 @@ class _Mechanisms:
         """Make ``sol`` (solved at per-GPU arrival rates ``lam_per_gpu``) the gate's plan."""
         x, qp = _lp_targets(sol.x), _lp_targets(sol.q_prefill)
         self.x, self.q_prefill = x, qp
-        n = self.n_gpus
-        self._nx = doubles([n * float(v) for v in x])
-        self._inv_x = doubles([1.0 / float(v) if v > 0 else 0.0 for v in x])
-        self._nqp = doubles([n * float(v) for v in qp])
+        self._scale_targets()
         self._admissible = [i for i in range(self.n_classes) if x[i] > 0]
         self._adm = ints(self._gate_order())  # a re-solve may move x_i* to or from 0
         self._lam_now = lam_per_gpu
