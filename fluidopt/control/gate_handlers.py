@@ -24,7 +24,7 @@ What a controller of the family is, as the handlers see it (set by the controlle
   the deviation index argmin_i (X_i - n x_i*) / x_i* (ties: the largest Q_p,i - n q_p,i*, then the
   lowest index), or the first waiting class in priority order (``_priority_gate``); a class is skipped
   at its cap (``_cap``; none when ``_uncapped``) and, with backpressure (``_bp``), while no decode slot
-  is free and the decodes ahead of it (:meth:`GateHandlers._ahead`) fill the slots the plan frees
+  is free and the decodes ahead of it (:meth:`GateHandlers._ahead_of`) fill the slots the plan frees
   during one of its prefills (``_room``). The plain controllers have no caps and no backpressure.
 
 Rules for a handler module compiled this way (as fluidopt/control/fcfs_handlers.py): only the
@@ -269,15 +269,11 @@ class GateHandlers:
         """Some GPU has a free decode slot (a fleet too small for one of the pools declares only the other)."""
         return bool((self._has_solo and len(self._free_solo) > 0) or (self._has_mixed and len(self._free_mixed) > 0))
 
-    def _ahead(self, ctx, i):
+    def _ahead_of(self, i):
         """The decodes that will want a slot within one mean class-i prefill before a class-i decode: those
         waiting ahead of it in the buffer (FCFS: all; value order: its own class and higher ones) plus
         the prefills in flight of those classes expected to finish by then (the terms ``_t_j`` /
-        ``_t_p`` from ``_t_off[i]`` to ``_t_off[i + 1]``: class j, probability)."""
-        return self._ahead_of(i)
-
-    def _ahead_of(self, i):
-        """:meth:`_ahead` of class i (the handlers' call: no context)."""
+        ``_t_p`` from ``_t_off[i]`` to ``_t_off[i + 1]``: class j, probability), from the live counts."""
         if self._fcfs_buffer:
             tot = float(self._qtot(DECODE_QUEUE))
             for k in range(self._t_off[i], self._t_off[i + 1]):

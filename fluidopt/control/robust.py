@@ -455,7 +455,7 @@ class _Mechanisms:
         1 / mu_p,i (exponential: probability 1 - exp(-mu_p,j / mu_p,i)). 0 while a decode slot is free."""
         if self._decode_slot_free_now(ctx):
             return [0.0] * self._I
-        return [self._ahead(ctx, i) for i in range(self._I)]
+        return [self._ahead_of(i) for i in range(self._I)]
 
     # -- rolling re-solve -----------------------------------------------------------------------
     def on_tick(self, ctx: Context) -> None:

@@ -67,8 +67,6 @@ cdef class GateHandlers:
 
     cdef inline bint _free_decode_slot(self, Engine ctx) except -1
 
-    cpdef double _ahead(self, Engine ctx, Py_ssize_t i) except? -1.0
-
     @cython.locals(tot=double, k=Py_ssize_t, j=Py_ssize_t)
     cdef inline double _ahead_of(self, Py_ssize_t i) noexcept
 
