@@ -51,9 +51,9 @@ def bound() -> None:
 
 def plan() -> None:
     import fluidopt
-    from fluidopt.executor import LocalExecutor
-    from fluidopt.plan import PlanSLIs
-    from fluidopt.plan import plan as run_plan
+    from fluidopt.harness.executor import LocalExecutor
+    from fluidopt.planning.fleet import PlanSLIs
+    from fluidopt.planning.fleet import plan as run_plan
 
     t0, c0 = time.perf_counter(), os.times()
     with LocalExecutor(2) as ex:
@@ -68,8 +68,8 @@ def plan() -> None:
 
 def scaling() -> None:
     import fluidopt
-    from fluidopt.executor import DaskExecutor, LocalExecutor
     from fluidopt.harness import compare
+    from fluidopt.harness.executor import DaskExecutor, LocalExecutor
 
     sc = fluidopt.default_scenario(gpus=200)
     ref = None

@@ -132,7 +132,7 @@ def run_stepped(sc, controller, *, service: str, requests: float, fill: float, s
     Returns the engine that ran, whole-run and steady-state (after ``fill``) requests per CPU s, the
     setup and fill CPU seconds, and a few results (to see that two engines ran the same path).
     """
-    from fluidopt.sim.workload import workload_from_scenario
+    from fluidopt.workloads import workload_from_scenario
 
     rate = sum(c.rate for c in sc.classes)
     horizon = fill + (requests + chunk) / rate  # the window starts at the first chunk boundary after the fill

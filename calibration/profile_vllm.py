@@ -211,7 +211,7 @@ class VLLMStepper:  # pragma: no cover - needs vllm and a GPU
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from fluidopt.calibrate import fit_iteration_time, write_measurements
+    from fluidopt.calibration import fit_iteration_time, write_measurements
 
     p = argparse.ArgumentParser(prog="profile_vllm", description=__doc__.split("\n\n")[0])
     g = p.add_mutually_exclusive_group(required=True)

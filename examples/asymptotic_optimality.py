@@ -22,7 +22,7 @@ summary_by_n.csv), and two figures under ``--fig-dir``: ``asymptotic_revenue.png
 
 from __future__ import annotations
 
-from fluidopt.interrupt import script_guard
+from fluidopt.core.interrupt import script_guard
 
 script_guard()  # Ctrl-C / SIGTERM from here on, the imports below included: one line, exit 130 / 143
 
@@ -39,10 +39,10 @@ import numpy as np
 import pandas as pd
 
 import fluidopt
-from fluidopt.executor import add_executor_arguments, executor_from_args
 from fluidopt.fluid import solve_fluid
 from fluidopt.harness import Comparison, compare
-from fluidopt.plots import save_figure
+from fluidopt.harness.executor import add_executor_arguments, executor_from_args
+from fluidopt.harness.plots import save_figure
 
 ROOT = Path(__file__).resolve().parents[1]
 # Simulated seconds per fleet size: n * horizon ~ constant-ish (the batch-means half-width of the
@@ -211,7 +211,7 @@ def report(c: Comparison, a: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    from fluidopt.interrupt import script_main
+    from fluidopt.core.interrupt import script_main
 
     # Ctrl-C / SIGTERM: one line on what was kept, exit 130 / 143, no traceback
     raise SystemExit(script_main(main))

@@ -17,7 +17,7 @@ tables) and ``<fig-dir>/baseline_grid.png``.
 
 from __future__ import annotations
 
-from fluidopt.interrupt import script_guard
+from fluidopt.core.interrupt import script_guard
 
 script_guard()  # Ctrl-C / SIGTERM from here on, the imports below included: one line, exit 130 / 143
 
@@ -32,10 +32,10 @@ import numpy as np
 import pandas as pd
 
 from fluidopt import GPUProfile, RequestClass, Scenario
-from fluidopt.executor import add_executor_arguments, executor_from_args
 from fluidopt.fluid import solve_fluid
 from fluidopt.harness import compare
-from fluidopt.plots import save_figure
+from fluidopt.harness.executor import add_executor_arguments, executor_from_args
+from fluidopt.harness.plots import save_figure
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICIES = ("gate-and-route", "fi-wsp", "gi-wsp", "gf-wsp", "fg-sp")
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from fluidopt.interrupt import script_main
+    from fluidopt.core.interrupt import script_main
 
     # Ctrl-C / SIGTERM: one line on what was kept, exit 130 / 143, no traceback
     raise SystemExit(script_main(main))

@@ -6,7 +6,7 @@ when the trace is present. For three GPU profiles (the named ones in calibration
 with its price per GPU-hour) and demand growth 1x, 2x, 4x: the fluid lower bound on the fleet (one LP,
 binding constraint named) and, for the paper demand at 1x, the fleet on which Gate-and-Route meets the
 SLIs in simulation with 95% confidence (the search starts at the fluid bound), with the SLI-against-n
-figure. Everything runs through fluidopt.plan, whose runs go through fluidopt.executor (--dask or
+figure. Everything runs through fluidopt.planning.fleet, whose runs go through fluidopt.harness.executor (--dask or
 --scheduler to scale out) and are kept in a results store under --out (a rerun skips them).
 
     python examples/capacity_planning.py                      # about 1-2 min on 2 cores
@@ -19,7 +19,7 @@ is between deployments, each with its own iteration-time law, for the same reque
 
 from __future__ import annotations
 
-from fluidopt.interrupt import script_guard
+from fluidopt.core.interrupt import script_guard
 
 script_guard()  # Ctrl-C / SIGTERM from here on, the imports below included: one line, exit 130 / 143
 
@@ -33,9 +33,9 @@ import matplotlib
 matplotlib.use("Agg")
 
 import fluidopt
-from fluidopt.executor import add_executor_arguments, executor_from_args
-from fluidopt.model import Scenario
-from fluidopt.plan import PlanSLIs, plan
+from fluidopt.core.model import Scenario
+from fluidopt.harness.executor import add_executor_arguments, executor_from_args
+from fluidopt.planning.fleet import PlanSLIs, plan
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILES = ("qwen-8b-a100", "qwen-4b-a100", "llama2-7b-v100")
@@ -47,7 +47,7 @@ def trace_scenario(path: Path, max_requests: int | None = None) -> Scenario | No
     """The trace's classes as a scenario (cluster rates from the trace; patience 0.1/s), or None."""
     if not path.exists():
         return None
-    from fluidopt.sim.trace import classes_from_trace, load_azure_trace
+    from fluidopt.workloads.traces import classes_from_trace, load_azure_trace
 
     w = load_azure_trace(path, max_requests=max_requests)  # 4 classes: prompt and output above or below the median
     classes = classes_from_trace(w, patience=0.1)
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from fluidopt.interrupt import script_main
+    from fluidopt.core.interrupt import script_main
 
     # Ctrl-C / SIGTERM: one line on what was kept, exit 130 / 143, no traceback
     raise SystemExit(script_main(main))

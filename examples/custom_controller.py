@@ -19,7 +19,7 @@ once the module defining it is imported). The workload is the RL-router paper's 
 
 from __future__ import annotations
 
-from fluidopt.interrupt import script_guard
+from fluidopt.core.interrupt import script_guard
 
 script_guard()  # Ctrl-C / SIGTERM from here on, the imports below included: one line, exit 130 / 143
 
@@ -31,7 +31,7 @@ from fluidopt import GPUProfile, RequestClass, Scenario
 from fluidopt.control.instance import InstanceScheduler
 from fluidopt.control.protocol import Context
 from fluidopt.control.registry import available, register
-from fluidopt.errors import ScenarioError
+from fluidopt.core.errors import ScenarioError
 from fluidopt.sim.api import simulate
 
 
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from fluidopt.interrupt import script_main
+    from fluidopt.core.interrupt import script_main
 
     # Ctrl-C / SIGTERM: one line on what was kept, exit 130 / 143, no traceback
     raise SystemExit(script_main(main))

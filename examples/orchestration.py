@@ -14,7 +14,7 @@ over the multi-period LP's lower bound with calibrated throughputs) and the figu
 
 from __future__ import annotations
 
-from fluidopt.interrupt import script_guard
+from fluidopt.core.interrupt import script_guard
 
 script_guard()  # Ctrl-C / SIGTERM from here on, the imports below included: one line, exit 130 / 143
 
@@ -30,10 +30,10 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from fluidopt.executor import add_executor_arguments, executor_from_args, run_jobs
+from fluidopt.core.model import ArrivalSpec
 from fluidopt.fluid.multiperiod import BacklogJob, plan_fleet
-from fluidopt.model import ArrivalSpec
-from fluidopt.plots import save_figure
+from fluidopt.harness.executor import add_executor_arguments, executor_from_args, run_jobs
+from fluidopt.harness.plots import save_figure
 from fluidopt.scenario import load_scenario
 from fluidopt.sim.api import simulate
 
@@ -51,7 +51,7 @@ def scenario_for(azure: str | None, backlog: int | None = None):
     if backlog is not None:
         wf = replace(wf, backlogs=tuple(replace(b, count=backlog) for b in wf.backlogs))
     if azure:
-        from fluidopt.sim.trace import read_azure_trace
+        from fluidopt.workloads.traces import read_azure_trace
 
         df = read_azure_trace(azure)
         dur = float(df["time"].max() - df["time"].min())
@@ -165,20 +165,20 @@ def main(argv=None) -> int:
         return (f"{r['policy']} seed {r['seed']}: {r['gpu_hours']:.2f} GPU-h, SLO interactive "
                 f"{r['slo_interactive']:.4f}, batch {r['slo_batch']:.4f}")
 
-    # the runs go through fluidopt.executor: a local pool by default, --dask or --scheduler to scale out
+    # the runs go through fluidopt.harness.executor: a local pool by default, --dask or --scheduler to scale out
     with executor_from_args(a) as ex:
-        # Ctrl-C raises fluidopt.interrupt.Interrupted: no table is written from an incomplete sweep
+        # Ctrl-C raises fluidopt.core.interrupt.Interrupted: no table is written from an incomplete sweep
         done = run_jobs(run_one, jobs, executor=ex, progress=True, desc="simulations", note=note)
     rows = [done[k] for k in sorted(done)]
     rate = None
     if a.azure:
-        from fluidopt.sim.workload import workflow_workload
+        from fluidopt.workloads import workflow_workload
 
         t = np.concatenate([b.time for b in workflow_workload(scenario_for(a.azure, 0))
                             .batches(np.random.default_rng(0), a.horizon)])
         counts = np.histogram(t, bins=np.arange(0, a.horizon + 60, 60.0))[0]
         rate = (counts / 60.0).tolist()
-    from fluidopt.errors import InfeasibleError
+    from fluidopt.core.errors import InfeasibleError
 
     try:
         lb = lower_bound(a.backlog, a.horizon, rate, a.azure)
@@ -214,7 +214,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from fluidopt.interrupt import script_main
+    from fluidopt.core.interrupt import script_main
 
     # Ctrl-C / SIGTERM: one line on what was kept, exit 130 / 143, no traceback
     raise SystemExit(script_main(main))

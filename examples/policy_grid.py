@@ -34,7 +34,7 @@ batch-means interval).
 
 from __future__ import annotations
 
-from fluidopt.interrupt import script_guard
+from fluidopt.core.interrupt import script_guard
 
 script_guard()  # Ctrl-C / SIGTERM from here on, the imports below included: one line, exit 130 / 143
 
@@ -53,9 +53,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
 
 from fluidopt import RequestClass, Scenario, default_scenario  # noqa: E402
-from fluidopt.executor import add_executor_arguments, executor_from_args  # noqa: E402
-from fluidopt.model import paper_gpu  # noqa: E402
-from fluidopt.plots import save_figure  # noqa: E402
+from fluidopt.core.model import paper_gpu  # noqa: E402
+from fluidopt.harness.executor import add_executor_arguments, executor_from_args  # noqa: E402
+from fluidopt.harness.plots import save_figure  # noqa: E402
 
 TRACE = ROOT.parent / "shared" / "data" / "azure-llm-inference-2023" / "AzureLLMInferenceTrace_conv.csv"
 NEW = "backpressure-gate-and-route"
@@ -145,7 +145,7 @@ def trace_cases(sizes=((8, 1.0), (32, 4.0), (200, 25.0)), max_requests=None):
 
 
 def _trace_scenario(n, speed, max_requests):
-    from fluidopt.sim.trace import classes_from_trace, load_azure_trace
+    from fluidopt.workloads.traces import classes_from_trace, load_azure_trace
 
     w = load_azure_trace(TRACE, speedup=speed, max_requests=max_requests)
     sc = Scenario(gpu=paper_gpu(), gpus=n, classes=tuple(classes_from_trace(w, patience=0.05)),
@@ -174,7 +174,7 @@ def run_family(cases: list[dict], policies: list, options: dict, seeds: list[int
     revenue / R*(window) (``trace_measure="cohort"``) or the window's completions / R*(window)
     (``"window"``); both are kept, as ``ratio_cohort`` and ``ratio_window``."""
     from fluidopt.harness import compare
-    from fluidopt.sim.workload import TraceWarning
+    from fluidopt.workloads import TraceWarning
 
     built = {c["case"]: (c, *case_scenario(c)) for c in cases}
     scenarios = [sc for _, sc, _, _, _ in built.values()]
@@ -487,7 +487,7 @@ def print_ablation(df: pd.DataFrame) -> None:
 
 
 if __name__ == "__main__":
-    from fluidopt.interrupt import script_main
+    from fluidopt.core.interrupt import script_main
 
     # Ctrl-C / SIGTERM: one line on what was kept, exit 130 / 143, no traceback
     raise SystemExit(script_main(main))

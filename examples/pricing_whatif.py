@@ -15,7 +15,7 @@
 
 from __future__ import annotations
 
-from fluidopt.interrupt import script_guard
+from fluidopt.core.interrupt import script_guard
 
 script_guard()  # Ctrl-C / SIGTERM from here on, the imports below included: one line, exit 130 / 143
 
@@ -29,7 +29,7 @@ matplotlib.use("Agg")
 import numpy as np
 
 import fluidopt
-from fluidopt.executor import add_executor_arguments, executor_from_args
+from fluidopt.harness.executor import add_executor_arguments, executor_from_args
 from fluidopt.pricing import grid_figure, pareto, pareto_figure, price_grid, shadow_prices, simulate_points
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from fluidopt.interrupt import script_main
+    from fluidopt.core.interrupt import script_main
 
     # Ctrl-C / SIGTERM: one line on what was kept, exit 130 / 143, no traceback
     raise SystemExit(script_main(main))

@@ -9,7 +9,7 @@ N is dropped), each replayed from time 0 on `rl-router-v100-8.toml` (8 Llama-2-7
 prefill first, KV capacity, recompute preemption) at each speed-up (1 = the trace's own rate).
 Every router runs on the same windows with the same noisy-oracle bucket predictions (accuracy 0.79,
 seeded per window). The scenario's classes are the trace's (split at its median prompt and output
-lengths, fluidopt.sim.trace.replay), which only the gate-and-route family's fluid LP uses; as in
+lengths, fluidopt.workloads.traces.replay), which only the gate-and-route family's fluid LP uses; as in
 head to head (a) they plan with c_p = c_d = 1 per token. The RL routers use the shipped 8-instance
 weights as they are (trained on the five-task mix at 40 req/s, not on this trace).
 
@@ -20,7 +20,7 @@ CI), and prints a markdown table. Without the trace file it says so in one line 
 
 from __future__ import annotations
 
-from fluidopt.interrupt import script_guard
+from fluidopt.core.interrupt import script_guard
 
 script_guard()  # Ctrl-C / SIGTERM from here on, the imports below included: one line, exit 130 / 143
 
@@ -35,7 +35,7 @@ import pandas as pd
 
 from fluidopt.rl.evaluate import GATE_AND_ROUTE_POLICIES, PAPER_POLICIES, evaluate, summarize, trace_episodes
 from fluidopt.scenario import load_scenario
-from fluidopt.sim.trace import replay
+from fluidopt.workloads.traces import replay
 
 ROOT = Path(__file__).resolve().parents[1]
 AZURE = ROOT.parent / "shared" / "data" / "azure-llm-inference-2023" / "AzureLLMInferenceTrace_conv.csv"
@@ -103,7 +103,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from fluidopt.interrupt import script_main
+    from fluidopt.core.interrupt import script_main
 
     # Ctrl-C / SIGTERM: one line on what was kept, exit 130 / 143, no traceback
     raise SystemExit(script_main(main))

@@ -10,7 +10,7 @@ mix unchanged) for a few routers. The RL routers were trained at 20 req/s only.
 
 from __future__ import annotations
 
-from fluidopt.interrupt import script_guard
+from fluidopt.core.interrupt import script_guard
 
 script_guard()  # Ctrl-C / SIGTERM from here on, the imports below included: one line, exit 130 / 143
 
@@ -55,7 +55,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from fluidopt.interrupt import script_main
+    from fluidopt.core.interrupt import script_main
 
     # Ctrl-C / SIGTERM: one line on what was kept, exit 130 / 143, no traceback
     raise SystemExit(script_main(main))

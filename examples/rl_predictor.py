@@ -6,7 +6,7 @@ confusion matrix on the RL setting's workload and (when present) on the Azure co
 
 from __future__ import annotations
 
-from fluidopt.interrupt import script_guard
+from fluidopt.core.interrupt import script_guard
 
 script_guard()  # Ctrl-C / SIGTERM from here on, the imports below included: one line, exit 130 / 143
 
@@ -42,7 +42,7 @@ def main() -> None:
     bp0 = BinnedPredictor().fit(tr.prompt, tr.output)
     show("binned predictor (prompt length only), RL setting", true, bp0.predict_many(te.prompt))
     if AZURE.is_file():
-        from fluidopt.sim.trace import read_azure_trace
+        from fluidopt.workloads.traces import read_azure_trace
 
         df = read_azure_trace(AZURE)
         half = len(df) // 2
@@ -53,7 +53,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from fluidopt.interrupt import script_main
+    from fluidopt.core.interrupt import script_main
 
     # Ctrl-C / SIGTERM: one line on what was kept, exit 130 / 143, no traceback
     raise SystemExit(script_main(main))

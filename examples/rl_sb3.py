@@ -65,6 +65,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from fluidopt.interrupt import script_main
+    from fluidopt.core.interrupt import script_main
 
     sys.exit(script_main(main))

@@ -17,7 +17,7 @@ Outputs: a markdown table on stdout, the harness's tables in ``<out>``, ``<fig-d
 
 from __future__ import annotations
 
-from fluidopt.interrupt import script_guard
+from fluidopt.core.interrupt import script_guard
 
 script_guard()  # Ctrl-C / SIGTERM from here on, the imports below included: one line, exit 130 / 143
 
@@ -33,10 +33,10 @@ import numpy as np
 import pandas as pd
 
 import fluidopt
-from fluidopt.executor import add_executor_arguments, executor_from_args
 from fluidopt.fluid import solve_fluid
 from fluidopt.harness import Comparison, compare
-from fluidopt.plots import save_figure
+from fluidopt.harness.executor import add_executor_arguments, executor_from_args
+from fluidopt.harness.plots import save_figure
 
 ROOT = Path(__file__).resolve().parents[1]
 HORIZON = {20: 8000.0, 50: 6000.0, 200: 3000.0, 500: 2000.0, 2000: 1000.0}
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from fluidopt.interrupt import script_main
+    from fluidopt.core.interrupt import script_main
 
     # Ctrl-C / SIGTERM: one line on what was kept, exit 130 / 143, no traceback
     raise SystemExit(script_main(main))

@@ -4,7 +4,13 @@ Calibrate the iteration-time law, solve the steady-state fluid LP, run gate-and-
 controllers, and measure them on a many-server simulator.
 """
 
-from fluidopt.errors import (
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+from pathlib import Path
+
+from fluidopt.core.errors import (
     ActionError,
     CalibrationError,
     FluidoptError,
@@ -21,11 +27,11 @@ __version__ = "0.1.0"
 # stays fast and the command line has its signal handlers in place before any heavy import: a Ctrl-C
 # during start-up is then one line, not a traceback from inside an import.
 _LAZY = {
-    "GPUProfile": "fluidopt.model",
-    "Rates": "fluidopt.model",
-    "RequestClass": "fluidopt.model",
-    "Scenario": "fluidopt.model",
-    "paper_scenario": "fluidopt.model",
+    "GPUProfile": "fluidopt.core.model",
+    "Rates": "fluidopt.core.model",
+    "RequestClass": "fluidopt.core.model",
+    "Scenario": "fluidopt.core.model",
+    "paper_scenario": "fluidopt.core.model",
     "default_scenario": "fluidopt.scenario",
     "load_scenario": "fluidopt.scenario",
     "loads_scenario": "fluidopt.scenario",
@@ -39,20 +45,62 @@ _LAZY = {
     "check_controller": "fluidopt.sim.check",
     "make_controller": "fluidopt.control.registry",
     "register": "fluidopt.control.registry",
-    "fit_iteration_time": "fluidopt.calibrate",
-    "load_profile": "fluidopt.calibrate",
+    "fit_iteration_time": "fluidopt.calibration.fit",
+    "load_profile": "fluidopt.calibration.profiles",
 }
 
 
-def __getattr__(name: str):
-    import importlib
+# Where modules moved when the package was laid out by question (fluidopt 0.1 -> the packages):
+# the former names still import, as the same module objects, so ``from fluidopt.calibrate import
+# load_profile`` and ``import fluidopt.sim.workload`` keep working.
+MOVED: dict[str, str] = {
+    "fluidopt.errors": "fluidopt.core.errors",
+    "fluidopt._files": "fluidopt.core.files",
+    "fluidopt.interrupt": "fluidopt.core.interrupt",
+    "fluidopt.model": "fluidopt.core.model",
+    "fluidopt.demand": "fluidopt.core.demand",
+    "fluidopt.tables": "fluidopt.core.tables",
+    "fluidopt.calibrate": "fluidopt.calibration",
+    "fluidopt.vidur": "fluidopt.calibration.vidur",
+    "fluidopt.executor": "fluidopt.harness.executor",
+    "fluidopt.plots": "fluidopt.harness.plots",
+    "fluidopt.plan": "fluidopt.planning.fleet",
+    "fluidopt.dayplan": "fluidopt.planning.day",
+    "fluidopt.pricing_opt": "fluidopt.pricing.optimize",
+    "fluidopt.sim.trace": "fluidopt.workloads.traces",
+    "fluidopt.sim.workload": "fluidopt.workloads",
+}
 
+
+class _MovedModule(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports a former module name as the module that now holds it (the same object)."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname in MOVED:
+            return importlib.util.spec_from_loader(fullname, self)
+        return None
+
+    def create_module(self, spec):
+        module = importlib.import_module(MOVED[spec.name])
+        spec.loader_state = module.__spec__
+        return module
+
+    def exec_module(self, module):
+        # already executed under its own name; importlib has just set the alias's spec on it: put the
+        # module's own back, so that it still names where it lives
+        alias = module.__spec__
+        module.__spec__ = alias.loader_state
+
+
+if not any(isinstance(f, _MovedModule) for f in sys.meta_path):
+    sys.meta_path.insert(0, _MovedModule())
+
+
+def __getattr__(name: str):
     mod = _LAZY.get(name)
     if mod is None:
-        from pathlib import Path
-
         here = Path(__file__).parent
-        if (here / f"{name}.py").is_file() or (here / name / "__init__.py").is_file():
+        if (here / f"{name}.py").is_file() or (here / name / "__init__.py").is_file() or f"fluidopt.{name}" in MOVED:
             return importlib.import_module(f"fluidopt.{name}")  # a submodule, e.g. fluidopt.scenario
         raise AttributeError(f"module 'fluidopt' has no attribute {name!r}")
 

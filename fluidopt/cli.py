@@ -14,7 +14,7 @@ import sys
 import warnings
 from collections.abc import Sequence
 
-from fluidopt.errors import FluidoptError
+from fluidopt.core.errors import FluidoptError
 
 # Order is the order of ``fluidopt --help``.
 COMMANDS = ("run", "plan", "price", "solve", "simulate", "calibrate", "rl", "app")
@@ -65,7 +65,7 @@ def _error(args: argparse.Namespace, message: str, status: int) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import fluidopt.interrupt as interrupt
+    import fluidopt.core.interrupt as interrupt
 
     # The handlers go in first: a Ctrl-C or SIGTERM while the commands and their libraries load is one
     # line and exit 130 / 143 too.
@@ -102,7 +102,7 @@ def _main(argv: Sequence[str] | None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    import fluidopt.interrupt as interrupt
+    import fluidopt.core.interrupt as interrupt
 
     try:
         return int(args._run(args) or 0)

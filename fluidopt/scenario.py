@@ -32,10 +32,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from fluidopt._files import read_text_file
-from fluidopt.errors import ScenarioError
-from fluidopt.model import RequestClass, Scenario, paper_scenario
-from fluidopt.tables import (
+from fluidopt.core.errors import ScenarioError
+from fluidopt.core.files import read_text_file
+from fluidopt.core.model import RequestClass, Scenario, paper_scenario
+from fluidopt.core.tables import (
     _expect_table,
     _integer,
     _number,
@@ -100,7 +100,7 @@ def scenario_from_dict(data: Mapping[str, Any], *, source: str = "<dict>") -> Sc
 
     gpu_spec = data["gpu"]
     if isinstance(gpu_spec, str):
-        from fluidopt.calibrate import load_profile  # local import: calibration pulls statsmodels lazily
+        from fluidopt.calibration.profiles import load_profile  # local import: calibration pulls statsmodels lazily
 
         gpu = load_profile(gpu_spec)
     else:
@@ -123,7 +123,7 @@ def scenario_from_dict(data: Mapping[str, Any], *, source: str = "<dict>") -> Sc
         raise ScenarioError(f"classes: expected a non-empty array of tables ([[classes]]), got {classes!r}")
     parsed = tuple(class_from_dict(c, i) for i, c in enumerate(classes))
     if any(isinstance(c, Mapping) and "demand" in c for c in classes):
-        from fluidopt.demand import demands_from_tables
+        from fluidopt.core.demand import demands_from_tables
 
         parsed = demands_from_tables(classes, parsed, _number("pricing.prefill", cp), _number("pricing.decode", cd))
     meta: dict[str, Any] = {}
@@ -131,7 +131,7 @@ def scenario_from_dict(data: Mapping[str, Any], *, source: str = "<dict>") -> Sc
         meta["slis"] = _slis(data["slis"], tuple(c.name for c in parsed))
     fleet = None
     if "fleet" in data:
-        from fluidopt.model import Fleet
+        from fluidopt.core.model import Fleet
 
         ft = _expect_table("fleet", data["fleet"])
         _reject_unknown("fleet", ft, {"initial", "startup_delay", "kv_swap_time_per_token", "types"})
@@ -160,7 +160,7 @@ def scenario_from_dict(data: Mapping[str, Any], *, source: str = "<dict>") -> Sc
 def _instance_types(value: Any) -> tuple:
     """The ``[[fleet.types]]`` tables: name, gpu (a shipped profile's name or a GPU table), price_per_hour,
     startup_delay, max."""
-    from fluidopt.model import InstanceType
+    from fluidopt.core.model import InstanceType
 
     if not isinstance(value, list) or not value:
         raise ScenarioError(f"fleet.types: expected a non-empty array of tables ([[fleet.types]]), got {value!r}")
@@ -178,7 +178,7 @@ def _instance_types(value: Any) -> tuple:
             raise ScenarioError(f"{w} ({name!r}): expected a GPU profile: gpu = \"NAME\" (a shipped profile) or a "
                                 f"[fleet.types.gpu] table (alpha, beta, gamma or tau_solo, chunk, batch), got none")
         if isinstance(spec, str):
-            from fluidopt.calibrate import load_profile
+            from fluidopt.calibration.profiles import load_profile
 
             try:
                 gpu = load_profile(spec)
@@ -203,7 +203,7 @@ _BACKLOG_KEYS = {"class", "count", "at", "deadline"}
 def _workflow(arrivals: Any, backlogs: Any, source: str):
     """``[[arrivals]]`` and ``[[backlogs]]`` (docs/orchestration.md section 5): a file path is taken
     relative to the scenario file's folder."""
-    from fluidopt.model import ArrivalSpec, BacklogSpec, Workflow
+    from fluidopt.core.model import ArrivalSpec, BacklogSpec, Workflow
 
     base = None if source.startswith("<") else Path(source).resolve().parent
     out_a, out_b = [], []

@@ -30,7 +30,7 @@ def hand_scenario(n: int = 1, batch: int = 4, *, alpha: float = 0.01, beta: floa
     with P = 20, D = 5. ``decode`` may give one mean per class; ``lengths=None`` keeps the model's
     default distribution (traces replace it anyway).
     """
-    from fluidopt.model import GPUProfile, RequestClass, Scenario
+    from fluidopt.core.model import GPUProfile, RequestClass, Scenario
 
     gpu = GPUProfile(alpha=alpha, beta=beta, tau_solo=tau_solo, chunk=chunk, batch=batch, kv_capacity=kv,
                      kv_time_per_token=kap)
@@ -47,7 +47,7 @@ def replay_trace(scenario, controller, rows, *, horizon: float = 5.0, records: P
     import pandas as pd
 
     from fluidopt.sim.api import simulate
-    from fluidopt.sim.workload import TraceWarning, TraceWorkload
+    from fluidopt.workloads import TraceWarning, TraceWorkload
 
     wl = TraceWorkload(pd.DataFrame(rows, columns=["time", "prompt", "output", "cls"]), scenario.class_names)
     with warnings.catch_warnings():
@@ -75,7 +75,7 @@ def random_fleet(draw, max_gpus: int = 6):
     """
     from hypothesis import strategies as st
 
-    from fluidopt.model import GPUProfile, RequestClass, Scenario
+    from fluidopt.core.model import GPUProfile, RequestClass, Scenario
 
     n = draw(st.integers(1, max_gpus))
     B = draw(st.integers(2, 8))
@@ -116,7 +116,7 @@ def grid01_scenario(n: int = 20, name: str = "grid-01"):
     """Random grid instance 01 (docs/results.md section 5) on ``n`` GPUs: gamma tau = 11 (a mixed
     iteration is 11x slower than a solo one), class 1 rationed, class 2 not admitted (x_2* = 0), so the
     plan rations every class it admits and BP-GR's elastic mechanism is on."""
-    from fluidopt.model import GPUProfile, RequestClass, Scenario
+    from fluidopt.core.model import GPUProfile, RequestClass, Scenario
 
     gpu = GPUProfile(alpha=0.016491513836777848, beta=0.0008588640020112191, tau_solo=0.021370258211973255,
                      chunk=256, batch=16, name="draw1")

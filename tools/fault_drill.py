@@ -191,6 +191,6 @@ def _has_tabulate() -> bool:
 
 
 if __name__ == "__main__":
-    from fluidopt.interrupt import script_main
+    from fluidopt.core.interrupt import script_main
 
     raise SystemExit(script_main(main))

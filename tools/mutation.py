@@ -49,8 +49,8 @@ SETS = {  # --set -> {table row -> files (as mutmut names them: fluidopt.x.y)}
     # issue 35: the newer modules (planning, day plan, multi-period LP, robust staffing, orchestration,
     # RL evaluation, pricing, cohort revenue, run-length queueing, the executor layer)
     "newer": {
-        "plan.py": ["fluidopt.plan"],
-        "dayplan.py": ["fluidopt.dayplan"],
+        "plan.py": ["fluidopt.planning.fleet"],
+        "dayplan.py": ["fluidopt.planning.day"],
         "fluid/multiperiod.py": ["fluidopt.fluid.multiperiod"],
         "fluid/capacity.py": ["fluidopt.fluid.capacity"],
         "control/robust.py": ["fluidopt.control.robust"],
@@ -59,7 +59,7 @@ SETS = {  # --set -> {table row -> files (as mutmut names them: fluidopt.x.y)}
         "sim/cohort.py": ["fluidopt.sim.cohort"],
         "queueing/runlength.py": ["fluidopt.queueing.runlength"],
         "pricing.py": ["fluidopt.pricing"],
-        "executor.py": ["fluidopt.executor"],
+        "executor.py": ["fluidopt.harness.executor"],
     },
 }
 MODULES = dict(SETS["core"])  # the rows of the current run (main() sets them from --set / --rows)

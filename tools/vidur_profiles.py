@@ -4,8 +4,8 @@
     python tools/vidur_profiles.py                      # data in ../shared/data/vidur-profiling
     python tools/vidur_profiles.py --data DIR --check   # exit 1 if the shipped file differs
 
-Everything from fluidopt.vidur.GENERATED_MARK to the end of profiles.toml is replaced by
-fluidopt.vidur.render_profiles(DIR); the hand-written profiles above it are kept. Deterministic:
+Everything from fluidopt.calibration.vidur.GENERATED_MARK to the end of profiles.toml is replaced by
+fluidopt.calibration.vidur.render_profiles(DIR); the hand-written profiles above it are kept. Deterministic:
 the same data gives the same bytes (tests/calibrate/test_vidur.py checks the shipped file).
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fluidopt.vidur import render_profiles, splice_profiles  # noqa: E402
+from fluidopt.calibration.vidur import render_profiles, splice_profiles  # noqa: E402
 
 TOML = ROOT / "calibration" / "profiles.toml"
 DATA = ROOT.parent / "shared" / "data" / "vidur-profiling"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import socket
 import sys
 
-from fluidopt.model import Scenario
+from fluidopt.core.model import Scenario
 
 __all__ = ["serve", "free_port"]
 

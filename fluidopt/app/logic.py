@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fluidopt.errors import FluidoptError, ScenarioError
-from fluidopt.model import Scenario
+from fluidopt.core.errors import FluidoptError, ScenarioError
+from fluidopt.core.model import Scenario
 
 __all__ = ["set_field", "build", "field_error", "to_toml", "from_toml", "operating_point", "capacity",
            "price_curve", "optimal_prices", "Job", "compare_job", "verify_job"]
@@ -129,8 +129,8 @@ def operating_point(scenario: Scenario) -> OperatingPoint:
 def capacity(scenario: Scenario, growth: Sequence[float], served: float = 0.99,
              profiles: Sequence[str] | None = None) -> pd.DataFrame:
     """The fluid fleet bound against demand growth (and GPU type): GPUs, binding row, cost per hour and per
-    million output tokens where a price per GPU-hour is known (:func:`fluidopt.plan.plan`, fluid only)."""
-    from fluidopt.plan import PlanSLIs, plan
+    million output tokens where a price per GPU-hour is known (:func:`fluidopt.planning.fleet.plan`, fluid only)."""
+    from fluidopt.planning.fleet import PlanSLIs, plan
 
     res = plan(scenario, PlanSLIs(served=served), growth=list(growth), profiles=list(profiles) if profiles else None,
                fluid_only=True, require_price=False)
@@ -143,7 +143,7 @@ def capacity(scenario: Scenario, growth: Sequence[float], served: float = 0.99,
 def price_curve(scenario: Scenario, which: str, prices: Sequence[float], pricing: str = "bundled") -> pd.DataFrame:
     """LP revenue per GPU per s and per-class served fractions as one token price moves (``which``:
     ``"prefill"`` or ``"decode"``), the other kept at the scenario's."""
-    from fluidopt.pricing import price_grid
+    from fluidopt.pricing.grids import price_grid
 
     if which not in ("prefill", "decode"):
         raise ScenarioError(f"price_curve: which: expected 'prefill' or 'decode', got {which!r}")
@@ -157,7 +157,7 @@ def price_curve(scenario: Scenario, which: str, prices: Sequence[float], pricing
 def optimal_prices(scenario: Scenario):
     """Revenue-maximising prices under the fleet's fluid capacity (:func:`fluidopt.pricing.optimize_prices`);
     a scenario without demand models is a :class:`ScenarioError` saying why none can be optimal."""
-    from fluidopt.pricing import optimize_prices
+    from fluidopt.pricing.optimize import optimize_prices
 
     return optimize_prices(scenario)
 
@@ -197,7 +197,7 @@ def start(name: str, work: Callable[[Job], Any]) -> Job:
     """Run ``work(job)`` on a daemon thread; its return value becomes ``job.result``. Cancel (the job's
     ``stop`` event, honoured by the executor) ends it as ``cancelled``; a fluidopt error as ``failed``
     with its one-line message; anything else as ``failed`` with the exception's type and message."""
-    import fluidopt.interrupt as interrupt
+    import fluidopt.core.interrupt as interrupt
 
     job = Job(name)
 
@@ -220,7 +220,7 @@ def start(name: str, work: Callable[[Job], Any]) -> Job:
 
 
 def _executor(job: Job, workers: int):
-    from fluidopt.executor import LocalExecutor
+    from fluidopt.harness.executor import LocalExecutor
 
     # forkserver: the page's server has threads of its own, which a plain fork would copy mid-flight
     return LocalExecutor(max(1, workers), pool=True, stop=job.stop, start_method="forkserver")
@@ -229,7 +229,7 @@ def _executor(job: Job, workers: int):
 def compare_job(scenario: Scenario, policies: Sequence[str], *, seeds: int = 2, horizon: float = 300.0,
                 warmup: float = 50.0, workers: int = 2) -> Job:
     """A short comparison on the harness (local process pool), cancellable from the page."""
-    from fluidopt.harness import compare
+    from fluidopt.harness.comparison import compare
 
     def work(job: Job):
         with _executor(job, workers) as ex:
@@ -241,8 +241,8 @@ def compare_job(scenario: Scenario, policies: Sequence[str], *, seeds: int = 2, 
 
 def verify_job(scenario: Scenario, *, served: float = 0.99, seeds: int = 2, horizon: float | None = None,
                warmup: float | None = None, workers: int = 2) -> Job:
-    """The simulation-verified fleet size (:func:`fluidopt.plan.plan`), cancellable from the page."""
-    from fluidopt.plan import PlanSLIs, plan
+    """The simulation-verified fleet size (:func:`fluidopt.planning.fleet.plan`), cancellable from the page."""
+    from fluidopt.planning.fleet import PlanSLIs, plan
 
     def work(job: Job):
         with _executor(job, workers) as ex:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from fluidopt.app import logic as L
-from fluidopt.errors import FluidoptError
+import fluidopt.app.logic as L
+from fluidopt.core.errors import FluidoptError
 
 CLASS_FIELDS = (("name", "name", str), ("rate", "rate (1/s, cluster)", float), ("prompt", "prompt tokens", float),
                 ("decode", "output tokens", float), ("patience", "patience (1/s)", float))
@@ -289,7 +289,7 @@ def _job_view(start_job, on_done, name: str) -> None:
 def _capacity_panel(state: State, workers: int) -> None:
     from nicegui import ui
 
-    from fluidopt.calibrate import profile_names
+    from fluidopt.calibration.profiles import profile_names
 
     ui.label("Fleet size against demand growth: the fluid bound at once; a simulation-verified size on request")
     with ui.row().classes("items-end"):
@@ -430,7 +430,7 @@ def _controllers_panel(state: State, workers: int) -> None:
     out = ui.column().classes("w-full")
 
     def start():
-        from fluidopt.errors import UsageError
+        from fluidopt.core.errors import UsageError
 
         if not pols.value:
             raise UsageError("policies: pick at least one")

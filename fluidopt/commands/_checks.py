@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from fluidopt.errors import UsageError
+from fluidopt.core.errors import UsageError
 
 __all__ = ["check_output_dir", "check_output_file", "check_positive_int"]
 
@@ -18,7 +18,7 @@ def check_output_file(path: str | os.PathLike | None, flag: str) -> None:
     is written, synced and removed, so a read-only or full file system is found now, not after the work)."""
     if path is None:
         return
-    from fluidopt._files import check_writable_folder
+    from fluidopt.core.files import check_writable_folder
 
     p = Path(path)
     if p.is_dir():
@@ -32,10 +32,10 @@ def check_output_file(path: str | os.PathLike | None, flag: str) -> None:
 
 
 def check_output_dir(path: str | os.PathLike | None, flag: str) -> None:
-    """``path`` is a writable folder, created if missing (see :func:`fluidopt._files.check_writable_folder`)."""
+    """``path`` is a writable folder, created if missing (see :func:`fluidopt.core.files.check_writable_folder`)."""
     if path is None:
         return
-    from fluidopt._files import check_writable_folder
+    from fluidopt.core.files import check_writable_folder
 
     check_writable_folder(path, flag)
 

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from fluidopt.control.registry import import_user_modules
-from fluidopt.errors import UsageError
+from fluidopt.core.errors import UsageError
 
 __all__ = ["add_controller_arguments", "add_trace_arguments", "format_policies", "import_user_modules", "parse_options",
            "replay_from_args"]
@@ -65,7 +65,7 @@ def replay_from_args(args: argparse.Namespace, scenario: Any) -> tuple[Any, Any]
     """(scenario, replay workload) for ``--trace``, or (scenario, None) without it; bad values are one line."""
     if args.trace is None:
         return scenario, None
-    from fluidopt.sim.trace import replay
+    from fluidopt.workloads.traces import replay
 
     if args.service != "tokens":
         raise UsageError("--trace: a trace gives token counts, so it runs with --service tokens")

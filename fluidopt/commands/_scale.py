@@ -8,7 +8,7 @@ import sys
 
 
 def add_scale_arguments(p: argparse.ArgumentParser) -> None:
-    from fluidopt.executor import add_executor_arguments
+    from fluidopt.harness.executor import add_executor_arguments
 
     add_executor_arguments(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar (it is off anyway when stderr "
@@ -16,7 +16,7 @@ def add_scale_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def check_workers(args: argparse.Namespace) -> None:
-    from fluidopt.errors import UsageError
+    from fluidopt.core.errors import UsageError
 
     if args.workers is not None and args.workers < 1:
         raise UsageError(f"--workers: expected an integer >= 1, got {args.workers}")
@@ -24,7 +24,7 @@ def check_workers(args: argparse.Namespace) -> None:
 
 def make_executor(args: argparse.Namespace, runs: int | None = None):
     """The executor the flags ask for; local workers are capped at the number of runs."""
-    from fluidopt.executor import executor_from_args
+    from fluidopt.harness.executor import executor_from_args
 
     return executor_from_args(args, runs, imports=getattr(args, "imports", ()) or ())
 
@@ -45,7 +45,7 @@ def add_seed_arguments(p: argparse.ArgumentParser, *, seeds: int) -> None:
 def seed_list(args: argparse.Namespace) -> list[int]:
     """The seeds ``--seed``/``--seeds`` ask for, checked; a note when ``--seed`` comes alone, since it once
     abbreviated ``--seeds`` (a count) in ``fluidopt run``."""
-    from fluidopt.errors import UsageError
+    from fluidopt.core.errors import UsageError
 
     if args.seeds is None or args.seeds < 1:
         raise UsageError(f"--seeds: expected an integer >= 1, got {args.seeds}")
@@ -67,7 +67,7 @@ def say_what_is_stored(out):
     except KeyboardInterrupt as e:
         if getattr(e, "kept", ""):
             raise
-        import fluidopt.interrupt as interrupt
+        import fluidopt.core.interrupt as interrupt
         from fluidopt.harness import stored_line
 
         raise interrupt.interrupted_from(e, stored_line(out)) from None

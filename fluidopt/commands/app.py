@@ -23,7 +23,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fluidopt.errors import UsageError
+    from fluidopt.core.errors import UsageError
 
     try:
         import nicegui  # noqa: F401

@@ -7,7 +7,7 @@ import json
 import math
 from pathlib import Path
 
-from fluidopt.errors import CalibrationError
+from fluidopt.core.errors import CalibrationError
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -44,7 +44,7 @@ def _fmt(x: float) -> str:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from fluidopt.calibrate import list_profiles
+    from fluidopt.calibration.profiles import list_profiles
 
     df = list_profiles()
     if args.json:
@@ -68,7 +68,7 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _vidur(args: argparse.Namespace) -> int:
-    from fluidopt.errors import UsageError
+    from fluidopt.core.errors import UsageError
 
     if args.csv:
         raise UsageError(f"give either a measurement CSV ({args.csv!r}) or --vidur DIR, not both")
@@ -81,8 +81,8 @@ def _vidur(args: argparse.Namespace) -> int:
         raise UsageError(f"--chunk: expected an integer >= 1 (tokens), got {args.chunk}")
     if args.batch is not None and args.batch < 1:
         raise UsageError(f"--batch: expected an integer >= 1 (requests per replica), got {args.batch}")
-    from fluidopt.calibrate import from_vidur
-    from fluidopt.errors import CalibrationError as CE
+    from fluidopt.calibration.vidur import from_vidur
+    from fluidopt.core.errors import CalibrationError as CE
 
     try:
         v = from_vidur(args.vidur, args.gpu, args.model, args.tp, chunk=args.chunk, batch=args.batch,
@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     if args.toml and (args.chunk is None or args.batch is None):
         raise CalibrationError("--toml needs --chunk C and --batch B (serving settings, not fitted)")
 
-    from fluidopt.calibrate import fit_iteration_time
+    from fluidopt.calibration.fit import fit_iteration_time
 
     fit = fit_iteration_time(args.csv, robust=args.robust, chunk=args.chunk, batch=args.batch)
     if args.plot:

@@ -77,7 +77,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def _growth(text: str) -> list[float]:
-    from fluidopt.errors import UsageError
+    from fluidopt.core.errors import UsageError
 
     out = []
     for t in str(text).split(","):
@@ -100,8 +100,8 @@ def _priced(names: list[str], prices: list[str]) -> list:
     ``gpus`` GPUs costs ``gpus * DOLLARS`` per hour. Every KEY must match one of ``names``."""
     from dataclasses import replace
 
-    from fluidopt.calibrate import load_profile, profile_info
-    from fluidopt.errors import UsageError
+    from fluidopt.calibration.profiles import load_profile, profile_info
+    from fluidopt.core.errors import UsageError
 
     table: dict[str, float] = {}
     for text in prices:
@@ -129,8 +129,8 @@ def _priced(names: list[str], prices: list[str]) -> list:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fluidopt.errors import UsageError
-    from fluidopt.plan import PlanSLIs
+    from fluidopt.core.errors import UsageError
+    from fluidopt.planning.fleet import PlanSLIs
     from fluidopt.scenario import load_scenario
 
     import_user_modules(args.imports)
@@ -152,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--price: only with --profiles NAME,... (the named profiles to price)")
         profiles = _priced(profiles, args.price)
     out = Path(args.out) if args.out else None
-    from fluidopt._files import maybe_lock
+    from fluidopt.core.files import maybe_lock
 
     with maybe_lock(out, "--out", "fluidopt plan"):  # created, writable, ours alone: before any work
         with say_what_is_stored(out):
@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_plan(args, scenario, slis, growth, profiles, options, out) -> int:
-    from fluidopt.plan import batch_chunk_study, plan
+    from fluidopt.planning.fleet import batch_chunk_study, plan
 
     executor = None
     if not args.fluid_only:
@@ -181,15 +181,15 @@ def _run_plan(args, scenario, slis, growth, profiles, options, out) -> int:
         n = int(first["n_sim"]) if math.isfinite(first["n_sim"]) else int(first["n_fluid_int"])
         from dataclasses import replace
 
-        from fluidopt.calibrate import load_profile
-        from fluidopt.plan import fluid_plan_slis
+        from fluidopt.calibration.profiles import load_profile
+        from fluidopt.planning.fleet import fluid_plan_slis
 
         g = load_profile(profiles[0]) if profiles else scenario.gpu
         sc = replace(scenario, gpu=g, gpus=n)
         study = batch_chunk_study(sc, slis=fluid_plan_slis(sc, slis))
     files: list[str] = []
     if out is not None:
-        from fluidopt._files import write_generation
+        from fluidopt.core.files import write_generation
 
         writers = {"plan.csv": lambda p: res.table.to_csv(p, index=False)}
         if not res.curves.empty:
@@ -213,7 +213,7 @@ def _run_plan(args, scenario, slis, growth, profiles, options, out) -> int:
     print()
     print(_report(res.table, args.fluid_only))
     if args.profiles:
-        from fluidopt.calibrate import profile_info, profile_names
+        from fluidopt.calibration.profiles import profile_info, profile_names
 
         for p in dict.fromkeys(res.table["profile"]):
             k = int(profile_info(p).get("gpus", 1)) if p in profile_names() else 1
@@ -256,8 +256,8 @@ def _report(table, fluid_only: bool) -> str:
 
 def _run_day(args: argparse.Namespace) -> int:
     """``fluidopt plan --day``: the fleet per slot for the day, GPU-hours and cost."""
-    from fluidopt.dayplan import parse_backlog, plan_day, read_rates_csv
-    from fluidopt.errors import UsageError
+    from fluidopt.core.errors import UsageError
+    from fluidopt.planning.day import parse_backlog, plan_day, read_rates_csv
     from fluidopt.scenario import load_scenario
 
     if args.rates and args.trace:
@@ -270,7 +270,7 @@ def _run_day(args: argparse.Namespace) -> int:
     rates = read_rates_csv(args.rates) if args.rates else None
     backlogs = [parse_backlog(b) for b in args.backlog]
     if args.out:
-        from fluidopt._files import check_writable_folder
+        from fluidopt.core.files import check_writable_folder
 
         check_writable_folder(args.out, "--out")  # before the work, not after it
     d = plan_day(scenario, rates, trace=args.trace or None, slot=args.slot, backlogs=backlogs,
@@ -278,7 +278,7 @@ def _run_day(args: argparse.Namespace) -> int:
                  calibrated=not args.fluid_throughputs)
     mix = None
     if scenario.fleet is not None and scenario.fleet.types:  # instance types: the LP chooses the mix per slot
-        from fluidopt.errors import InfeasibleError
+        from fluidopt.core.errors import InfeasibleError
         from fluidopt.fluid.multiperiod import plan_fleet_mix
 
         kw = dict(start=float(d.times[0]), end=float(d.times[-1] + d.slot), slot=d.slot, interactive_rate=d.rates,
@@ -292,7 +292,7 @@ def _run_day(args: argparse.Namespace) -> int:
                 single[ty.name] = None
     files: list[str] = []
     if args.out:
-        from fluidopt._files import lock_folder, write_generation
+        from fluidopt.core.files import lock_folder, write_generation
 
         with lock_folder(args.out, "--out", "fluidopt plan --day") as out:
             frame = d.to_frame()

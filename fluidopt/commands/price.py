@@ -71,7 +71,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def _points(text: str) -> list[tuple[float, float]]:
-    from fluidopt.errors import UsageError
+    from fluidopt.core.errors import UsageError
 
     out = []
     for part in text.split(";"):
@@ -101,7 +101,7 @@ def _pareto_bounds(scenario, kind: str, k: int):
 
 
 def run(args: argparse.Namespace) -> int:
-    from fluidopt._files import maybe_lock
+    from fluidopt.core.files import maybe_lock
 
     # --out is created, proved writable and held as ours alone before any work
     with maybe_lock(args.out or None, "--out", "fluidopt price"):
@@ -113,8 +113,8 @@ PRICE_FILES = ("grid.csv", "shadow_prices.csv", "grid.png", "pareto.csv", "paret
 
 
 def _run(args: argparse.Namespace) -> int:
-    from fluidopt.errors import UsageError
-    from fluidopt.pricing import (
+    from fluidopt.core.errors import UsageError
+    from fluidopt.pricing.grids import (
         grid_figure,
         pareto,
         pareto_figure,
@@ -168,7 +168,7 @@ def _run(args: argparse.Namespace) -> int:
         import pandas as pd
 
         matplotlib.use("Agg")
-        from fluidopt._files import write_generation
+        from fluidopt.core.files import write_generation
 
         # one generation: the grid, its figures and the simulated points replace the last run's together
         writers = {"grid.csv": lambda p: grid.to_csv(p, index=False),
@@ -210,7 +210,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _pareto_kinds(args: argparse.Namespace) -> list[str]:
     """The SLIs of --pareto, checked, and --points checked with them."""
-    from fluidopt.errors import UsageError
+    from fluidopt.core.errors import UsageError
 
     kinds = [k.strip() for k in args.pareto.split(",") if k.strip()]
     for k in kinds:
@@ -222,7 +222,7 @@ def _pareto_kinds(args: argparse.Namespace) -> list[str]:
 
 
 def _fit(args: argparse.Namespace) -> int:
-    from fluidopt.pricing_opt import fit_demand, json_records, read_observations
+    from fluidopt.pricing.optimize import fit_demand, json_records, read_observations
 
     obs = read_observations(args.fit_demand)
     fit = fit_demand(obs, market_size=args.market_size)
@@ -239,9 +239,9 @@ def _fit(args: argparse.Namespace) -> int:
 
 
 def _optimize(args: argparse.Namespace) -> int:
-    from fluidopt.errors import UsageError
-    from fluidopt.pricing import parse_range
-    from fluidopt.pricing_opt import json_records, optimize_fleet, optimize_prices
+    from fluidopt.core.errors import UsageError
+    from fluidopt.pricing.grids import parse_range
+    from fluidopt.pricing.optimize import json_records, optimize_fleet, optimize_prices
     from fluidopt.scenario import load_scenario
 
     if args.fleet and not args.optimize:
@@ -278,7 +278,7 @@ def _optimize(args: argparse.Namespace) -> int:
     sim = None
     if args.simulate and res.success:
         from fluidopt.commands._scale import make_executor
-        from fluidopt.pricing_opt import simulate_prices
+        from fluidopt.pricing.optimize import simulate_prices
 
         ex = make_executor(args, runs=len(policies) * args.seeds)
         try:
@@ -340,8 +340,8 @@ def _save_optimum(args, out: Path, scenario, res, fleet, kinds, sim=None) -> lis
     import pandas as pd
 
     matplotlib.use("Agg")
-    from fluidopt._files import write_generation
-    from fluidopt.pricing_opt import (
+    from fluidopt.core.files import write_generation
+    from fluidopt.pricing.optimize import (
         fleet_figure,
         price_response,
         price_response_figure,

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from fluidopt.errors import UsageError
+from fluidopt.core.errors import UsageError
 
 EPILOG = """\
 examples:
@@ -141,7 +141,7 @@ def _policy_options(specs: list[str]) -> dict[str, dict]:
 
 
 def _regimes(args) -> int:
-    from fluidopt._files import lock_folder, write_generation
+    from fluidopt.core.files import lock_folder, write_generation
     from fluidopt.rl.predictors import scenario_accuracy
     from fluidopt.rl.regimes import DEFAULT_ROUTERS, regime_figure, regime_map
     from fluidopt.scenario import load_scenario
@@ -162,7 +162,7 @@ def _regimes(args) -> int:
                                seed=args.seed, accuracy=scenario_accuracy(scenario), options=opts,
                                progress=prog if (args.progress or sys.stderr.isatty()) else None)
         except KeyboardInterrupt as e:
-            import fluidopt.interrupt as interrupt
+            import fluidopt.core.interrupt as interrupt
 
             raise interrupt.interrupted_from(e, f"nothing written to {args.out} (the map is written whole or not "
                                                 "at all); rerun the same command") from None
@@ -219,7 +219,7 @@ def _train(args) -> int:
     try:
         res = train(scenario, cfg, checkpoint=args.checkpoint, progress=args.progress)
     except KeyboardInterrupt as e:
-        import fluidopt.interrupt as interrupt
+        import fluidopt.core.interrupt as interrupt
 
         kept = (f"no weights written to {args.out}" + (f"; the last whole episode's state is in {args.checkpoint}"
                                                       if args.checkpoint else "")
@@ -236,7 +236,7 @@ def _train(args) -> int:
            + (f" --reward-scale {args.reward_scale}" if args.reward_scale != 0.01 else "") + f" --out {args.out}")
     path = save_weights(args.out, res.net, command=cmd)
     if args.curves:
-        from fluidopt._files import atomic_path
+        from fluidopt.core.files import atomic_path
 
         with atomic_path(args.curves) as tmp:
             res.curves.to_csv(tmp, index=False)
@@ -271,7 +271,7 @@ def _imitate(args) -> int:
     try:
         net, st = imitate(scenario, cfg, progress=prog if args.progress else None)
     except KeyboardInterrupt as e:
-        import fluidopt.interrupt as interrupt
+        import fluidopt.core.interrupt as interrupt
 
         raise interrupt.interrupted_from(e, f"no weights written to {args.out}; rerun the same command "
                                             "(same seed, same weights)") from None
@@ -315,12 +315,12 @@ def _evaluate(args) -> int:
         df = evaluate(scenario, pols, episodes=args.episodes, n_requests=args.requests, seed=args.seed,
                       accuracy=accuracy, options=opts, progress=prog if sys.stderr.isatty() else None)
     except KeyboardInterrupt as e:
-        import fluidopt.interrupt as interrupt
+        import fluidopt.core.interrupt as interrupt
 
         raise interrupt.interrupted_from(e, "no table written (an evaluation is only whole with every episode of "
                                             "every policy); rerun the same command") from None
     if args.csv:
-        from fluidopt._files import atomic_path
+        from fluidopt.core.files import atomic_path
 
         with atomic_path(args.csv) as tmp:
             df.to_csv(tmp, index=False)

@@ -55,8 +55,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fluidopt._files import maybe_lock
-    from fluidopt.errors import ScenarioError
+    from fluidopt.core.errors import ScenarioError
+    from fluidopt.core.files import maybe_lock
     from fluidopt.scenario import load_scenario
 
     import_user_modules(args.imports)  # so the policy names below validate; workers import them again
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args, scenario, policies, options, out, workloads) -> int:
     from fluidopt.fluid.lp import scenario_slis, solve_fluid
     from fluidopt.fluid.sli import sli_spec
-    from fluidopt.harness import compare
+    from fluidopt.harness.comparison import compare
 
     # The scenario's own SLIs (its file's slis list) shape R* and the plan: an infeasible set is an
     # InfeasibleError naming the conflicting rows (one line, exit 2), before any simulation.
@@ -118,7 +118,7 @@ def _run(args, scenario, policies, options, out, workloads) -> int:
         try:
             files += [str(p) for p in comp.save(out, extra=_figures(comp, sol), owned=FIGURES)]
         except KeyboardInterrupt as e:
-            import fluidopt.interrupt as interrupt
+            import fluidopt.core.interrupt as interrupt
 
             raise interrupt.interrupted_from(
                 e, f"all {len(comp.runs)} simulations finished and are kept in {out / 'store.jsonl'}, but the "
@@ -178,7 +178,7 @@ def _figures(comp, sol) -> dict:
     import matplotlib
 
     matplotlib.use("Agg")
-    from fluidopt.plots import plot_comparison, plot_occupancy
+    from fluidopt.harness.plots import plot_comparison, plot_occupancy
 
     files: dict = {}
     if comp.runs.empty:
@@ -195,7 +195,7 @@ def _figures(comp, sol) -> dict:
 
 
 class _Sampled:
-    """What :func:`fluidopt.plots.plot_occupancy` reads from a run: its samples and fleet size."""
+    """What :func:`fluidopt.harness.plots.plot_occupancy` reads from a run: its samples and fleet size."""
 
     def __init__(self, timeseries, n_gpus: int, classes, warmup: float, policy: str, scenario: str) -> None:
         self.timeseries = timeseries.drop(columns=["scenario", "policy", "seed"]).reset_index(drop=True)

@@ -142,7 +142,7 @@ def _slo_lines(res: Any) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fluidopt.errors import UsageError
+    from fluidopt.core.errors import UsageError
     from fluidopt.scenario import load_scenario
 
     options = parse_options(args.option)
@@ -207,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
     if res.interrupted:
         import sys
 
-        import fluidopt.interrupt as interrupt
+        import fluidopt.core.interrupt as interrupt
 
         kept = f"the run to t = {res.t_end:g} s of {res.horizon:g} is reported above, flagged interrupted" + (
             f"; its records are in {res.records_path}" if res.records_path else "")
@@ -224,7 +224,7 @@ def _warn_trace_load(workload, scenario, gpus_flag) -> None:
     """A trace replayed on a fleet it barely touches (or overloads) measures nothing useful: say so."""
     import warnings
 
-    from fluidopt.sim.trace import fleet_load
+    from fluidopt.workloads.traces import fleet_load
 
     load = fleet_load(workload, scenario)
     if load is None or TRACE_LOAD_RANGE[0] <= load <= TRACE_LOAD_RANGE[1]:

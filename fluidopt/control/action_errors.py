@@ -1,4 +1,4 @@
-"""Why an action is refused: the conditions and texts of :class:`~fluidopt.errors.ActionError`, once.
+"""Why an action is refused: the conditions and texts of :class:`~fluidopt.core.errors.ActionError`, once.
 
 Every :class:`~fluidopt.control.protocol.Context` validates a controller's actions with these checks:
 the simulator engine (through :mod:`fluidopt.sim.action_errors`, which reads its typed arrays and is
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from fluidopt.control.protocol import DECODE, PREFILL, WAIT_DECODE, WAIT_PREFILL
-from fluidopt.errors import ActionError
+from fluidopt.core.errors import ActionError
 
 __all__ = ["GONE", "PHASE_NAMES", "action", "check_decode", "check_enqueue", "check_gpu", "check_prefill",
            "check_queue", "check_request", "kv_refused", "kv_overflow"]

@@ -14,9 +14,9 @@ from typing import Any
 from fluidopt.control import fastpath
 from fluidopt.control.fcfs_handlers import FCFSHandlers
 from fluidopt.control.protocol import Context, Controller
-from fluidopt.control.registry import register
-from fluidopt.errors import ScenarioError
-from fluidopt.model import Scenario
+from fluidopt.control.registration import register
+from fluidopt.core.errors import ScenarioError
+from fluidopt.core.model import Scenario
 
 __all__ = ["ReservedPrefillFCFS"]
 

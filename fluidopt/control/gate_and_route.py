@@ -40,10 +40,10 @@ import pandas as pd
 from fluidopt.control import fastpath
 from fluidopt.control.gate_handlers import MIXED_POOL, ROUTE_SLI, SOLO_POOL, GateHandlers, doubles, ints, plain_state
 from fluidopt.control.protocol import DECODE_QUEUE, Context, Controller
-from fluidopt.control.registry import register
-from fluidopt.errors import ScenarioError
+from fluidopt.control.registration import register
+from fluidopt.core.errors import ScenarioError
+from fluidopt.core.model import Rates, Scenario
 from fluidopt.fluid.solution import FluidSolution, mixed_gpus_of
-from fluidopt.model import Rates, Scenario
 
 __all__ = [
     "MIXED_POOL",

@@ -24,9 +24,9 @@ vLLM may batch several prompts into one prefill iteration.
 from __future__ import annotations
 
 from fluidopt.control.protocol import Context, Controller
-from fluidopt.control.registry import register
-from fluidopt.errors import ScenarioError
-from fluidopt.model import Scenario
+from fluidopt.control.registration import register
+from fluidopt.core.errors import ScenarioError
+from fluidopt.core.model import Scenario
 
 __all__ = ["InstanceScheduler", "RoundRobin"]
 

@@ -38,8 +38,8 @@ from fluidopt.control import fastpath
 from fluidopt.control.fiwsp_handlers import FIWSPHandlers
 from fluidopt.control.gate_and_route import MIXED_POOL, GateAndRoute
 from fluidopt.control.protocol import DECODE_QUEUE, PREFILL_QUEUE, Context, Controller
-from fluidopt.control.registry import register
-from fluidopt.model import Scenario
+from fluidopt.control.registration import register
+from fluidopt.core.model import Scenario
 
 __all__ = ["FGSP", "FIWSP", "GFWSP", "GIWSP"]
 

@@ -5,7 +5,7 @@ own state snapshot) calls it on events and hands it a :class:`Context`: a read-o
 :class:`ClusterView` of the state plus the :class:`Actions` it may take. Actions take effect at once
 (the view reflects them immediately, so a controller may loop "while an idle prefill slot and a
 waiting request exist: admit"), and every action is validated: an impossible one raises
-:class:`fluidopt.errors.ActionError` naming the request, the GPU and the reason, before any state
+:class:`fluidopt.core.errors.ActionError` naming the request, the GPU and the reason, before any state
 changes.
 
 Vocabulary (docs/model.md):
@@ -65,7 +65,7 @@ simulator's context also lets a controller change the fleet while the run goes o
 online at t = 0). They are not part of :class:`Context` (a router's snapshot,
 :mod:`fluidopt.control.snapshot`, has no fleet to change): check ``isinstance(ctx, FleetActions)``
 or the scenario's ``fleet`` before using them. Every one validates its arguments and raises
-:class:`fluidopt.errors.ActionError` (naming the GPU or request, the time and what was expected)
+:class:`fluidopt.core.errors.ActionError` (naming the GPU or request, the time and what was expected)
 before changing anything; a GPU index outside ``0..n_gpus-1`` is always an error.
 
 * ``add_gpu(g=None, startup_delay=None) -> int``: an offline GPU (g, or the lowest-numbered offline one)

@@ -3,7 +3,7 @@
 There is one way to register a controller, for built-in and user policies alike: decorate its
 factory with :func:`register`::
 
-    from fluidopt.control.registry import register
+    from fluidopt.control.registration import register
 
     @register("my-policy", description="what it does")
     def make_my_policy(scenario, *, threshold: float = 0.5):
@@ -34,14 +34,14 @@ import importlib.util
 import inspect
 import sys
 import types
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from fluidopt.control.protocol import Controller
-from fluidopt.errors import FluidoptError, ScenarioError, UsageError, did_you_mean
-from fluidopt.model import Scenario
+from fluidopt.control.registration import _REGISTRY, Factory, _Entry, _norm, register
+from fluidopt.core.errors import FluidoptError, ScenarioError, UsageError, did_you_mean
+from fluidopt.core.model import Scenario
 
 __all__ = [
     "BUILTIN_MODULES",
@@ -66,47 +66,7 @@ BUILTIN_MODULES = (
 )
 ENTRY_POINT_GROUP = "fluidopt.policies"
 
-Factory = Callable[..., Controller]
-
-
-@dataclass(frozen=True)
-class _Entry:
-    name: str
-    factory: Factory
-    description: str
-
-
-_REGISTRY: dict[str, _Entry] = {}
 _loaded = False
-
-
-def _norm(name: str) -> str:
-    return name.strip().lower().replace("_", "-")
-
-
-def register(name: str, factory: Factory | None = None, *, description: str = "", aliases: tuple[str, ...] = ()):
-    """Register ``factory(scenario, **options) -> Controller`` under ``name`` (a decorator).
-
-    ``register(name, factory)`` is the same call without the decorator syntax, for factories made
-    in a loop. Registering a second, different factory under a taken name raises ``ValueError``.
-    """
-    if not isinstance(name, str) or not name.strip():
-        raise UsageError(f"register: name: expected a non-empty string, got {name!r}")
-
-    def deco(f: Factory) -> Factory:
-        if not callable(f):
-            raise UsageError(f"register({name!r}): expected a callable factory, got {type(f).__name__}")
-        for nm in (name, *aliases):
-            key = _norm(nm)
-            old = _REGISTRY.get(key)
-            if old is not None and old.factory is not f:
-                raise ValueError(f"register: a controller named {nm!r} is already registered")
-            _REGISTRY[key] = _Entry(nm, f, description if nm == name else f"alias of {name}")
-        return f
-
-    if factory is not None:
-        return deco(factory)
-    return deco
 
 
 def _load_entry_points() -> None:

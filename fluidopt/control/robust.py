@@ -104,10 +104,10 @@ from fluidopt.control.gate_and_route import (
 )
 from fluidopt.control.gate_handlers import ROUTE_ROBUST, doubles, ints
 from fluidopt.control.protocol import PREFILL_QUEUE, Context
-from fluidopt.control.registry import register
-from fluidopt.errors import ScenarioError
+from fluidopt.control.registration import register
+from fluidopt.core.errors import ScenarioError
+from fluidopt.core.model import Scenario
 from fluidopt.fluid.solution import FluidSolution, mixed_gpus_of
-from fluidopt.model import Scenario
 
 __all__ = [
     "BackpressureGateAndRoute",

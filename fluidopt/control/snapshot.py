@@ -13,7 +13,7 @@ decisions the controller's actions left in :attr:`~ClusterSnapshot.outbox`:
   (bookkeeping only: nothing to send).
 
 Actions are validated with the simulator engine's conditions and messages (an impossible one raises
-:class:`fluidopt.errors.ActionError` naming the request, the GPU and the reason, and changes nothing).
+:class:`fluidopt.core.errors.ActionError` naming the request, the GPU and the reason, and changes nothing).
 
 Cost: per-class counts, queue lengths and the GPU sets are recomputed on each call, O(requests) or
 O(GPUs). That is fine at a router's decision rate (thousands per second for hundreds of GPUs); the
@@ -40,7 +40,7 @@ from fluidopt.control.protocol import (
     WAIT_PREFILL,
     Controller,
 )
-from fluidopt.errors import ActionError
+from fluidopt.core.errors import ActionError
 
 __all__ = ["ClusterSnapshot", "SnapshotCounts", "SnapshotGpuSet"]
 

@@ -31,9 +31,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from fluidopt.errors import InfeasibleError, ScenarioError
+from fluidopt.core.errors import InfeasibleError, ScenarioError
+from fluidopt.core.model import Scenario
 from fluidopt.fluid.sli import SLI, MinServedFraction, RowData, sli_spec, validate_slis
-from fluidopt.model import Scenario
 
 __all__ = ["FleetBound", "fluid_fleet_bound", "check_slis_attainable"]
 

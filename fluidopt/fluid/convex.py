@@ -5,7 +5,7 @@ fairness as ``max(x) - min(x) <= eta``, penalties as ``weight * pos(excess)`` in
 variables, and solves it with an interior-point conic solver (Clarabel, tight tolerances) by default.
 The tests use it as a differential check of the Pyomo/HiGHS model (:mod:`fluidopt.fluid.lp`). To keep the
 check independent it also derives its own coefficients (:func:`_coefficients`) from the GPU profile's and
-the classes' raw fields, not through :meth:`fluidopt.model.Scenario.rates`.
+the classes' raw fields, not through :meth:`fluidopt.core.model.Scenario.rates`.
 
 :func:`solve_proportional_fair` maximises sum_i w_i log(throughput_i) over the same feasible set; the
 logarithm makes it a conic (exponential-cone) program that an LP solver cannot do.
@@ -21,7 +21,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from fluidopt.errors import InfeasibleError, ScenarioError, SolverError
+from fluidopt.core.errors import InfeasibleError, ScenarioError, SolverError
+from fluidopt.core.model import Scenario
 from fluidopt.fluid.lp import check_pricing
 from fluidopt.fluid.sli import (
     SLI,
@@ -33,7 +34,6 @@ from fluidopt.fluid.sli import (
     validate_slis,
 )
 from fluidopt.fluid.solution import FluidSolution
-from fluidopt.model import Scenario
 
 __all__ = ["CLARABEL_TIGHT", "solve_fluid_cvxpy", "solve_proportional_fair"]
 
@@ -94,7 +94,7 @@ def _coefficients(scenario: Scenario) -> _Coefficients:
 
 def _formulate(scenario: Scenario, pricing: str, slis: Sequence[SLI], lam: Any = None) -> dict[str, Any]:
     """The fluid LP's rows in cvxpy. ``lam``: arrivals per GPU per second as a cvxpy expression (the
-    pricing program of :mod:`fluidopt.pricing_opt` makes them variables); None: the scenario's rates."""
+    pricing program of :mod:`fluidopt.pricing.optimize` makes them variables); None: the scenario's rates."""
     import cvxpy as cp
 
     if not isinstance(scenario, Scenario):

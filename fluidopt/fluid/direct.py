@@ -27,9 +27,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from fluidopt.core.model import Scenario
 from fluidopt.fluid.lp import FluidModel
 from fluidopt.fluid.sli import SLI, RowData
-from fluidopt.model import Scenario
 
 __all__ = ["DirectFluidLP"]
 

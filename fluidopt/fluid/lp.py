@@ -30,10 +30,10 @@ import pyomo.environ as pyo
 from pyomo.contrib.solver.common.results import TerminationCondition
 from pyomo.contrib.solver.solvers.highs import Highs
 
-from fluidopt.errors import InfeasibleError, ScenarioError, SolverError
+from fluidopt.core.errors import InfeasibleError, ScenarioError, SolverError
+from fluidopt.core.model import Rates, Scenario
 from fluidopt.fluid.sli import FLUID_VARIABLES, SLI, RowData, SLIRow, sli_spec, validate_slis
 from fluidopt.fluid.solution import FluidSolution
-from fluidopt.model import Rates, Scenario
 
 __all__ = [
     "PRICINGS",
@@ -388,7 +388,7 @@ class FluidModel:
         smallest total buffer sum_i q_decode,i among points within 1e-9 (relative) of the optimum
         (when gamma tau >= (B-1)/B that buffer is 0 for the bundled LP, Prop. 3.2). Duals always come
         from the first, revenue-maximising stage. Infeasible: raises
-        :class:`~fluidopt.errors.InfeasibleError` with an irreducible infeasible subsystem of rows, or
+        :class:`~fluidopt.core.errors.InfeasibleError` with an irreducible infeasible subsystem of rows, or
         (``raise_infeasible=False``) returns a solution with ``status='infeasible'`` and NaNs.
         """
         t0 = time.perf_counter()

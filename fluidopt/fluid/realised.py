@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from fluidopt.errors import ScenarioError, UsageError
-from fluidopt.model import RequestClass, Scenario
+from fluidopt.core.errors import ScenarioError, UsageError
+from fluidopt.core.model import RequestClass, Scenario
 
 __all__ = ["realised_bound", "realised_bound_from_counts", "realised_classes", "window_counts"]
 
@@ -75,7 +75,7 @@ def realised_classes(scenario: Scenario, arrivals: Any, start: float, end: float
                      lengths: str = "window") -> tuple[RequestClass, ...]:
     """The scenario's classes at the rates (and, ``lengths="window"``, mean lengths) seen in [start, end).
 
-    ``arrivals``: the replayed :class:`~fluidopt.sim.workload.TraceWorkload` (its times are after
+    ``arrivals``: the replayed :class:`~fluidopt.workloads.TraceWorkload` (its times are after
     speedup) or a DataFrame with ``time`` (or ``arrival``), ``cls``, ``prompt``, ``output``.
     Rates are whole-cluster requests per second. A class with no arrival in the window gets a tiny
     positive rate (1e-12 per second: the model requires rate > 0), which leaves the LP unchanged.

@@ -38,8 +38,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fluidopt.errors import ScenarioError
-from fluidopt.model import GPUProfile, RequestClass
+from fluidopt.core.errors import ScenarioError
+from fluidopt.core.model import GPUProfile, RequestClass
+from fluidopt.fluid.batch import batch_throughput
 
 __all__ = ["LengthLaw", "Saturation", "class_laws", "length_law", "saturated_throughput"]
 
@@ -49,7 +50,7 @@ _TAIL = 1e-12  # probability mass left out of a length law's support
 @dataclass(frozen=True)
 class LengthLaw:
     """A token-count law on the integers >= 1: ``values`` (tokens) with probabilities ``probs``
-    (summing to 1). The simulator's laws (fluidopt.sim.workload) are built by :func:`length_law`."""
+    (summing to 1). The simulator's laws (fluidopt.workloads) are built by :func:`length_law`."""
 
     values: np.ndarray
     probs: np.ndarray
@@ -75,7 +76,7 @@ class LengthLaw:
 
 
 def length_law(kind: str, mean: float, sigma: float | None = None) -> LengthLaw:
-    """The law of a token count as the simulator draws it (fluidopt.sim.workload):
+    """The law of a token count as the simulator draws it (fluidopt.workloads):
 
     * ``"exponential"``: geometric on {1, 2, ...} with p = 1 / mean;
     * ``"fixed"``: floor(mean) or ceil(mean), with the mean exactly ``mean``;
@@ -304,8 +305,6 @@ def saturated_throughput(gpu: GPUProfile, b: int, prompt: LengthLaw, output: Len
     mixed = x * EK
     kv = x * (EKP + EDP + EDD)
     it = gpu.tau_solo + mixed * (gpu.tau_mix - gpu.tau_solo) + gpu.kv_time_per_token * kv
-    from fluidopt.fluid.multiperiod import batch_throughput
-
     Pm = sum(wi * law.mean for wi, law in zip(w, pl))
     return Saturation(b=int(b), rate=x / it, decodes=mean_n, per_iteration=x, mixed_share=mixed, iteration=it, kv=kv,
                       fluid=batch_throughput(gpu, int(b), Pm, ED))

@@ -35,10 +35,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, ClassVar
 
-from fluidopt.errors import ScenarioError
+from fluidopt.core.errors import ScenarioError
 
 if TYPE_CHECKING:
-    from fluidopt.model import GPUProfile, Rates
+    from fluidopt.core.model import GPUProfile, Rates
 
 __all__ = [
     "SLI",
@@ -370,7 +370,7 @@ _GLOBAL_KINDS = {"tpot": TPOT, "prefill_fairness": PrefillFairness, "decode_fair
 def parse_sli(spec: str, *, where: str = "SLI spec") -> SLI:
     """Parse one SLI spec such as ``tpot=0.03``, ``served:short=0.9`` or ``tpot=0.03:penalty=100``.
 
-    Raises :class:`~fluidopt.errors.ScenarioError` naming the spec and what was expected.
+    Raises :class:`~fluidopt.core.errors.ScenarioError` naming the spec and what was expected.
     """
     if not isinstance(spec, str):
         raise ScenarioError(f"{where}: expected a string such as 'tpot=0.03', got {spec!r}")

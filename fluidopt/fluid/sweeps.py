@@ -17,11 +17,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fluidopt.errors import ScenarioError
+from fluidopt.core.errors import ScenarioError
+from fluidopt.core.model import Scenario
 from fluidopt.fluid.lp import CAPACITY_ROWS, FluidModel
 from fluidopt.fluid.sli import SLI
 from fluidopt.fluid.solution import FluidSolution
-from fluidopt.model import Scenario
 
 __all__ = ["sweep", "sweep_scenarios"]
 

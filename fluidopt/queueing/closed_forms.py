@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 from scipy.special import logsumexp
 
-from fluidopt.errors import ScenarioError
+from fluidopt.core.errors import ScenarioError
 
 __all__ = [
     "ErlangAMetrics",

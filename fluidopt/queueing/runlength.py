@@ -44,7 +44,7 @@ import numpy as np
 import pandas as pd
 from scipy.special import logsumexp
 
-from fluidopt.errors import ScenarioError
+from fluidopt.core.errors import ScenarioError
 from fluidopt.queueing.closed_forms import _rate, _servers
 
 __all__ = [

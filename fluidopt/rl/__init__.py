@@ -9,7 +9,7 @@ extra (``pip install -e ".[rl]"``): :mod:`fluidopt.rl.env` (Gymnasium) and :mod:
 
 from __future__ import annotations
 
-from fluidopt.errors import UsageError
+from fluidopt.core.errors import UsageError
 
 __all__ = ["require_extra"]
 

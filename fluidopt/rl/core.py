@@ -38,8 +38,8 @@ import numpy as np
 
 from fluidopt.control.instance import InstanceScheduler
 from fluidopt.control.protocol import Context
-from fluidopt.errors import ScenarioError
-from fluidopt.model import GPUProfile, Scenario
+from fluidopt.core.errors import ScenarioError
+from fluidopt.core.model import GPUProfile, Scenario
 from fluidopt.rl.predictors import BUCKET_TOKENS, NoisyOracle
 
 __all__ = [
@@ -202,7 +202,7 @@ class RouterCore(InstanceScheduler):
         """Predict every request of a replayed trace in bulk, once (the predictor's ``predict_many``,
         bit-identical to asking per request); ``route`` uses it for the arrival with the same index,
         arrival time and output length, and asks the predictor otherwise."""
-        from fluidopt.sim.workload import TraceWorkload
+        from fluidopt.workloads.replay import TraceWorkload
 
         pm = getattr(self.predictor, "predict_many", None)
         if pm is None or not isinstance(workload, TraceWorkload):
@@ -697,11 +697,13 @@ def in_system(ctx) -> int:
 
 def episode_workload(scenario: Scenario, n_requests: int, seed: int):
     """The first ``n_requests`` arrivals of the scenario's own workload drawn with ``seed``, as a
-    replayable :class:`~fluidopt.sim.workload.TraceWorkload` (one episode; the same seed gives the
+    replayable :class:`~fluidopt.workloads.TraceWorkload` (one episode; the same seed gives the
     same requests to every router)."""
     import pandas as pd
 
-    from fluidopt.sim.workload import TraceWorkload, collect, workload_from_scenario
+    from fluidopt.workloads.base import collect
+    from fluidopt.workloads.replay import TraceWorkload
+    from fluidopt.workloads.workflow import workload_from_scenario
 
     if isinstance(n_requests, bool) or not isinstance(n_requests, int) or n_requests < 1:
         raise ScenarioError(f"episode: n_requests: expected an integer >= 1, got {n_requests!r}")

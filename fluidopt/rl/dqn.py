@@ -39,7 +39,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from fluidopt.errors import ScenarioError
+from fluidopt.core.errors import ScenarioError
 from fluidopt.rl.core import CREDIT_OBJECTIVES, STATE_LAYOUT, RewardConfig
 from fluidopt.rl.env import RouterEnv
 from fluidopt.rl.mlp import GLOBAL_FEATURES, INST_FEATURES, SCORER_IN, WAIT_IN, QNetwork, SharedQNetwork
@@ -318,7 +318,7 @@ def train(scenario, config: DQNConfig = DQNConfig(), *, env: RouterEnv | None = 
         _progress(f"{cfg.variant}-rl episode {k + 1}/{cfg.episodes}: reward {ep_r:,.0f}, "
                   f"e2e {rows[-1]['e2e_mean']:.3f} s, {time.perf_counter() - t0:.0f} s", progress)
         if checkpoint is not None:
-            from fluidopt._files import atomic_path
+            from fluidopt.core.files import atomic_path
 
             with atomic_path(checkpoint) as tmp:  # a kill mid-save leaves the last whole checkpoint
                 torch.save({"online": online.state_dict(), "target": target.state_dict(),

@@ -47,8 +47,8 @@ import warnings
 import gymnasium as gym
 import numpy as np
 
-from fluidopt.errors import ScenarioError
-from fluidopt.model import Scenario
+from fluidopt.core.errors import ScenarioError
+from fluidopt.core.model import Scenario
 from fluidopt.rl.core import (
     CREDIT_OBJECTIVES,
     EPOCH,
@@ -63,7 +63,7 @@ from fluidopt.rl.core import (
     small_large_groups,
 )
 from fluidopt.rl.predictors import NoisyOracle
-from fluidopt.sim.workload import TraceWarning
+from fluidopt.workloads.base import TraceWarning
 
 __all__ = ["RouterEnv", "episode_seed"]
 

@@ -20,11 +20,11 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from fluidopt.errors import ScenarioError
-from fluidopt.model import Scenario
+from fluidopt.core.errors import ScenarioError
+from fluidopt.core.model import Scenario
 from fluidopt.rl.core import episode_seed, episode_workload, in_system
 from fluidopt.rl.predictors import BucketTokens, NoisyOracle
-from fluidopt.sim.workload import TraceWarning
+from fluidopt.workloads.base import TraceWarning
 
 __all__ = ["GATE_AND_ROUTE_POLICIES", "PAPER_POLICIES", "PAPER_IMPROVEMENT", "evaluate", "policy_options", "run_episode",
            "summarize", "trace_episodes"]
@@ -63,7 +63,7 @@ def run_episode(scenario: Scenario, policy, workload, *, seed: int, options: dic
                 drain: float = 3600.0, backend: str = "auto"):
     """Run ``policy`` on one episode's ``workload`` until all its requests are resolved (or ``drain``
     seconds after the last arrival); return the SimResult. Ctrl-C or SIGTERM (the engine stops between
-    two events) raises :class:`~fluidopt.interrupt.Interrupted`: a cut-short episode is never returned."""
+    two events) raises :class:`~fluidopt.core.interrupt.Interrupted`: a cut-short episode is never returned."""
     from fluidopt.sim.api import make_engine
 
     last = float(workload.duration)
@@ -80,7 +80,7 @@ def run_episode(scenario: Scenario, policy, workload, *, seed: int, options: dic
             break
     res = eng.finish()
     if res.interrupted:
-        import fluidopt.interrupt as interrupt
+        import fluidopt.core.interrupt as interrupt
 
         raise interrupt.Interrupted(interrupt.pending() or signal.SIGINT)
     res.meta["controller"] = eng.controller
@@ -92,7 +92,7 @@ def trace_episodes(trace, n_requests: int, *, speedup: float = 1.0, max_episodes
     shorter tail is dropped), its times shifted so its first arrival is at 0 and divided by
     ``speedup`` (on top of any speed-up the trace already has). Returns TraceWorkloads, at most
     ``max_episodes``; the same trace and arguments give the same episodes to every router."""
-    from fluidopt.sim.workload import TraceWorkload
+    from fluidopt.workloads.replay import TraceWorkload
 
     if not isinstance(trace, TraceWorkload):
         raise ScenarioError(f"trace_episodes: expected a TraceWorkload, got {type(trace).__name__}")

@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from fluidopt.errors import ScenarioError
-from fluidopt.model import Scenario
+from fluidopt.core.errors import ScenarioError
+from fluidopt.core.model import Scenario
 from fluidopt.rl.core import STATE_LAYOUT, STATE_LAYOUT_LOG, STATE_LAYOUTS, bucket_counts
 from fluidopt.rl.predictors import BUCKET_TOKENS
 

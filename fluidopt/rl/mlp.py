@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fluidopt.errors import ScenarioError
+from fluidopt.core.errors import ScenarioError
 from fluidopt.rl.core import STATE_LAYOUT, STATE_LAYOUTS, WAIT_MASKS, obs_dim
 
 __all__ = ["QNetwork", "SharedQNetwork", "load_weights", "save_weights", "shipped_weights_path"]
@@ -243,7 +243,7 @@ def save_weights(path: str | Path, net: QNetwork, *, command: str = "") -> Path:
         meta["dispatch"] = np.array(net.dispatch)
     if net.wait_mask != "none":
         meta["wait_mask"] = np.array(net.wait_mask)
-    from fluidopt._files import atomic_path
+    from fluidopt.core.files import atomic_path
 
     with atomic_path(path) as tmp, open(tmp, "wb") as f:  # never a half-written weight file
         np.savez_compressed(f, layout=np.array(net.layout), n_instances=np.array(net.n_instances),

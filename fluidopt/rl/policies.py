@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from fluidopt.control.protocol import Context
 from fluidopt.control.registry import register
-from fluidopt.errors import ScenarioError
-from fluidopt.model import Scenario
+from fluidopt.core.errors import ScenarioError
+from fluidopt.core.model import Scenario
 from fluidopt.rl.core import RouterCore, small_large_groups
 from fluidopt.rl.mlp import QNetwork, SharedQNetwork, load_weights, shipped_weights_path, train_command
 from fluidopt.rl.predictors import NoisyOracle

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fluidopt.errors import ScenarioError
+from fluidopt.core.errors import ScenarioError
 
 __all__ = [
     "BUCKET_EDGES",

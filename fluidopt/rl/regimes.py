@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 
 import pandas as pd
 
-from fluidopt.errors import ScenarioError
-from fluidopt.model import Scenario
+from fluidopt.core.errors import ScenarioError
+from fluidopt.core.model import Scenario
 
 __all__ = ["DEFAULT_ROUTERS", "regime_figure", "regime_map", "scenario_at"]
 

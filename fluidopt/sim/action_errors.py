@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from fluidopt.control import action_errors as _ae
 from fluidopt.control.action_errors import GONE, PHASE_NAMES
-from fluidopt.errors import ActionError
+from fluidopt.core.errors import ActionError
 
 __all__ = ["GONE", "PHASE_NAMES", "check_gpu", "check_req", "decode_error", "enqueue_error", "kv_error",
            "kv_overflow_error", "prefill_error"]

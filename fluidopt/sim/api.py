@@ -9,8 +9,8 @@ from pathlib import Path
 
 from fluidopt.control.protocol import Controller
 from fluidopt.control.registry import make_controller
-from fluidopt.errors import ScenarioError
-from fluidopt.model import Scenario
+from fluidopt.core.errors import ScenarioError
+from fluidopt.core.model import Scenario
 from fluidopt.sim.backend import engine_class
 from fluidopt.sim.metrics import RecordsWriter, SimResult
 from fluidopt.sim.window import RunWindow
@@ -141,7 +141,7 @@ def make_engine(
     if tick is not None and not (isinstance(tick, (int, float)) and math.isfinite(tick) and tick > 0):
         raise ScenarioError(f"controller {ctrl.name!r}: tick_interval: expected seconds > 0 or None, got {tick!r}")
     if workload is None:
-        from fluidopt.sim.workload import check_workflow, workload_from_scenario
+        from fluidopt.workloads.workflow import check_workflow, workload_from_scenario
 
         workload = workload_from_scenario(scenario)
         if scenario.workflow is not None:
@@ -151,7 +151,7 @@ def make_engine(
         if names != scenario.class_names:
             raise ScenarioError(
                 f"simulate: workload: its classes {list(names)} differ from the scenario's {list(scenario.class_names)}; "
-                "build the scenario from the workload's classes (e.g. fluidopt.sim.trace.classes_from_trace)"
+                "build the scenario from the workload's classes (e.g. fluidopt.workloads.traces.classes_from_trace)"
             )
     if progress is None:
         progress = bool(getattr(sys.stderr, "isatty", lambda: False)())

@@ -20,7 +20,7 @@ import os
 import warnings
 from pathlib import Path
 
-from fluidopt.errors import UsageError
+from fluidopt.core.errors import UsageError
 
 __all__ = ["BACKENDS", "compiled_status", "engine_class"]
 

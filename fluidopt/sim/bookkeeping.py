@@ -17,8 +17,8 @@ import warnings
 
 import numpy as np
 
-import fluidopt.interrupt as interrupt
-from fluidopt.errors import ActionError, ScenarioError
+import fluidopt.core.interrupt as interrupt
+from fluidopt.core.errors import ActionError, ScenarioError
 from fluidopt.sim import metrics as M
 from fluidopt.sim import state as S
 from fluidopt.sim.action_errors import GONE
@@ -105,7 +105,7 @@ def advance(eng, until: float | None = None) -> float:
         eng._loop(stop)
         if eng._stop:  # a Ctrl-C the loop had no 1,024th event left to see: the run is still cut short
             eng._interrupted = True
-    except KeyboardInterrupt as e:  # a second Ctrl-C, or SIGTERM under fluidopt.interrupt.handle_sigterm
+    except KeyboardInterrupt as e:  # a second Ctrl-C, or SIGTERM under fluidopt.core.interrupt.handle_sigterm
         interrupt.note(interrupt.signum_of(e))
         eng._interrupted = True
     finally:
@@ -265,7 +265,7 @@ def start_drained_arrivals(eng, coh) -> None:
     """The workload's arrivals up to ``horizon + cap``: the cohort's last requests meet the load
     that follows them. A trace that ends between the horizon and ``horizon + cap`` is no fault
     (its TraceWarning is kept only when the trace ends before the horizon itself)."""
-    from fluidopt.sim.workload import TraceWarning
+    from fluidopt.workloads.base import TraceWarning
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", TraceWarning)

@@ -35,8 +35,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fluidopt.control.protocol import Controller
-from fluidopt.errors import FluidoptError, UsageError
-from fluidopt.model import GPUProfile, RequestClass, Scenario
+from fluidopt.core.errors import FluidoptError, UsageError
+from fluidopt.core.model import GPUProfile, RequestClass, Scenario
 
 __all__ = ["CheckReport", "ControllerCheckError", "check_controller", "check_scenario"]
 
@@ -122,7 +122,7 @@ def _snapshot_drive(make, sc: Scenario, seed: int, arrivals: int = 60) -> int:
     PREFILL_QUEUE, unplaced prefilled requests DECODE_QUEUE), fixed service times. Returns completions."""
     from fluidopt.control.protocol import DECODE_QUEUE, PREFILL_QUEUE, WAIT_DECODE, WAIT_PREFILL
     from fluidopt.control.snapshot import ClusterSnapshot
-    from fluidopt.errors import ActionError
+    from fluidopt.core.errors import ActionError
 
     ctrl = _build(make, sc)
     snap = ClusterSnapshot(sc.gpus, sc.gpu.batch, sc.class_names, seed=seed, service="tokens")

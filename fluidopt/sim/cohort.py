@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fluidopt.errors import UsageError
+from fluidopt.core.errors import UsageError
 from fluidopt.sim import metrics as M
 
 __all__ = ["COHORT_KEYS", "CohortTracker", "CohortWarning", "cohort_from_records", "cohort_summary"]

@@ -12,8 +12,8 @@ import random
 import numpy as np
 
 from fluidopt.control.protocol import NO_REQUEST, Controller
-from fluidopt.errors import ScenarioError
-from fluidopt.model import Scenario
+from fluidopt.core.errors import ScenarioError
+from fluidopt.core.model import Scenario
 from fluidopt.sim import metrics as M
 from fluidopt.sim import state as S
 from fluidopt.sim.state import G_OFFLINE, G_ONLINE, REQUEST_FIELDS

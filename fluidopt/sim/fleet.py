@@ -11,7 +11,7 @@ import math
 import numbers
 
 from fluidopt.control.protocol import DECODE, PREFILL
-from fluidopt.errors import ActionError
+from fluidopt.core.errors import ActionError
 from fluidopt.sim.action_errors import PHASE_NAMES, check_gpu, check_req
 from fluidopt.sim.state import G_DRAINING, G_OFFLINE, G_ONLINE, G_STARTING, GSTATE_NAMES, STARTUP
 

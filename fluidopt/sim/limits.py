@@ -9,8 +9,8 @@ or running for years.
 
 from __future__ import annotations
 
-from fluidopt.errors import UsageError
-from fluidopt.model import Scenario
+from fluidopt.core.errors import UsageError
+from fluidopt.core.model import Scenario
 
 __all__ = ["MAX_REQUESTS", "MAX_SLOTS", "check_size"]
 

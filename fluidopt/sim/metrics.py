@@ -525,7 +525,7 @@ def build_result(
 
 def _remove_dead_parts(folder: str, name: str) -> None:
     """Remove ``.NAME.PID.part`` files that a killed run (kill -9: no handler ran) left for the same target."""
-    from fluidopt._files import _pid_alive
+    from fluidopt.core.files import _pid_alive
 
     prefix = f".{name}."
     for f in os.listdir(folder):
@@ -548,7 +548,7 @@ class RecordsWriter:
         self.path = os.fspath(path)
         d = os.path.dirname(os.path.abspath(self.path))
         if not os.path.isdir(d):
-            from fluidopt.errors import ScenarioError
+            from fluidopt.core.errors import ScenarioError
 
             raise ScenarioError(f"records: directory {d!r} does not exist")
         self.tmp = os.path.join(d, f".{os.path.basename(self.path)}.{os.getpid()}.part")

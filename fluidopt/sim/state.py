@@ -13,7 +13,7 @@ from array import array
 
 import numpy as np
 
-from fluidopt.errors import ScenarioError
+from fluidopt.core.errors import ScenarioError
 from fluidopt.sim.action_errors import GONE
 
 __all__ = ["REQUEST_FIELDS", "REQUEST_FILL", "GPU_FIELDS", "rows", "set_typed_state", "GSTATE_NAMES", "ints", "floats",

@@ -1,6 +1,6 @@
 """Textbook queues as honest configurations of the engine (the simulator's exactness checks).
 
-Each function returns a :class:`~fluidopt.model.Scenario` and the controller that together make one
+Each function returns a :class:`~fluidopt.core.model.Scenario` and the controller that together make one
 stage of the LLM-serving model a textbook queue; the engine runs them exactly as it runs any policy
 (every request still has a prefill and a decode). docs/simulator.md explains the mappings.
 
@@ -22,8 +22,8 @@ stage of the LLM-serving model a textbook queue; the engine runs them exactly as
 from __future__ import annotations
 
 from fluidopt.control.fcfs import ReservedPrefillFCFS
-from fluidopt.errors import ScenarioError
-from fluidopt.model import GPUProfile, RequestClass, Scenario
+from fluidopt.core.errors import ScenarioError
+from fluidopt.core.model import GPUProfile, RequestClass, Scenario
 
 __all__ = ["erlang_setup", "mg1_setup"]
 

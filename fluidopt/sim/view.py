@@ -10,7 +10,7 @@ import random
 from collections.abc import Sequence
 
 from fluidopt.control.protocol import PREFILL, WAIT_PREFILL
-from fluidopt.errors import ActionError
+from fluidopt.core.errors import ActionError
 from fluidopt.sim import state as S
 from fluidopt.sim.action_errors import check_gpu
 from fluidopt.sim.state import G_ONLINE

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from fluidopt.errors import ScenarioError, UsageError
+from fluidopt.core.errors import ScenarioError, UsageError
 
 __all__ = ["SERVICES", "RunWindow"]
 

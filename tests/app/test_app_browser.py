@@ -22,7 +22,7 @@ import pytest
 import fluidopt
 from fluidopt.app import free_port
 from fluidopt.app.page import fmt
-from fluidopt.errors import ScenarioError
+from fluidopt.core.errors import ScenarioError
 from fluidopt.fluid.lp import solve_fluid
 from fluidopt.scenario import loads_scenario
 

@@ -9,7 +9,7 @@ import pytest
 
 import fluidopt
 from fluidopt.app import logic as L
-from fluidopt.errors import ScenarioError
+from fluidopt.core.errors import ScenarioError
 from fluidopt.fluid.lp import solve_fluid
 from fluidopt.scenario import default_scenario, scenario_to_dict
 
@@ -62,7 +62,7 @@ def test_operating_point_is_solve_fluid_under_both_pricings():
 
 
 def test_capacity_is_the_fluid_plan_and_scales_with_growth():
-    from fluidopt.plan import PlanSLIs, plan
+    from fluidopt.planning.fleet import PlanSLIs, plan
 
     tab = L.capacity(default_scenario(), [1.0, 2.0], 0.99)
     want = plan(default_scenario(), PlanSLIs(served=0.99), growth=[1.0, 2.0], fluid_only=True).table

@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from fluidopt.calibrate import (
+from fluidopt.calibration import (
     CalibrationFit,
     fit_iteration_time,
     list_profiles,
@@ -29,8 +29,8 @@ from fluidopt.calibrate import (
     synthetic_measurements,
     write_measurements,
 )
-from fluidopt.errors import CalibrationError, ScenarioError
-from fluidopt.model import GPUProfile, paper_gpu
+from fluidopt.core.errors import CalibrationError, ScenarioError
+from fluidopt.core.model import GPUProfile, paper_gpu
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "calibration" / "example-qwen-8b-a100.csv"
@@ -404,7 +404,7 @@ def test_synthetic_measurements_are_deterministic():
 @pytest.mark.integration
 def test_library_imports_neither_the_profiler_nor_statsmodels_for_named_profiles():
     code = (
-        "import sys; from fluidopt.scenario import loads_scenario; import fluidopt.calibrate as c;"
+        "import sys; from fluidopt.scenario import loads_scenario; import fluidopt.calibration as c;"
         "c.load_profile('qwen-8b-a100');"
         "print('fluidopt.profiles.profile_vllm' in sys.modules, 'statsmodels' in sys.modules)"
     )

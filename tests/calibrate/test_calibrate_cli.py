@@ -18,7 +18,7 @@ else:  # pragma: no cover
 import pytest
 from builders import run_cli
 
-from fluidopt.calibrate import fit_iteration_time, synthetic_measurements, write_measurements
+from fluidopt.calibration import fit_iteration_time, synthetic_measurements, write_measurements
 from fluidopt.cli import main
 from fluidopt.scenario import default_scenario, gpu_from_dict, scenario_from_dict, scenario_to_dict
 

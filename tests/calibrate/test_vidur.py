@@ -1,4 +1,4 @@
-"""Iteration-time laws from Vidur's published operator profiles (fluidopt/vidur.py, issue 32).
+"""Iteration-time laws from Vidur's published operator profiles (fluidopt/calibration/vidur.py, issue 32).
 
 Hand computations on a tiny synthetic operator table run everywhere; the checks against the real
 tables (../shared/data/vidur-profiling) skip when the folder is absent and fail under
@@ -21,9 +21,9 @@ import pandas as pd
 import pytest
 
 from fluidopt import vidur
-from fluidopt.calibrate import from_vidur, list_profiles, load_profile, profile_info, profile_names
+from fluidopt.calibration import from_vidur, list_profiles, load_profile, profile_info, profile_names
 from fluidopt.cli import main
-from fluidopt.errors import CalibrationError
+from fluidopt.core.errors import CalibrationError
 
 if sys.version_info >= (3, 11):
     import tomllib

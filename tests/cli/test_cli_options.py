@@ -7,7 +7,7 @@ import pytest
 from builders import run_cli
 
 from fluidopt.commands._options import parse_options
-from fluidopt.errors import UsageError
+from fluidopt.core.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[2]
 CUSTOM = str(ROOT / "examples" / "custom_controller.py")

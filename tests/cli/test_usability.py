@@ -10,7 +10,7 @@ import pytest
 from builders import ROOT, run_cli
 
 import fluidopt
-from fluidopt.errors import UsageError, did_you_mean
+from fluidopt.core.errors import UsageError, did_you_mean
 
 pytestmark = pytest.mark.integration
 
@@ -73,7 +73,7 @@ def test_trace_on_a_fleet_it_barely_loads_warns_and_suggests_gpus(tmp_path):
 
 
 def test_trace_load_is_the_fluid_bound_over_the_fleet(tmp_path):
-    from fluidopt.sim.trace import fleet_load, replay
+    from fluidopt.workloads.traces import fleet_load, replay
 
     trace = tmp_path / "t.csv"
     pd.DataFrame({"time": [0.5 * k for k in range(201)], "prompt_tokens": 500, "output_tokens": 100}).to_csv(

@@ -28,7 +28,7 @@ from fluidopt.control.load_balancers import ClassMeanOutput
 from fluidopt.control.paper_baselines import FGSP, FIWSP, GFWSP, GIWSP
 from fluidopt.control.protocol import DECODE_QUEUE
 from fluidopt.control.registry import make_controller
-from fluidopt.errors import ScenarioError
+from fluidopt.core.errors import ScenarioError
 from fluidopt.fluid import solve_fluid
 
 

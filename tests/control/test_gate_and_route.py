@@ -34,7 +34,7 @@ from fluidopt.control.protocol import (
 )
 from fluidopt.control.registry import make_controller
 from fluidopt.control.snapshot import ClusterSnapshot
-from fluidopt.errors import ScenarioError
+from fluidopt.core.errors import ScenarioError
 from fluidopt.fluid import DecodeFairness, solve_fluid
 from fluidopt.sim.api import simulate
 

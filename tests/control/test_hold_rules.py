@@ -13,9 +13,9 @@ import pytest
 
 from fluidopt.control.load_balancers import MaxCapacity
 from fluidopt.control.registry import make_controller
-from fluidopt.model import GPUProfile, RequestClass, Scenario
+from fluidopt.core.model import GPUProfile, RequestClass, Scenario
 from fluidopt.sim.api import simulate
-from fluidopt.sim.workload import TraceWorkload
+from fluidopt.workloads import TraceWorkload
 
 
 def scenario(*, n: int, kv: float = 1000.0, decode_mean: float = 10.0, B: int = 8) -> Scenario:

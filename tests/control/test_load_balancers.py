@@ -38,9 +38,9 @@ from fluidopt.control.load_balancers import (
 )
 from fluidopt.control.protocol import PREFILL, WAIT_PREFILL
 from fluidopt.control.registry import available, make_controller
-from fluidopt.errors import ScenarioError, UsageError
+from fluidopt.core.errors import ScenarioError, UsageError
 from fluidopt.sim.api import simulate
-from fluidopt.sim.workload import TraceWorkload
+from fluidopt.workloads import TraceWorkload
 
 BALANCERS = ("random", "least-requests", "power-of-two", "jsq", "decode-balancer", "max-capacity",
              "max-capacity-reserve", "max-capacity-interval", "min-min", "small-large")

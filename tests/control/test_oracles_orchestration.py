@@ -16,7 +16,7 @@ import pytest
 
 from fluidopt.control.protocol import PREFILL_QUEUE
 from fluidopt.control.registry import make_controller
-from fluidopt.model import GPUProfile, RequestClass, Scenario
+from fluidopt.core.model import GPUProfile, RequestClass, Scenario
 
 GPU = GPUProfile(alpha=0.0174, beta=6.2e-5, tau_solo=1 / 45.45, chunk=256, batch=64, kv_time_per_token=1.5e-6)
 TAU_MIX = 0.0174 + 6.2e-5 * 256  # 0.033272 s
@@ -147,7 +147,7 @@ def test_head_of_several_classes_is_the_earliest_arrival():
 
 
 def test_chiron_and_autoscaler_options():
-    from fluidopt.errors import ScenarioError
+    from fluidopt.core.errors import ScenarioError
 
     c = make_controller("chiron", scenario(), interactive_gpus=0)
     assert c.n_int == 0 and c.int_scaling is True
@@ -204,7 +204,7 @@ class UAState:
 
 
 def _ua(fleet: bool = True):
-    from fluidopt.model import Fleet
+    from fluidopt.core.model import Fleet
 
     sc = scenario(4)
     if fleet:
@@ -244,7 +244,7 @@ def test_qlm_starts_an_arrival_on_gpu_0():
     import pandas as pd
 
     from fluidopt.sim.api import simulate
-    from fluidopt.sim.workload import TraceWorkload
+    from fluidopt.workloads import TraceWorkload
 
     sc = Scenario(gpu=GPU, gpus=1, classes=scenario().classes, name="qlm-one")
     wl = TraceWorkload(pd.DataFrame({"time": [0.5, 1.0], "prompt": [300, 300], "output": [20, 20], "cls": [0, 1]}),

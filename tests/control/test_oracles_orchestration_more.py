@@ -15,7 +15,7 @@ import pytest
 
 from fluidopt.control.protocol import DECODE_QUEUE, PREFILL_QUEUE
 from fluidopt.control.registry import make_controller
-from fluidopt.errors import ScenarioError
+from fluidopt.core.errors import ScenarioError
 
 from .test_oracles_orchestration import B_MIX, MU_BAT, TAU_MIX, scenario, thr
 
@@ -233,7 +233,7 @@ def test_orchestrator_options_defaults_and_refusals():
 def test_fluid_plan_measures_the_mixed_rate_from_no_completions_at_time_zero(monkeypatch):
     """In its first five minutes fluid-plan's measured mixed rate is (batch completions on mixed
     instances since t = 0) / elapsed / spare mixed GPUs, spare = base - lambda_int / (rho mu_int)."""
-    from fluidopt.control import orchestration
+    from fluidopt.control.orchestration import chiron as orchestration
     from fluidopt.sim.api import make_engine
 
     from .test_orchestration import workflow
@@ -272,7 +272,7 @@ def test_chiron_places_an_interactive_decode_by_evicting_batch_work_on_a_full_mi
     """GPU 0 (interactive) and GPU 1 (mixed, at the ITL-safe limit) are full, GPU 1 with batch decodes:
     the interactive request whose prefill ended on GPU 0 evicts GPU 1's first batch decode and decodes
     there."""
-    from fluidopt.control.orchestration import INTERACTIVE, MIXED
+    from fluidopt.control.orchestration.common import INTERACTIVE, MIXED
 
     c = make_controller("chiron", scenario(2), calibrated=False)
     c.pool_of, c.mixed_gpus = [INTERACTIVE, MIXED], [1]

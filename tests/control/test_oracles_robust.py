@@ -103,7 +103,7 @@ def test_my_erlang_a_agrees_with_closed_cases():
 @pytest.mark.parametrize("option", ["backpressure", "caps", "staffing", "overflow", "resolve", "elastic",
                                     "elastic_slots", "coupled"])
 def test_a_non_boolean_switch_is_named(option):
-    from fluidopt.errors import ScenarioError
+    from fluidopt.core.errors import ScenarioError
 
     s = fluidopt.default_scenario().with_gpus(20)
     with pytest.raises(ScenarioError, match=f"backpressure-gate-and-route: {option}: expected true or false, got 'yes'"):

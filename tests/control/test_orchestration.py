@@ -17,11 +17,11 @@ from fluidopt.control.orchestration import (
     split_classes,
 )
 from fluidopt.control.registry import available, make_controller
-from fluidopt.errors import ScenarioError
-from fluidopt.model import Fleet, GPUProfile, RequestClass, Scenario
+from fluidopt.core.errors import ScenarioError
+from fluidopt.core.model import Fleet, GPUProfile, RequestClass, Scenario
 from fluidopt.sim import backend as core
 from fluidopt.sim.api import simulate
-from fluidopt.sim.workload import Backlog, BacklogWorkload, ClassSpec, Exponential, GammaRenewal, SyntheticWorkload
+from fluidopt.workloads import Backlog, BacklogWorkload, ClassSpec, Exponential, GammaRenewal, SyntheticWorkload
 
 GPU = GPUProfile(alpha=0.0174, beta=6.2e-5, tau_solo=1 / 45.45, chunk=256, batch=64, kv_time_per_token=1.5e-6)
 
@@ -143,7 +143,7 @@ def test_fluid_plan_follows_the_lp_and_meets_the_deadline(runs):
 
 
 def test_multiperiod_lp_closed_form_and_bounds():
-    from fluidopt.errors import InfeasibleError
+    from fluidopt.core.errors import InfeasibleError
     from fluidopt.fluid.multiperiod import BacklogJob, plan_fleet
 
     sc, _ = workflow()
@@ -209,7 +209,7 @@ def test_interactive_step_on_hand_built_states():
 
 
 def _interactive_only(initial=2, n_max=8):
-    from fluidopt.sim.workload import PiecewiseRate
+    from fluidopt.workloads import PiecewiseRate
 
     sc = Scenario(gpu=GPU, gpus=n_max, name="interactive-only",
                   classes=(RequestClass("chat", prompt=300, decode=100, rate=6.0, ttft_slo=2.0, itl_slo=0.06),),
@@ -256,7 +256,7 @@ def test_the_fleet_actions_protocol_is_what_the_engine_offers(backend):
     snap = ClusterSnapshot(2, 4, ("a",))
     assert isinstance(snap, Context) and not isinstance(snap, FleetActions)  # a router's snapshot has no fleet
     # the documented errors: a batch limit of 0, draining an offline GPU, adding beyond the maximum
-    from fluidopt.errors import ActionError
+    from fluidopt.core.errors import ActionError
 
     eng.start()
     with pytest.raises(ActionError, match=r"batch limit: expected an integer in 1\.\.64"):

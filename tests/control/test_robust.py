@@ -25,7 +25,7 @@ from fluidopt.control.robust import (
     safety_mixed_gpus,
 )
 from fluidopt.control.snapshot import ClusterSnapshot
-from fluidopt.errors import ScenarioError, UsageError
+from fluidopt.core.errors import ScenarioError, UsageError
 from fluidopt.fluid import solve_fluid
 from fluidopt.fluid.realised import realised_bound, realised_classes, window_counts
 from fluidopt.queueing.closed_forms import erlang_a

@@ -28,7 +28,7 @@ from fluidopt.control.protocol import (
     Controller,
 )
 from fluidopt.control.snapshot import ClusterSnapshot
-from fluidopt.errors import ActionError
+from fluidopt.core.errors import ActionError
 from fluidopt.sim.api import simulate
 
 

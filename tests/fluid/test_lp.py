@@ -17,6 +17,7 @@ import pytest
 
 import fluidopt
 from fluidopt import GPUProfile, InfeasibleError, RequestClass, Scenario, ScenarioError
+from fluidopt.core.model import paper_gpu, paper_scenario
 from fluidopt.fluid import (
     TPOT,
     FluidModel,
@@ -24,7 +25,6 @@ from fluidopt.fluid import (
     build_fluid_model,
     solve_fluid,
 )
-from fluidopt.model import paper_gpu, paper_scenario
 
 # The paper's instance, as published: I = 2, B = 16, C = 256, alpha = 0.0174 s, beta = 6.2e-5 s per
 # token, gamma = 45.45 tokens/s; (P, D) = (300, 1000) and (3000, 400); lambda = 0.5 and theta = 0.1

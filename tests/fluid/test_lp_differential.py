@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 import fluidopt
 from fluidopt import GPUProfile, InfeasibleError, RequestClass, Scenario, SolverError
+from fluidopt.core.model import paper_gpu, paper_scenario
 from fluidopt.fluid import (
     TPOT,
     DecodeFairness,
@@ -29,7 +30,6 @@ from fluidopt.fluid import (
     solve_fluid_cvxpy,
     solve_proportional_fair,
 )
-from fluidopt.model import paper_gpu, paper_scenario
 
 EXAMPLES = 60
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,

@@ -20,9 +20,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fluidopt.core.model import GPUProfile, RequestClass, Scenario
 from fluidopt.fluid.multiperiod import BacklogJob, largest_batch
 from fluidopt.fluid.multiperiod import plan_fleet as _plan_fleet
-from fluidopt.model import GPUProfile, RequestClass, Scenario
 
 # These oracles derive the plan by hand from the documented fluid throughputs (docs/orchestration.md); the
 # calibrated ones (the default since the saturation model) have their own test (tests/fluid/test_saturation.py).
@@ -137,7 +137,7 @@ def test_the_first_stage_serves_batch_work_as_early_as_possible():
 
 
 def test_interactive_rate_as_a_function_of_the_slot_start_and_an_unknown_backlog_class():
-    from fluidopt.errors import ScenarioError
+    from fluidopt.core.errors import ScenarioError
 
     fp = plan_fleet(scenario(), [], start=0.0, end=180.0, slot=60.0, utilisation=1.0,
                     interactive_rate=lambda t: 1.0 if t < 60.0 else 3.0)

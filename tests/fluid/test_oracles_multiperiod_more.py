@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from fluidopt.core.model import GPUProfile
 from fluidopt.fluid.multiperiod import largest_batch, mean_context, type_rates
-from fluidopt.model import GPUProfile
 
 
 @pytest.mark.parametrize("B", [1, 2])

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fluidopt.core.model import GPUProfile, RequestClass, Scenario
 from fluidopt.fluid.multiperiod import BacklogJob, batch_throughput, plan_fleet, role_rates
 from fluidopt.fluid.saturation import length_law, saturated_throughput
-from fluidopt.model import GPUProfile, RequestClass, Scenario
 from fluidopt.scenario import load_scenario
 
 GPU = GPUProfile(alpha=0.0174, beta=6.2e-5, tau_solo=1 / 45.45, chunk=256, batch=128, kv_time_per_token=1.5e-6)
@@ -87,7 +87,7 @@ def _simulated(b: int, prompt, output, *, n: int = 32, horizon: float = 2500.0, 
     larger than they finish; the utilisation autoscaler on a fixed fleet: one prefill at a time,
     admitted while the decodes are below b), counted over [warmup, horizon]."""
     from fluidopt.sim.api import simulate
-    from fluidopt.sim.workload import Backlog, BacklogWorkload, ClassSpec, Poisson, SyntheticWorkload
+    from fluidopt.workloads import Backlog, BacklogWorkload, ClassSpec, Poisson, SyntheticWorkload
 
     sc = Scenario(gpu=GPU, gpus=n, classes=(RequestClass("w", prompt=prompt.mean, decode=output.mean, rate=1e-6),),
                   name="saturated")
@@ -102,7 +102,7 @@ def _simulated(b: int, prompt, output, *, n: int = 32, horizon: float = 2500.0, 
 
 
 def _check(b, kind, P, D, sigma=None):
-    from fluidopt.sim.workload import Exponential, Fixed, LogNormal
+    from fluidopt.workloads import Exponential, Fixed, LogNormal
 
     make = {"exponential": lambda m: Exponential(m), "fixed": lambda m: Fixed(m),
             "lognormal": lambda m: LogNormal(m, sigma)}[kind]

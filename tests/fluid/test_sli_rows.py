@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fluidopt import default_scenario
-from fluidopt.errors import ScenarioError
+from fluidopt.core.errors import ScenarioError
 from fluidopt.fluid import TPOT, FluidModel, MaxPrefillWait, MinServedFraction, PrefillFairness
 from fluidopt.fluid.lp import scenario_slis
 from fluidopt.fluid.sli import RowData, SLIRow

@@ -14,12 +14,12 @@ import pandas as pd
 import pytest
 
 import fluidopt
-from fluidopt.errors import UsageError
+from fluidopt.core.errors import UsageError
 from fluidopt.harness import compare
 
 distributed = pytest.importorskip("distributed")
 
-from fluidopt.executor import DaskExecutor, LocalExecutor  # noqa: E402
+from fluidopt.harness.executor import DaskExecutor, LocalExecutor  # noqa: E402
 
 SMALL = fluidopt.default_scenario(gpus=6)
 KW = dict(horizon=40.0, warmup=8.0)

@@ -16,11 +16,11 @@ import pandas as pd
 import pytest
 
 import fluidopt
-from fluidopt import harness
-from fluidopt._files import lock_folder
-from fluidopt.errors import UsageError
-from fluidopt.executor import LocalExecutor, ResultStore, check_scheduler_address, run_key
+from fluidopt.core.errors import UsageError
+from fluidopt.core.files import lock_folder
 from fluidopt.harness import compare
+from fluidopt.harness import comparison as harness
+from fluidopt.harness.executor import LocalExecutor, ResultStore, check_scheduler_address, run_key
 
 SMALL = fluidopt.default_scenario(gpus=6)
 KW = dict(horizon=40.0, warmup=8.0)

@@ -173,7 +173,7 @@ def _wait_for_lock(out: Path, proc: subprocess.Popen) -> None:
 
 
 def test_a_stale_lock_of_a_dead_process_is_taken_over(tmp_path):
-    from fluidopt._files import LOCK_FILE, lock_folder
+    from fluidopt.core.files import LOCK_FILE, lock_folder
 
     (tmp_path / LOCK_FILE).write_text("999999 fluidopt run\n")  # left by a process killed with -9
     (tmp_path / ".runs.tmp-999999.csv").write_text("half a ta")  # and its half-written table
@@ -184,10 +184,10 @@ def test_a_stale_lock_of_a_dead_process_is_taken_over(tmp_path):
 
 
 def test_a_live_holder_is_refused_with_its_pid(tmp_path):
-    from fluidopt._files import lock_folder
-    from fluidopt.errors import FolderInUseError
+    from fluidopt.core.errors import FolderInUseError
+    from fluidopt.core.files import lock_folder
 
-    code = ("import sys, time; from fluidopt._files import lock_folder\n"
+    code = ("import sys, time; from fluidopt.core.files import lock_folder\n"
             "with lock_folder(sys.argv[1], command='holder'):\n    print('held', flush=True); time.sleep(30)\n")
     holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True, cwd=REPO)
     try:
@@ -203,7 +203,7 @@ def test_a_live_holder_is_refused_with_its_pid(tmp_path):
 
 
 def test_a_generation_cut_after_its_journal_is_finished_by_the_next_writer(tmp_path):
-    from fluidopt._files import lock_folder, write_generation
+    from fluidopt.core.files import lock_folder, write_generation
 
     write_generation(tmp_path, {"a.csv": lambda p: p.write_text("old a"), "b.csv": lambda p: p.write_text("old b"),
                                 "c.csv": lambda p: p.write_text("old c")})
@@ -219,8 +219,8 @@ def test_a_generation_cut_after_its_journal_is_finished_by_the_next_writer(tmp_p
 
 
 def test_a_failed_generation_leaves_the_old_one_whole(tmp_path):
-    from fluidopt._files import write_generation
-    from fluidopt.errors import OutputError
+    from fluidopt.core.errors import OutputError
+    from fluidopt.core.files import write_generation
 
     write_generation(tmp_path, {"a.csv": lambda p: p.write_text("old a"), "b.csv": lambda p: p.write_text("old b")})
 
@@ -235,7 +235,7 @@ def test_a_failed_generation_leaves_the_old_one_whole(tmp_path):
 
 
 def test_a_new_sweep_removes_the_older_sweeps_tables_it_does_not_write(tmp_path):
-    from fluidopt._files import write_generation
+    from fluidopt.core.files import write_generation
 
     write_generation(tmp_path, {"runs.csv": lambda p: p.write_text("10 seeds"),
                                 "timeseries.csv": lambda p: p.write_text("10 seeds")})
@@ -306,9 +306,9 @@ def test_a_missing_output_folder_is_created(command, tmp_path):
 
 def test_a_disk_filling_mid_sweep_stops_with_the_path_and_a_resumable_store(tmp_path, monkeypatch):
     import fluidopt
-    from fluidopt.errors import OutputError
-    from fluidopt.executor import ResultStore
+    from fluidopt.core.errors import OutputError
     from fluidopt.harness import compare
+    from fluidopt.harness.executor import ResultStore
 
     real = ResultStore.append
     calls = []
@@ -376,8 +376,8 @@ def small_cluster(tmp_path):
 @pytest.mark.integration
 @pytest.mark.parametrize("lose", ["scheduler", "worker"])
 def test_dask_losing_the_scheduler_or_every_worker_is_one_error_exit_3(small_cluster, lose, recwarn):
-    from fluidopt.errors import ExecutorLost
-    from fluidopt.executor import DaskExecutor
+    from fluidopt.core.errors import ExecutorLost
+    from fluidopt.harness.executor import DaskExecutor
 
     ex = DaskExecutor(scheduler=small_cluster["address"], worker_timeout=3.0)
     got = []

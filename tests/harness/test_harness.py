@@ -9,10 +9,10 @@ import pytest
 from builders import ROOT, run_cli
 
 import fluidopt
-from fluidopt import harness
-from fluidopt.errors import ScenarioError
+from fluidopt.core.errors import ScenarioError
+from fluidopt.core.interrupt import Interrupted
 from fluidopt.harness import compare
-from fluidopt.interrupt import Interrupted
+from fluidopt.harness import comparison as harness
 
 SMALL = fluidopt.default_scenario(gpus=8)
 KW = dict(horizon=60.0, warmup=10.0)

@@ -1,4 +1,4 @@
-"""The executor layer's small promises (fluidopt.executor; docs/scaling.md): runs without an executor,
+"""The executor layer's small promises (fluidopt.harness.executor; docs/scaling.md): runs without an executor,
 the plain progress lines, the CLI flags and the scheduler address (mutation survivors of issue 35)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from fluidopt.errors import UsageError
-from fluidopt.executor import (
+from fluidopt.core.errors import UsageError
+from fluidopt.harness.executor import (
     LocalExecutor,
     Progress,
     add_executor_arguments,

@@ -1,4 +1,4 @@
-"""More of the executor layer's promises (fluidopt.executor; docs/scaling.md): the local worker count
+"""More of the executor layer's promises (fluidopt.harness.executor; docs/scaling.md): the local worker count
 from ``--workers``/``runs``, the ``--scheduler`` flag's help, and ``LocalExecutor.close`` leaving no
 worker process behind (mutation survivors of issue 35's rerun after the interruption contract)."""
 
@@ -10,8 +10,14 @@ import os
 
 import pytest
 
-from fluidopt.errors import UsageError
-from fluidopt.executor import LocalExecutor, Progress, add_executor_arguments, executor_from_args, finite_or_none
+from fluidopt.core.errors import UsageError
+from fluidopt.harness.executor import (
+    LocalExecutor,
+    Progress,
+    add_executor_arguments,
+    executor_from_args,
+    finite_or_none,
+)
 
 
 def _square(x):
@@ -80,7 +86,7 @@ def _pid(_job):
 
 def test_dask_runs_in_worker_processes_and_a_scheduler_client_is_not_the_global_default():
     distributed = pytest.importorskip("distributed")
-    from fluidopt.executor import DaskExecutor
+    from fluidopt.harness.executor import DaskExecutor
 
     local = DaskExecutor(1)
     try:
@@ -148,8 +154,8 @@ def test_the_progress_bar_carries_its_label(capsys):
 
 def test_a_dask_sweep_with_no_worker_warns_then_gives_up_keeping_the_finished_runs():
     distributed = pytest.importorskip("distributed")
-    from fluidopt.errors import ExecutorLost
-    from fluidopt.executor import DaskExecutor
+    from fluidopt.core.errors import ExecutorLost
+    from fluidopt.harness.executor import DaskExecutor
 
     cluster = distributed.LocalCluster(n_workers=0, processes=True, host="127.0.0.1",
                                        dashboard_address=":0", silence_logs=50)
@@ -196,7 +202,7 @@ def test_a_scheduler_address_is_tried_for_the_scheduler_flags_timeout_only(monke
     # --scheduler's connect timeout is passed to Dask's Client (not Dask's own default of 30 s), and a
     # scheduler that does not answer in it is refused with the timeout in the message
     distributed = pytest.importorskip("distributed")
-    from fluidopt.executor import DaskExecutor
+    from fluidopt.harness.executor import DaskExecutor
 
     seen = {}
 

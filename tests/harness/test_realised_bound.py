@@ -9,7 +9,7 @@ import pytest
 import fluidopt
 from fluidopt.fluid import solve_fluid
 from fluidopt.harness import compare
-from fluidopt.sim.workload import TraceWorkload
+from fluidopt.workloads import TraceWorkload
 
 WARMUP, HORIZON = 40.0, 260.0
 POLICIES = ["gate-and-route", "fi-wsp", "gi-wsp", "fcfs", "round-robin", "backpressure-gate-and-route"]
@@ -18,7 +18,7 @@ POLICIES = ["gate-and-route", "fi-wsp", "gi-wsp", "fcfs", "round-robin", "backpr
 def _drifting_trace(seed: int = 7) -> tuple[fluidopt.Scenario, TraceWorkload]:
     """A 400 s trace on 16 paper GPUs whose first 260 s run at 1.3x the whole trace's mean rate, the
     last 140 s at 0.44x; the scenario's classes are the whole trace's (rates and mean lengths), as
-    :func:`fluidopt.sim.trace.classes_from_trace` would give, planned well below capacity."""
+    :func:`fluidopt.workloads.traces.classes_from_trace` would give, planned well below capacity."""
     base = fluidopt.default_scenario(gpus=16)
     rng = np.random.default_rng(seed)
     mean_rate = 0.4 * sum(c.rate for c in base.classes)  # cluster arrivals per second over the whole trace
@@ -92,7 +92,7 @@ def test_poisson_runs_keep_the_plain_bound_only():
 
 @pytest.mark.integration
 def test_a_seeded_workload_uses_each_runs_own_window_counts():
-    from fluidopt.sim.workload import workload_from_scenario
+    from fluidopt.workloads import workload_from_scenario
 
     sc = fluidopt.default_scenario(gpus=4)
     comp = compare(sc, ["fcfs"], seeds=[0, 1], horizon=40.0, warmup=10.0, service="tokens", workers=1,
@@ -107,7 +107,7 @@ def test_a_seeded_workload_uses_each_runs_own_window_counts():
 
 
 def test_bound_from_counts_checks_its_counts():
-    from fluidopt.errors import UsageError
+    from fluidopt.core.errors import UsageError
     from fluidopt.fluid.realised import realised_bound_from_counts
 
     sc = fluidopt.default_scenario(gpus=4)

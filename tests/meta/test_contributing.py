@@ -135,7 +135,7 @@ def _toy_sli():
 
 def test_a_toy_sli_is_one_row_used_by_every_lp():
     from fluidopt import default_scenario
-    from fluidopt.errors import InfeasibleError
+    from fluidopt.core.errors import InfeasibleError
     from fluidopt.fluid import FluidModel, MinServedFraction, solve_fluid
     from fluidopt.fluid.capacity import fluid_fleet_bound
     from fluidopt.fluid.direct import DirectFluidLP
@@ -171,7 +171,7 @@ def test_a_toy_sli_is_one_row_used_by_every_lp():
 # -- worked example: a toy command, added from outside the package ----------------------------------------
 def test_a_toy_command_runs_and_its_bad_input_is_one_line(monkeypatch, capsys):
     from fluidopt import cli
-    from fluidopt.errors import UsageError
+    from fluidopt.core.errors import UsageError
 
     toy = types.ModuleType("fluidopt.commands.toy")
 

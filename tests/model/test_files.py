@@ -2,7 +2,7 @@
 
 import pytest
 
-from fluidopt._files import atomic_path
+from fluidopt.core.files import atomic_path
 
 
 def test_atomic_path_renames_on_success(tmp_path):

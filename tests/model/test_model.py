@@ -7,8 +7,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from fluidopt.errors import ScenarioError
-from fluidopt.model import GPUProfile, RequestClass, Scenario, paper_gpu, paper_scenario
+from fluidopt.core.errors import ScenarioError
+from fluidopt.core.model import GPUProfile, RequestClass, Scenario, paper_gpu, paper_scenario
 
 ALPHA, BETA, GAMMA, C, B = 0.0174, 6.2e-5, 45.45, 256, 16
 TAU = ALPHA + BETA * C  # 0.033272 s

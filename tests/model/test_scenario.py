@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from fluidopt import default_scenario, load_scenario, loads_scenario, scenario_from_dict
-from fluidopt.calibrate import load_profile
-from fluidopt.errors import ScenarioError
-from fluidopt.model import RequestClass, Scenario
+from fluidopt.calibration import load_profile
+from fluidopt.core.errors import ScenarioError
+from fluidopt.core.model import RequestClass, Scenario
 from fluidopt.scenario import gpu_from_dict, scenario_to_dict
 
 if sys.version_info >= (3, 11):
@@ -300,7 +300,7 @@ def test_gpu_from_dict_names_its_location():
 
 
 def test_errors_are_value_errors_and_fluidopt_errors():
-    from fluidopt.errors import FluidoptError
+    from fluidopt.core.errors import FluidoptError
 
     with pytest.raises(ValueError):
         scenario_from_dict({})

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from fluidopt.errors import ScenarioError
+from fluidopt.core.errors import ScenarioError
 from fluidopt.fluid import solve_fluid
 from fluidopt.scenario import loads_scenario, scenario_from_dict, scenario_to_dict
 

@@ -8,11 +8,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fluidopt.errors import ScenarioError, SolverError
+from fluidopt.core.errors import ScenarioError, SolverError
+from fluidopt.core.model import GPUProfile, RequestClass, Scenario, paper_scenario
 from fluidopt.fluid.capacity import fluid_fleet_bound
 from fluidopt.fluid.lp import FluidModel
 from fluidopt.fluid.sli import TPOT, MaxPrefillWait, MinServedFraction, PrefillFairness
-from fluidopt.model import GPUProfile, RequestClass, Scenario, paper_scenario
 
 
 def _per_gpu(scenario: Scenario, n: float) -> Scenario:

@@ -1,4 +1,4 @@
-"""GPU-hours for a day (fluidopt.dayplan.plan_day, `fluidopt plan --day`): the multi-period LP against
+"""GPU-hours for a day (fluidopt.planning.day.plan_day, `fluidopt plan --day`): the multi-period LP against
 hand computations from the GPU law's fluid throughputs, the binding constraint per slot, the CLI's
 JSON and its one-line errors."""
 
@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from fluidopt.cli import main
-from fluidopt.dayplan import parse_backlog, plan_day, rates_from_trace, read_rates_csv
-from fluidopt.errors import InfeasibleError, ScenarioError, UsageError
+from fluidopt.core.errors import InfeasibleError, ScenarioError, UsageError
+from fluidopt.core.model import GPUProfile, RequestClass, Scenario
 from fluidopt.fluid.multiperiod import BacklogJob, plan_fleet
-from fluidopt.model import GPUProfile, RequestClass, Scenario
+from fluidopt.planning.day import parse_backlog, plan_day, rates_from_trace, read_rates_csv
 from fluidopt.scenario import load_scenario
 
 GPU = GPUProfile(alpha=0.0174, beta=6.2e-5, tau_solo=1 / 45.45, chunk=256, batch=64, kv_time_per_token=1.5e-6,

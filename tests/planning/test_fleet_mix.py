@@ -1,6 +1,6 @@
 """Mixed instance types (issue 31, item 4): the multi-period LP chooses the mix per slot
 (fluidopt.fluid.multiperiod.plan_fleet_mix), a two-type plan costs at most the cheaper single-type
-plan, the mix runs role by role in the simulator with its autoscalers (fluidopt.dayplan.simulate_mix), and
+plan, the mix runs role by role in the simulator with its autoscalers (fluidopt.planning.day.simulate_mix), and
 bad instance types are one line and exit 2."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from fluidopt.cli import main
-from fluidopt.dayplan import mix_roles, simulate_mix
-from fluidopt.errors import ScenarioError
+from fluidopt.core.errors import ScenarioError
 from fluidopt.fluid.multiperiod import BacklogJob, plan_fleet, plan_fleet_mix
+from fluidopt.planning.day import mix_roles, simulate_mix
 from fluidopt.scenario import load_scenario, loads_scenario, scenario_to_dict
 
 MIX = Path(__file__).resolve().parents[2] / "examples/scenarios/chiron-workflow-mix.toml"

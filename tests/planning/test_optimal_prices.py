@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fluidopt.demand import Demand, demand_rates
-from fluidopt.errors import ScenarioError
+from fluidopt.core.demand import Demand, demand_rates
+from fluidopt.core.errors import ScenarioError
+from fluidopt.core.model import RequestClass, Scenario, paper_gpu
 from fluidopt.fluid.lp import solve_fluid
-from fluidopt.model import RequestClass, Scenario, paper_gpu
 from fluidopt.pricing import optimize_fleet, optimize_prices, price_grid, priced_scenario
 from fluidopt.scenario import loads_scenario, scenario_from_dict, scenario_to_dict
 
@@ -175,7 +175,7 @@ def test_two_token_prices_reach_the_per_class_optimum_with_two_classes():
 
 
 def test_without_demand_revenue_is_linear_in_price_and_the_grid_best_is_a_corner():
-    from fluidopt.model import paper_scenario
+    from fluidopt.core.model import paper_scenario
 
     g = price_grid(paper_scenario(), np.linspace(0, 0.5, 6), np.linspace(0, 0.5, 6), pricings=("bundled",))
     best = g.loc[g["revenue_per_gpu"].idxmax()]
@@ -265,7 +265,7 @@ def test_a_demand_shifts_with_prices_only_through_the_curve():
 
 @pytest.mark.slow
 def test_gate_and_route_at_the_optimal_prices_earns_within_3_percent_of_the_program():
-    from fluidopt.pricing_opt import simulate_prices
+    from fluidopt.pricing.optimize import simulate_prices
     from fluidopt.scenario import load_scenario
 
     sc = load_scenario(EXAMPLE)
@@ -283,7 +283,7 @@ def test_figures_and_their_tables():
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
 
-    from fluidopt.pricing_opt import (
+    from fluidopt.pricing.optimize import (
         fleet_figure,
         price_response,
         price_response_figure,

@@ -1,4 +1,4 @@
-"""Oracles for `fluidopt plan --day` (fluidopt.dayplan): when batch work may run and when it is due,
+"""Oracles for `fluidopt plan --day` (fluidopt.planning.day): when batch work may run and when it is due,
 and the GPU-hours that follow, by hand; property tests on the GPU-hours bound.
 
 From docs/planning.md section 2: a backlog CLASS=N@AT is due by the class's ``deadline_at`` or by
@@ -21,10 +21,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fluidopt.errors import InfeasibleError, UsageError
+from fluidopt.core.errors import InfeasibleError, UsageError
+from fluidopt.core.model import GPUProfile, RequestClass, Scenario
 from fluidopt.fluid.multiperiod import BacklogJob
-from fluidopt.model import GPUProfile, RequestClass, Scenario
-from fluidopt.plan import plan_day as _plan_day
+from fluidopt.planning.fleet import plan_day as _plan_day
 
 # These oracles derive the plan by hand from the documented fluid throughputs (docs/planning.md); the
 # calibrated ones (the default since the saturation model) have their own test (tests/fluid/test_saturation.py).
@@ -178,7 +178,7 @@ def test_the_reported_summary_and_rows():
 
 
 def test_plan_day_names_a_bad_scenario():
-    from fluidopt.errors import ScenarioError
+    from fluidopt.core.errors import ScenarioError
 
     with pytest.raises(ScenarioError, match="plan_day: scenario: expected a Scenario, got str"):
         plan_day("day.toml", [1.0])

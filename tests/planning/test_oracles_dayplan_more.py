@@ -1,4 +1,4 @@
-"""More oracles for fluidopt.dayplan (issue 35, the second mutation rerun): a deadline less than a
+"""More oracles for fluidopt.planning.day (issue 35, the second mutation rerun): a deadline less than a
 second past a short day, the note that says so, a rates CSV with a byte-order mark, a workflow that
 replays a trace, and the mixed-fleet run's sub-scenarios (each type's own maximum, one type per role)."""
 
@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from fluidopt.dayplan import read_rates_csv, simulate_mix, workflow_rates
-from fluidopt.errors import UsageError
+from fluidopt.core.errors import UsageError
+from fluidopt.core.model import ArrivalSpec, Workflow
 from fluidopt.fluid.multiperiod import BacklogJob
-from fluidopt.model import ArrivalSpec, Workflow
+from fluidopt.planning.day import read_rates_csv, simulate_mix, workflow_rates
 
 from .test_oracles_dayplan import MU_BAT, day_scenario, plan_day
 

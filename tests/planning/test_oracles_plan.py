@@ -1,4 +1,4 @@
-"""Oracles for `fluidopt plan --fluid-only` (fluidopt.plan, fluidopt.fluid.capacity): a one-class fleet
+"""Oracles for `fluidopt plan --fluid-only` (fluidopt.planning.fleet, fluidopt.fluid.capacity): a one-class fleet
 whose fluid bound, tokens per second and cost are arithmetic.
 
 The instance (round numbers): tau_mix = alpha + beta C = 0.01 + 0.001 * 10 = 0.02 s, gamma = 1 / tau_solo
@@ -25,10 +25,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fluidopt.core.model import GPUProfile, RequestClass, Scenario
 from fluidopt.fluid.capacity import fluid_fleet_bound
 from fluidopt.fluid.sli import MinServedFraction
-from fluidopt.model import GPUProfile, RequestClass, Scenario
-from fluidopt.plan import PlanSLIs, fluid_plan_slis, plan
+from fluidopt.planning.fleet import PlanSLIs, fluid_plan_slis, plan
 
 PRICE = 2.0
 
@@ -145,13 +145,13 @@ def test_one_class_bound_and_tokens_match_the_closed_form(decode, rate, served):
             n_int * PRICE / (served * rate * decode * 3600 / 1e6), rel=1e-6)
 
 
-# -- the rest of what plan reports (mutation survivors of fluidopt/plan.py, issue 35) -------------------
+# -- the rest of what plan reports (mutation survivors of fluidopt/planning/fleet.py, issue 35) -------------------
 
 
 def test_simulation_window_by_hand():
     """warm-up 3 T (at least 60 s), then 10 T (at least 300 s), T = the largest D_i times the slower of
     tau_mix and tau_solo; both scaled by ``scale``."""
-    from fluidopt.plan import simulation_window
+    from fluidopt.planning.fleet import simulation_window
 
     # T = 5 * 0.02 = 0.1 s: the floors apply
     assert simulation_window(one_class(decode=5.0)) == (360.0, 60.0)
@@ -164,7 +164,7 @@ def test_simulation_window_by_hand():
 
 
 def test_each_probe_runs_on_a_fleet_of_that_size_named_after_it():
-    from fluidopt.plan import _on_fleet
+    from fluidopt.planning.fleet import _on_fleet
 
     s = _on_fleet(one_class(), 7)
     assert s.gpus == 7 and s.name == "one-class-n7" and s.classes == one_class().classes
@@ -210,7 +210,7 @@ def test_figure_draws_mean_bound_target_and_fluid_bound():
     matplotlib.use("Agg")
     import pandas as pd
 
-    from fluidopt.plan import PlanResult
+    from fluidopt.planning.fleet import PlanResult
 
     table = pd.DataFrame([{"profile": "p", "growth": 1.0, "n_fluid": 2.5, "cost_per_hour": 1.0}])
     curves = pd.DataFrame([{"profile": "p", "growth": 1.0, "n": n, "metric": "served", "class": "a", "mean": m,
@@ -243,7 +243,7 @@ def test_fleet_bound_duals_and_report():
 
 
 def test_an_unattainable_tpot_names_the_profile():
-    from fluidopt.errors import ScenarioError
+    from fluidopt.core.errors import ScenarioError
     from fluidopt.fluid.sli import TPOT
 
     with pytest.raises(ScenarioError, match=r"solo decode time is 0.005 s per token \(1/gamma, profile hand-gpu\)"):

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fluidopt.executor import LocalExecutor
-from fluidopt.model import GPUProfile, RequestClass, Scenario
+from fluidopt.core.model import GPUProfile, RequestClass, Scenario
+from fluidopt.harness.executor import LocalExecutor
 from fluidopt.pricing import simulate_points
 from fluidopt.sim.api import simulate
 

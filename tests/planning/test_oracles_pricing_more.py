@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fluidopt.demand import Demand
-from fluidopt.model import RequestClass, Scenario, paper_gpu
+from fluidopt.core.demand import Demand
+from fluidopt.core.model import RequestClass, Scenario, paper_gpu
 from fluidopt.pricing import price_grid
 
 
@@ -49,7 +49,7 @@ def test_fixed_rate_grid_numbering_and_attributes():
 
 
 def test_an_empty_price_list_is_refused_with_or_without_demand():
-    from fluidopt.errors import UsageError
+    from fluidopt.core.errors import UsageError
 
     for demand in (None, Demand("linear", max_rate=2.0, slope=0.004)):
         for cps, cds in (([], [0.2]), ([0.1], [])):

@@ -1,4 +1,4 @@
-"""`fluidopt plan` / fluidopt.plan at a tiny size: fluid bound, verified search, costs, bad input."""
+"""`fluidopt plan` / fluidopt.planning.fleet at a tiny size: fluid bound, verified search, costs, bad input."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 
 import fluidopt
 from fluidopt.cli import main
-from fluidopt.errors import ScenarioError, UsageError
-from fluidopt.model import paper_gpu
-from fluidopt.plan import PlanSLIs, batch_chunk_study, plan
+from fluidopt.core.errors import ScenarioError, UsageError
+from fluidopt.core.model import paper_gpu
+from fluidopt.planning.fleet import PlanSLIs, batch_chunk_study, plan
 
 # the paper's classes at a demand that needs a handful of GPUs
 TINY = replace(fluidopt.default_scenario(gpus=4), name="tiny")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fluidopt.core.model import GPUProfile, RequestClass, Scenario, paper_scenario
 from fluidopt.fluid.direct import DirectFluidLP
 from fluidopt.fluid.lp import FluidModel
 from fluidopt.fluid.sli import TPOT, MinServedFraction, PrefillFairness
-from fluidopt.model import GPUProfile, RequestClass, Scenario, paper_scenario
 from fluidopt.pricing import pareto, parse_range, price_grid, shadow_prices
 
 PAPER = paper_scenario(gpus=500)
@@ -82,7 +82,7 @@ def test_shadow_prices_and_ranges():
     assert "sli:tpot" in set(sp["item"])
     assert list(parse_range("0:1:3", "--x")) == [0.0, 0.5, 1.0]
     assert list(parse_range("0.1,0.3", "--x")) == [0.1, 0.3]
-    from fluidopt.errors import UsageError
+    from fluidopt.core.errors import UsageError
 
     for bad in ("a:b:c", "0:1:0", "-1,2", ""):
         with pytest.raises(UsageError):

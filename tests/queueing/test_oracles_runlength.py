@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from fluidopt.errors import ScenarioError
+from fluidopt.core.errors import ScenarioError
 from fluidopt.queueing.runlength import (
     customers_for_precision,
     erlang_a_abandon_relative_sd,

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy.stats import poisson
 
-from fluidopt.errors import ScenarioError
+from fluidopt.core.errors import ScenarioError
 from fluidopt.queueing import (
     erlang_a,
     erlang_b,

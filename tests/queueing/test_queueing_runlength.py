@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from fluidopt.errors import ScenarioError
+from fluidopt.core.errors import ScenarioError
 from fluidopt.queueing import erlang_a
 from fluidopt.queueing.runlength import (
     RunLengthReport,

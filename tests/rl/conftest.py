@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from fluidopt.scenario import scenario_from_dict
-from fluidopt.sim.workload import TraceWorkload
+from fluidopt.workloads import TraceWorkload
 
 ROOT = Path(__file__).resolve().parents[2]
 RL_SCENARIO = ROOT / "examples" / "scenarios" / "rl-router-v100.toml"

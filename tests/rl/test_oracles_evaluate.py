@@ -141,7 +141,7 @@ def test_evaluate_draws_the_episodes_and_reports_every_column():
 
 
 def test_evaluate_hands_each_policy_its_own_options():
-    from fluidopt.errors import UsageError
+    from fluidopt.core.errors import UsageError
     from fluidopt.rl.evaluate import evaluate
 
     with pytest.raises(UsageError, match="bogus"):
@@ -162,7 +162,7 @@ def test_run_episode_stops_once_every_request_is_resolved():
     import pandas as pd
 
     from fluidopt.rl.evaluate import run_episode
-    from fluidopt.sim.workload import TraceWorkload
+    from fluidopt.workloads import TraceWorkload
 
     sc = _tiny()
     wl = TraceWorkload(pd.DataFrame({"time": [0.0, 1.0, 2.0], "prompt": [50, 50, 50], "output": [20, 20, 20],
@@ -197,7 +197,7 @@ def test_run_episode_waits_for_a_last_arrival_on_a_check_time():
     import pandas as pd
 
     from fluidopt.rl.evaluate import run_episode
-    from fluidopt.sim.workload import TraceWorkload
+    from fluidopt.workloads import TraceWorkload
 
     sc = _tiny()
     wl = TraceWorkload(pd.DataFrame({"time": [0.0, 1.0, 5.0], "prompt": [50] * 3, "output": [20] * 3,

@@ -8,9 +8,9 @@ import math
 import pandas as pd
 import pytest
 
-from fluidopt.errors import ScenarioError
+from fluidopt.core.errors import ScenarioError
 from fluidopt.rl.evaluate import summarize, trace_episodes
-from fluidopt.sim.workload import TraceWorkload
+from fluidopt.workloads import TraceWorkload
 
 from .test_oracles_evaluate import _frame, _row
 
@@ -55,7 +55,7 @@ def test_an_episode_cut_short_by_ctrl_c_raises_instead_of_passing_for_a_whole_on
     import signal
 
     from fluidopt.control.load_balancers import RandomRouter
-    from fluidopt.interrupt import Interrupted, clear, pending
+    from fluidopt.core.interrupt import Interrupted, clear, pending
     from fluidopt.rl.core import episode_workload
     from fluidopt.rl.evaluate import run_episode
     from fluidopt.scenario import load_scenario

@@ -8,12 +8,12 @@ import warnings
 import numpy as np
 import pytest
 
-from fluidopt.errors import ScenarioError
+from fluidopt.core.errors import ScenarioError
 from fluidopt.rl.core import RewardConfig, RouterCore, episode_workload, in_system, obs_dim
 from fluidopt.rl.predictors import BUCKET_TOKENS, NoisyOracle
 from fluidopt.scenario import load_scenario
 from fluidopt.sim.api import make_engine
-from fluidopt.sim.workload import TraceWarning
+from fluidopt.workloads import TraceWarning
 
 from .conftest import RL_SCENARIO, blocked_workload, tiny_scenario
 

@@ -53,7 +53,7 @@ def test_training_is_deterministic_bit_for_bit():
 def test_training_on_revenue_records_it():
     import json
 
-    from fluidopt.model import paper_scenario
+    from fluidopt.core.model import paper_scenario
 
     cfg = DQNConfig(seed=1, objective="revenue", n_requests=120, **{**TINY, "episodes": 2, "eps_episodes": 1})
     res = train(paper_scenario(gpus=2), cfg)

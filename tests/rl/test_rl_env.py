@@ -64,7 +64,7 @@ def test_an_episode_resolves_every_request_and_counts_rewards():
 def test_revenue_reward_is_the_simulators_revenue_with_abandonment():
     # the prefill/decode paper's instance: patience 0.1/s, so requests abandon from the router queue and
     # the instance queues; the revenue reward (without guidance) sums to the simulator's own revenue
-    from fluidopt.model import paper_scenario
+    from fluidopt.core.model import paper_scenario
     from fluidopt.rl.core import RewardConfig
 
     sc = paper_scenario(gpus=2)

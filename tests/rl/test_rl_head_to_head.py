@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fluidopt.errors import ScenarioError
+from fluidopt.core.errors import ScenarioError
 from fluidopt.rl.evaluate import evaluate, trace_episodes
-from fluidopt.sim.workload import TraceWorkload
+from fluidopt.workloads import TraceWorkload
 
 from .conftest import ROOT, tiny_scenario
 

@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fluidopt.errors import ScenarioError
+from fluidopt.core.errors import ScenarioError
 from fluidopt.rl.mlp import SCORER_IN, WAIT_IN, SharedQNetwork, load_weights, save_weights
-from fluidopt.sim.workload import TraceWorkload
+from fluidopt.workloads import TraceWorkload
 
 from .conftest import blocked_env, tiny_scenario
 

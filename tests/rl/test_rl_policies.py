@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from fluidopt.errors import ScenarioError
+from fluidopt.core.errors import ScenarioError
 from fluidopt.rl.core import STATE_LAYOUT, obs_dim
 from fluidopt.rl.mlp import QNetwork, load_weights, save_weights, shipped_weights_path
 from fluidopt.scenario import load_scenario

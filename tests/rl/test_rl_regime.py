@@ -10,13 +10,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fluidopt.errors import ScenarioError, UsageError
+from fluidopt.core.errors import ScenarioError, UsageError
 from fluidopt.rl.core import LOG_COUNT_CAP, STATE_LAYOUT, STATE_LAYOUT_LOG, bucket_counts
 from fluidopt.rl.mlp import WEIGHTS_DIR, load_weights, shipped_weights_path
 from fluidopt.rl.predictors import TABLE1_ACCURACY, scenario_accuracy
 from fluidopt.rl.regimes import regime_map, scenario_at
 from fluidopt.scenario import load_scenario, scenario_from_dict
-from fluidopt.sim.workload import TraceWorkload
+from fluidopt.workloads import TraceWorkload
 
 from .conftest import RL_SCENARIO, ROOT
 

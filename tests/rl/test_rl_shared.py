@@ -8,11 +8,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fluidopt.errors import ScenarioError
+from fluidopt.core.errors import ScenarioError
 from fluidopt.rl.core import obs_dim
 from fluidopt.rl.mlp import SCORER_IN, WAIT_IN, QNetwork, SharedQNetwork, load_weights, save_weights
 from fluidopt.sim.api import simulate
-from fluidopt.sim.workload import TraceWorkload
+from fluidopt.workloads import TraceWorkload
 
 from .conftest import RL_SCENARIO, blocked_env, tiny_scenario
 
@@ -222,7 +222,7 @@ def test_lost_revenue_reward_sums_to_revenue_minus_the_arrivals_revenue():
     """objective="lost-revenue": minus the revenue of requests that abandon; over an episode (all its
     requests resolve) it sums to the simulator's revenue minus the revenue of every arrival."""
     pytest.importorskip("gymnasium")
-    from fluidopt.model import paper_scenario
+    from fluidopt.core.model import paper_scenario
     from fluidopt.rl.core import RewardConfig, episode_seed, episode_workload
     from fluidopt.rl.env import RouterEnv
 

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from fluidopt.rl.core import RewardConfig
-from fluidopt.sim.workload import TraceWorkload
+from fluidopt.workloads import TraceWorkload
 from tests.rl.conftest import RL_SCENARIO, tiny_scenario
 
 pytest.importorskip("gymnasium")

@@ -94,7 +94,7 @@ def test_broken_controllers_fail_the_check_that_names_them(policy, check):
 
 
 def test_unknown_registered_name_is_a_usage_error():
-    from fluidopt.errors import UsageError
+    from fluidopt.core.errors import UsageError
 
     with pytest.raises(UsageError, match="unknown policy 'nope'"):
         check_controller("nope")

@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 
 from fluidopt import RequestClass, Scenario, default_scenario, simulate
-from fluidopt.model import GPUProfile
+from fluidopt.core.model import GPUProfile
 from fluidopt.sim.cohort import COHORT_KEYS, CohortWarning, cohort_from_records
-from fluidopt.sim.workload import TraceWorkload
+from fluidopt.workloads import TraceWorkload
 
 CP, CD = 0.1, 0.2
 
@@ -161,7 +161,7 @@ def test_drain_is_validated_and_the_cli_reports_the_cohort(capsys):
     import json
 
     from fluidopt.cli import main
-    from fluidopt.errors import UsageError
+    from fluidopt.core.errors import UsageError
 
     for bad in (0.0, -1.0, math.inf, True):
         with pytest.raises(UsageError, match="drain"):

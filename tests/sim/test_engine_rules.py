@@ -13,9 +13,9 @@ import pandas as pd
 from builders import hand_scenario
 
 from fluidopt.control.paper_baselines import FIWSP
-from fluidopt.model import GPUProfile, RequestClass, Scenario
+from fluidopt.core.model import GPUProfile, RequestClass, Scenario
 from fluidopt.sim.api import simulate
-from fluidopt.sim.workload import TraceWarning, TraceWorkload
+from fluidopt.workloads import TraceWarning, TraceWorkload
 
 
 def _scenario(n=1, batch=4):
@@ -114,7 +114,7 @@ def test_kv_refusal_of_a_prefill_names_the_prompt():
     # KV capacity 20: the first request's decode holds 16 + generated tokens, so a second prompt of 16
     # does not fit; the ActionError says which GPU, how many tokens are free and what needed them.
     from fluidopt.control.protocol import Controller
-    from fluidopt.errors import ActionError
+    from fluidopt.core.errors import ActionError
 
     class Try(Controller):
         msgs: list = []

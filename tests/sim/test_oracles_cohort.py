@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fluidopt.model import GPUProfile, RequestClass, Scenario
+from fluidopt.core.model import GPUProfile, RequestClass, Scenario
 from fluidopt.sim.cohort import CohortTracker, cohort_from_records
 
 CP, CD = 0.1, 0.2
@@ -159,7 +159,7 @@ def test_a_request_just_before_the_horizon_falls_in_the_last_slice():
 
 
 def test_records_of_unknown_classes_and_the_per_class_index():
-    from fluidopt.errors import UsageError
+    from fluidopt.core.errors import UsageError
 
     df = _records()
     df.loc[0, "class"] = "zz"

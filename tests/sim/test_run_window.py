@@ -8,7 +8,7 @@ import pickle
 import pytest
 
 import fluidopt
-from fluidopt.errors import ScenarioError, UsageError
+from fluidopt.core.errors import ScenarioError, UsageError
 from fluidopt.sim.api import simulate
 from fluidopt.sim.window import RunWindow
 

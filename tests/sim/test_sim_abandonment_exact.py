@@ -20,9 +20,9 @@ import pytest
 from scipy import stats
 
 from fluidopt.control.protocol import WAIT_PREFILL, Controller
-from fluidopt.model import GPUProfile, RequestClass, Scenario
+from fluidopt.core.model import GPUProfile, RequestClass, Scenario
 from fluidopt.sim.api import simulate
-from fluidopt.sim.workload import TraceWarning, TraceWorkload
+from fluidopt.workloads import TraceWarning, TraceWorkload
 
 THETA = 2.0
 N = 20_000  # requests, alternating classes, one every 10 ms

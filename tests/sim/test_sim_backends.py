@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from fluidopt import GPUProfile, RequestClass, Scenario
 from fluidopt.control.registry import available
-from fluidopt.errors import UsageError
+from fluidopt.core.errors import UsageError
 from fluidopt.sim import backend as core
 from fluidopt.sim.api import simulate
 
@@ -140,7 +140,7 @@ def test_random_scenarios_same_numbers_with_invariants_checked(case):
 def test_action_errors_are_the_same(tmp_path):
     """Bad actions raise the same ActionError text from both (validation never runs unchecked code)."""
     from fluidopt.control.protocol import Controller
-    from fluidopt.errors import ActionError
+    from fluidopt.core.errors import ActionError
 
     class Bad(Controller):
         name = "bad"

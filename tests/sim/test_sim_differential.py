@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from fluidopt.model import GPUProfile, RequestClass, Scenario
+from fluidopt.core.model import GPUProfile, RequestClass, Scenario
 from fluidopt.sim.api import simulate
 
 T = stats.t.ppf(0.975, 19)

@@ -1,7 +1,7 @@
 """A request whose context outgrows every GPU's KV cache is dropped, and its controller is told."""
 
 from fluidopt.control.instance import RoundRobin
-from fluidopt.model import GPUProfile, RequestClass, Scenario
+from fluidopt.core.model import GPUProfile, RequestClass, Scenario
 from fluidopt.sim.api import simulate
 
 

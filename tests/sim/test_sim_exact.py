@@ -22,7 +22,7 @@ from scipy import stats
 
 from fluidopt.control.instance import RoundRobin
 from fluidopt.control.paper_baselines import FIWSP
-from fluidopt.model import GPUProfile, RequestClass, Scenario
+from fluidopt.core.model import GPUProfile, RequestClass, Scenario
 from fluidopt.queueing import erlang_a, mg1_geometric_wait, mmc_metrics
 from fluidopt.queueing.runlength import (
     erlang_a_abandon_relative_sd,

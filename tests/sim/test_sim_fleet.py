@@ -14,12 +14,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fluidopt.control.protocol import DECODE_QUEUE, PREFILL_QUEUE, Controller
-from fluidopt.errors import ActionError, ScenarioError
-from fluidopt.model import Fleet, GPUProfile, RequestClass, Scenario
+from fluidopt.core.errors import ActionError, ScenarioError
+from fluidopt.core.model import Fleet, GPUProfile, RequestClass, Scenario
 from fluidopt.sim import backend as core
 from fluidopt.sim.api import make_engine, simulate
 from fluidopt.sim.results import SLOWarning
-from fluidopt.sim.workload import (
+from fluidopt.workloads import (
     ArrivalBatch,
     Backlog,
     BacklogWorkload,
@@ -418,7 +418,7 @@ def test_backlog_is_injected_on_top_of_the_base_arrivals():
     b = a.cls == 1
     assert b.sum() == 1000 and np.all(a.time[b] == 7.5) and np.all(a.prompt[b] == 500)
     # the base's arrivals are those of the base workload under the same child stream
-    from fluidopt.sim.workload import _children
+    from fluidopt.workloads.base import _children
 
     base_rng = _children(rng, 3)[0]
     ref = collect(base, base_rng, 20.0)

@@ -31,8 +31,8 @@ from fluidopt.control.protocol import (
     Context,
     Controller,
 )
-from fluidopt.errors import ActionError
-from fluidopt.model import GPUProfile, RequestClass, Scenario
+from fluidopt.core.errors import ActionError
+from fluidopt.core.model import GPUProfile, RequestClass, Scenario
 from fluidopt.sim.api import simulate
 
 

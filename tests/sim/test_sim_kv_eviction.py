@@ -17,7 +17,7 @@ import pytest
 from builders import hand_scenario, replay_trace
 
 from fluidopt.control.protocol import Context, Controller
-from fluidopt.model import Scenario
+from fluidopt.core.model import Scenario
 
 ABS = 1e-12
 

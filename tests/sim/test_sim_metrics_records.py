@@ -30,9 +30,9 @@ import pandas as pd
 import pytest
 
 from fluidopt.control.instance import RoundRobin
-from fluidopt.model import GPUProfile, RequestClass, Scenario
+from fluidopt.core.model import GPUProfile, RequestClass, Scenario
 from fluidopt.sim.api import simulate
-from fluidopt.sim.workload import TraceWarning
+from fluidopt.workloads import TraceWarning
 
 REL = 1e-9
 BIN = 10.0 ** (1.0 / 400.0) - 1.0  # half a 200-per-decade bin, relative: 0.5773%

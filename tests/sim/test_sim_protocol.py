@@ -26,11 +26,11 @@ from fluidopt.control.protocol import (
     Controller,
 )
 from fluidopt.control.registry import available, make_controller, register
-from fluidopt.errors import ActionError, ScenarioError, UsageError
-from fluidopt.model import GPUProfile, RequestClass, Scenario
+from fluidopt.core.errors import ActionError, ScenarioError, UsageError
+from fluidopt.core.model import GPUProfile, RequestClass, Scenario
 from fluidopt.sim.api import simulate
 from fluidopt.sim.engine import Engine
-from fluidopt.sim.workload import TraceWarning, TraceWorkload
+from fluidopt.workloads import TraceWarning, TraceWorkload
 
 
 def _sc(n=2, batch=3, classes=("a", "b"), patience=0.0, **gpu_kw) -> Scenario:

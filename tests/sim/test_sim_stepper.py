@@ -32,9 +32,9 @@ from hypothesis import HealthCheck, assume, event, example, given, settings
 from hypothesis import strategies as st
 
 from fluidopt.control.instance import RoundRobin
-from fluidopt.model import GPUProfile, RequestClass, Scenario
+from fluidopt.core.model import GPUProfile, RequestClass, Scenario
 from fluidopt.sim.api import simulate
-from fluidopt.sim.workload import TraceWarning, TraceWorkload
+from fluidopt.workloads import TraceWarning, TraceWorkload
 
 U = 1.0 / 1024  # the time unit of the "exact" draws: every parameter is a small multiple of U / 256
 HORIZON = 1.0e4

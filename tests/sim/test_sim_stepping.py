@@ -13,8 +13,8 @@ import pytest
 
 import fluidopt
 from fluidopt.control.protocol import Controller
-from fluidopt.errors import ActionError, ScenarioError
-from fluidopt.model import GPUProfile, RequestClass, Scenario
+from fluidopt.core.errors import ActionError, ScenarioError
+from fluidopt.core.model import GPUProfile, RequestClass, Scenario
 from fluidopt.sim.api import make_engine
 
 BACKENDS = ["python", "compiled"]

@@ -8,10 +8,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from fluidopt.model import Scenario, paper_gpu
+from fluidopt.core.model import Scenario, paper_gpu
 from fluidopt.sim.api import simulate
-from fluidopt.sim.trace import classes_from_trace, load_azure_trace
-from fluidopt.sim.workload import TraceWarning
+from fluidopt.workloads import TraceWarning
+from fluidopt.workloads.traces import classes_from_trace, load_azure_trace
 
 TRACE = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "azure-llm-inference-2023" / "AzureLLMInferenceTrace_conv.csv"
 

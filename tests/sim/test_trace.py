@@ -10,9 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fluidopt.errors import TraceError
-from fluidopt.model import Scenario, paper_gpu
-from fluidopt.sim.trace import (
+from fluidopt.core.errors import TraceError
+from fluidopt.core.model import Scenario, paper_gpu
+from fluidopt.workloads import TraceWarning, TraceWorkload, collect
+from fluidopt.workloads.traces import (
     assign_classes,
     classes_from_trace,
     load_azure_trace,
@@ -21,7 +22,6 @@ from fluidopt.sim.trace import (
     read_trace_csv,
     summarize_trace,
 )
-from fluidopt.sim.workload import TraceWarning, TraceWorkload, collect
 
 AZURE = Path(__file__).resolve().parents[3] / "shared/data/azure-llm-inference-2023/AzureLLMInferenceTrace_conv.csv"
 needs_azure = pytest.mark.skipif(not AZURE.is_file(), reason=f"shared Azure trace not found at {AZURE}")

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from fluidopt.cli import main
-from fluidopt.errors import ScenarioError
-from fluidopt.model import ArrivalSpec, BacklogSpec, Workflow
+from fluidopt.core.errors import ScenarioError
+from fluidopt.core.model import ArrivalSpec, BacklogSpec, Workflow
 from fluidopt.scenario import load_scenario, loads_scenario, scenario_from_dict, scenario_to_dict
-from fluidopt.sim.workload import (
+from fluidopt.workloads import (
     Backlog,
     BacklogWorkload,
     ClassSpec,
@@ -63,7 +63,7 @@ def test_workflow_workload_is_the_hand_built_one():
     assert (a.cls == 1).sum() == 2000 and a.time[a.cls == 1].min() == 300.0
 
 
-@pytest.mark.filterwarnings("ignore::fluidopt.sim.workload.TraceWarning")
+@pytest.mark.filterwarnings("ignore::fluidopt.workloads.TraceWarning")
 def test_trace_and_rate_file_processes(tmp_path):
     (tmp_path / "trace.csv").write_text("time,prompt_tokens,output_tokens\n0,100,10\n1,300,30\n59,200,20\n")
     (tmp_path / "rates.csv").write_text("rate\n2.0\n0.0\n")

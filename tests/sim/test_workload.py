@@ -12,9 +12,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fluidopt.errors import ScenarioError, TraceError
-from fluidopt.model import RequestClass, Scenario, paper_gpu, paper_scenario
-from fluidopt.sim.workload import (
+from fluidopt.core.errors import ScenarioError, TraceError
+from fluidopt.core.model import RequestClass, Scenario, paper_gpu, paper_scenario
+from fluidopt.workloads import (
     ArrivalBatch,
     ClassSpec,
     Empirical,

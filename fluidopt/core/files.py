@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from fluidopt.errors import FolderInUseError, OutputError
+from fluidopt.core.errors import FolderInUseError, OutputError
 
 
 def read_text_file(path: str | os.PathLike, what: str, error: type[Exception]) -> str:

@@ -1,8 +1,8 @@
 """Validated reading of TOML-like tables: the field checks every input file shares.
 
-Scenario files (:mod:`fluidopt.scenario`) and the named GPU profiles (:mod:`fluidopt.calibrate`) both
+Scenario files (:mod:`fluidopt.scenario`) and the named GPU profiles (:mod:`fluidopt.calibration`) both
 read GPU tables with :func:`gpu_from_dict`; keeping it here, below both, means neither imports the
-other to read a table. Every error is a :class:`~fluidopt.errors.ScenarioError` naming the field,
+other to read a table. Every error is a :class:`~fluidopt.core.errors.ScenarioError` naming the field,
 the value and what was expected.
 """
 
@@ -12,8 +12,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from fluidopt.errors import ScenarioError, did_you_mean
-from fluidopt.model import GPUProfile
+from fluidopt.core.errors import ScenarioError, did_you_mean
+from fluidopt.core.model import GPUProfile
 
 __all__ = ["gpu_from_dict"]
 

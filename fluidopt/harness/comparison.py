@@ -2,8 +2,8 @@
 
 Each run is one :func:`fluidopt.simulate` call; each scenario's fluid LPs (the bound R* that no
 policy can beat in the limit, and the plan LP-guided policies follow) are solved once in the parent
-and handed to the runs. Runs go through :mod:`fluidopt.executor` (a local process pool by default,
-or Dask). Ctrl-C or SIGTERM stops them and raises :class:`fluidopt.interrupt.Interrupted`, whose
+and handed to the runs. Runs go through :mod:`fluidopt.harness.executor` (a local process pool by default,
+or Dask). Ctrl-C or SIGTERM stops them and raises :class:`fluidopt.core.interrupt.Interrupted`, whose
 ``partial`` is the :class:`Comparison` of the runs that finished (flagged ``interrupted``); no table of
 an incomplete sweep is written. ``out=`` holds the folder as its only writer (a lock file), keeps a
 results store there so that a rerun skips the runs already done, and writes the tables as one
@@ -25,10 +25,10 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from fluidopt._files import atomic_path
-from fluidopt.errors import ScenarioError, did_you_mean
-from fluidopt.executor import Executor
-from fluidopt.model import Scenario
+from fluidopt.core.errors import ScenarioError, did_you_mean
+from fluidopt.core.files import atomic_path
+from fluidopt.core.model import Scenario
+from fluidopt.harness.executor import Executor
 from fluidopt.sim.cohort import COHORT_KEYS
 
 __all__ = ["COHORT_RUN_COLUMNS", "Comparison", "compare", "RUN_COLUMNS"]
@@ -183,7 +183,7 @@ class Comparison:
     def save(self, directory: str | os.PathLike, extra: dict[str, Any] | None = None,
              owned: Sequence[str] = ()) -> list[Path]:
         """Write runs.csv, classes.csv, bounds.csv, summary.csv (and timeseries.csv when sampled) and
-        meta.json into ``directory`` as one generation (:func:`fluidopt._files.write_generation`: all
+        meta.json into ``directory`` as one generation (:func:`fluidopt.core.files.write_generation`: all
         replace the previous ones or none does, and a previous sweep's timeseries.csv does not outlive
         it); :meth:`load` reads them back. ``extra``: more files of the same generation (a figure),
         name -> ``write(path)``; ``owned``: other names this generation replaces or removes.
@@ -192,7 +192,7 @@ class Comparison:
         a finished sweep's tables."""
         import json
 
-        from fluidopt._files import write_generation
+        from fluidopt.core.files import write_generation
 
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
@@ -404,7 +404,7 @@ def compare(
     for ``ratio`` ("bundled" or "separate"). Each scenario's LPs (bundled and separate, with the
     scenario's own SLIs) are solved once here and handed to the LP-guided policies as ``plan=``.
 
-    ``executor``: where runs execute (:mod:`fluidopt.executor`: a local process pool, a Dask
+    ``executor``: where runs execute (:mod:`fluidopt.harness.executor`: a local process pool, a Dask
     LocalCluster or an existing Dask cluster); default a local pool of ``workers`` processes
     (default: CPU count, at most the number of runs; 1 runs in this process). Every backend gives the
     same numbers bit for bit. ``sample_interval``: sample every run's state every so many seconds;
@@ -415,8 +415,8 @@ def compare(
     ``out``: a folder for the CSV tables; finished runs are also appended there, one by one, to a
     results store (``store.jsonl``), and with ``resume=True`` (default) runs already in it are not run
     again, so a rerun after a crash or Ctrl-C does only what is missing. A second process on the same
-    folder gets :class:`~fluidopt.errors.FolderInUseError` naming the holder. ``workloads``: maps a
-    scenario name to a replay workload (a trace, :func:`fluidopt.sim.trace.replay`) that replaces its
+    folder gets :class:`~fluidopt.core.errors.FolderInUseError` naming the holder. ``workloads``: maps a
+    scenario name to a replay workload (a trace, :func:`fluidopt.workloads.traces.replay`) that replaces its
     Poisson arrivals in every run of that scenario (``service="tokens"``).
 
     ``save=False``: keep the store in ``out`` but leave the tables to the caller (who writes them with
@@ -448,8 +448,8 @@ def compare(
                                                           ("service", service), ("sample_interval", sample_interval),
                                                           ("drain", drain))}
     windows = {name: RunWindow(*(per[k][name] for k in per), caller="compare") for name in per["horizon"]}
-    import fluidopt.interrupt as interrupt
-    from fluidopt._files import maybe_lock
+    import fluidopt.core.interrupt as interrupt
+    from fluidopt.core.files import maybe_lock
 
     with maybe_lock(out, "out", "compare"):
         try:
@@ -466,7 +466,7 @@ def stored_line(out: str | os.PathLike | None) -> str:
     """What a results folder's store holds, in one line (for an interruption message)."""
     if out is None:
         return "nothing was stored (no results folder)"
-    from fluidopt.executor import ResultStore
+    from fluidopt.harness.executor import ResultStore
 
     store = ResultStore(out)
     n = len(store.load()) if store.path.exists() else 0
@@ -475,9 +475,9 @@ def stored_line(out: str | os.PathLike | None) -> str:
 
 def _compare_locked(scenarios, labelled, seeds, windows, pricing, options, workloads, out, resume, progress, executor,
                     workers, imports, save=True) -> Comparison:
-    import fluidopt.interrupt as interrupt
+    import fluidopt.core.interrupt as interrupt
     from fluidopt.control.registry import uses_plan
-    from fluidopt.executor import LocalExecutor, ResultStore, run_jobs
+    from fluidopt.harness.executor import LocalExecutor, ResultStore, run_jobs
 
     store = ResultStore(out) if out is not None else None
     if store is not None and not resume and store.path.exists():
@@ -513,7 +513,7 @@ def _compare_locked(scenarios, labelled, seeds, windows, pricing, options, workl
     if own:
         n_workers = workers if workers is not None else (os.cpu_count() or 1)
         if isinstance(n_workers, bool) or not isinstance(n_workers, int) or n_workers < 1:
-            from fluidopt.errors import UsageError
+            from fluidopt.core.errors import UsageError
 
             raise UsageError(f"compare: workers: expected an integer >= 1, got {n_workers!r}")
         executor = LocalExecutor(max(1, min(n_workers, len(jobs))), imports)

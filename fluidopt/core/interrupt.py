@@ -157,7 +157,7 @@ def script_main(main: Callable[[], Any], prog: str | None = None) -> int:
     """Run an example script's ``main()`` under the command line's contract: one line and exit 130/143
     on Ctrl-C or SIGTERM, one line and exit 2 on fluidopt's own errors. Use as
     ``sys.exit(script_main(main))``."""
-    from fluidopt.errors import FluidoptError
+    from fluidopt.core.errors import FluidoptError
 
     prog = prog or (sys.argv[0].rsplit("/", 1)[-1] if sys.argv and sys.argv[0] else "script")
     try:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fluidopt.errors import ScenarioError
+from fluidopt.core.errors import ScenarioError
 
 __all__ = ["DEMAND_MODELS", "Demand", "demand_rates", "check_markets", "price_per_request", "has_demand"]
 

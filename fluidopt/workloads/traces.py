@@ -1,6 +1,6 @@
 """Trace loaders: the Azure LLM inference trace format and a simple generic CSV.
 
-Both loaders validate every row and raise :class:`fluidopt.errors.TraceError` naming the file, the
+Both loaders validate every row and raise :class:`fluidopt.core.errors.TraceError` naming the file, the
 first bad row (1-based data row and its line in the file, the header being line 1), the column, the
 value and what was expected, e.g. ``conv.csv: row 17 (line 18): ContextTokens = '-3': expected a
 non-negative integer``. Policies (see docs/workloads.md):
@@ -33,9 +33,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fluidopt.errors import TraceError
-from fluidopt.model import RequestClass, Scenario
-from fluidopt.sim.workload import TraceWarning, TraceWorkload
+from fluidopt.core.errors import TraceError
+from fluidopt.core.model import RequestClass, Scenario
+from fluidopt.workloads.base import TraceWarning
+from fluidopt.workloads.replay import TraceWorkload
 
 # No model's context is longer: a count beyond this is a corrupt row, not a request.
 MAX_TOKENS = 100_000_000
@@ -556,7 +557,7 @@ def classes_from_trace(
     """Model classes estimated from a trace: per class the mean prompt and output tokens and the
     arrival rate ``requests / duration`` (per second, whole cluster; ``duration`` defaults to the
     span from first to last arrival, after speedup). ``lengths="lognormal"`` also sets the log-sd of
-    each length. Use them in a :class:`fluidopt.model.Scenario` to solve the fluid LP for the trace."""
+    each length. Use them in a :class:`fluidopt.core.model.Scenario` to solve the fluid LP for the trace."""
     s = summarize_trace(trace, duration=duration)
     pat = np.broadcast_to(np.asarray(patience, dtype=float), (len(s),))
     out = []

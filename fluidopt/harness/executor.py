@@ -7,7 +7,7 @@ result travels back pickled, floats exact):
   processes (default: CPU count). No service needed.
 - ``dask``: a Dask ``LocalCluster`` of ``workers`` single-threaded worker processes (``--dask``).
 - ``dask`` with ``scheduler="tcp://HOST:PORT"``: an existing Dask cluster (``--scheduler``). An
-  address that does not answer is a :class:`~fluidopt.errors.UsageError` within about 10 s.
+  address that does not answer is a :class:`~fluidopt.core.errors.UsageError` within about 10 s.
 
 Dask is optional (``pip install "fluidopt[dask]"``); it is imported only when asked for.
 
@@ -36,8 +36,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from pathlib import Path
 from typing import Any
 
-from fluidopt._files import holds
-from fluidopt.errors import ExecutorLost, UsageError
+from fluidopt.core.errors import ExecutorLost, UsageError
+from fluidopt.core.files import holds
 
 __all__ = ["Executor", "LocalExecutor", "DaskExecutor", "make_executor", "add_executor_arguments",
            "executor_from_args", "ResultStore", "run_key", "Progress", "SCHEDULER_TIMEOUT_S"]
@@ -115,7 +115,7 @@ class LocalExecutor(Executor):
     ``pool=True``: a process pool even for one worker (so the caller's thread stays free, e.g. a web
     app's). ``stop``: a :class:`threading.Event`; once set, a pool is terminated within 0.2 s and
     :meth:`imap` raises KeyboardInterrupt, which :func:`run_jobs` turns into
-    :class:`~fluidopt.interrupt.Interrupted` (a cancel button from another thread). ``start_method``: the
+    :class:`~fluidopt.core.interrupt.Interrupted` (a cancel button from another thread). ``start_method``: the
     pool's multiprocessing start method (default: the platform's; ``"forkserver"`` for a caller with
     threads of its own, such as a web server)."""
 
@@ -523,7 +523,7 @@ class ResultStore:
 
     def load(self) -> dict[str, Any]:
         """Every complete stored run by key. A partial last line (a crash mid-append) is dropped, and cut
-        off the file only while this process holds the folder's lock (:func:`fluidopt._files.lock_folder`):
+        off the file only while this process holds the folder's lock (:func:`fluidopt.core.files.lock_folder`):
         without it, that line may be one a live writer is appending."""
         if not self.path.exists():
             return {}
@@ -574,12 +574,12 @@ def run_jobs(fn: Callable[[dict], Any], jobs: Sequence[dict], *, executor: Execu
     Stored runs are taken as they are (not re-run); each new result is appended to the store as
     soon as it arrives. ``progress``: a bar on stderr (True / False / None: when a terminal), or a
     callable ``progress(done, total)`` called at the start and after each run. Ctrl-C or SIGTERM stops the executor within about a second and raises
-    :class:`~fluidopt.interrupt.Interrupted` whose ``kept`` says how many runs finished and where they
+    :class:`~fluidopt.core.interrupt.Interrupted` whose ``kept`` says how many runs finished and where they
     are, and whose ``partial`` is the ``{index: result}`` of those. A run cut short by the signal is
     never returned or stored (the simulator's partial result is dropped). A store that cannot be
-    appended to (a full disk) is an :class:`~fluidopt.errors.OutputError` saying what is stored.
+    appended to (a full disk) is an :class:`~fluidopt.core.errors.OutputError` saying what is stored.
     """
-    from fluidopt._files import maybe_lock
+    from fluidopt.core.files import maybe_lock
 
     # the store's folder has one writer (the lock is re-entrant: a caller may hold it already)
     with maybe_lock(store.folder if store is not None else None, "results store", "run_jobs"):
@@ -587,7 +587,7 @@ def run_jobs(fn: Callable[[dict], Any], jobs: Sequence[dict], *, executor: Execu
 
 
 def _run_jobs(fn, jobs, executor, store, progress, desc, note) -> dict[int, Any]:
-    import fluidopt.interrupt as interrupt
+    import fluidopt.core.interrupt as interrupt
 
     done: dict[int, Any] = {}
     keys = [run_key(j) for j in jobs] if store is not None else []
@@ -621,7 +621,7 @@ def _run_jobs(fn, jobs, executor, store, progress, desc, note) -> dict[int, Any]
                 try:
                     store.append(keys[k], res)
                 except OSError as e:
-                    from fluidopt.errors import OutputError
+                    from fluidopt.core.errors import OutputError
 
                     raise OutputError(f"cannot append to the results store {str(store.path)!r}: "
                                       f"{e.strerror or type(e).__name__}; {kept()}") from None

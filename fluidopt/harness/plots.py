@@ -12,7 +12,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
     from fluidopt.fluid.solution import FluidSolution
-    from fluidopt.harness import Comparison
+    from fluidopt.harness.comparison import Comparison
     from fluidopt.sim.metrics import SimResult
 
 __all__ = ["plot_comparison", "plot_occupancy", "save_figure"]
@@ -25,7 +25,7 @@ def save_figure(fig, path: str | os.PathLike, *, dpi: int = 100) -> Path:
     renamed), so an interrupted script never leaves a truncated image. A pyplot figure gets
     ``tight_layout`` first (one made with a layout engine keeps its own).
     """
-    from fluidopt._files import atomic_path
+    from fluidopt.core.files import atomic_path
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

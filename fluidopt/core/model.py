@@ -14,8 +14,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from fluidopt.demand import Demand, check_markets
-from fluidopt.errors import ScenarioError
+from fluidopt.core.demand import Demand, check_markets
+from fluidopt.core.errors import ScenarioError
 
 LENGTH_DISTRIBUTIONS = ("exponential", "fixed", "lognormal")
 
@@ -143,7 +143,7 @@ class RequestClass:
     itl_slo: float | None = None  # s per output token
     deadline: float | None = None  # s after arrival
     deadline_at: float | None = None  # s, absolute simulation time
-    # how ``rate`` responds to the class's price per request (fluidopt.demand; None: it does not)
+    # how ``rate`` responds to the class's price per request (fluidopt.core.demand; None: it does not)
     demand: Demand | None = None
 
     @property
@@ -180,7 +180,7 @@ class RequestClass:
         if self.deadline_at is not None:
             _check_positive(w, "deadline_at", self.deadline_at, allow_zero=True)
         if self.demand is not None and not isinstance(self.demand, Demand):
-            raise ScenarioError(f"{w}.demand: expected a fluidopt.demand.Demand, got {type(self.demand).__name__}")
+            raise ScenarioError(f"{w}.demand: expected a fluidopt.core.demand.Demand, got {type(self.demand).__name__}")
 
 
 @dataclass(frozen=True)

@@ -30,9 +30,9 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pandas as pd
 
-from fluidopt.errors import InfeasibleError, ScenarioError, UsageError
+from fluidopt.core.errors import InfeasibleError, ScenarioError, UsageError
+from fluidopt.core.model import Fleet, Scenario
 from fluidopt.fluid.multiperiod import BacklogJob, FleetPlan, MixPlan, plan_fleet
-from fluidopt.model import Fleet, Scenario
 
 __all__ = ["DayPlan", "MAX_GROUPS", "MixRun", "mix_roles", "parse_backlog", "plan_day", "rates_from_trace",
            "read_rates_csv", "simulate_mix", "workflow_rates"]
@@ -96,7 +96,7 @@ class DayPlan:
 
     def to_dict(self) -> dict:
         """JSON-ready summary and per-slot rows."""
-        from fluidopt.executor import finite_or_none
+        from fluidopt.harness.executor import finite_or_none
 
         rows = [{k: finite_or_none(v.item() if hasattr(v, "item") else v) for k, v in r.items()}
                 for r in self.to_frame().to_dict(orient="records")]
@@ -162,7 +162,7 @@ def rates_from_trace(path: str | os.PathLike, slot: float) -> tuple[np.ndarray, 
 
     The format is read from the header (the Azure LLM inference trace or the generic CSV, as
     ``fluidopt simulate --trace``); times start at the first request; the last slot is counted whole."""
-    from fluidopt.sim.trace import _is_azure, read_azure_trace, read_trace_csv
+    from fluidopt.workloads.traces import _is_azure, read_azure_trace, read_trace_csv
 
     _check_slot(slot)
     df = read_azure_trace(path) if _is_azure(path) else read_trace_csv(path)
@@ -193,7 +193,7 @@ def workflow_rates(scenario: Scenario, slot: float) -> tuple[np.ndarray | None, 
     ``[workflow] horizon``: (rates, None, notes), or (None, trace file, notes) when the one interactive
     class with arrivals replays a trace. ``poisson`` / ``gamma``: their constant rate; ``rates``: the
     file's piecewise rate averaged over each slot; a class without arrivals adds nothing."""
-    from fluidopt.sim.workload import read_slot_rates
+    from fluidopt.workloads.workflow import read_slot_rates
 
     wf = scenario.workflow
     inter = [c for c in scenario.classes if c.deadline is None and c.deadline_at is None]
@@ -493,7 +493,7 @@ def simulate_mix(scenario: Scenario, plan: MixPlan, *, seed: int, horizon: float
     with the instances the interactive rate needs at ``utilisation`` (ceil(lambda / (rho mu_int))), the
     batch type with none (its autoscaler adds them when the backlog arrives)."""
     from fluidopt.sim.api import simulate
-    from fluidopt.sim.workload import WorkflowWarning
+    from fluidopt.workloads.workflow import WorkflowWarning
 
     if scenario.workflow is None:
         raise UsageError("simulate_mix: expected a scenario with a workflow ([[arrivals]], [[backlogs]]), got none")

@@ -21,7 +21,7 @@ checked in simulation only.
 
 Demand is the scenario's class arrival rates for the whole fleet (its ``gpus`` is ignored).
 
-:func:`plan_day` (``fluidopt plan --day``, module :mod:`fluidopt.dayplan`) answers the other planning
+:func:`plan_day` (``fluidopt plan --day``, module :mod:`fluidopt.planning.day`) answers the other planning
 question, GPU-hours for a day whose interactive rate changes per time slot and whose batch work has
 deadlines, from the multi-period fluid LP.
 """
@@ -38,10 +38,10 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from fluidopt.dayplan import DayPlan, plan_day  # noqa: F401  (GPU-hours for a day: `fluidopt plan --day`)
-from fluidopt.errors import ScenarioError, UsageError, did_you_mean
+from fluidopt.core.errors import ScenarioError, UsageError, did_you_mean
+from fluidopt.core.model import GPUProfile, Scenario
 from fluidopt.fluid.sli import SLI, TPOT, MaxPrefillWait, MinServedFraction, PrefillFairness, sli_spec
-from fluidopt.model import GPUProfile, Scenario
+from fluidopt.planning.day import DayPlan, plan_day  # noqa: F401  (GPU-hours for a day: `fluidopt plan --day`)
 
 __all__ = ["PlanSLIs", "PlanResult", "plan", "fluid_plan_slis", "batch_chunk_study", "simulation_window", "DayPlan",
            "plan_day"]
@@ -270,7 +270,7 @@ class PlanResult:
         return fig
 
     def to_dict(self) -> dict:
-        from fluidopt.executor import finite_or_none
+        from fluidopt.harness.executor import finite_or_none
 
         def rec(df: pd.DataFrame) -> list[dict]:
             return [{k: finite_or_none(v.item() if hasattr(v, "item") else v) for k, v in r.items()}
@@ -288,7 +288,7 @@ def _profiles(scenario: Scenario, profiles: Sequence[str | GPUProfile] | None) -
         if isinstance(p, GPUProfile):
             out.append(p)
         elif isinstance(p, str):
-            from fluidopt.calibrate import load_profile
+            from fluidopt.calibration.profiles import load_profile
 
             out.append(load_profile(p.strip()))
         else:
@@ -321,13 +321,13 @@ def plan(
     ``profiles``: named profiles or :class:`GPUProfile` objects (default: the scenario's GPU); each
     needs ``price_per_hour`` unless ``require_price=False``. ``growth``: demand multipliers.
     ``horizon``/``warmup``: seconds per verification run (default :func:`simulation_window`).
-    ``executor``: :mod:`fluidopt.executor` backend for the runs (default: a local pool); ``out``: a
+    ``executor``: :mod:`fluidopt.harness.executor` backend for the runs (default: a local pool); ``out``: a
     folder whose results store makes a rerun skip the runs already done. ``max_factor``: give up
     (UsageError) when even max_factor * ceil(n_fluid) GPUs miss an SLI.
     """
     from fluidopt.control.registry import available, policy_options
-    from fluidopt.executor import LocalExecutor, ResultStore
     from fluidopt.fluid.capacity import fluid_fleet_bound
+    from fluidopt.harness.executor import LocalExecutor, ResultStore
 
     if not isinstance(scenario, Scenario):
         raise ScenarioError(f"plan: scenario: expected a Scenario, got {type(scenario).__name__}")
@@ -417,7 +417,7 @@ def _search(sc: Scenario, slis: PlanSLIs, lp_slis, n0: int, policy: str, options
             executor, store, progress, max_factor: float, growth: float,
             mixed_share: float | None = None, seed: int = 0):
     """Smallest n >= n0 meeting every SLI in simulation: step up from n0, then bisect."""
-    from fluidopt.executor import run_jobs
+    from fluidopt.harness.executor import run_jobs
 
     probes: dict[int, tuple[bool, list[dict], float]] = {}
 

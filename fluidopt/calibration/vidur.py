@@ -5,7 +5,7 @@ every token-parallel operator of one transformer layer at many token counts and 
 degrees (``compute/GPU/ORG/MODEL/mlp.csv``, milliseconds). This module composes from them the time
 of one engine iteration that runs a prefill chunk of ``C`` tokens next to ``D`` decodes, and fits
 the iteration law ``tau = alpha + beta * C`` (plus ``kv_time_per_token`` per resident KV token) with
-:func:`fluidopt.calibrate.fit_iteration_time`. Sections of docs/calibration.md ("Published operator
+:func:`fluidopt.calibration.fit_iteration_time`. Sections of docs/calibration.md ("Published operator
 profiles (Vidur)") give the derivation; in short, one iteration on a replica of ``tp`` GPUs takes
 
     tau = L * (ops(T) + attn_prefill + attn_decode + 2 * allreduce(T)) + emb(T) + lm_head(D + 1)
@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fluidopt.calibrate import CalibrationFit, fit_iteration_time
-from fluidopt.errors import CalibrationError
+from fluidopt.calibration.fit import CalibrationFit, fit_iteration_time
+from fluidopt.core.errors import CalibrationError
 
 VIDUR_COMMIT = "7d47513"  # microsoft/vidur commit of compute/ (data README)
 LEGACY_COMMIT = "e2d00e9"  # commit of legacy/a100/attention.csv
@@ -399,7 +399,7 @@ def read_operator_table(data_dir: str | Path, gpu: str, model: str, tp: int, *,
         hint = f" ({alt[0]} has the same layer shapes: --layers-from {alt[0]})" if alt else ""
         raise CalibrationError(f"--model {model!r}: no table for {g}; it has {', '.join(have[g])}{hint}")
     if model not in MODELS:
-        raise CalibrationError(f"--model {model!r}: no geometry (layers, parameters) in fluidopt.vidur.MODELS; "
+        raise CalibrationError(f"--model {model!r}: no geometry (layers, parameters) in fluidopt.calibration.vidur.MODELS; "
                                f"known: {', '.join(MODELS)}")
     if layers_from is None:
         source = model
@@ -508,8 +508,8 @@ class VidurFit:
         return profile_name(self.table.gpu.key, self.table.model.name, self.table.tp)
 
     def to_profile(self):
-        """The :class:`~fluidopt.model.GPUProfile` of one replica (no price: give your own)."""
-        from fluidopt.model import GPUProfile
+        """The :class:`~fluidopt.core.model.GPUProfile` of one replica (no price: give your own)."""
+        from fluidopt.core.model import GPUProfile
 
         f = self.fit
         return GPUProfile(alpha=f.alpha, beta=f.beta, tau_solo=f.tau_solo, chunk=self.chunk, batch=self.batch,
@@ -524,7 +524,7 @@ class VidurFit:
             *([f"layer times: {t.layers_from}'s table (same layer shapes; {t.model.name} has none for {t.gpu.key})"]
               if t.layers_from else []),
             f"data: {t.path} (sha256 {t.sha256[:16]}, vidur@{VIDUR_COMMIT}); attention: roofline "
-            f"(fluidopt.vidur.ATTENTION); batch B = {self.batch}, chunk C = {self.chunk}",
+            f"(fluidopt.calibration.vidur.ATTENTION); batch B = {self.batch}, chunk C = {self.chunk}",
             "",
             self.fit.summary(),
             f"kv_time_per_token = {self.kv_time_per_token:.4g} s per resident KV token  95% CI [{lo:.4g}, {hi:.4g}]",
@@ -588,11 +588,21 @@ def fit_table(table: OperatorTable, *, chunk: int = CHUNK, batch: int | None = N
                     float(abs(err[k])), int(c[held][k]), float(np.median(np.abs(err))))
 
 
-def from_vidur(data_dir: str | Path, gpu: str, model: str, tp: int, *, chunk: int = CHUNK,
+def from_vidur(data_dir: str | Path, gpu: str, model: str, tp: int, *, chunk: int | None = None,
                batch: int | None = None, layers_from: str | None = None) -> VidurFit:
-    """Read the (``gpu``, ``model``, ``tp``) operator table under ``data_dir`` and fit its law
-    (``layers_from``: see :func:`read_operator_table`)."""
-    return fit_table(read_operator_table(data_dir, gpu, model, tp, layers_from=layers_from), chunk=chunk, batch=batch)
+    """Fit the iteration law of one (GPU, model, tensor-parallel degree) replica from Vidur's
+    published operator profiles under ``data_dir`` (``compute/GPU/ORG/MODEL/mlp.csv``).
+
+    Returns a :class:`VidurFit`: the :class:`~fluidopt.calibration.fit.CalibrationFit` of
+    tau = alpha + beta * C (seconds, tokens) on composed iterations, ``kv_time_per_token`` (s per
+    resident KV token), the KV capacity (tokens per replica) and the held-out cross-validation error.
+    ``chunk`` (default :data:`CHUNK`, 1024) and ``batch`` (default: from the KV capacity) are serving
+    settings. Unknown GPU, model or TP degree raise :class:`CalibrationError` naming what the folder
+    holds. ``layers_from``: a model with the same layer shapes whose table on ``gpu`` stands in for a
+    missing one (see :func:`read_operator_table`).
+    """
+    table = read_operator_table(data_dir, gpu, model, tp, layers_from=layers_from)
+    return fit_table(table, chunk=CHUNK if chunk is None else chunk, batch=batch)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -680,7 +690,7 @@ def render_profiles(data_dir: str | Path) -> tuple[str, list[str]]:
             f"# (fleets count replicas). alpha/beta: OLS on composed iterations, C = {FIT_CHUNKS[0]}-{FIT_CHUNKS[-1]}, "
             "batch - 1 decodes;",
             "# *_ci: 95% intervals; cv_*: |relative error| at held-out chunk sizes. Attention: roofline",
-            f"# (fluidopt.vidur.ATTENTION), held-out median error on the A100 profile: prefill "
+            f"# (fluidopt.calibration.vidur.ATTENTION), held-out median error on the A100 profile: prefill "
             f"{100 * val.prefill_median_abs:.1f}%, decode {100 * val.decode_median_abs:.1f}%.",
             "# No price: give yours (fluidopt plan --price GPU=DOLLARS_PER_GPU_HOUR). Skipped slices:",
             *(f"#   {x}" for x in skipped), ""]

@@ -21,9 +21,9 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from fluidopt.errors import UsageError
+from fluidopt.core.errors import UsageError
+from fluidopt.core.model import Scenario
 from fluidopt.fluid.sli import SLI, TPOT, DecodeFairness, PrefillFairness
-from fluidopt.model import Scenario
 
 __all__ = ["price_grid", "grid_figure", "shadow_prices", "pareto", "pareto_figure", "simulate_points",
            "parse_range"]
@@ -57,13 +57,13 @@ def price_grid(scenario: Scenario, prefill_prices: Sequence[float], decode_price
 
     Without a demand model the rates are fixed, so revenue is linear in the prices at any fixed
     operating point and the grid's best point is its top corner. With one (``[classes.demand]``),
-    each point's rates are the demand at its prices (:func:`fluidopt.pricing_opt.demand_grid`, through
+    each point's rates are the demand at its prices (:func:`fluidopt.pricing.optimize.demand_grid`, through
     Pyomo, a few ms per point) and the best point can be interior.
     """
-    from fluidopt.demand import has_demand
+    from fluidopt.core.demand import has_demand
 
     if has_demand(scenario.classes):
-        from fluidopt.pricing_opt import demand_grid
+        from fluidopt.pricing.optimize import demand_grid
 
         if len(prefill_prices) == 0 or len(decode_prices) == 0:
             raise UsageError("price grid: expected at least one prefill and one decode price")
@@ -218,14 +218,14 @@ def simulate_points(scenario: Scenario, points: Sequence[tuple[float, float]], *
     """Simulate ``policy`` at chosen (c_p, c_d) points; LP promise against simulated revenue per point."""
     from dataclasses import replace
 
-    from fluidopt.harness import compare
+    from fluidopt.harness.comparison import compare
 
     if not points:
         raise UsageError("--simulate: expected at least one CP,CD point")
-    from fluidopt.demand import has_demand
+    from fluidopt.core.demand import has_demand
 
     if has_demand(scenario.classes):  # the rates follow the demand at each point's prices
-        from fluidopt.pricing_opt import _token_scenario
+        from fluidopt.pricing.optimize import _token_scenario
 
         scens = [replace(_token_scenario(scenario, cp, cd), name=f"cp={cp:g},cd={cd:g}") for cp, cd in points]
     else:
@@ -244,18 +244,3 @@ def simulate_points(scenario: Scenario, points: Sequence[tuple[float, float]], *
                      "lp_revenue_per_gpu": lp, "sim_revenue_per_gpu": r["revenue"], "sim_revenue_ci": r["revenue_ci"],
                      "ratio": r["ratio"], "gap_per_gpu": lp - r["revenue"]})
     return pd.DataFrame(rows)
-
-
-# Demand that responds to price, optimal prices under capacity (docs/planning.md, section 4): the
-# program lives in fluidopt.pricing_opt; re-exported so that fluidopt.pricing is the one door.
-from fluidopt.pricing_opt import (  # noqa: E402
-    FleetResult,
-    PriceResult,
-    demand_grid,
-    optimize_fleet,
-    optimize_prices,
-    priced_scenario,
-)
-
-__all__ += ["optimize_prices", "optimize_fleet", "PriceResult", "FleetResult", "demand_grid", "priced_scenario"]
-
