@@ -325,8 +325,14 @@ def _evaluate(args) -> int:
         with atomic_path(args.csv) as tmp:
             df.to_csv(tmp, index=False)
     s = summarize(df)
+    from fluidopt.rl.policies import foreign_weights
+
+    # A router run on weights trained for another scenario measures a transfer, not the method: say so
+    # beside its number, or a -180% reads as a broken router.
+    foreign = {p: foreign_weights(p, scenario, opts.get(p, {}).get("weights")) for p in s["policy"]}
     if args.json:
-        print(json.dumps(s.to_dict(orient="records"), indent=2, default=float))
+        rows = [dict(r, weights_trained_on=foreign[r["policy"]]) for r in s.to_dict(orient="records")]
+        print(json.dumps(rows, indent=2, default=float))
     else:
         print(f"{scenario.name}: {args.episodes} episodes x {args.requests} requests, seed {args.seed}")
         print(f"{'policy':22s} {'e2e mean (s)':>18s} {'vs RR %':>14s} {'paper %':>8s} {'TTFT (s)':>9s} "
@@ -334,9 +340,15 @@ def _evaluate(args) -> int:
         for _, r in s.iterrows():
             imp = f"{r.get('improvement_pct', float('nan')):6.2f}+-{r.get('improvement_ci', float('nan')):.2f}"
             pap = "" if r["paper_improvement_pct"] != r["paper_improvement_pct"] else f"{r['paper_improvement_pct']:.2f}"
-            print(f"{r['policy']:22s} {r['e2e_mean']:9.3f}+-{r['e2e_mean_ci']:<7.3f} {imp:>14s} {pap:>8s} "
+            name = r["policy"] + (" *" if foreign[r["policy"]] else "")
+            print(f"{name:22s} {r['e2e_mean']:9.3f}+-{r['e2e_mean_ci']:<7.3f} {imp:>14s} {pap:>8s} "
                   f"{r['ttft_mean']:9.3f} {r['tpot_mean']:9.4f} {r['preemptions']:8.1f} "
                   f"{100 * r.get('completed_share', float('nan')):7.1f}")
+        for on in dict.fromkeys(v for v in foreign.values() if v):
+            pols_on = ", ".join(p for p, v in foreign.items() if v == on)
+            print(f"* {pols_on}: weights trained on {on}, not on {scenario.name}; their numbers here measure "
+                  f"a transfer, not the router (train weights for this scenario: fluidopt rl train "
+                  f"{args.scenario} --variant VARIANT --out FILE, then --option POLICY:weights=FILE)")
     return 0
 
 

@@ -1,0 +1,70 @@
+"""The newcomer's stumbles (issue 47): each fixed or explained in the command's own output.
+
+In-process calls of :func:`fluidopt.cli.main` (faster than a subprocess); output read with capsys."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from builders import ROOT
+
+from fluidopt.cli import main
+
+pytestmark = pytest.mark.integration
+
+REGIME = str(ROOT / "examples" / "scenarios" / "rl-router-paper-regime.toml")
+
+
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# 1. RL weights trained for another scenario are labelled in the table itself
+
+
+def test_trained_on_reads_the_scenario_from_each_shipped_file():
+    from fluidopt.rl.mlp import WEIGHTS_DIR, trained_on
+
+    assert trained_on(WEIGHTS_DIR / "baseline-rl-4.npz") == "rl-router-v100"
+    assert trained_on(WEIGHTS_DIR / "wa-rl-8.npz") == "rl-router-v100-8"
+    assert trained_on(WEIGHTS_DIR / "wg-rl-regime.npz") == "rl-router-paper-regime"
+    assert trained_on(WEIGHTS_DIR / "wg-rl-regime-fig4b.npz") == "rl-router-paper-regime-fig4b"
+    # examples/rl_sb3.py without --scenario trains on the paper regime
+    assert trained_on(WEIGHTS_DIR / "sb3-dqn-regime.npz") == "rl-router-paper-regime"
+    assert trained_on(WEIGHTS_DIR / "no-such-file.npz") is None
+
+
+def test_foreign_weights_by_router_and_scenario():
+    from fluidopt.rl.policies import foreign_weights
+    from fluidopt.scenario import load_scenario
+
+    regime = load_scenario(REGIME)
+    assert foreign_weights("baseline-rl", regime) == "rl-router-v100"
+    assert foreign_weights("wa-rl-chunked", regime) == "rl-router-v100"
+    assert foreign_weights("wg-rl", regime) is None  # its own imitation weights
+    assert foreign_weights("sb3-ppo", regime) is None
+    assert foreign_weights("jsq", regime) is None  # no weights at all
+    v100 = load_scenario(ROOT / "examples" / "scenarios" / "rl-router-v100.toml")
+    assert foreign_weights("baseline-rl", v100) is None
+    # a file given with --option is judged by what it was trained on
+    from fluidopt.rl.mlp import WEIGHTS_DIR
+
+    assert foreign_weights("wg-rl", v100, str(WEIGHTS_DIR / "wg-rl-regime.npz")) == "rl-router-paper-regime"
+
+
+def test_rl_evaluate_marks_weights_trained_for_another_scenario(capsys):
+    code, out, err = cli(capsys, "rl", "evaluate", REGIME, "--policies", "round-robin,baseline-rl,wg-rl",
+                         "--episodes", "1", "--requests", "40")
+    assert code == 0, err
+    rows = {line.split()[0]: line for line in out.splitlines()[2:5]}
+    assert rows["baseline-rl"].startswith("baseline-rl *")
+    assert "*" not in rows["wg-rl"] and "*" not in rows["round-robin"]
+    foot = out.splitlines()[5]
+    assert foot.startswith("* baseline-rl: weights trained on rl-router-v100, not on rl-router-paper-regime")
+    code, out, err = cli(capsys, "rl", "evaluate", REGIME, "--policies", "round-robin,baseline-rl,wg-rl",
+                         "--episodes", "1", "--requests", "40", "--json")
+    by = {r["policy"]: r["weights_trained_on"] for r in json.loads(out)}
+    assert by == {"round-robin": None, "baseline-rl": "rl-router-v100", "wg-rl": None}
