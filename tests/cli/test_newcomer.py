@@ -68,3 +68,58 @@ def test_rl_evaluate_marks_weights_trained_for_another_scenario(capsys):
                          "--episodes", "1", "--requests", "40", "--json")
     by = {r["policy"]: r["weights_trained_on"] for r in json.loads(out)}
     assert by == {"round-robin": None, "baseline-rl": "rl-router-v100", "wg-rl": None}
+
+
+# 2. a trace that is not CSV says so, and names the formats read
+
+
+def _jsonl(path, n=30):
+    with open(path, "w") as f:
+        for i in range(n):
+            f.write(json.dumps({"timestamp": 100 * i, "input_length": 500 + i, "output_length": 100,
+                                "hash_ids": list(range(14))}) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("kind, what", [
+    ("jsonl", "looks like JSON lines (one JSON object per line), not CSV"),
+    ("json", "looks like JSON (an array), not CSV"),
+    ("gz", "looks like a gzip-compressed file, not CSV"),
+    ("parquet", "looks like a Parquet file, not CSV"),
+])
+def test_a_trace_that_is_not_csv_names_the_formats_read(capsys, tmp_path, kind, what):
+    import gzip
+
+    src = _jsonl(tmp_path / "t.jsonl")
+    path = {"jsonl": src, "json": tmp_path / "t.json", "gz": tmp_path / "t.jsonl.gz",
+            "parquet": tmp_path / "t.parquet"}[kind]
+    if kind == "json":
+        path.write_text(json.dumps([json.loads(x) for x in src.read_text().splitlines()]))
+    elif kind == "gz":
+        path.write_bytes(gzip.compress(src.read_bytes()))
+    elif kind == "parquet":
+        path.write_bytes(b"PAR1" + b"\x00" * 64)
+    code, out, err = cli(capsys, "simulate", "--trace", str(path), "--service", "tokens", "--policy", "jsq",
+                         "--horizon", "10")
+    assert code == 2
+    line, = err.splitlines()
+    assert f"error: {path.name}: {what}; traces are read from an Azure LLM inference trace CSV" in line
+    assert "generic trace CSV (time,prompt_tokens,output_tokens[,class])" in line
+    assert "fields, expected" not in line
+
+
+def test_the_library_readers_refuse_json_lines_too(tmp_path):
+    import io
+
+    from fluidopt.errors import TraceError
+    from fluidopt.sim.trace import read_azure_trace, read_trace_csv
+
+    path = _jsonl(tmp_path / "t.jsonl")
+    for reader in (read_trace_csv, read_azure_trace):
+        with pytest.raises(TraceError, match=r"^t\.jsonl: looks like JSON lines"):
+            reader(path)
+    with pytest.raises(TraceError, match="looks like JSON lines"):
+        read_trace_csv(io.StringIO(path.read_text()))
+    # a CSV stream is still read from where it stands
+    df = read_trace_csv(io.StringIO("time,prompt_tokens,output_tokens\n0,5,6\n1,7,8\n"))
+    assert list(df["prompt"]) == [5, 7]
