@@ -192,7 +192,16 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     print(f"fluidopt price: {scenario.name}, {len(cps)} x {len(cds)} prices, {', '.join(pricings)}: "
           f"{len(grid)} LPs in {grid.attrs['seconds']:.2f} s")
-    print("\nhighest LP revenue per GPU per s on the grid:")
+    from fluidopt.demand import has_demand
+    from fluidopt.pricing_opt import NO_DEMAND_WHY
+
+    if has_demand(scenario.classes):
+        print("\nhighest LP revenue per GPU per s on the grid:")
+    else:
+        # the top corner of whatever grid was asked for: no optimum, and the headline must not read as one
+        print(f"\nhighest LP revenue per GPU per s on the grid: the grid's top corner, not an optimal price (no class "
+              f"has a demand model ([classes.demand]); {NO_DEMAND_WHY}; --optimize finds optimal prices "
+              f"with demand models, docs/planning.md section 4):")
     served = [c for c in grid.columns if c.startswith("served[")]
     print(best[["pricing", "prefill_price", "decode_price", "revenue_per_gpu", *served]].to_string(index=False))
     print("\nshadow prices at the scenario's own prices:")
@@ -200,12 +209,26 @@ def _run(args: argparse.Namespace) -> int:
     for c in curves:
         print(f"\nprice of the {c['sli'].iloc[0]} SLI (LP revenue per GPU per s against its bound):")
         print(c[["pricing", "bound", "revenue_per_gpu", *served]].iloc[:: max(1, len(c) // 12)].to_string(index=False))
+    if curves and "separate" in pricings:
+        print(f"note: {separate_with_sli_note(scenario)}")
     if sim is not None:
         print(f"\n{args.policy} simulated at chosen points (LP promise against simulation):")
         print(sim.to_string(index=False))
     if files:
         print(f"\nsaved: {', '.join(files)}")
     return 0
+
+
+def separate_with_sli_note(scenario) -> str:
+    """Why the SLI tables' separate rows carry the bundled revenue even where the SLI does not bind."""
+    from fluidopt.fluid.lp import scenario_slis, solve_fluid
+
+    line = ("under an SLI row the LP keeps no decode buffer, so every prefilled request completes and separate "
+            "pricing earns what bundled pricing earns at the same prices, even where the SLI does not bind")
+    if scenario_slis(scenario):
+        return line
+    free = solve_fluid(scenario, "separate").objective_per_gpu
+    return f"{line} (separate pricing without an SLI row: {free:.6g} per GPU per s at the scenario's own prices)"
 
 
 def _pareto_kinds(args: argparse.Namespace) -> list[str]:

@@ -123,3 +123,29 @@ def test_the_library_readers_refuse_json_lines_too(tmp_path):
     # a CSV stream is still read from where it stands
     df = read_trace_csv(io.StringIO("time,prompt_tokens,output_tokens\n0,5,6\n1,7,8\n"))
     assert list(df["prompt"]) == [5, 7]
+
+
+# 4. fluidopt price: the grid's corner is not an optimum without demand; the SLI table's separate rows
+
+
+def test_price_without_demand_says_the_best_point_is_the_grid_corner(capsys):
+    code, out, err = cli(capsys, "price", "--prefill", "0:0.3:4", "--decode", "0:0.4:3", "--pareto", "tpot",
+                         "--points", "3")
+    assert code == 0, err
+    head = out.splitlines()[2]
+    assert head.startswith("highest LP revenue per GPU per s on the grid: the grid's top corner, not an optimal price")
+    assert "the best price is the top of any range" in head  # the app's words (pricing_opt.NO_DEMAND_WHY)
+    best = out.splitlines()[4].split()
+    assert best[:3] == ["bundled", "0.3", "0.4"]  # the corner indeed
+    # the SLI table's separate rows: the bundled revenue, and a note on why, with the value without the row
+    note = [x for x in out.splitlines() if x.startswith("note: under an SLI row")]
+    assert len(note) == 1
+    assert "separate pricing without an SLI row: 298.587 per GPU per s" in note[0]  # docs/lp.md: 298.59
+
+
+def test_price_with_demand_keeps_the_plain_headline(capsys):
+    code, out, err = cli(capsys, "price", str(ROOT / "examples/scenarios/paper-two-class-demand.toml"),
+                         "--prefill", "0:0.5:3", "--decode", "0:0.5:3", "--pareto", "", "--pricing", "bundled")
+    assert code == 0, err
+    assert "highest LP revenue per GPU per s on the grid:\n" in out
+    assert "top corner" not in out and "note: under an SLI row" not in out
