@@ -146,10 +146,13 @@ def run(args: argparse.Namespace) -> int:
     from fluidopt.scenario import load_scenario
 
     options = parse_options(args.option)
-    if not args.list_policies and not args.policy:
-        raise UsageError("--policy: a policy name is required (see fluidopt simulate --list-policies)")
+    # The values given are checked before what is missing: `--horizon -5` without --policy names the horizon.
     check_positive_int(args.gpus, "--gpus")
     check_positive_int(args.batches, "--batches", minimum=2, maximum=10_000)
+    if not args.list_policies:
+        _check_given_window(args)
+    if not args.list_policies and not args.policy:
+        raise UsageError("--policy: a policy name is required (see fluidopt simulate --list-policies)")
     check_output_file(args.records, "--records")
     # Input first, the simulator and controller stack (seconds to import) only once it is valid.
     scenario = load_scenario(args.scenario) if not args.list_policies else None
@@ -215,6 +218,19 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return interrupt.exit_status(KeyboardInterrupt())  # 130, or 143 for SIGTERM
     return 0
+
+
+def _check_given_window(args: argparse.Namespace) -> None:
+    """The window flags given, checked by :class:`~fluidopt.sim.window.RunWindow` before the scenario is read
+    (the default horizon comes from it; until then a stand-in just past the warm-up)."""
+    from fluidopt.sim.window import RunWindow
+
+    h, w = args.horizon, args.warmup
+    if h is None and w is None and args.sample_interval is None and args.drain is None:
+        return
+    if h is None:
+        h = w + 1.0 if w is not None and math.isfinite(w) and w >= 0 else 1.0
+    RunWindow(h, 0.0 if w is None else w, "markov", args.sample_interval, args.drain)
 
 
 TRACE_LOAD_RANGE = (0.05, 1.0)  # a replayed trace loading the fleet outside this range gets a warning

@@ -149,3 +149,72 @@ def test_price_with_demand_keeps_the_plain_headline(capsys):
     assert code == 0, err
     assert "highest LP revenue per GPU per s on the grid:\n" in out
     assert "top corner" not in out and "note: under an SLI row" not in out
+
+
+# 5. fluidopt run's report defines its terms, keeps the order asked for and names the store
+
+
+def test_run_report_defines_its_terms_orders_rows_and_names_the_store(capsys, tmp_path, monkeypatch):
+    import fluidopt.harness as harness
+
+    real = harness.Comparison.summary
+    # the runs may come back in any order (a pool, a resumed store): the report keeps --policies' order
+    monkeypatch.setattr(harness.Comparison, "summary", lambda self, *a, **k: real(self, *a, **k).iloc[::-1])
+    out_dir = tmp_path / "o"
+    code, out, err = cli(capsys, "run", "--gpus", "6", "--horizon", "30", "--warmup", "5", "--policies",
+                         "gate-and-route,gi-wsp,fi-wsp", "--seeds", "2", "--out", str(out_dir), "--no-progress")
+    assert code == 0, err
+    lines = out.splitlines()
+    # M = ceil(6 x 0.213211) = 2 (docs/lp.md: sum x* = 0.21321 on the paper instance)
+    assert "M = 2 mixed GPUs (sum x* = 0.2132)" in lines[1]
+    table = lines[lines.index("") + 1:]
+    assert [ln.split()[0] for ln in table[1:4]] == ["gate-and-route", "gi-wsp", "fi-wsp"]
+    assert any(ln.startswith("R*: the fluid LP's revenue per GPU per s") and "M = ceil(n sum x*)" in ln
+               for ln in lines)
+    assert any(ln.startswith("vs LP: simulated revenue / R*; ±: 95% confidence half-width (with fewer than 5 "
+                             "seeds, the runs' batch-means intervals pooled)") for ln in lines)
+    why = [ln for ln in lines if ln.startswith("gate-and-route is the paper's policy")]
+    assert len(why) == 1 and "gi-wsp, fi-wsp: the paper's baselines" in why[0] and "at 6 GPUs" in why[0]
+    saved = [ln for ln in lines if ln.startswith("saved: ")][0]
+    assert f"{out_dir / 'store.jsonl'} (every run" in saved and (out_dir / "store.jsonl").is_file()
+
+
+def test_run_with_five_seeds_names_the_t_interval(capsys, tmp_path):
+    code, out, err = cli(capsys, "run", "--gpus", "4", "--horizon", "20", "--warmup", "5", "--policies", "fi-wsp",
+                         "--seeds", "5", "--out", "", "--no-progress")
+    assert code == 0, err
+    assert "±: 95% confidence half-width (t interval over the 5 seeds)" in out
+    assert "gate-and-route is the paper's policy" not in out  # not run: nothing to explain
+    assert "saved:" not in out  # --out '': nothing saved, no store
+
+
+# 6. solve --gpus; simulate checks the values given before the policy it misses
+
+
+def test_solve_gpus_scales_the_cluster_totals(capsys):
+    code, out, err = cli(capsys, "solve", "--gpus", "500", "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["gpus"] == 500 and d["mixed_gpus"] == 107  # ceil(500 x 0.213211) (README)
+    assert d["objective"] == pytest.approx(500 * 297.7031698642446, rel=1e-9)
+    code, out, err = cli(capsys, "solve", "--gpus", "20")
+    assert code == 0, err
+    assert "20 GPUs" in out.splitlines()[0] and "mixed GPUs M = 5, solo GPUs = 15" in out  # ceil(20 x 0.213211)
+    assert "5954.0634 per s (cluster)" in out  # 20 x 297.70317
+    for bad in ("0", "-3"):
+        code, out, err = cli(capsys, "solve", "--gpus", bad)
+        assert code == 2 and err.strip() == f"fluidopt solve: error: --gpus: expected an integer in 1..2,147,483,647, got {bad}"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--horizon", "-5"], "simulate: horizon: expected a finite number of seconds > 0, got -5.0"),
+    (["--warmup", "-1"], "simulate: warmup: expected a finite number of seconds >= 0, got -1.0"),
+    (["--horizon", "20", "--warmup", "50"], "simulate: warmup: expected less than the horizon 20 s, got 50 s"),
+    (["--drain", "0"], "simulate: drain: expected a finite number of seconds > 0, got 0.0"),
+    (["--gpus", "0"], "--gpus: expected an integer in 1..2,147,483,647, got 0"),
+    ([], "--policy: a policy name is required"),
+])
+def test_simulate_reports_bad_values_before_the_missing_policy(capsys, argv, message):
+    code, out, err = cli(capsys, "simulate", *argv)
+    assert code == 2
+    assert err.splitlines()[0].startswith(f"fluidopt simulate: error: {message}")
