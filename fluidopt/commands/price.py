@@ -328,7 +328,7 @@ def _optimize(args: argparse.Namespace) -> int:
         print(f"token prices: c_p = {res.prefill_price:.6g} per prompt token, c_d = {res.decode_price:.6g} per output token")
     print("\nper class (price per request; rates in requests/s, whole cluster; shadow price: revenue per s of one "
           "more request/s of capacity):")
-    print(res.to_frame().to_string(index=False, float_format=lambda v: f"{v:.6g}"))
+    print(_clean(res.to_frame()).to_string(index=False, float_format=lambda v: f"{v:.6g}"))
     t, gb = res.today, res.grid_best
     print(f"\nrevenue per s: optimal {res.revenue_per_s:,.2f} ({res.revenue_per_gpu:.2f} per GPU)")
     if t:
@@ -342,7 +342,7 @@ def _optimize(args: argparse.Namespace) -> int:
     if fleet is not None:
         print(f"\nfleet at {fleet.gpu_price_per_hour:g} per GPU-hour: the most profit is {fleet.profit_per_s:,.2f} per s at "
               f"{fleet.gpus} GPUs")
-        print(fleet.curve.to_string(index=False, float_format=lambda v: f"{v:.6g}"))
+        print(_clean(fleet.curve).to_string(index=False, float_format=lambda v: f"{v:.6g}"))
     if sim is not None:
         print(f"\nthe optimal prices simulated ({args.seeds} seeds, {args.horizon:g} s after {args.warmup:g} s warm-up) "
               f"against the program's {res.revenue_per_gpu:.2f} per GPU per s:")
@@ -350,6 +350,24 @@ def _optimize(args: argparse.Namespace) -> int:
     if files:
         print(f"\nsaved: {', '.join(files)}")
     return 0
+
+
+ROUND_OFF = 1e-6
+"""Relative size below which a printed number of --optimize is the conic solver's round-off (Clarabel
+solves to about 1e-8 relative): shown as 0, as the answer is, not as 1.8e-08."""
+
+
+def _clean(df):
+    """``df`` with every float entry below :data:`ROUND_OFF` times its column's largest magnitude set to 0."""
+    import numpy as np
+
+    out = df.copy()
+    for c in out.columns:
+        if out[c].dtype.kind == "f":
+            v = out[c].to_numpy(dtype=float)
+            scale = np.nanmax(np.abs(v)) if np.isfinite(v).any() else 0.0
+            out[c] = np.where(np.abs(v) <= ROUND_OFF * scale, 0.0, v)
+    return out
 
 
 OPTIMUM_FILES = ("optimal.csv", "price_response.csv", "price_response.png", "fleet.csv", "fleet.png", "sli_pareto.csv",

@@ -89,8 +89,9 @@ def _fmt(v: Any, digits: int = 5) -> str:
     return str(v)
 
 
-def format_result(res: Any) -> str:
-    """Plain-text report of a SimResult."""
+def format_result(res: Any, priced: bool = True) -> str:
+    """Plain-text report of a SimResult. ``priced=False`` (a scenario whose every request is worth 0, such as
+    Chiron's workflow): the revenue line says the scenario is unpriced instead of reporting 0 +/- 0."""
     s = res.summary()
     cl = res.cluster
     if len(res.per_class.columns) == 0:  # interrupted before the warm-up ended: nothing measured
@@ -105,7 +106,9 @@ def format_result(res: Any) -> str:
          + (f" ({res.meta['engine']} engine)" if "engine" in res.meta else "")),
         "",
         (f"  revenue per GPU per s   bundled {_fmt(cl['revenue_per_gpu'], 6)} +/- {_fmt(cl['revenue_per_gpu_ci'], 2)}"
-         f"   separate {_fmt(cl['revenue_per_gpu_separate'], 6)} +/- {_fmt(cl['revenue_per_gpu_separate_ci'], 2)}"),
+         f"   separate {_fmt(cl['revenue_per_gpu_separate'], 6)} +/- {_fmt(cl['revenue_per_gpu_separate_ci'], 2)}"
+         if priced else "  revenue: none, the scenario is unpriced (every token price is 0); throughput, latency and "
+                        "SLO attainment below measure it"),
         (f"  throughput {_fmt(cl['throughput'])} per GPU per s; abandoned {_fmt(cl['abandoned_fraction'], 4)}; "
          f"TTFT mean {_fmt(cl['ttft_mean'], 4)} s; e2e mean {_fmt(cl['e2e_mean'], 4)} s "
          f"(p50 {_fmt(cl['e2e_p50'], 4)}, p90 {_fmt(cl['e2e_p90'], 4)}, p99 {_fmt(cl['e2e_p99'], 4)})"),
@@ -199,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
             out["timeseries_rows"] = len(res.timeseries)
         print(json.dumps(out, indent=2, allow_nan=False))
     else:
-        print(format_result(res))
+        print(format_result(res, priced=bool((scenario.rates().w > 0).any())))
         c = res.cluster
         if "cohort_revenue_per_gpu" in c:
             print(f"arrival cohort [{res.warmup:g}, {res.horizon:g}) s: revenue/GPU/s {c['cohort_revenue_per_gpu']:.6g} "

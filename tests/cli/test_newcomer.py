@@ -218,3 +218,98 @@ def test_simulate_reports_bad_values_before_the_missing_policy(capsys, argv, mes
     code, out, err = cli(capsys, "simulate", *argv)
     assert code == 2
     assert err.splitlines()[0].startswith(f"fluidopt simulate: error: {message}")
+
+
+# 8. small things
+
+
+def test_plan_price_column_says_per_replica_when_a_profile_is_a_replica(capsys):
+    code, out, err = cli(capsys, "plan", "--profiles", "a100-codellama-34b-tp1,a100-codellama-34b-tp2",
+                         "--price", "a100=2", "--fluid-only")
+    assert code == 0, err
+    lines = out.splitlines()
+    head = next(ln for ln in lines if ln.lstrip().startswith("profile"))
+    assert "$/unit-h" in head and "GPUs/unit" in head and "$/GPU-h" not in head
+    assert head.split()[-5:] == ["$/unit-h", "cost/h", "cost/M", "out", "tok"]
+    # (GPUs/unit, price per unit-hour): the 2nd and the 3rd from last cells
+    rows = {ln.split()[0]: (ln.split()[1], ln.split()[-3]) for ln in lines if ln.startswith("a100-codellama")}
+    # 2 per GPU-hour: 2 per hour for one GPU, 4 for a replica of 2 GPUs
+    assert rows == {"a100-codellama-34b-tp1": ("1", "2"), "a100-codellama-34b-tp2": ("2", "4")}
+    assert "note: a100-codellama-34b-tp2 is one replica of 2 GPUs" in out
+    code, out, err = cli(capsys, "plan", "--profiles", "a100-codellama-34b-tp1", "--price", "a100=2", "--fluid-only")
+    assert code == 0 and "$/GPU-h" in out and "GPUs/unit" not in out
+
+
+def test_calibrate_list_shows_names_models_and_hardware_whole(capsys):
+    from fluidopt.calibrate import list_profiles
+
+    code, out, err = cli(capsys, "calibrate", "--list")
+    assert code == 0, err
+    df = list_profiles()
+    body = out.splitlines()[1:1 + len(df)]
+    for (name, row), line in zip(df.iterrows(), body):
+        model = str(row["model"]).split("/")[-1]
+        assert line.split()[:2] == [name, model]
+        assert str(row["hardware"]) in line
+    assert "CodeLlama-34b-Instruct-hf" in out and "NVIDIA A100-SXM4-80GB" in out  # were cut at 15 / 17 characters
+
+
+def test_clean_shows_solver_round_off_as_zero():
+    import pandas as pd
+
+    from fluidopt.commands.price import _clean
+
+    df = pd.DataFrame({"gpu_shadow_price": [799.715, 0.174302, 6.28322e-07, -3.5e-11],
+                       "rate": [2.4e-11, 35.8, 355.0, 315.0], "gpus": [25, 713, 714, 1000]})
+    c = _clean(df)
+    assert list(c["gpu_shadow_price"]) == [799.715, 0.174302, 0.0, 0.0]  # 6.3e-7 / 800 < 1e-6; 0.17 is real
+    assert list(c["rate"]) == [0.0, 35.8, 355.0, 315.0]
+    assert list(c["gpus"]) == [25, 713, 714, 1000]  # integers untouched
+    assert df["rate"].iloc[0] == 2.4e-11  # a copy: the saved tables keep the solver's numbers
+
+
+def test_simulate_says_unpriced_instead_of_zero_revenue(capsys):
+    code, out, err = cli(capsys, "simulate", str(ROOT / "examples/scenarios/chiron-workflow.toml"), "--policy",
+                         "chiron", "--horizon", "120")
+    assert code == 0, err
+    assert "revenue: none, the scenario is unpriced (every token price is 0)" in out
+    assert "revenue per GPU per s" not in out
+    code, out, err = cli(capsys, "simulate", "--policy", "jsq", "--gpus", "4", "--horizon", "30")
+    assert code == 0 and "revenue per GPU per s   bundled" in out and "unpriced" not in out
+
+
+def test_fit_demand_skips_comment_lines_above_the_header(capsys, tmp_path):
+    obs = tmp_path / "obs.csv"
+    obs.write_text("# observed in March\n\nclass,price,rate\nshort-prompt,200,250\nshort-prompt,250,210\n"
+                   "short-prompt,300,170\n")
+    code, out, err = cli(capsys, "price", "--fit-demand", str(obs), "--json")
+    assert code == 0, err
+    lin = [f for f in json.loads(out)["fits"] if f["model"] == "linear"][0]
+    # rate = 410 - 0.8 price through all three points
+    assert lin["estimate"] == pytest.approx(0.8) and lin["estimate2"] == pytest.approx(410.0)
+    obs.write_text("# observed\nclass,price,rate\nshort-prompt,-1,2\n")
+    code, out, err = cli(capsys, "price", "--fit-demand", str(obs))
+    assert code == 2 and "row 3, column 'price': expected a number >= 0, got -1" in err  # the file's line 3
+
+
+@pytest.mark.parametrize("text, what", [
+    ("class,price,rate\na,1,2\n", "looks like a CSV table (header 'class,price,rate'), not a scenario"),
+    ("# a trace\ntime,prompt_tokens,output_tokens\n0,5,6\n", "looks like a CSV table (header "
+                                                             "'time,prompt_tokens,output_tokens'), not a scenario"),
+    ('{"timestamp": 0, "input_length": 5}\n{"timestamp": 1, "input_length": 6}\n', "looks like JSON, not a scenario"),
+])
+def test_a_csv_or_json_given_as_a_scenario_says_what_a_scenario_is(capsys, tmp_path, text, what):
+    p = tmp_path / "s.csv"
+    p.write_text(text)
+    code, out, err = cli(capsys, "solve", str(p))
+    assert code == 2
+    assert what in err and "a scenario is a TOML file with [gpu], [cluster] and [[classes]] tables" in err
+
+
+def test_broken_toml_still_gets_the_toml_error():
+    from fluidopt.errors import ScenarioError
+    from fluidopt.scenario import loads_scenario
+
+    for text in ("[gpu\nalpha = 1\n", "[[classes]\n", "name = \n", "a = [1, 2\n"):
+        with pytest.raises(ScenarioError, match="not valid TOML"):
+            loads_scenario(text)
