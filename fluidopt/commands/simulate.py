@@ -68,7 +68,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "resolve, and report their (arrival-cohort) revenue too (fluidopt.sim.cohort)")
     prog = p.add_mutually_exclusive_group()
     prog.add_argument("--progress", dest="progress", action="store_true", default=None,
-                      help="show progress on stderr (default: when stderr is a terminal)")
+                      help="show progress on stderr (default: on, without --json; a line rewritten every second on a "
+                           "terminal, else a plain line every 5 s)")
     prog.add_argument("--no-progress", dest="progress", action="store_false")
     p.add_argument("--backend", choices=("auto", "compiled", "python"), default="auto",
                    help="event engine: the compiled core or pure Python (same numbers; default auto)")
@@ -184,7 +185,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         _warn_trace_load(workload, scenario, args.gpus)
     controller = make_controller(args.policy, scenario, **options)
-    res = simulate(scenario, controller, window=window, seed=args.seed, records=args.records, progress=args.progress,
+    # progress by default, also when stderr is not a terminal (then a plain line every few seconds:
+    # fluidopt.sim.bookkeeping.LOG_EVERY); --json alone keeps stderr quiet unless --progress is given
+    progress = (not args.json) if args.progress is None else args.progress
+    res = simulate(scenario, controller, window=window, seed=args.seed, records=args.records, progress=progress,
                    batches=args.batches, backend=args.backend, workload=workload)
     if res.interrupted and res.records_path:
         # the rows of a run cut short are kept, under a name that says so: never as a finished run's records
@@ -225,15 +229,17 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_given_window(args: argparse.Namespace) -> None:
     """The window flags given, checked by :class:`~fluidopt.sim.window.RunWindow` before the scenario is read
-    (the default horizon comes from it; until then a stand-in just past the warm-up)."""
+    (the default horizon comes from it; until then the largest finite one stands in, which no warm-up reaches:
+    the real horizon is checked against the warm-up once known)."""
+    import sys
+
     from fluidopt.sim.window import RunWindow
 
     h, w = args.horizon, args.warmup
     if h is None and w is None and args.sample_interval is None and args.drain is None:
         return
-    if h is None:
-        h = w + 1.0 if w is not None and math.isfinite(w) and w >= 0 else 1.0
-    RunWindow(h, 0.0 if w is None else w, "markov", args.sample_interval, args.drain)
+    RunWindow(sys.float_info.max if h is None else h, 0.0 if w is None else w, "markov", args.sample_interval,
+              args.drain)
 
 
 TRACE_LOAD_RANGE = (0.05, 1.0)  # a replayed trace loading the fleet outside this range gets a warning

@@ -313,3 +313,89 @@ def test_broken_toml_still_gets_the_toml_error():
     for text in ("[gpu\nalpha = 1\n", "[[classes]\n", "name = \n", "a = [1, 2\n"):
         with pytest.raises(ScenarioError, match="not valid TOML"):
             loads_scenario(text)
+
+
+# 7. progress when stderr is not a terminal: a plain line every few seconds
+
+
+def test_progress_log_mode_prints_plain_lines_on_a_timer(capsys, monkeypatch):
+    import time
+
+    from fluidopt.executor import Progress
+
+    monkeypatch.setattr(Progress, "LOG_EVERY", 0.05)
+    p = Progress(4, enabled="log", desc="simulations")
+    assert p.enabled and p.log and p._bar is None  # no tqdm in a log
+    time.sleep(0.3)
+    p.update(1)
+    time.sleep(0.3)
+    p.close()
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) >= 3
+    assert lines[0].startswith("[simulations] 0/4 done, ") and lines[0].endswith(" s elapsed")  # no pace yet
+    assert lines[-1].startswith("[simulations] 1/4 done, ") and ", about " in lines[-1]
+    # 1 of 4 done in about 0.6 s: about 3 x 0.6 s left
+    assert lines[-1].endswith(" s left")
+    time.sleep(0.2)
+    assert capsys.readouterr().err == ""  # closed: the timer has stopped
+
+
+def test_progress_log_mode_is_silent_when_the_work_ends_sooner(capsys):
+    from fluidopt.executor import Progress
+
+    p = Progress(2, enabled="log")
+    p.update(2)
+    p.close()
+    assert capsys.readouterr().err == ""
+
+
+def test_commands_ask_for_log_lines_when_stderr_is_not_a_terminal(monkeypatch):
+    import argparse
+    import sys
+
+    from fluidopt.commands._scale import progress_enabled
+
+    class Tty:
+        def isatty(self):
+            return True
+
+    a = argparse.Namespace(no_progress=False, json=False)
+    assert progress_enabled(a) == "log"  # pytest's stderr is no terminal
+    monkeypatch.setattr(sys, "stderr", Tty())
+    assert progress_enabled(a) is True
+    assert progress_enabled(argparse.Namespace(no_progress=True, json=False)) is False
+    assert progress_enabled(argparse.Namespace(no_progress=False, json=True)) is False
+
+
+def test_run_sweep_logs_progress_lines_to_a_non_terminal(capsys, monkeypatch, tmp_path):
+    from fluidopt.executor import Progress
+
+    monkeypatch.setattr(Progress, "LOG_EVERY", 0.02)
+    code, out, err = cli(capsys, "run", "--gpus", "20", "--horizon", "200", "--warmup", "20", "--policies",
+                         "gate-and-route", "--seeds", "2", "--workers", "1", "--out", "")
+    assert code == 0, err
+    lines = [ln for ln in err.splitlines() if ln.startswith("[simulations] ")]
+    assert lines and all(" done, " in ln and " s elapsed" in ln for ln in lines)
+    assert "\r" not in err
+
+
+def test_simulate_logs_progress_lines_to_a_non_terminal(capsys, monkeypatch):
+    import fluidopt.sim.bookkeeping as bk
+
+    # a line at every report after the first second (the engine looks at the clock every 16,384 events, and
+    # first after 1 s)
+    monkeypatch.setattr(bk, "LOG_EVERY", 0.0)
+    code, out, err = cli(capsys, "simulate", "--policy", "fi-wsp", "--gpus", "300", "--horizon", "4000")
+    assert code == 0, err
+    lines = err.splitlines()
+    assert lines and all(ln.startswith("[fluidopt simulate] ") and " s elapsed: t = " in ln for ln in lines)
+    assert "/ 4000 s (" in lines[0] and "\r" not in err
+    for flag in ("--no-progress", "--json"):  # --json keeps stderr quiet unless --progress
+        eng = []
+        import fluidopt.sim.api as api
+
+        real = api.simulate
+        monkeypatch.setattr("fluidopt.sim.api.simulate", lambda *a, **k: eng.append(k["progress"]) or real(*a, **k))
+        code, out, err = cli(capsys, "simulate", "--policy", "fi-wsp", "--gpus", "4", "--horizon", "20", flag)
+        assert code == 0 and err == "" and eng == [False]
+        monkeypatch.setattr("fluidopt.sim.api.simulate", real)
