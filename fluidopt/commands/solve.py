@@ -104,10 +104,9 @@ def format_solution(sol: Any) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from fluidopt.commands._checks import check_positive_int
     from fluidopt.fluid.sli import parse_slis, slis_of
     from fluidopt.scenario import load_scenario
-
-    from fluidopt.commands._checks import check_positive_int
 
     # Input first, the solver stack (pyomo, pandas: seconds to import) only once it is valid.
     check_positive_int(args.gpus, "--gpus")

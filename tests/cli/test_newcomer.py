@@ -390,12 +390,11 @@ def test_simulate_logs_progress_lines_to_a_non_terminal(capsys, monkeypatch):
     lines = err.splitlines()
     assert lines and all(ln.startswith("[fluidopt simulate] ") and " s elapsed: t = " in ln for ln in lines)
     assert "/ 4000 s (" in lines[0] and "\r" not in err
-    for flag in ("--no-progress", "--json"):  # --json keeps stderr quiet unless --progress
-        eng = []
-        import fluidopt.sim.api as api
+    import fluidopt.sim.api as api
 
-        real = api.simulate
-        monkeypatch.setattr("fluidopt.sim.api.simulate", lambda *a, **k: eng.append(k["progress"]) or real(*a, **k))
+    real, asked = api.simulate, []
+    monkeypatch.setattr(api, "simulate", lambda *a, **k: asked.append(k["progress"]) or real(*a, **k))
+    for flag in ("--no-progress", "--json"):  # --json keeps stderr quiet unless --progress
         code, out, err = cli(capsys, "simulate", "--policy", "fi-wsp", "--gpus", "4", "--horizon", "20", flag)
-        assert code == 0 and err == "" and eng == [False]
-        monkeypatch.setattr("fluidopt.sim.api.simulate", real)
+        assert code == 0 and err == ""
+    assert asked == [False, False]
