@@ -308,12 +308,23 @@ def _evaluate(args) -> int:
 
     accuracy = args.accuracy if args.accuracy is not None else scenario_accuracy(scenario)
 
+    import time
+
+    from fluidopt.executor import Progress
+
+    tty, t0, last = sys.stderr.isatty(), time.perf_counter(), [time.perf_counter()]
+
     def prog(row):
-        print(f"  episode {row['episode']} {row['policy']}: e2e {row['e2e_mean']:.3f} s", file=sys.stderr)
+        # every episode on a terminal; off one (a log), a line every few seconds, as the sweeps do
+        now = time.perf_counter()
+        if tty or now - last[0] >= Progress.LOG_EVERY:
+            last[0] = now
+            print(f"  episode {row['episode']} {row['policy']}: e2e {row['e2e_mean']:.3f} s"
+                  + ("" if tty else f" ({now - t0:.0f} s elapsed)"), file=sys.stderr, flush=True)
 
     try:
         df = evaluate(scenario, pols, episodes=args.episodes, n_requests=args.requests, seed=args.seed,
-                      accuracy=accuracy, options=opts, progress=prog if sys.stderr.isatty() else None)
+                      accuracy=accuracy, options=opts, progress=None if args.json else prog)
     except KeyboardInterrupt as e:
         import fluidopt.interrupt as interrupt
 

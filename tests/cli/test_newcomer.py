@@ -55,10 +55,16 @@ def test_foreign_weights_by_router_and_scenario():
     assert foreign_weights("wg-rl", v100, str(WEIGHTS_DIR / "wg-rl-regime.npz")) == "rl-router-paper-regime"
 
 
-def test_rl_evaluate_marks_weights_trained_for_another_scenario(capsys):
+def test_rl_evaluate_marks_weights_trained_for_another_scenario(capsys, monkeypatch):
+    from fluidopt.executor import Progress
+
+    monkeypatch.setattr(Progress, "LOG_EVERY", 0.0)  # a progress line per row even off a terminal
     code, out, err = cli(capsys, "rl", "evaluate", REGIME, "--policies", "round-robin,baseline-rl,wg-rl",
                          "--episodes", "1", "--requests", "40")
     assert code == 0, err
+    assert [ln.split(":")[0] for ln in err.splitlines()] == [
+        "  episode 0 round-robin", "  episode 0 baseline-rl", "  episode 0 wg-rl"]
+    assert all(ln.endswith(" s elapsed)") for ln in err.splitlines())
     rows = {line.split()[0]: line for line in out.splitlines()[2:5]}
     assert rows["baseline-rl"].startswith("baseline-rl *")
     assert "*" not in rows["wg-rl"] and "*" not in rows["round-robin"]
