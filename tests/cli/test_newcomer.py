@@ -388,14 +388,18 @@ def test_run_sweep_logs_progress_lines_to_a_non_terminal(capsys, monkeypatch, tm
 def test_simulate_logs_progress_lines_to_a_non_terminal(capsys, monkeypatch):
     import fluidopt.sim.bookkeeping as bk
 
-    # a line at every report after the first second (the engine looks at the clock every 16,384 events, and
-    # first after 1 s)
+    import time
+    import types
+
+    # a line at every look at the clock (every 16,384 events): no wait between lines, and a clock 100 s
+    # ahead of the engine's own first report time (1 s after its start), however fast the machine
     monkeypatch.setattr(bk, "LOG_EVERY", 0.0)
-    code, out, err = cli(capsys, "simulate", "--policy", "fi-wsp", "--gpus", "300", "--horizon", "4000")
+    monkeypatch.setattr(bk, "time", types.SimpleNamespace(perf_counter=lambda: time.perf_counter() + 100.0))
+    code, out, err = cli(capsys, "simulate", "--policy", "fi-wsp", "--gpus", "100", "--horizon", "2000")
     assert code == 0, err
     lines = err.splitlines()
     assert lines and all(ln.startswith("[fluidopt simulate] ") and " s elapsed: t = " in ln for ln in lines)
-    assert "/ 4000 s (" in lines[0] and "\r" not in err
+    assert "/ 2000 s (" in lines[0] and "\r" not in err
     import fluidopt.sim.api as api
 
     real, asked = api.simulate, []
