@@ -258,11 +258,36 @@ def _slis(value: Any, class_names: tuple[str, ...]):
     return SLISpecs(value, slis)
 
 
+def _looks_like(text: str) -> str | None:
+    """What a text that failed to parse as TOML plainly is instead (a CSV table, JSON), from its first
+    line that is not blank or a comment; None when it looks like (broken) TOML."""
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")), "")
+    if first[:1] in ("{", "["):
+        import json
+
+        for candidate in (text, first):  # a JSON document, or JSON lines
+            try:
+                json.loads(candidate)
+                return "JSON"
+            except ValueError:
+                pass
+        return None  # a (broken) TOML table header such as [gpu
+    if "," in first and "=" not in first:
+        return f"a CSV table (header {first[:60]!r})"
+    return None
+
+
 def loads_scenario(text: str, *, source: str = "<string>") -> Scenario:
     """Parse a scenario from TOML text."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
+        what = _looks_like(text)
+        if what is not None:
+            # a trace or a table passed where a scenario goes: the TOML error alone names neither
+            raise ScenarioError(
+                f"{source}: looks like {what}, not a scenario: a scenario is a TOML file with [gpu], [cluster] and "
+                f"[[classes]] tables (docs/scenarios.md, examples/scenarios/); a trace goes to --trace") from None
         raise ScenarioError(f"{source}: not valid TOML: {e}") from None
     return scenario_from_dict(data, source=source)
 

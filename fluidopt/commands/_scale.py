@@ -29,9 +29,13 @@ def make_executor(args: argparse.Namespace, runs: int | None = None):
     return executor_from_args(args, runs, imports=getattr(args, "imports", ()) or ())
 
 
-def progress_enabled(args: argparse.Namespace) -> bool:
-    return not getattr(args, "no_progress", False) and not getattr(args, "json", False) and \
-        bool(getattr(sys.stderr, "isatty", lambda: False)())
+def progress_enabled(args: argparse.Namespace) -> bool | str:
+    """A progress bar on a terminal; ``"log"`` (a plain line every few seconds,
+    :class:`fluidopt.harness.executor.Progress`) when stderr is not one, so a long command in a CI log or a file is
+    not silent; off with ``--no-progress`` or ``--json``."""
+    if getattr(args, "no_progress", False) or getattr(args, "json", False):
+        return False
+    return True if getattr(sys.stderr, "isatty", lambda: False)() else "log"
 
 
 def add_seed_arguments(p: argparse.ArgumentParser, *, seeds: int) -> None:
@@ -68,6 +72,6 @@ def say_what_is_stored(out):
         if getattr(e, "kept", ""):
             raise
         import fluidopt.core.interrupt as interrupt
-        from fluidopt.harness import stored_line
+        from fluidopt.harness.comparison import stored_line
 
         raise interrupt.interrupted_from(e, stored_line(out)) from None

@@ -55,13 +55,17 @@ def _list(args: argparse.Namespace) -> int:
         print(json.dumps(records, indent=2))
         return 0
     cols = ["alpha", "beta", "tau_solo", "gamma", "chunk", "batch", "tau_mix", "r2"]
-    w = max(16, max(len(str(n)) for n in df.index) + 2)
-    header = f"{'name':<{w}}{'model':<16}{'hardware':<18}{'gpus':>5}" + "".join(f"{c:>11}" for c in cols)
+    # every column as wide as its longest entry: a cut name ("CodeLlama-34b-I") cannot be looked up
+    models = [str(m).split("/")[-1] for m in df["model"]]
+    hardware = [str(h) for h in df["hardware"]]
+    w = max(len("name"), *(len(str(n)) for n in df.index)) + 2
+    wm = max(len("model"), *map(len, models)) + 2
+    wh = max(len("hardware"), *map(len, hardware)) + 1
+    header = f"{'name':<{w}}{'model':<{wm}}{'hardware':<{wh}}{'gpus':>5}" + "".join(f"{c:>11}" for c in cols)
     print(header)
-    for name, row in df.iterrows():
+    for (name, row), model, hw in zip(df.iterrows(), models, hardware):
         cells = "".join(f"{_fmt(row[c]):>11}" for c in cols)
-        model = str(row["model"]).split("/")[-1]
-        print(f"{name:<{w}}{model[:15]:<16}{str(row['hardware'])[:17]:<18}{int(row['gpus']):>5}{cells}")
+        print(f"{name:<{w}}{model:<{wm}}{hw:<{wh}}{int(row['gpus']):>5}{cells}")
     print("\nunits: alpha, tau_solo, tau_mix in s; beta in s/token; gamma in tokens/s; chunk in tokens; gpus per replica.")
     print('Use one in a scenario with  gpu = "<name>"; sources: fluidopt calibrate --list --json')
     return 0

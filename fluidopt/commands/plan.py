@@ -211,15 +211,17 @@ def _run_plan(args, scenario, slis, growth, profiles, options, out) -> int:
     print(f"fluidopt plan: {scenario.name}, demand {', '.join(f'{c.name} {c.rate:g}/s' for c in scenario.classes)} "
           f"(whole fleet), SLIs: {slis.describe()}")
     print()
-    print(_report(res.table, args.fluid_only))
+    units: dict[str, int] = {}
     if args.profiles:
         from fluidopt.calibration.profiles import profile_info, profile_names
 
-        for p in dict.fromkeys(res.table["profile"]):
-            k = int(profile_info(p).get("gpus", 1)) if p in profile_names() else 1
-            if k > 1:
-                print(f"note: {p} is one replica of {k} GPUs: its fleet sizes count replicas and its $/GPU-h column "
-                      f"is per replica-hour ({k} GPUs)")
+        units = {p: int(profile_info(p).get("gpus", 1)) if p in profile_names() else 1
+                 for p in dict.fromkeys(res.table["profile"])}
+    print(_report(res.table, args.fluid_only, units))
+    for p, k in units.items():
+        if k > 1:
+            print(f"note: {p} is one replica of {k} GPUs: its fleet sizes count replicas and its price is per "
+                  f"replica-hour ({k} GPUs)")
     ch = res.table[res.table["cheapest"]]
     for _, r in ch.iterrows():
         print(f"cheapest at demand x{r['growth']:g}: {r['profile']} "
@@ -236,17 +238,25 @@ def _run_plan(args, scenario, slis, growth, profiles, options, out) -> int:
 PLAN_FILES = ("plan.csv", "curves.csv", "sli_vs_n.png", "batch_chunk.csv")
 
 
-def _report(table, fluid_only: bool) -> str:
+def _report(table, fluid_only: bool, units: dict[str, int] | None = None) -> str:
+    """The plan's table. ``units``: GPUs per replica of each profile; with a replica of several GPUs the
+    fleet sizes count replicas, so the price column is per replica-hour and says so ("$/unit-h")."""
     import pandas as pd
 
+    units = units or {}
+    replicas = any(k > 1 for k in units.values())
     rows = []
     for _, r in table.iterrows():
-        row = {"profile": r["profile"], "demand": f"x{r['growth']:g}", "n fluid": f"{r['n_fluid']:.2f}",
-               "ceil": int(r["n_fluid_int"]), "binding": r["binding"]}
+        row = {"profile": r["profile"]}
+        if replicas:
+            row["GPUs/unit"] = units.get(r["profile"], 1)
+        row.update({"demand": f"x{r['growth']:g}", "n fluid": f"{r['n_fluid']:.2f}",
+                    "ceil": int(r["n_fluid_int"]), "binding": r["binding"]})
         if not fluid_only:
             row["n sim"] = int(r["n_sim"])
             row["n sim - n fluid"] = int(r["correction"])
-        row["$/GPU-h"] = "-" if not math.isfinite(r["price_per_gpu_hour"]) else f"{r['price_per_gpu_hour']:g}"
+        price = "-" if not math.isfinite(r["price_per_gpu_hour"]) else f"{r['price_per_gpu_hour']:g}"
+        row["$/unit-h" if replicas else "$/GPU-h"] = price
         row["cost/h"] = "-" if not math.isfinite(r["cost_per_hour"]) else f"{r['cost_per_hour']:.2f}"
         row["cost/M out tok"] = ("-" if not math.isfinite(r["cost_per_million_output_tokens"])
                                  else f"{r['cost_per_million_output_tokens']:.4f}")

@@ -192,7 +192,16 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     print(f"fluidopt price: {scenario.name}, {len(cps)} x {len(cds)} prices, {', '.join(pricings)}: "
           f"{len(grid)} LPs in {grid.attrs['seconds']:.2f} s")
-    print("\nhighest LP revenue per GPU per s on the grid:")
+    from fluidopt.core.demand import has_demand
+    from fluidopt.pricing.optimize import NO_DEMAND_WHY
+
+    if has_demand(scenario.classes):
+        print("\nhighest LP revenue per GPU per s on the grid:")
+    else:
+        # the top corner of whatever grid was asked for: no optimum, and the headline must not read as one
+        print(f"\nhighest LP revenue per GPU per s on the grid: the grid's top corner, not an optimal price (no class "
+              f"has a demand model ([classes.demand]); {NO_DEMAND_WHY}; --optimize finds optimal prices "
+              f"with demand models, docs/planning.md section 4):")
     served = [c for c in grid.columns if c.startswith("served[")]
     print(best[["pricing", "prefill_price", "decode_price", "revenue_per_gpu", *served]].to_string(index=False))
     print("\nshadow prices at the scenario's own prices:")
@@ -200,12 +209,26 @@ def _run(args: argparse.Namespace) -> int:
     for c in curves:
         print(f"\nprice of the {c['sli'].iloc[0]} SLI (LP revenue per GPU per s against its bound):")
         print(c[["pricing", "bound", "revenue_per_gpu", *served]].iloc[:: max(1, len(c) // 12)].to_string(index=False))
+    if curves and "separate" in pricings:
+        print(f"note: {separate_with_sli_note(scenario)}")
     if sim is not None:
         print(f"\n{args.policy} simulated at chosen points (LP promise against simulation):")
         print(sim.to_string(index=False))
     if files:
         print(f"\nsaved: {', '.join(files)}")
     return 0
+
+
+def separate_with_sli_note(scenario) -> str:
+    """Why the SLI tables' separate rows carry the bundled revenue even where the SLI does not bind."""
+    from fluidopt.fluid.lp import scenario_slis, solve_fluid
+
+    line = ("under an SLI row the LP keeps no decode buffer, so every prefilled request completes and separate "
+            "pricing earns what bundled pricing earns at the same prices, even where the SLI does not bind")
+    if scenario_slis(scenario):
+        return line
+    free = solve_fluid(scenario, "separate").objective_per_gpu
+    return f"{line} (separate pricing without an SLI row: {free:.6g} per GPU per s at the scenario's own prices)"
 
 
 def _pareto_kinds(args: argparse.Namespace) -> list[str]:
@@ -305,7 +328,7 @@ def _optimize(args: argparse.Namespace) -> int:
         print(f"token prices: c_p = {res.prefill_price:.6g} per prompt token, c_d = {res.decode_price:.6g} per output token")
     print("\nper class (price per request; rates in requests/s, whole cluster; shadow price: revenue per s of one "
           "more request/s of capacity):")
-    print(res.to_frame().to_string(index=False, float_format=lambda v: f"{v:.6g}"))
+    print(_clean(res.to_frame()).to_string(index=False, float_format=lambda v: f"{v:.6g}"))
     t, gb = res.today, res.grid_best
     print(f"\nrevenue per s: optimal {res.revenue_per_s:,.2f} ({res.revenue_per_gpu:.2f} per GPU)")
     if t:
@@ -319,7 +342,7 @@ def _optimize(args: argparse.Namespace) -> int:
     if fleet is not None:
         print(f"\nfleet at {fleet.gpu_price_per_hour:g} per GPU-hour: the most profit is {fleet.profit_per_s:,.2f} per s at "
               f"{fleet.gpus} GPUs")
-        print(fleet.curve.to_string(index=False, float_format=lambda v: f"{v:.6g}"))
+        print(_clean(fleet.curve).to_string(index=False, float_format=lambda v: f"{v:.6g}"))
     if sim is not None:
         print(f"\nthe optimal prices simulated ({args.seeds} seeds, {args.horizon:g} s after {args.warmup:g} s warm-up) "
               f"against the program's {res.revenue_per_gpu:.2f} per GPU per s:")
@@ -327,6 +350,24 @@ def _optimize(args: argparse.Namespace) -> int:
     if files:
         print(f"\nsaved: {', '.join(files)}")
     return 0
+
+
+ROUND_OFF = 1e-6
+"""Relative size below which a printed number of --optimize is the conic solver's round-off (Clarabel
+solves to about 1e-8 relative): shown as 0, as the answer is, not as 1.8e-08."""
+
+
+def _clean(df):
+    """``df`` with every float entry below :data:`ROUND_OFF` times its column's largest magnitude set to 0."""
+    import numpy as np
+
+    out = df.copy()
+    for c in out.columns:
+        if out[c].dtype.kind == "f":
+            v = out[c].to_numpy(dtype=float)
+            scale = np.nanmax(np.abs(v)) if np.isfinite(v).any() else 0.0
+            out[c] = np.where(np.abs(v) <= ROUND_OFF * scale, 0.0, v)
+    return out
 
 
 OPTIMUM_FILES = ("optimal.csv", "price_response.csv", "price_response.png", "fleet.csv", "fleet.png", "sli_pareto.csv",

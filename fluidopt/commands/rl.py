@@ -308,12 +308,23 @@ def _evaluate(args) -> int:
 
     accuracy = args.accuracy if args.accuracy is not None else scenario_accuracy(scenario)
 
+    import time
+
+    from fluidopt.harness.executor import Progress
+
+    tty, t0, last = sys.stderr.isatty(), time.perf_counter(), [time.perf_counter()]
+
     def prog(row):
-        print(f"  episode {row['episode']} {row['policy']}: e2e {row['e2e_mean']:.3f} s", file=sys.stderr)
+        # every episode on a terminal; off one (a log), a line every few seconds, as the sweeps do
+        now = time.perf_counter()
+        if tty or now - last[0] >= Progress.LOG_EVERY:
+            last[0] = now
+            print(f"  episode {row['episode']} {row['policy']}: e2e {row['e2e_mean']:.3f} s"
+                  + ("" if tty else f" ({now - t0:.0f} s elapsed)"), file=sys.stderr, flush=True)
 
     try:
         df = evaluate(scenario, pols, episodes=args.episodes, n_requests=args.requests, seed=args.seed,
-                      accuracy=accuracy, options=opts, progress=prog if sys.stderr.isatty() else None)
+                      accuracy=accuracy, options=opts, progress=None if args.json else prog)
     except KeyboardInterrupt as e:
         import fluidopt.core.interrupt as interrupt
 
@@ -325,8 +336,14 @@ def _evaluate(args) -> int:
         with atomic_path(args.csv) as tmp:
             df.to_csv(tmp, index=False)
     s = summarize(df)
+    from fluidopt.rl.policies import foreign_weights
+
+    # A router run on weights trained for another scenario measures a transfer, not the method: say so
+    # beside its number, or a -180% reads as a broken router.
+    foreign = {p: foreign_weights(p, scenario, opts.get(p, {}).get("weights")) for p in s["policy"]}
     if args.json:
-        print(json.dumps(s.to_dict(orient="records"), indent=2, default=float))
+        rows = [dict(r, weights_trained_on=foreign[r["policy"]]) for r in s.to_dict(orient="records")]
+        print(json.dumps(rows, indent=2, default=float))
     else:
         print(f"{scenario.name}: {args.episodes} episodes x {args.requests} requests, seed {args.seed}")
         print(f"{'policy':22s} {'e2e mean (s)':>18s} {'vs RR %':>14s} {'paper %':>8s} {'TTFT (s)':>9s} "
@@ -334,9 +351,15 @@ def _evaluate(args) -> int:
         for _, r in s.iterrows():
             imp = f"{r.get('improvement_pct', float('nan')):6.2f}+-{r.get('improvement_ci', float('nan')):.2f}"
             pap = "" if r["paper_improvement_pct"] != r["paper_improvement_pct"] else f"{r['paper_improvement_pct']:.2f}"
-            print(f"{r['policy']:22s} {r['e2e_mean']:9.3f}+-{r['e2e_mean_ci']:<7.3f} {imp:>14s} {pap:>8s} "
+            name = r["policy"] + (" *" if foreign[r["policy"]] else "")
+            print(f"{name:22s} {r['e2e_mean']:9.3f}+-{r['e2e_mean_ci']:<7.3f} {imp:>14s} {pap:>8s} "
                   f"{r['ttft_mean']:9.3f} {r['tpot_mean']:9.4f} {r['preemptions']:8.1f} "
                   f"{100 * r.get('completed_share', float('nan')):7.1f}")
+        for on in dict.fromkeys(v for v in foreign.values() if v):
+            pols_on = ", ".join(p for p, v in foreign.items() if v == on)
+            print(f"* {pols_on}: weights trained on {on}, not on {scenario.name}; their numbers here measure "
+                  f"a transfer, not the router (train weights for this scenario: fluidopt rl train "
+                  f"{args.scenario} --variant VARIANT --out FILE, then --option POLICY:weights=FILE)")
     return 0
 
 

@@ -138,12 +138,49 @@ def _run(args, scenario, policies, options, out, workloads) -> int:
             "files": files,
         }, indent=2))
         return 0
+    # rows in the order asked for (gate-and-route, the paper's policy, first by default), whatever order
+    # the runs came back in
+    order = {p: i for i, p in enumerate(policies)}
+    summ = summ.sort_values("policy", key=lambda c: c.map(lambda p: order.get(p, len(order))), kind="stable")
     print()
     print(_report(summ))
+    print()
+    print("\n".join(_legend(summ, args.seeds, scenario.gpus)))
+    if out is not None and (out / "store.jsonl").exists():
+        files.append(f"{out / 'store.jsonl'} (every run, for a rerun to skip; --fresh ignores it)")
     if files:
         print(f"\nsaved: {', '.join(files)}")
     print(f"({comp.wall_seconds:.1f} s wall, {comp.meta.get('executor')})")
     return 0
+
+
+PAPER_BASELINES = ("fi-wsp", "gi-wsp", "gf-wsp", "fg-sp")
+
+
+def _legend(summ, seeds: int, gpus: int) -> list[str]:
+    """What the report's header and columns mean, and why gate-and-route need not top the table."""
+    from fluidopt.harness.comparison import _MIN_SEEDS_FOR_T
+
+    ci = (f"t interval over the {seeds} seeds" if seeds >= _MIN_SEEDS_FOR_T else
+          f"with fewer than {_MIN_SEEDS_FOR_T} seeds, the runs' batch-means intervals pooled")
+    lines = [
+        "R*: the fluid LP's revenue per GPU per s, a bound no policy beats in the long run; sum x*: the share of "
+        "GPUs prefilling in the LP's plan; M = ceil(n sum x*): the GPUs gate-and-route runs mixed (prefill and "
+        "decode), the others decode only.",
+        f"vs LP: simulated revenue / R*; ±: 95% confidence half-width ({ci}).",
+    ]
+    if "ratio_realised" in summ.columns and summ["ratio_realised"].notna().any():
+        lines.append("vs LP(window): revenue / the R* of the arrivals in the measured window (a replayed trace).")
+    pols = list(summ["policy"])
+    base = [p for p in pols if p in PAPER_BASELINES]
+    if "gate-and-route" in pols:
+        lines.append(
+            "gate-and-route is the paper's policy, on the LP's plan" + (f"; {', '.join(base)}: the paper's baselines"
+                                                                     if base else "")
+            + f". It is optimal as the fleet grows (its gap to R* shrinks like 1/sqrt(n)); at {gpus} GPUs a "
+            "baseline can earn more: GI-WSP commits a decode slot when it admits a prefill, so no prefilled "
+            "request waits to decode (docs/results.md sections 1 and 4).")
+    return lines
 
 
 def _report(summ) -> str:

@@ -68,7 +68,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "resolve, and report their (arrival-cohort) revenue too (fluidopt.sim.cohort)")
     prog = p.add_mutually_exclusive_group()
     prog.add_argument("--progress", dest="progress", action="store_true", default=None,
-                      help="show progress on stderr (default: when stderr is a terminal)")
+                      help="show progress on stderr (default: on, without --json; a line rewritten every second on a "
+                           "terminal, else a plain line every 5 s)")
     prog.add_argument("--no-progress", dest="progress", action="store_false")
     p.add_argument("--backend", choices=("auto", "compiled", "python"), default="auto",
                    help="event engine: the compiled core or pure Python (same numbers; default auto)")
@@ -89,8 +90,9 @@ def _fmt(v: Any, digits: int = 5) -> str:
     return str(v)
 
 
-def format_result(res: Any) -> str:
-    """Plain-text report of a SimResult."""
+def format_result(res: Any, priced: bool = True) -> str:
+    """Plain-text report of a SimResult. ``priced=False`` (a scenario whose every request is worth 0, such as
+    Chiron's workflow): the revenue line says the scenario is unpriced instead of reporting 0 +/- 0."""
     s = res.summary()
     cl = res.cluster
     if len(res.per_class.columns) == 0:  # interrupted before the warm-up ended: nothing measured
@@ -105,7 +107,9 @@ def format_result(res: Any) -> str:
          + (f" ({res.meta['engine']} engine)" if "engine" in res.meta else "")),
         "",
         (f"  revenue per GPU per s   bundled {_fmt(cl['revenue_per_gpu'], 6)} +/- {_fmt(cl['revenue_per_gpu_ci'], 2)}"
-         f"   separate {_fmt(cl['revenue_per_gpu_separate'], 6)} +/- {_fmt(cl['revenue_per_gpu_separate_ci'], 2)}"),
+         f"   separate {_fmt(cl['revenue_per_gpu_separate'], 6)} +/- {_fmt(cl['revenue_per_gpu_separate_ci'], 2)}"
+         if priced else "  revenue: none, the scenario is unpriced (every token price is 0); throughput, latency and "
+                        "SLO attainment below measure it"),
         (f"  throughput {_fmt(cl['throughput'])} per GPU per s; abandoned {_fmt(cl['abandoned_fraction'], 4)}; "
          f"TTFT mean {_fmt(cl['ttft_mean'], 4)} s; e2e mean {_fmt(cl['e2e_mean'], 4)} s "
          f"(p50 {_fmt(cl['e2e_p50'], 4)}, p90 {_fmt(cl['e2e_p90'], 4)}, p99 {_fmt(cl['e2e_p99'], 4)})"),
@@ -146,10 +150,13 @@ def run(args: argparse.Namespace) -> int:
     from fluidopt.scenario import load_scenario
 
     options = parse_options(args.option)
-    if not args.list_policies and not args.policy:
-        raise UsageError("--policy: a policy name is required (see fluidopt simulate --list-policies)")
+    # The values given are checked before what is missing: `--horizon -5` without --policy names the horizon.
     check_positive_int(args.gpus, "--gpus")
     check_positive_int(args.batches, "--batches", minimum=2, maximum=10_000)
+    if not args.list_policies:
+        _check_given_window(args)
+    if not args.list_policies and not args.policy:
+        raise UsageError("--policy: a policy name is required (see fluidopt simulate --list-policies)")
     check_output_file(args.records, "--records")
     # Input first, the simulator and controller stack (seconds to import) only once it is valid.
     scenario = load_scenario(args.scenario) if not args.list_policies else None
@@ -178,7 +185,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         _warn_trace_load(workload, scenario, args.gpus)
     controller = make_controller(args.policy, scenario, **options)
-    res = simulate(scenario, controller, window=window, seed=args.seed, records=args.records, progress=args.progress,
+    # progress by default, also when stderr is not a terminal (then a plain line every few seconds:
+    # fluidopt.sim.bookkeeping.LOG_EVERY); --json alone keeps stderr quiet unless --progress is given
+    progress = (not args.json) if args.progress is None else args.progress
+    res = simulate(scenario, controller, window=window, seed=args.seed, records=args.records, progress=progress,
                    batches=args.batches, backend=args.backend, workload=workload)
     if res.interrupted and res.records_path:
         # the rows of a run cut short are kept, under a name that says so: never as a finished run's records
@@ -196,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
             out["timeseries_rows"] = len(res.timeseries)
         print(json.dumps(out, indent=2, allow_nan=False))
     else:
-        print(format_result(res))
+        print(format_result(res, priced=bool((scenario.rates().w > 0).any())))
         c = res.cluster
         if "cohort_revenue_per_gpu" in c:
             print(f"arrival cohort [{res.warmup:g}, {res.horizon:g}) s: revenue/GPU/s {c['cohort_revenue_per_gpu']:.6g} "
@@ -215,6 +225,21 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return interrupt.exit_status(KeyboardInterrupt())  # 130, or 143 for SIGTERM
     return 0
+
+
+def _check_given_window(args: argparse.Namespace) -> None:
+    """The window flags given, checked by :class:`~fluidopt.sim.window.RunWindow` before the scenario is read
+    (the default horizon comes from it; until then the largest finite one stands in, which no warm-up reaches:
+    the real horizon is checked against the warm-up once known)."""
+    import sys
+
+    from fluidopt.sim.window import RunWindow
+
+    h, w = args.horizon, args.warmup
+    if h is None and w is None and args.sample_interval is None and args.drain is None:
+        return
+    RunWindow(sys.float_info.max if h is None else h, 0.0 if w is None else w, "markov", args.sample_interval,
+              args.drain)
 
 
 TRACE_LOAD_RANGE = (0.05, 1.0)  # a replayed trace loading the fleet outside this range gets a warning

@@ -50,6 +50,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--sli", action="append", default=[], metavar="SPEC",
                    help="add an SLI, e.g. tpot=0.03, served:CLASS=0.9, wait:CLASS=2.0, prefill_fairness=0.05, "
                         "tpot=0.03:penalty=100 (repeatable; see below)")
+    p.add_argument("--gpus", type=int, default=None, metavar="N",
+                   help="fleet size for the cluster totals and M (arrival rates scale to keep the per-GPU load, "
+                        "so the per-GPU answer is the same; default: the scenario's)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--no-lexicographic", action="store_true",
                    help="return HiGHS's first optimal vertex (skip the second stage that empties the decode buffer)")
@@ -101,11 +104,15 @@ def format_solution(sol: Any) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from fluidopt.commands._checks import check_positive_int
     from fluidopt.fluid.sli import parse_slis, slis_of
     from fluidopt.scenario import load_scenario
 
     # Input first, the solver stack (pyomo, pandas: seconds to import) only once it is valid.
+    check_positive_int(args.gpus, "--gpus")
     scenario = load_scenario(args.scenario)
+    if args.gpus is not None:
+        scenario = scenario.with_gpus(args.gpus)
     slis = (*slis_of(scenario.meta.get("slis")), *parse_slis(args.sli, where="--sli"))
     from fluidopt.fluid.lp import solve_fluid
 

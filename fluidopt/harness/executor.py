@@ -386,15 +386,32 @@ def executor_from_args(args: argparse.Namespace, runs: int | None = None, import
 
 # -- progress -------------------------------------------------------------------------------------
 class Progress:
-    """Runs done / total with an ETA on stderr (tqdm when installed); off when not a terminal."""
+    """Runs done / total with an ETA on stderr (tqdm when installed); off when not a terminal.
 
-    def __init__(self, total: int, *, enabled: bool | None = None, desc: str = "runs", initial: int = 0) -> None:
+    ``enabled="log"`` (what the commands ask for when stderr is not a terminal, such as a CI log or a
+    file): a plain line every :attr:`LOG_EVERY` seconds from a timer thread, ``[DESC] 3/10 done, 25 s
+    elapsed, about 58 s left``, so that a long sweep whose runs each take a minute is not silent, and
+    no line at all when the work ends sooner."""
+
+    LOG_EVERY = 5.0
+    """Seconds between the plain lines of ``enabled="log"``."""
+
+    def __init__(self, total: int, *, enabled: bool | str | None = None, desc: str = "runs", initial: int = 0) -> None:
         if enabled is None:
             enabled = bool(getattr(sys.stderr, "isatty", lambda: False)())
-        self.enabled = enabled and total > 0
+        self.log = enabled == "log"
+        self.enabled = bool(enabled) and total > 0
         self._bar = None
+        self._ticker = None
         self.total, self.done, self.t0, self.desc = total, initial, time.perf_counter(), desc
-        if self.enabled:
+        self.initial = initial
+        if self.enabled and self.log:
+            import threading
+
+            self._stop = threading.Event()
+            self._ticker = threading.Thread(target=self._tick, name="fluidopt-progress", daemon=True)
+            self._ticker.start()
+        elif self.enabled:
             try:
                 from tqdm import tqdm
 
@@ -403,9 +420,22 @@ class Progress:
             except ImportError:  # pragma: no cover - plain lines instead
                 self._bar = None
 
+    def line(self) -> str:
+        """The plain progress line: runs done, seconds elapsed, and the time left at this pace."""
+        el = time.perf_counter() - self.t0
+        text = f"[{self.desc}] {self.done}/{self.total} done, {el:.0f} s elapsed"
+        ran = self.done - self.initial
+        if 0 < ran and self.done < self.total:
+            text += f", about {el / ran * (self.total - self.done):.0f} s left"
+        return text
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.LOG_EVERY):
+            print(self.line(), file=sys.stderr, flush=True)
+
     def update(self, n: int = 1, note: str = "") -> None:
         self.done += n
-        if not self.enabled:
+        if not self.enabled or self.log:
             return
         if self._bar is not None:
             if note:
@@ -417,6 +447,10 @@ class Progress:
             print(f"[{self.done}/{self.total}] {note} (ETA {eta:.0f} s)", file=sys.stderr, flush=True)
 
     def close(self) -> None:
+        if self._ticker is not None:
+            self._stop.set()
+            self._ticker.join()
+            self._ticker = None
         if self._bar is not None:
             self._bar.close()
             self._bar = None

@@ -17,6 +17,11 @@ __all__ = ["FIT_COLUMNS", "demand_toml", "fit_demand", "read_observations"]
 FIT_COLUMNS = ("class", "price", "rate")
 
 
+def _shown(v) -> str:
+    """A cell as the file has it: a text quoted, a number plain (not ``np.int64(-1)``)."""
+    return repr(v) if isinstance(v, str) else f"{v:g}" if isinstance(v, (int, float, np.number)) else repr(v)
+
+
 def read_observations(path) -> pd.DataFrame:
     """A CSV of observations: columns ``class``, ``price`` (per request) and ``rate`` (requests/s)."""
     from pathlib import Path
@@ -27,7 +32,14 @@ def read_observations(path) -> pd.DataFrame:
     if not p.is_file():
         raise UsageError(f"--fit-demand: {p}: no such file")
     try:
-        df = pd.read_csv(p)
+        # comment lines ('#') and blank lines above the header are skipped, not read as the header
+        lead = 0
+        with open(p, encoding="utf-8-sig") as f:
+            for line in f:
+                if line.strip() and not line.lstrip().startswith("#"):
+                    break
+                lead += 1
+        df = pd.read_csv(p, skiprows=lead, encoding="utf-8-sig")
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
         raise UsageError(f"--fit-demand: {p}: not a readable CSV ({' '.join(str(e).split())})") from None
     df.columns = [str(c).strip() for c in df.columns]
@@ -42,13 +54,13 @@ def read_observations(path) -> pd.DataFrame:
         v = pd.to_numeric(df[c], errors="coerce")
         bad = df.index[~np.isfinite(v) | (v < 0)]
         if len(bad):
-            raise UsageError(f"--fit-demand: {p}: row {int(bad[0]) + 2}, column {c!r}: expected a number >= 0, "
-                             f"got {df[c].iloc[bad[0]]!r}")
+            raise UsageError(f"--fit-demand: {p}: row {int(bad[0]) + 2 + lead}, column {c!r}: expected a number >= 0, "
+                             f"got {_shown(df[c].iloc[bad[0]])}")
         df[c] = v.astype(float)
     names = df["class"]
     empty = df.index[names.isna() | (names.astype(str).str.strip() == "")]
     if len(empty):
-        raise UsageError(f"--fit-demand: {p}: row {int(empty[0]) + 2}, column 'class': expected a class name, got an "
+        raise UsageError(f"--fit-demand: {p}: row {int(empty[0]) + 2 + lead}, column 'class': expected a class name, got an "
                          "empty cell")
     df["class"] = names.astype(str).str.strip()
     return df[list(FIT_COLUMNS) + (["period"] if "period" in df.columns else [])]

@@ -361,6 +361,11 @@ def _inverse_prices(scenario: Scenario, rate: np.ndarray) -> tuple[np.ndarray, n
     return price, mr
 
 
+NO_DEMAND_WHY = ("without one every rate is fixed whatever the price, revenue is linear in price and the best price is "
+                 "the top of any range")
+"""Why no price is optimal without a demand model (the app and ``fluidopt price`` say it in these words)."""
+
+
 def optimize_prices(scenario: Scenario, *, tiers: str = "per-class", pricing: str = "bundled",
                     slis: Sequence[SLI] | None = None, gpus: int | None = None, capacity: bool = True,
                     grid: tuple[Sequence[float], Sequence[float]] | None = None, compare: bool = True,
@@ -380,8 +385,7 @@ def optimize_prices(scenario: Scenario, *, tiers: str = "per-class", pricing: st
     check_pricing(pricing)
     if not has_demand(scenario.classes):
         raise ScenarioError(
-            f"scenario {scenario.name!r}: no class has a demand model ([classes.demand]); without one every rate is "
-            f"fixed whatever the price, revenue is linear in price and the best price is the top of any range")
+            f"scenario {scenario.name!r}: no class has a demand model ([classes.demand]); {NO_DEMAND_WHY}")
     if gpus is not None:
         if isinstance(gpus, bool) or not isinstance(gpus, (int, np.integer)) or gpus < 1:
             raise UsageError(f"--gpus: expected an integer >= 1, got {gpus!r}")

@@ -37,7 +37,7 @@ import numpy as np
 from fluidopt.core.errors import ScenarioError
 from fluidopt.rl.core import STATE_LAYOUT, STATE_LAYOUTS, WAIT_MASKS, obs_dim
 
-__all__ = ["QNetwork", "SharedQNetwork", "load_weights", "save_weights", "shipped_weights_path"]
+__all__ = ["QNetwork", "SharedQNetwork", "load_weights", "save_weights", "shipped_weights_path", "trained_on"]
 
 INST_FEATURES = 6  # state entries per instance (fluidopt-rl-state-v1)
 GLOBAL_FEATURES = 3
@@ -100,6 +100,36 @@ def train_command(variant: str, m: int, scenario: str | None = None) -> str:
     if m == 8:
         extra = f" {SHIPPED_8}" + (" --wait-mask fits" if SHIPPED_8_WAIT_MASK.get(variant) == "fits" else "")
     return f"fluidopt rl train {scen} --variant {variant}{extra} --out fluidopt/rl/weights/{variant}-rl-{m}.npz"
+
+
+SB3_DEFAULT_SCENARIO = "rl-router-paper-regime"
+"""The scenario ``examples/rl_sb3.py`` trains on when its command names none."""
+
+
+def trained_on(path: str | Path) -> str | None:
+    """The scenario a weight file was trained on: the file name, without ``.toml``, of the scenario its
+    ``command`` names (``fluidopt rl train|imitate SCENARIO ...``; ``examples/rl_sb3.py [--scenario
+    SCENARIO]``, whose default is :data:`SB3_DEFAULT_SCENARIO`). None when the file is unreadable or its
+    command names no scenario. The shipped scenarios' files are named after their ``name``, so the result
+    compares with :attr:`Scenario.name <fluidopt.core.model.Scenario.name>`."""
+    import shlex
+
+    try:
+        with np.load(Path(path), allow_pickle=False) as z:
+            command = str(z["command"]) if "command" in z.files else ""
+        words = shlex.split(command)
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError):
+        return None
+    for i, w in enumerate(words):
+        if w == "rl" and i + 1 < len(words) and words[i + 1] in ("train", "imitate"):
+            scen = next((x for x in words[i + 2:] if not x.startswith("-")), None)
+            return Path(scen).stem if scen else None
+        if w.endswith("rl_sb3.py"):
+            rest = words[i + 1:]
+            if "--scenario" in rest and rest.index("--scenario") + 1 < len(rest):
+                return Path(rest[rest.index("--scenario") + 1]).stem
+            return SB3_DEFAULT_SCENARIO
+    return None
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,10 @@ from fluidopt.rl.core import RouterCore, small_large_groups
 from fluidopt.rl.mlp import QNetwork, SharedQNetwork, load_weights, shipped_weights_path, train_command
 from fluidopt.rl.predictors import NoisyOracle
 
-__all__ = ["RLRouter", "make_rl_router"]
+__all__ = ["RLRouter", "make_rl_router", "weights_path", "foreign_weights"]
+
+WEIGHTED = {"baseline-rl": "baseline", "wa-rl": "wa", "wg-rl": "wg", "sb3-dqn": "sb3-dqn", "sb3-ppo": "sb3-ppo"}
+"""The registered routers that run on a weight file (and their ``-chunked`` forms), by their variant."""
 
 
 class RLRouter(RouterCore):
@@ -100,6 +103,30 @@ class RLRouter(RouterCore):
             self.dispatch(ctx, ctx.head(q), a)
             if not self.multi:
                 return
+
+
+def weights_path(policy: str, scenario: Scenario, weights: str | None = None):
+    """The weight file ``policy`` runs on for ``scenario`` (``weights`` if given, else the shipped
+    default); None for a router without weights."""
+    from pathlib import Path
+
+    variant = WEIGHTED.get(policy.removesuffix("-chunked"))
+    if variant is None:
+        return None
+    return Path(weights) if weights is not None else shipped_weights_path(variant, scenario.gpus, scenario.name)
+
+
+def foreign_weights(policy: str, scenario: Scenario, weights: str | None = None) -> str | None:
+    """The scenario ``policy``'s weights were trained on (:func:`~fluidopt.rl.mlp.trained_on`) when it is
+    not ``scenario``; None for a router trained on it, without weights, or whose file names no scenario.
+    Such a router's gains measure a transfer, not the method (docs/rl.md section 5)."""
+    from fluidopt.rl.mlp import trained_on
+
+    path = weights_path(policy, scenario, weights)
+    if path is None or not path.is_file():
+        return None
+    on = trained_on(path)
+    return on if on is not None and on != scenario.name else None
 
 
 def make_rl_router(variant: str, scenario: Scenario, *, weights: str | None = None, accuracy: float = 0.79,

@@ -113,10 +113,19 @@ def advance(eng, until: float | None = None) -> float:
             gc.enable()
         if old_handler is not None:
             signal.signal(signal.SIGINT, old_handler)
-        if eng.progress:
+        if eng.progress and _on_terminal():  # the rewritten line ends; a log's lines end themselves
             sys.stderr.write("\n")
             sys.stderr.flush()
     return eng._now
+
+
+LOG_EVERY = 5.0
+"""Seconds between the progress lines when stderr is not a terminal (a CI log, a file): plain lines,
+the first after this long (a shorter run prints none), where a terminal gets one line rewritten every second."""
+
+
+def _on_terminal() -> bool:
+    return bool(getattr(sys.stderr, "isatty", lambda: False)())
 
 
 def every_1024(eng, ev: int) -> bool:
@@ -129,8 +138,14 @@ def every_1024(eng, ev: int) -> bool:
         if eng.progress:
             now = time.perf_counter()
             if now >= eng._next_report:
-                eng._next_report = now + 1.0
-                progress_line(eng, now - eng._wall0)
+                if _on_terminal():
+                    eng._next_report = now + 1.0
+                    progress_line(eng, now - eng._wall0)
+                elif now - eng._wall0 < LOG_EVERY:
+                    eng._next_report = eng._wall0 + LOG_EVERY
+                else:
+                    eng._next_report = now + LOG_EVERY
+                    progress_line(eng, now - eng._wall0, log=True)
     return False
 
 

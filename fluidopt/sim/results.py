@@ -142,13 +142,16 @@ def min_service_time(gpu, chunked: bool, prompt: np.ndarray, output: np.ndarray)
     return pre + np.asarray(output, dtype=float) * gpu.tau_solo
 
 
-def progress_line(eng, wall: float) -> None:
-    """Rewrite the progress line on stderr: simulated time, requests so far, requests per wall second."""
+def progress_line(eng, wall: float, log: bool = False) -> None:
+    """Rewrite the progress line on stderr: simulated time, requests so far, requests per wall second.
+    ``log``: a plain line with the wall seconds elapsed instead (stderr is not a terminal)."""
     NC = M.N_CTR
     t = eng._now
     arrived = sum(eng._ctr[NC * c + C_ARRIVED] for c in range(eng.I))
-    sys.stderr.write(
-        f"\r[fluidopt simulate] t = {t:.6g} / {eng.horizon:g} s ({100 * t / eng.horizon:5.1f}%), "
-        f"{arrived} requests, {arrived / wall if wall > 0 else 0:,.0f} req/s  "
-    )
+    what = (f"t = {t:.6g} / {eng.horizon:g} s ({100 * t / eng.horizon:5.1f}%), "
+            f"{arrived} requests, {arrived / wall if wall > 0 else 0:,.0f} req/s")
+    if log:
+        sys.stderr.write(f"[fluidopt simulate] {wall:.0f} s elapsed: {' '.join(what.split())}\n")
+    else:
+        sys.stderr.write(f"\r[fluidopt simulate] {what}  ")
     sys.stderr.flush()

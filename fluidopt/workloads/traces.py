@@ -74,6 +74,45 @@ def _label(path: PathLike) -> str:
     return Path(path).name
 
 
+FORMATS_READ = ("an Azure LLM inference trace CSV (TIMESTAMP,ContextTokens,GeneratedTokens) or the generic trace "
+                "CSV (time,prompt_tokens,output_tokens[,class]), UTF-8 text (docs/workloads.md)")
+"""The trace formats the readers take, as the error for any other format names them."""
+
+
+def _not_csv(path: PathLike) -> str | None:
+    """What a file that is plainly not CSV text looks like (JSON lines, JSON, gzip, Parquet, a zip or
+    Excel workbook, binary), from its first bytes; None for anything that may be CSV. Without this a
+    JSON-lines file fails deep in the CSV parse on a field count, which names no format."""
+    try:
+        if isinstance(path, io.TextIOBase):
+            pos = path.tell()
+            head = path.read(4096).encode("utf-8", "replace")
+            path.seek(pos)
+        else:
+            with open(path, "rb") as f:
+                head = f.read(4096)
+    except (OSError, ValueError):
+        return None
+    for magic, what in ((b"\x1f\x8b", "a gzip-compressed file"), (b"PAR1", "a Parquet file"),
+                        (b"PK\x03\x04", "a zip archive (or an Excel workbook)")):
+        if head.startswith(magic):
+            return what
+    if b"\x00" in head:
+        return "a binary file"
+    first = head.lstrip(b"\xef\xbb\xbf \t\r\n")[:1]
+    if first == b"{":
+        return "JSON lines (one JSON object per line)"
+    if first == b"[":
+        return "JSON (an array)"
+    return None
+
+
+def _check_csv(path: PathLike, label: str) -> None:
+    what = _not_csv(path)
+    if what is not None:
+        raise TraceError(f"{label}: looks like {what}, not CSV; traces are read from {FORMATS_READ}")
+
+
 def _where(label: str, i: int) -> str:
     """Row i (0-based index into the data rows) -> 'file: row r (line l)'."""
     return f"{label}: row {i + 1} (line {i + 2})"
@@ -115,6 +154,7 @@ def _read_raw(path: PathLike, expected: Sequence[str]) -> tuple[pd.DataFrame, st
     label = _label(path)
     if not isinstance(path, io.TextIOBase) and not Path(path).is_file():
         raise TraceError(f"{path}: no such file")
+    _check_csv(path, label)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", pd.errors.ParserWarning)
@@ -438,6 +478,7 @@ def load_trace_csv(
 
 
 def _is_azure(path: PathLike) -> bool:
+    _check_csv(path, _label(path))
     try:
         with open(path, encoding="utf-8-sig", newline="") as f:
             header = next(csv.reader(f), [])
