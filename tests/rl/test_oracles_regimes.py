@@ -19,7 +19,7 @@ import pytest
 
 import fluidopt.rl.evaluate as ev
 from fluidopt.errors import ScenarioError
-from fluidopt.rl.regimes import regime_figure, regime_map
+from fluidopt.rl.regimes import regime_figure, regime_map, scenario_at
 from fluidopt.scenario import scenario_from_dict
 
 
@@ -174,3 +174,15 @@ def test_figure_of_four_routers_wraps_at_three_columns():
     w, h = fig.get_size_inches()
     assert w == pytest.approx(3 * (0.9 * 3 + 1.6) + 1.2) and h == pytest.approx(2 * (0.55 * 2 + 1.2) + 0.6)
     assert fig._suptitle is None
+
+
+def test_a_cell_outside_the_grid_is_refused_naming_the_field():
+    sc = two_instances()
+    with pytest.raises(ScenarioError) as e:
+        scenario_at(sc, 2.0, 0)
+    assert str(e.value) == "regimes: kv capacity: expected finite numbers > 0, got 0"
+    with pytest.raises(ScenarioError) as e:
+        scenario_at(sc, -1.0, 500.0)
+    assert str(e.value) == "regimes: rate: expected finite numbers > 0, got -1.0"
+    at = scenario_at(sc, 8.0, 500.0)  # rates 1 : 3 scaled to a total of 8
+    assert [c.rate for c in at.classes] == [2.0, 6.0] and at.gpu.kv_capacity == 500.0
