@@ -29,3 +29,17 @@ def test_rates_by_hand():
     assert ce.rate(8.0) == pytest.approx(4.0 * (8.0 / 2.0) ** -0.5) == pytest.approx(2.0)
     assert ce.rate(0.5) == pytest.approx(8.0)
     assert ce.rate(0.0) == math.inf
+
+
+def test_a_linear_table_with_max_rate_alone_derives_its_slope_and_names_a_bad_value():
+    from fluidopt.demand import demands_from_tables
+    from fluidopt.errors import ScenarioError
+    from fluidopt.model import RequestClass
+
+    cls = [RequestClass("a", prompt=100, decode=200, rate=4.0)]
+    (c,) = demands_from_tables([{"demand": {"model": "linear", "max_rate": 10.0, "price_ref": 100.0}}], cls, 0.1, 0.2)
+    # through (100, 4) with rate 10 at price 0: slope (10 - 4) / 100
+    assert c.demand.max_rate == 10.0 and c.demand.slope == pytest.approx(0.06, rel=1e-12)
+    with pytest.raises(ScenarioError) as e:
+        demands_from_tables([{"demand": {"model": "linear", "max_rate": "x"}}], cls, 0.1, 0.2)
+    assert str(e.value) == "classes[0].demand.max_rate: expected a number, got 'x' (str)"
