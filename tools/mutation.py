@@ -61,6 +61,20 @@ SETS = {  # --set -> {table row -> files (as mutmut names them: fluidopt.x.y)}
         "pricing.py": ["fluidopt.pricing"],
         "executor.py": ["fluidopt.harness.executor"],
     },
+    # issue 47, point 7: the modules changed by the last round (pricing with demand, orchestration and the
+    # fleet mix, the day plan, Vidur calibration, the app's logic, the RL regimes, the interruption contract)
+    "issue47": {
+        "pricing.py": ["fluidopt.pricing"],
+        "pricing_opt.py": ["fluidopt.pricing_opt"],
+        "demand.py": ["fluidopt.demand"],
+        "control/orchestration.py": ["fluidopt.control.orchestration"],
+        "fluid/multiperiod.py": ["fluidopt.fluid.multiperiod"],
+        "dayplan.py": ["fluidopt.dayplan"],
+        "vidur.py": ["fluidopt.vidur"],
+        "app/logic.py": ["fluidopt.app.logic"],
+        "rl/regimes.py": ["fluidopt.rl.regimes"],
+        "interrupt.py": ["fluidopt.interrupt"],
+    },
 }
 MODULES = dict(SETS["core"])  # the rows of the current run (main() sets them from --set / --rows)
 KILLED = {1, 3}
@@ -190,7 +204,8 @@ def main() -> int:
     ap.add_argument("--report-only", action="store_true")
     ap.add_argument("--show", action="store_true", help="print each survivor's diff")
     ap.add_argument("--set", dest="set_name", choices=sorted(SETS), default="core",
-                    help="which modules: core (the recorded configuration) or newer (issue 35's modules)")
+                    help="which modules: core (the recorded configuration), newer (issue 35's modules) "
+                    "or issue47 (issue 47's point 7)")
     ap.add_argument("--rows", default="", help="comma-separated table rows of the set to sample and run "
                     "(default: all; e.g. run pricing.py,executor.py last with --reuse)")
     a = ap.parse_args()

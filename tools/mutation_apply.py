@@ -30,6 +30,7 @@ TESTS = {  # module (after "fluidopt.") -> the tests run against its mutants (-m
     "dayplan": ["tests/planning/test_oracles_dayplan.py", "tests/planning/test_oracles_dayplan_more.py",
                 "tests/planning/test_dayplan.py", "tests/planning/test_fleet_mix.py"],
     "fluid.multiperiod": ["tests/fluid/test_oracles_multiperiod.py", "tests/fluid/test_oracles_multiperiod_more.py",
+                          "tests/fluid/test_oracles_fleet_mix.py", "tests/planning/test_fleet_mix.py",
                           "tests/planning/test_oracles_dayplan.py",
                           "tests/planning/test_dayplan.py", "tests/control/test_orchestration.py",
                           "tests/control/test_oracles_orchestration.py"],
@@ -38,7 +39,8 @@ TESTS = {  # module (after "fluidopt.") -> the tests run against its mutants (-m
     "control.robust": ["tests/control/test_oracles_robust.py", "tests/control/test_oracles_robust_more.py",
                        "tests/control/test_robust.py"],
     "control.orchestration": ["tests/control/test_oracles_orchestration.py",
-                              "tests/control/test_oracles_orchestration_more.py", "tests/control/test_orchestration.py"],
+                              "tests/control/test_oracles_orchestration_more.py",
+                              "tests/control/test_oracles_qlm_groups_plan.py", "tests/control/test_orchestration.py"],
     "rl.evaluate": ["tests/rl/test_oracles_evaluate.py", "tests/rl/test_oracles_evaluate_more.py",
                     "tests/rl/test_rl_head_to_head.py"],
     "sim.cohort": ["tests/sim/test_oracles_cohort.py", "tests/sim/test_cohort.py"],
@@ -48,6 +50,15 @@ TESTS = {  # module (after "fluidopt.") -> the tests run against its mutants (-m
     "executor": ["tests/harness/test_oracles_executor.py", "tests/harness/test_oracles_executor_more.py",
                  "tests/harness/test_executor.py",
                  "tests/planning/test_oracles_plan.py"],
+    # issue 47 (tools/mutation.py --set issue47); pricing, dayplan, orchestration and multiperiod as above
+    "pricing_opt": ["tests/planning/test_oracles_pricing_opt.py", "tests/planning/test_optimal_prices.py",
+                    "tests/cli/test_price_optimize.py"],
+    "demand": ["tests/planning/test_oracles_demand.py", "tests/planning/test_optimal_prices.py",
+               "tests/planning/test_oracles_pricing_more.py"],
+    "vidur": ["tests/calibrate/test_vidur.py"],
+    "app.logic": ["tests/app/test_oracles_app_logic.py", "tests/app/test_app_logic.py"],
+    "rl.regimes": ["tests/rl/test_oracles_regimes.py", "tests/rl/test_rl_regime.py"],
+    "interrupt": ["tests/harness/test_oracles_interrupt.py", "tests/harness/test_harness.py"],
 }
 
 

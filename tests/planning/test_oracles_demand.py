@@ -1,0 +1,45 @@
+"""Demand models (fluidopt/demand.py) by hand: the TOML table each model writes back, and the rates of
+the two per-class models at hand-picked prices."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from fluidopt.demand import Demand
+
+
+def test_each_model_writes_its_own_fields_and_a_logit_without_outside_option_says_so():
+    assert Demand("linear", max_rate=10.0, slope=0.5).to_dict() == {"model": "linear", "max_rate": 10.0, "slope": 0.5}
+    assert Demand("constant-elasticity", rate_ref=4.0, price_ref=2.0, elasticity=1.5).to_dict() == {
+        "model": "constant-elasticity", "rate_ref": 4.0, "price_ref": 2.0, "elasticity": 1.5}
+    with_outside = Demand("logit", market="m", market_size=100.0, utility=1.0, price_sensitivity=0.01)
+    d = with_outside.to_dict()
+    assert d["model"] == "logit" and d["market"] == "m" and d["market_size"] == 100.0
+    assert "outside_option" not in d  # the default, true, is not written
+    without = Demand("logit", market="m", market_size=100.0, utility=1.0, price_sensitivity=0.01, outside_option=False)
+    assert without.to_dict()["outside_option"] is False
+
+
+def test_rates_by_hand():
+    lin = Demand("linear", max_rate=10.0, slope=0.5)
+    assert lin.rate(4.0) == 8.0 and lin.rate(20.0) == 0.0 and lin.rate(30.0) == 0.0  # no negative rate
+    ce = Demand("constant-elasticity", rate_ref=4.0, price_ref=2.0, elasticity=0.5)
+    assert ce.rate(8.0) == pytest.approx(4.0 * (8.0 / 2.0) ** -0.5) == pytest.approx(2.0)
+    assert ce.rate(0.5) == pytest.approx(8.0)
+    assert ce.rate(0.0) == math.inf
+
+
+def test_a_linear_table_with_max_rate_alone_derives_its_slope_and_names_a_bad_value():
+    from fluidopt.demand import demands_from_tables
+    from fluidopt.errors import ScenarioError
+    from fluidopt.model import RequestClass
+
+    cls = [RequestClass("a", prompt=100, decode=200, rate=4.0)]
+    (c,) = demands_from_tables([{"demand": {"model": "linear", "max_rate": 10.0, "price_ref": 100.0}}], cls, 0.1, 0.2)
+    # through (100, 4) with rate 10 at price 0: slope (10 - 4) / 100
+    assert c.demand.max_rate == 10.0 and c.demand.slope == pytest.approx(0.06, rel=1e-12)
+    with pytest.raises(ScenarioError) as e:
+        demands_from_tables([{"demand": {"model": "linear", "max_rate": "x"}}], cls, 0.1, 0.2)
+    assert str(e.value) == "classes[0].demand.max_rate: expected a number, got 'x' (str)"
