@@ -25,9 +25,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = {  # module (after "fluidopt.") -> the tests run against its mutants (-m "not slow", -x)
-    "plan": ["tests/planning/test_oracles_plan.py", "tests/planning/test_plan.py",
+    "planning.fleet": ["tests/planning/test_oracles_plan.py", "tests/planning/test_plan.py",
              "tests/planning/test_planning_examples.py"],
-    "dayplan": ["tests/planning/test_oracles_dayplan.py", "tests/planning/test_oracles_dayplan_more.py",
+    "planning.day": ["tests/planning/test_oracles_dayplan.py", "tests/planning/test_oracles_dayplan_more.py",
                 "tests/planning/test_dayplan.py", "tests/planning/test_fleet_mix.py"],
     "fluid.multiperiod": ["tests/fluid/test_oracles_multiperiod.py", "tests/fluid/test_oracles_multiperiod_more.py",
                           "tests/fluid/test_oracles_fleet_mix.py", "tests/planning/test_fleet_mix.py",
@@ -45,20 +45,21 @@ TESTS = {  # module (after "fluidopt.") -> the tests run against its mutants (-m
                     "tests/rl/test_rl_head_to_head.py"],
     "sim.cohort": ["tests/sim/test_oracles_cohort.py", "tests/sim/test_cohort.py"],
     "queueing.runlength": ["tests/queueing/test_oracles_runlength.py", "tests/queueing/test_queueing_runlength.py"],
-    "pricing": ["tests/planning/test_oracles_pricing.py", "tests/planning/test_oracles_pricing_more.py",
+    "pricing.grids": ["tests/planning/test_oracles_pricing.py", "tests/planning/test_oracles_pricing_more.py",
                 "tests/planning/test_pricing.py"],
-    "executor": ["tests/harness/test_oracles_executor.py", "tests/harness/test_oracles_executor_more.py",
+    "harness.executor": ["tests/harness/test_oracles_executor.py", "tests/harness/test_oracles_executor_more.py",
                  "tests/harness/test_executor.py",
                  "tests/planning/test_oracles_plan.py"],
     # issue 47 (tools/mutation.py --set issue47); pricing, dayplan, orchestration and multiperiod as above
-    "pricing_opt": ["tests/planning/test_oracles_pricing_opt.py", "tests/planning/test_optimal_prices.py",
+    "pricing.optimize": ["tests/planning/test_oracles_pricing_opt.py", "tests/planning/test_optimal_prices.py",
                     "tests/cli/test_price_optimize.py"],
-    "demand": ["tests/planning/test_oracles_demand.py", "tests/planning/test_optimal_prices.py",
+    "core.demand": ["tests/planning/test_oracles_demand.py", "tests/planning/test_optimal_prices.py",
                "tests/planning/test_oracles_pricing_more.py"],
-    "vidur": ["tests/calibrate/test_vidur.py"],
+    "calibration.vidur": ["tests/calibrate/test_vidur.py"],
     "app.logic": ["tests/app/test_oracles_app_logic.py", "tests/app/test_app_logic.py"],
     "rl.regimes": ["tests/rl/test_oracles_regimes.py", "tests/rl/test_rl_regime.py"],
-    "interrupt": ["tests/harness/test_oracles_interrupt.py", "tests/harness/test_harness.py"],
+    "core.interrupt": ["tests/harness/test_oracles_interrupt.py", "tests/harness/test_harness.py"],
+    "pricing.demand_fit": ["tests/planning/test_oracles_pricing_opt.py", "tests/planning/test_optimal_prices.py", "tests/cli/test_price_optimize.py"],
 }
 
 

@@ -1,4 +1,4 @@
-"""QLMGroups' instance plan (fluidopt/control/orchestration.py, ``QLMGroups._plan``) on a hand-built
+"""QLMGroups' instance plan (fluidopt/control/orchestration/chiron.py, ``QLMGroups._plan``) on a hand-built
 state: a model with work and no instance gets its first one from a model with a surplus, whether its work
 waits or is already running (a busy model needs at least one instance), and a model with nothing to do
 gets none. Two models: 'A' (the interactive class), 'B' (the batch class); three GPUs, all given to A."""

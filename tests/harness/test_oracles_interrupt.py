@@ -1,4 +1,4 @@
-"""The interruption contract (fluidopt/interrupt.py, its module docstring) checked function by function
+"""The interruption contract (fluidopt/core/interrupt.py, its module docstring) checked function by function
 in this process: exit statuses 128 + signal (130 for SIGINT, 143 for SIGTERM), the one line a command
 prints, which signal a plain KeyboardInterrupt stands for, the handlers installed and restored. Signals
 are raised in this process (``signal.raise_signal``) inside ``handle_sigterm``; ``os._exit`` is replaced by a stub
@@ -16,8 +16,8 @@ import threading
 import pytest
 
 from fluidopt import interrupt
-from fluidopt.errors import ExecutorLost, ScenarioError
-from fluidopt.interrupt import Interrupted
+from fluidopt.core.errors import ExecutorLost, ScenarioError
+from fluidopt.core.interrupt import Interrupted
 
 
 class _Exit(Exception):

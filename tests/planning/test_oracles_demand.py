@@ -1,4 +1,4 @@
-"""Demand models (fluidopt/demand.py) by hand: the TOML table each model writes back, and the rates of
+"""Demand models (fluidopt/core/demand.py) by hand: the TOML table each model writes back, and the rates of
 the two per-class models at hand-picked prices."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from fluidopt.demand import Demand
+from fluidopt.core.demand import Demand
 
 
 def test_each_model_writes_its_own_fields_and_a_logit_without_outside_option_says_so():
@@ -32,9 +32,9 @@ def test_rates_by_hand():
 
 
 def test_a_linear_table_with_max_rate_alone_derives_its_slope_and_names_a_bad_value():
-    from fluidopt.demand import demands_from_tables
-    from fluidopt.errors import ScenarioError
-    from fluidopt.model import RequestClass
+    from fluidopt.core.demand import demands_from_tables
+    from fluidopt.core.errors import ScenarioError
+    from fluidopt.core.model import RequestClass
 
     cls = [RequestClass("a", prompt=100, decode=200, rate=4.0)]
     (c,) = demands_from_tables([{"demand": {"model": "linear", "max_rate": 10.0, "price_ref": 100.0}}], cls, 0.1, 0.2)

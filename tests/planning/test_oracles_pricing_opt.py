@@ -1,4 +1,4 @@
-"""Optimal prices and fleets (fluidopt/pricing_opt.py) by hand: the per-class table against today's price
+"""Optimal prices and fleets (fluidopt/pricing/optimize.py) by hand: the per-class table against today's price
 and rate, the profit-maximising fleet's own solution, the fitted-demand comments, and the two figures
 read back from their artists (hand-made inputs, no solve)."""
 
@@ -12,10 +12,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fluidopt.demand import Demand
-from fluidopt.model import RequestClass, Scenario, paper_gpu
-from fluidopt.pricing_opt import (FleetResult, demand_toml, fit_demand, fleet_figure, optimize_fleet, optimize_prices,
-                                  price_response_figure)
+from fluidopt.core.demand import Demand
+from fluidopt.core.model import RequestClass, Scenario, paper_gpu
+from fluidopt.pricing.optimize import (
+    FleetResult,
+    demand_toml,
+    fit_demand,
+    fleet_figure,
+    optimize_fleet,
+    optimize_prices,
+    price_response_figure,
+)
 
 
 def one_class(n: int, demand: Demand, rate: float) -> Scenario:

@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 
 import fluidopt.rl.evaluate as ev
-from fluidopt.errors import ScenarioError
+from fluidopt.core.errors import ScenarioError
 from fluidopt.rl.regimes import regime_figure, regime_map, scenario_at
 from fluidopt.scenario import scenario_from_dict
 
