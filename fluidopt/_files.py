@@ -159,8 +159,8 @@ def lock_folder(folder: str | os.PathLike, flag: str = "--out", command: str = "
 
 
 def _acquire(lock: Path, flag: str, folder: Path, command: str):
-    # filelock >= 4 leaves a held file's contents alone when another process fails to take it (3.x
-    # truncated it on open), so the PID written here is still there for the refused process to name.
+    # filelock >= 3.31 leaves a held file's contents alone when another process fails to take it (older
+    # ones truncated it on open), so the PID written here is still there for the refused process to name.
     from filelock import FileLock, Timeout
 
     record = f"{os.getpid()} {command}".strip().encode() + b"\n"

@@ -34,7 +34,8 @@ print("released", flush=True)
 
 
 def _holder(folder: Path, fork: bool = False) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(REPO))  # this checkout's fluidopt, whatever is installed
+    # this checkout's fluidopt, whatever is installed (and the rest of the caller's path)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
     p = subprocess.Popen([sys.executable, "-c", HOLDER, str(folder), "fork" if fork else "-"], cwd=REPO, env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
