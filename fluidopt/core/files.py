@@ -50,7 +50,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 _TMP = re.compile(r"^\.(?P<stem>.+)\.tmp-(?P<pid>\d+)(?P<suffix>\.[^.]*)?$")
 LOCK_FILE = ".fluidopt.lock"
 JOURNAL_SUFFIX = ".generation.json"
-_held: dict[Path, tuple[int, int]] = {}  # folder -> (lock fd, depth): the folders this process holds
+_held: dict[Path, tuple[object, int]] = {}  # folder -> (filelock lock, depth): the folders this process holds
 
 
 def _pid_alive(pid: int) -> bool:
@@ -126,67 +126,76 @@ def holds(folder: str | os.PathLike) -> bool:
 
 @contextlib.contextmanager
 def lock_folder(folder: str | os.PathLike, flag: str = "--out", command: str = "") -> Iterator[Path]:
-    """Hold ``folder`` as its only writer: an exclusive ``flock`` on ``folder/.fluidopt.lock``, which
-    records the holder's PID. The kernel drops the lock when its process dies, however it dies, so a
-    stale lock (a lock file left by a killed process) is simply taken over; a live holder is a
+    """Hold ``folder`` as its only writer: an exclusive ``flock`` on ``folder/.fluidopt.lock`` (taken with
+    ``filelock``), which records the holder's PID. The kernel drops the lock when its process dies, however
+    it dies, so a stale lock (a lock file left by a killed process) is simply taken over; a live holder is a
     :class:`FolderInUseError` (exit 2) naming its PID. Re-entrant within a process. On entry, finishes
     an interrupted table generation (:func:`write_generation`) and removes dead processes' temporary
     files."""
     p = Path(folder)
     key = p.resolve()
     if key in _held:  # held already: proved writable when it was taken (no second probe write and sync)
-        fd, depth = _held[key]
-        _held[key] = (fd, depth + 1)
+        held, depth = _held[key]
+        _held[key] = (held, depth + 1)
         try:
             yield p
         finally:
-            fd, depth = _held[key]
-            _held[key] = (fd, depth - 1)
+            held, depth = _held[key]
+            _held[key] = (held, depth - 1)
         return
     p = check_writable_folder(p, flag)
     lock = p / LOCK_FILE
-    fd = _acquire(lock, flag, p)
+    held = _acquire(lock, flag, p, command)
     try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()} {command}".strip().encode() + b"\n", 0)
-        _held[key] = (fd, 1)
+        _held[key] = (held, 1)
         recover_generation(p)
         clean_stale_temps(p)
         yield p
     finally:
         _held.pop(key, None)
         with contextlib.suppress(OSError):
-            lock.unlink()  # still holding it: a process that opened it meanwhile sees the inode change
-        os.close(fd)  # closing the descriptor releases the flock
+            lock.unlink()  # still holding it: a process that opened it meanwhile finds it unlinked and retries
+        held.release()
 
 
-def _acquire(lock: Path, flag: str, folder: Path) -> int:
-    import fcntl
+def _acquire(lock: Path, flag: str, folder: Path, command: str):
+    # filelock >= 3.31 leaves a held file's contents alone when another process fails to take it (older
+    # ones truncated it on open), so the PID written here is still there for the refused process to name.
+    from filelock import FileLock, Timeout
+
+    record = f"{os.getpid()} {command}".strip().encode() + b"\n"
+
+    def write_holder(fd: int) -> None:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, record, 0)
 
     for _ in range(100):
+        # thread_local=False: the app may take a folder in one thread and leave it from another
+        held = FileLock(lock, blocking=False, thread_local=False, on_acquired=write_holder)
         try:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as e:
-            raise _os_error(lock, e, f"{flag}: cannot create the lock file") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            try:
-                holder = os.pread(fd, 200, 0).decode(errors="replace").split()
-            finally:
-                os.close(fd)
+            held.acquire()
+            return held
+        except Timeout:
+            holder = _holder(lock)
+            if holder is None:
+                continue  # its holder removed it as we tried (or filelock saw the inode unlinked): try again
             who = f"process {holder[0]}" if holder else "another process"
             what = f" ({' '.join(holder[1:])})" if len(holder) > 1 else ""
             raise FolderInUseError(f"{flag} {str(folder)!r}: in use by {who}{what}; wait for it to finish, or "
                                    "write to another folder") from None
-        try:
-            same = os.fstat(fd).st_ino == os.stat(lock).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            return fd
-        os.close(fd)  # the holder removed it as we opened it: take the new one
+        except OSError as e:
+            raise _os_error(lock, e, f"{flag}: cannot create the lock file") from None
     raise FolderInUseError(f"{flag} {str(folder)!r}: could not take its lock file {str(lock)!r}")
+
+
+def _holder(lock: Path) -> list[str] | None:
+    """The holder's record (PID, then the command) split in words; None when the file is gone."""
+    try:
+        return lock.read_bytes()[:200].decode(errors="replace").split()
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return []
 
 
 @contextlib.contextmanager

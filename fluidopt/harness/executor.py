@@ -138,6 +138,8 @@ class LocalExecutor(Executor):
                 yield k, fn(job)
             return
         if self._pool is None:
+            # the standard pool, not loky: loky's fresh workers re-import fluidopt, print tracebacks on a
+            # terminal's Ctrl-C and leave a warning after the one line (docs/scaling.md, "Libraries")
             self._pool = ProcessPoolExecutor(max_workers=self.workers, initializer=_init_worker,
                                              initargs=(self.imports,), mp_context=self._context())
         futures: dict[Future, int] = {self._pool.submit(fn, job): k for k, job in enumerate(jobs)}
@@ -561,6 +563,8 @@ class ResultStore:
         without it, that line may be one a live writer is appending."""
         if not self.path.exists():
             return {}
+        # json per line, not pandas.read_json(lines=True): that one rounds floats (or fails on subnormals),
+        # reads NaN as None and fails on a torn line (docs/scaling.md, "Libraries")
         raw = self.path.read_bytes()
         out: dict[str, Any] = {}
         good_end = 0
