@@ -127,7 +127,7 @@ def _api_pages_have_no_sphinx_markup(site: Path) -> None:
     import html as html_lib
 
     pages = sorted((site / "api").glob("*/index.html"))
-    assert len(pages) == 7
+    assert len(pages) == len(list((ROOT / "docs" / "api").glob("*.md")))  # every API page built
     problems, links = [], 0
     for page in pages:
         raw = page.read_text(encoding="utf-8")
