@@ -425,7 +425,7 @@ def fit_time_models(data, *, threshold: int | None = None, holdout: float = 0.2,
         threshold = best
     fits = fit_split(threshold)
     coef_g, ci_g, r2_g = dict(coef_p), dict(ci_p), {"prefill": float(res_p.rsquared)}
-    for res, c, ci in fits:
+    for _res, c, ci in fits:
         coef_g.update(c)
         ci_g.update(ci)
     r2_g["decode"] = float(fits[0][0].rsquared) if len(fits) == 1 else float(
