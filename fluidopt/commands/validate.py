@@ -34,6 +34,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--slo-tpot-ms", type=float, default=100.0, help="TPOT objective, ms (default 100)")
     p.add_argument("--out", metavar="DIR", help="folder for the CDF figures (default: the current folder)")
     p.add_argument("--no-figure", action="store_true", help="write no figure")
+    p.add_argument("--fit", metavar="TOML", help="fit the law and the KV cache to the measured runs (starting from "
+                   "--profile or --timemodel), write them to TOML ([timemodel], [engine]) and compare with the fit")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 
@@ -98,6 +100,25 @@ def _law(args: argparse.Namespace):
         raise UsageError(str(e)) from None
 
 
+def _fit(args: argparse.Namespace, runs, law, kv):
+    """Fit (docs/fidelity.md) and write the TOML; the KV capacity starts from 60,000 tokens when unknown."""
+    from fluidopt.core.files import atomic_path
+    from fluidopt.engines import engine_config
+    from fluidopt.engines.validation import fit_to_runs
+
+    fitted, kv_fit = fit_to_runs(runs, law, lambda k: engine_config(args.engine, kv_tokens=k), float(kv or 60_000),
+                                 ttft_slo=args.slo_ttft_ms / 1e3, tpot_slo=args.slo_tpot_ms / 1e3)
+    kv_fit = int(kv_fit)
+    d = fitted.to_dict()
+    lines = [f"# fitted by fluidopt validate --fit to {', '.join(r.name for r in runs)} (engine {args.engine}); seconds",
+             "[timemodel]", f'name = "fitted to {len(runs)} measured run(s)"']
+    lines += [f"{k} = {[float(x) for x in v]!r}" for k, v in d.items() if k != "decode_threshold"]
+    lines += ["", "[engine]", f"kv_tokens = {kv_fit}", ""]
+    with atomic_path(Path(args.fit)) as tmp:
+        tmp.write_text("\n".join(lines), encoding="utf-8")
+    return fitted, kv_fit
+
+
 def _table(rows: list[dict]) -> str:
     head = (f"{'run':<24}{'n':>5}{'attain meas':>12}{'sim':>7}{'TTFT med ms':>13}{'sim':>8}{'TPOT med ms':>13}"
             f"{'sim':>7}   rel. error median/p90: TTFT, TPOT, E2E")
@@ -128,7 +149,13 @@ def run(args: argparse.Namespace) -> int:
     runs = [read_measured(f) for f in args.measured]
     if not args.no_figure:
         check_output_dir(args.out or ".", "--out")
+    if args.fit is not None:
+        from fluidopt.commands._checks import check_output_file
+
+        check_output_file(args.fit, "--fit")
     kv = args.kv_tokens if args.kv_tokens is not None else kv_default
+    if args.fit is not None:
+        law, kv = _fit(args, runs, law, kv)
     cfg = engine_config(args.engine, kv_tokens=kv)
     comps = [compare(r, law, cfg, args.engine, args.slo_ttft_ms / 1e3, args.slo_tpot_ms / 1e3) for r in runs]
     rows = [c.to_dict() for c in comps]
@@ -161,4 +188,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"mean |attainment error| {mean_err:.3f}")
     for f in figures:
         print(f"figure written to {f}")
+    if args.fit is not None:
+        print(f"fitted law written to {args.fit}")
     return 0

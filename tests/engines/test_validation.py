@@ -144,3 +144,34 @@ def test_fitted_law_meets_the_acceptance_targets_on_every_measured_vllm_run(caps
         for k in ("ttft", "tpot"):
             assert abs(r[f"{k}_median_ms_simulated"] / r[f"{k}_median_ms_measured"] - 1) <= 0.15, (r["run"], k)
     assert d["mean_abs_attainment_error"] <= 0.04
+
+
+@pytest.mark.integration  # a few seconds: about 1,500 replays
+def test_fit_recovers_an_engine_from_its_own_replay(tmp_path, capsys):
+    # "measured" runs made by the stepper with a known law (per-request decode cost 0.4 ms; its KV cache,
+    # 60,000 tokens, never full); fitted from a law with the profile's 0.06 ms, the fit meets the runs far
+    # better than its start, and its TOML loads back as the law it reports
+    from fluidopt.calibration.timemodels import DecodeLaw, IterationLaw, PrefillLaw, load_law_toml
+    from fluidopt.engines import engine_config, replay
+
+    truth = IterationLaw(PrefillLaw(0.022, 1.4e-4, 8e-9), DecodeLaw((0.024, 6e-7, 4e-4)))
+    rng = np.random.default_rng(3)
+    files = []
+    for i, rate in enumerate((4.0, 8.0)):
+        arr = np.cumsum(rng.exponential(1 / rate, 60))
+        p, o = rng.integers(10, 300, 60), rng.integers(2, 80, 60)
+        r = replay(truth, engine_config("vllm", kv_tokens=60_000), arr, p, o)
+        rows = [dict(prompt_len=int(p[k]), output_len=int(o[k]), issue_time=float(arr[k]), ttft_ms=float(r.ttft[k] * 1e3),
+                     tpot_ms=float(r.tpot[k] * 1e3), latency_ms=float(r.e2e[k] * 1e3)) for k in range(60)]
+        files.append(str(write_exp(tmp_path / f"run{i}.exp", rows)))
+    start = tmp_path / "start.toml"
+    start.write_text("[timemodel]\nprefill = [0.022, 1.4e-4, 8e-9]\ndecode_small = [0.024, 6e-7, 6e-5]\n")
+    fit = tmp_path / "fitted.toml"
+    assert main(["validate", *files, "--timemodel", str(start), "--no-figure", "--json"]) == 0
+    before = json.loads(capsys.readouterr().out)
+    assert main(["validate", *files, "--timemodel", str(start), "--fit", str(fit), "--no-figure", "--json"]) == 0
+    after = json.loads(capsys.readouterr().out)
+    assert after["law"] == load_law_toml(fit).to_dict()
+    err = lambda d, k: max(abs(r[f"{k}_median_ms_simulated"] / r[f"{k}_median_ms_measured"] - 1) for r in d["runs"])  # noqa: E731
+    assert err(after, "tpot") < 0.05 < err(before, "tpot")
+    assert after["mean_abs_attainment_error"] <= 0.03
