@@ -21,7 +21,8 @@ if _UNKNOWN:
 
 # what a skip's reason says when the compiled core or the shared trace is missing
 _MARKERS = {"compiled": ("compiled core", "backend='compiled'"),
-            "trace": ("trace not", "Azure trace not found", "Vidur profiling data not found"),
+            "trace": ("trace not", "Azure trace not found", "Vidur profiling data not found",
+                      "shared DistServe data not found"),
             "docs": ("docs extra is not installed",), "browser": ("browser not available",)}
 
 

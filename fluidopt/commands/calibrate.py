@@ -29,6 +29,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--batch", type=int, metavar="B", help="batch size B (requests per GPU) for --toml")
     p.add_argument("--toml", action="store_true", help="print a [gpu] table for a scenario file (needs --chunk, --batch)")
     p.add_argument("--list", action="store_true", help="list the named GPU profiles and exit")
+    p.add_argument("--threshold", type=int, metavar="B", help="generalised profile (a CSV with a kind column): the "
+                   "decode batch size where the coefficients switch (default: searched)")
     v = p.add_argument_group("published operator profiles (Vidur; docs/calibration.md)")
     v.add_argument("--vidur", metavar="DIR", help="Vidur profiling folder (compute/GPU/ORG/MODEL/mlp.csv)")
     v.add_argument("--gpu", help="GPU of the tables: a100, a40 or h100")
@@ -133,6 +135,11 @@ def run(args: argparse.Namespace) -> int:
     if args.toml and (args.chunk is None or args.batch is None):
         raise CalibrationError("--toml needs --chunk C and --batch B (serving settings, not fitted)")
 
+    if _is_generalised(args.csv):
+        return _generalised(args)
+    if args.threshold is not None:
+        raise CalibrationError("--threshold: only with a generalised profile (a CSV with a kind column; "
+                               "docs/calibration.md)")
     from fluidopt.calibration.fit import fit_iteration_time
 
     fit = fit_iteration_time(args.csv, robust=args.robust, chunk=args.chunk, batch=args.batch)
@@ -161,4 +168,37 @@ def run(args: argparse.Namespace) -> int:
         print(fit.summary())
         if args.plot:
             print(f"plot written to {args.plot}")
+    return 0
+
+
+def _is_generalised(path: str) -> bool:
+    """A profile CSV of the generalised law (docs/calibration.md) has a ``kind`` column in its header."""
+    try:
+        with open(path, encoding="utf-8-sig") as f:
+            for line in f:
+                if line.split("#", 1)[0].strip():
+                    return "kind" in [c.strip() for c in line.split(",")]
+    except (OSError, UnicodeDecodeError):
+        pass  # the ordinary reader reports it
+    return False
+
+
+def _generalised(args: argparse.Namespace) -> int:
+    """Fit the straight line and the generalised law to a profile CSV; say which predicts held-out
+    iterations better."""
+    for flag in ("plot", "chunk", "batch"):
+        if getattr(args, flag) is not None:
+            raise CalibrationError(f"--{flag}: not with a generalised profile (a CSV with a kind column)")
+    if args.robust or args.toml:
+        raise CalibrationError(f"--{'robust' if args.robust else 'toml'}: not with a generalised profile (a CSV with a "
+                               "kind column)")
+    if args.threshold is not None and args.threshold < 1:
+        raise CalibrationError(f"--threshold: expected an integer >= 1 (requests), got {args.threshold}")
+    from fluidopt.calibration.timemodels import fit_time_models, read_profile_csv
+
+    fits = fit_time_models(read_profile_csv(args.csv), threshold=args.threshold)
+    if args.json:
+        print(json.dumps(fits.to_dict(), indent=2))
+    else:
+        print(fits.summary())
     return 0

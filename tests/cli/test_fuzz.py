@@ -238,7 +238,7 @@ ARG = st.sampled_from([
 
 @pytest.mark.integration
 @SETTINGS
-@given(cmd=st.sampled_from(["solve", "simulate", "calibrate"]), args=st.lists(ARG, max_size=7))
+@given(cmd=st.sampled_from(["solve", "simulate", "calibrate", "validate"]), args=st.lists(ARG, max_size=7))
 def test_argument_lists(tmp_path, capsys, monkeypatch, cmd, args):
     monkeypatch.chdir(tmp_path)
     argv = [cmd, *args]
@@ -257,6 +257,9 @@ def test_argument_lists(tmp_path, capsys, monkeypatch, cmd, args):
     (["simulate", "--policy", "gate-and-route", "--option", "predictor=oracle"], "unknown option 'predictor'"),
     (["simulate", "--policy", "fi-wsp", "--records", "."], "is a folder"),
     (["solve", "."], "is a folder"),
+    (["validate", "x.exp", "--engine", "vlm"], "no such engine (did you mean 'vllm'?)"),
+    (["validate", ".", "--engine", "vllm", "--timemodel", "x.toml"], "time-model file 'x.toml': no such file"),
+    (["validate", "/nonexistent.exp", "--profile", "p.json"], "needs --model NAME and --tp N"),
 ])
 def test_named_bad_inputs_are_one_line_before_any_work(capsys, argv, message):
     code, out, err = run_cli(argv, capsys)

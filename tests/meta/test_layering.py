@@ -33,7 +33,7 @@ LAYERS: dict[str, int] = {
     # a scenario file reads calibration profiles, the SLI grammar and demand models; workloads read traces
     # and size them with the fluid bound
     "scenario": 2, "workloads": 2,
-    "control": 3,
+    "control": 3, "engines": 3,
     "sim": 4, "rl": 4,
     "harness": 5,
     "planning": 6, "pricing": 6,

@@ -1,0 +1,193 @@
+"""``fluidopt validate``: replay measured runs of a real engine on one simulated instance and compare."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from fluidopt.core.errors import UsageError
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "validate",
+        help="replay measured runs of a real engine request by request and compare (docs/fidelity.md)",
+        description=(
+            "Replay each measured run's own arrivals and lengths on one engine instance driven by an "
+            "iteration-time law, and print the median and p90 relative error per request of TTFT, TPOT and "
+            "E2E and the measured and simulated SLO attainment; save a figure of measured against simulated "
+            "CDFs. MEASURED: DistServe's .exp format or a CSV with columns prompt_len, output_len, issue_time "
+            "(s), ttft_ms, tpot_ms, latency_ms."
+        ),
+    )
+    p.add_argument("measured", nargs="+", metavar="MEASURED", help="measured run(s): .exp or CSV")
+    p.add_argument("--profile", metavar="JSON", help="DistServe's profiler JSON (milliseconds) holding the law")
+    p.add_argument("--model", help="model in the profile, e.g. facebook/opt-13b")
+    p.add_argument("--tp", type=int, help="tensor-parallel degree in the profile")
+    p.add_argument("--timemodel", metavar="TOML", help="instead of --profile: a TOML file with a [timemodel] table "
+                   "(seconds) and optionally [engine] kv_tokens")
+    p.add_argument("--engine", default="vllm", help="engine scheduler: vllm, chunked or paper (default vllm)")
+    p.add_argument("--kv-tokens", type=int, metavar="N", help="KV cache of the instance in tokens (default: "
+                   "max_num_tokens.csv beside the profile, or [engine] kv_tokens; otherwise unlimited)")
+    p.add_argument("--slo-ttft-ms", type=float, default=200.0, help="TTFT objective, ms (default 200)")
+    p.add_argument("--slo-tpot-ms", type=float, default=100.0, help="TPOT objective, ms (default 100)")
+    p.add_argument("--out", metavar="DIR", help="folder for the CDF figures (default: the current folder)")
+    p.add_argument("--no-figure", action="store_true", help="write no figure")
+    p.add_argument("--fit", metavar="TOML", help="fit the law and the KV cache to the measured runs (starting from "
+                   "--profile or --timemodel), write them to TOML ([timemodel], [engine]) and compare with the fit")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    return p
+
+
+def _kv_beside(profile: Path, model: str, tp: int) -> int | None:
+    """KV capacity (tokens) of ``model`` at TP ``tp``, pipeline 1, from DistServe's ``max_num_tokens.csv``
+    beside the profile, if there is one."""
+    import csv
+
+    f = profile.parent / "max_num_tokens.csv"
+    if not f.is_file():
+        return None
+    try:
+        with f.open(encoding="utf-8") as fh:
+            for row in csv.DictReader(fh):
+                if row.get("model") == model and row.get("tp") == str(tp) and row.get("pp") == "1":
+                    return int(row["max_num_tokens"])
+    except (OSError, ValueError, KeyError, UnicodeDecodeError):
+        return None
+    return None
+
+
+def _law(args: argparse.Namespace):
+    """The law and the default KV capacity, from --profile or --timemodel."""
+    from fluidopt.core.errors import CalibrationError
+
+    try:
+        if args.timemodel is not None:
+            if args.profile is not None:
+                raise UsageError("give --profile JSON or --timemodel TOML, not both")
+            for flag in ("model", "tp"):
+                if getattr(args, flag) is not None:
+                    raise UsageError(f"--{flag}: only with --profile (a TOML time model names no model)")
+            import tomllib
+
+            from fluidopt.calibration.timemodels import law_from_table
+            from fluidopt.core.files import read_text_file
+
+            p = Path(args.timemodel)
+            text = read_text_file(p, "time-model", UsageError)
+            try:
+                data = tomllib.loads(text)
+            except tomllib.TOMLDecodeError as e:
+                raise UsageError(f"time-model file {str(p)!r}: not valid TOML: {' '.join(str(e).split())}") from None
+            if "timemodel" not in data:
+                raise UsageError(f"time-model file {str(p)!r}: no [timemodel] table")
+            law = law_from_table(data["timemodel"], where=f"{p}: [timemodel]")
+            kv = data.get("engine", {}).get("kv_tokens") if isinstance(data.get("engine"), dict) else None
+            if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int) or kv < 1):
+                raise UsageError(f"time-model file {str(p)!r}: [engine] kv_tokens = {kv!r}: expected an integer >= 1")
+            return law, kv
+        if args.profile is None:
+            raise UsageError("give --profile JSON --model NAME --tp N (DistServe's profiler JSON) or --timemodel TOML")
+        if args.model is None or args.tp is None:
+            raise UsageError(f"--profile {args.profile!r} needs --model NAME and --tp N (e.g. --model facebook/opt-13b "
+                             "--tp 1)")
+        from fluidopt.calibration.timemodels import load_distserve_profile
+
+        law = load_distserve_profile(args.profile, args.model, args.tp)
+        return law, _kv_beside(Path(args.profile), args.model, args.tp)
+    except CalibrationError as e:
+        raise UsageError(str(e)) from None
+
+
+def _fit(args: argparse.Namespace, runs, law, kv):
+    """Fit (docs/fidelity.md) and write the TOML; the KV capacity starts from 60,000 tokens when unknown."""
+    from fluidopt.core.files import atomic_path
+    from fluidopt.engines import engine_config
+    from fluidopt.engines.validation import fit_to_runs
+
+    fitted, kv_fit = fit_to_runs(runs, law, lambda k: engine_config(args.engine, kv_tokens=k), float(kv or 60_000),
+                                 ttft_slo=args.slo_ttft_ms / 1e3, tpot_slo=args.slo_tpot_ms / 1e3)
+    kv_fit = int(kv_fit)
+    d = fitted.to_dict()
+    lines = [f"# fitted by fluidopt validate --fit to {', '.join(r.name for r in runs)} (engine {args.engine}); seconds",
+             "[timemodel]", f'name = "fitted to {len(runs)} measured run(s)"']
+    lines += [f"{k} = {[float(x) for x in v]!r}" for k, v in d.items() if k != "decode_threshold"]
+    lines += ["", "[engine]", f"kv_tokens = {kv_fit}", ""]
+    with atomic_path(Path(args.fit)) as tmp:
+        tmp.write_text("\n".join(lines), encoding="utf-8")
+    return fitted, kv_fit
+
+
+def _table(rows: list[dict]) -> str:
+    head = (f"{'run':<24}{'n':>5}{'attain meas':>12}{'sim':>7}{'TTFT med ms':>13}{'sim':>8}{'TPOT med ms':>13}"
+            f"{'sim':>7}   rel. error median/p90: TTFT, TPOT, E2E")
+    lines = [head]
+    for d in rows:
+        errs = ", ".join(f"{d[k + '_relerr_median']:.2f}/{d[k + '_relerr_p90']:.2f}" for k in ("ttft", "tpot", "e2e"))
+        lines.append(f"{d['run']:<24}{d['requests']:>5}{d['attainment_measured']:>12.3f}{d['attainment_simulated']:>7.3f}"
+                     f"{d['ttft_median_ms_measured']:>13.1f}{d['ttft_median_ms_simulated']:>8.1f}"
+                     f"{d['tpot_median_ms_measured']:>13.1f}{d['tpot_median_ms_simulated']:>7.1f}   {errs}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from fluidopt.commands._checks import check_output_dir, check_positive_int
+    from fluidopt.engines import engine_config
+
+    cfg_probe = engine_config(args.engine)  # an unknown engine fails first, with "did you mean"
+    del cfg_probe
+    for flag, v in (("--slo-ttft-ms", args.slo_ttft_ms), ("--slo-tpot-ms", args.slo_tpot_ms)):
+        if not (v > 0 and v < float("inf")):
+            raise UsageError(f"{flag}: expected a time in ms > 0, got {v}")
+    check_positive_int(args.kv_tokens, "--kv-tokens")
+    if args.tp is not None and args.tp < 1:
+        raise UsageError(f"--tp: expected an integer >= 1, got {args.tp}")
+    law, kv_default = _law(args)
+    from fluidopt.engines.validation import compare, read_measured
+
+    runs = [read_measured(f) for f in args.measured]
+    if not args.no_figure:
+        check_output_dir(args.out or ".", "--out")
+    if args.fit is not None:
+        from fluidopt.commands._checks import check_output_file
+
+        check_output_file(args.fit, "--fit")
+    kv = args.kv_tokens if args.kv_tokens is not None else kv_default
+    if args.fit is not None:
+        law, kv = _fit(args, runs, law, kv)
+    cfg = engine_config(args.engine, kv_tokens=kv)
+    comps = [compare(r, law, cfg, args.engine, args.slo_ttft_ms / 1e3, args.slo_tpot_ms / 1e3) for r in runs]
+    rows = [c.to_dict() for c in comps]
+    figures = []
+    if not args.no_figure:
+        import matplotlib.pyplot as plt
+
+        from fluidopt.core.files import atomic_path
+
+        out = Path(args.out or ".")
+        out.mkdir(parents=True, exist_ok=True)
+        for c, d in zip(comps, rows):
+            fig = c.figure()
+            path = out / f"{c.run.name}-{args.engine}-cdf.png"
+            with atomic_path(path) as tmp:
+                fig.savefig(tmp, dpi=110)
+            plt.close(fig)
+            d["figure"] = str(path)
+            figures.append(path)
+    mean_err = sum(abs(d["attainment_error"]) for d in rows) / len(rows)
+    if args.json:
+        obj = dict(rows[0]) if len(rows) == 1 else {"runs": rows}
+        obj.update({"law": law.to_dict(), "kv_tokens": kv, "mean_abs_attainment_error": mean_err})
+        print(json.dumps(obj, indent=2))
+        return 0
+    print(f"engine {args.engine}, law {law.name or args.timemodel}, KV cache "
+          f"{'unlimited' if kv is None else f'{kv} tokens'}; SLO TTFT < {args.slo_ttft_ms:g} ms and TPOT < "
+          f"{args.slo_tpot_ms:g} ms")
+    print(_table(rows))
+    print(f"mean |attainment error| {mean_err:.3f}")
+    for f in figures:
+        print(f"figure written to {f}")
+    if args.fit is not None:
+        print(f"fitted law written to {args.fit}")
+    return 0
