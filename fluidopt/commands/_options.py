@@ -55,8 +55,9 @@ def add_trace_arguments(p: argparse.ArgumentParser) -> None:
     """``--trace FILE`` and ``--speedup K``, shared by ``simulate`` and ``run``."""
     p.add_argument("--trace", default=None, metavar="FILE",
                    help="replay a trace instead of the scenario's Poisson arrivals: a CSV with columns "
-                        "time,prompt_tokens,output_tokens[,class] or an Azure LLM inference trace "
-                        "(TIMESTAMP,ContextTokens,GeneratedTokens); needs --service tokens")
+                        "time,prompt_tokens,output_tokens[,class], an Azure LLM inference trace "
+                        "(TIMESTAMP,ContextTokens,GeneratedTokens) or Mooncake JSON lines (timestamp in ms,"
+                        "input_length,output_length,hash_ids; replayed cache-blind); needs --service tokens")
     p.add_argument("--speedup", type=float, default=1.0, metavar="K",
                    help="with --trace: compress time by K (K times the arrival rate; default 1)")
 
