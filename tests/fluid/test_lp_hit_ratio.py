@@ -182,3 +182,30 @@ def test_cli_from_trace_estimates_the_hit_ratio(capsys):
                     decode_time_per_token=g.tau_mix).hit_ratio
     assert f"--from-trace: hit ratio {est:.4f} (round-robin, 8 instances, 5,000 blocks each" in err
     assert json.loads(out)["objective_per_gpu"] == pytest.approx(_independent_lp(paper_scenario(), (est, est)), rel=1e-6)
+
+
+@pytest.mark.skipif(not MOONCAKE.is_file(), reason=f"shared Mooncake trace not found at {MOONCAKE}")
+def test_the_mooncake_fleet_of_the_docs():
+    """docs/prefix-cache.md: the example scenario is the trace's means, and its fluid fleet falls from 5.32
+    GPUs to 4.74 with round robin's 5,000-block caches on 8 instances (h = 0.1087)."""
+    from fluidopt.scenario import load_scenario
+    from fluidopt.workloads.jsonl import read_jsonl_trace
+    from fluidopt.workloads.prefix import hit_ratio
+
+    root = Path(__file__).resolve().parents[2]
+    sc = load_scenario(root / "examples/scenarios/mooncake-conversation.toml")
+    df = read_jsonl_trace(MOONCAKE)
+    c, = sc.classes
+    assert c.prompt == pytest.approx(df["prompt"].mean(), abs=0.01)
+    assert c.decode == pytest.approx(df["output"].mean(), abs=0.01)
+    assert c.rate == pytest.approx(len(df) / df["time"].iloc[-1], abs=1e-4)
+    g = sc.gpu
+    h = hit_ratio(df, "round-robin", 8, 5000, prefill_time_per_token=g.tau_mix / g.chunk,
+                  decode_time_per_token=g.tau_mix).hit_ratio
+    assert round(h, 4) == 0.1087
+    served = [MinServedFraction("conversation", 1.0)]
+    assert fluid_fleet_bound(sc, served).gpus == pytest.approx(5.32, abs=0.005)
+    assert fluid_fleet_bound(_with_h(sc, (h,)), served).gpus == pytest.approx(4.74, abs=0.005)
+    # prefill-bound: the fleet scales with 1 - h
+    assert fluid_fleet_bound(_with_h(sc, (h,)), served).gpus == pytest.approx((1 - h) * fluid_fleet_bound(sc, served).gpus,
+                                                                             rel=1e-6)
