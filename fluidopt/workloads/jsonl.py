@@ -35,7 +35,7 @@ import pandas as pd
 from fluidopt.core.errors import TraceError
 from fluidopt.workloads.base import TraceWarning
 
-__all__ = ["MOONCAKE", "JsonlFormat", "is_jsonl", "read_jsonl_trace"]
+__all__ = ["MOONCAKE", "JsonlFormat", "is_jsonl", "parse_format", "read_jsonl_trace"]
 
 # the same bound as the CSV readers': no model's context is longer
 _MAX_TOKENS = 100_000_000
@@ -70,6 +70,33 @@ class JsonlFormat:
             v = getattr(self, what)
             if v is not None and (not isinstance(v, str) or not v):
                 raise TraceError(f"{label}: {what} field name = {v!r}: expected a non-empty string")
+
+
+def parse_format(spec: str, where: str = "--trace-format") -> JsonlFormat:
+    """A format from ``KEY=VALUE,...`` over the Mooncake one: keys ``time``, ``prompt``, ``output``, ``hashes``
+    (``none``: no hashes), ``class``, ``unit`` (seconds per time unit) and ``block`` (tokens per block);
+    e.g. ``time=ts,unit=1,hashes=blocks,block=16``. A bad spec is one line naming ``where``."""
+    names = {"time": "time", "prompt": "prompt", "output": "output", "hashes": "hashes", "class": "cls",
+             "unit": "time_unit", "block": "block_size"}
+    kw: dict = {}
+    for part in filter(None, (p.strip() for p in str(spec).split(","))):
+        key, sep, value = (x.strip() for x in part.partition("="))
+        if not sep or key not in names or not value:
+            raise TraceError(f"{where}: {part!r}: expected KEY=VALUE with KEY one of {', '.join(names)}")
+        if names[key] in kw:
+            raise TraceError(f"{where}: {key}: given twice")
+        if key in ("unit", "block"):
+            try:
+                num = float(value) if key == "unit" else int(value)
+            except ValueError:
+                raise TraceError(f"{where}: {key} = {value!r}: expected "
+                                 f"{'seconds per time unit' if key == 'unit' else 'an integer'}") from None
+            kw[names[key]] = num
+        else:
+            kw[names[key]] = None if key == "hashes" and value.lower() == "none" else value
+    fmt = JsonlFormat(**kw)
+    fmt.check(where)
+    return fmt
 
 
 MOONCAKE = JsonlFormat()

@@ -136,3 +136,36 @@ def test_cli_replays_the_mooncake_file_cache_blind(capsys):
     # every arrival of the first 300 s of the file was offered
     raw = [json.loads(line)["timestamp"] for line in MOONCAKE.read_text().splitlines()]
     assert res["requests"] == sum(t < 300_000 for t in raw)
+
+
+def test_a_stated_format_from_its_spec():
+    from fluidopt.workloads.jsonl import parse_format
+
+    assert parse_format("time=ts,unit=1,prompt=in,output=out,hashes=blocks,class=kind,block=16") == JsonlFormat(
+        time="ts", time_unit=1.0, prompt="in", output="out", hashes="blocks", cls="kind", block_size=16)
+    assert parse_format("hashes=none").hashes is None
+    assert parse_format("") == JsonlFormat()
+    for spec, message in (("block=0", r"^--trace-format: block size = 0: expected an integer >= 1"),
+                          ("block=1.5", r"^--trace-format: block = '1\.5': expected an integer"),
+                          ("unit=-1", r"^--trace-format: time unit = -1\.0: expected seconds > 0"),
+                          ("size=3", r"^--trace-format: 'size=3': expected KEY=VALUE with KEY one of time, prompt"),
+                          ("time=a,time=b", r"^--trace-format: time: given twice")):
+        with pytest.raises(TraceError, match=message):
+            parse_format(spec)
+
+
+@pytest.mark.integration
+def test_cli_replays_a_stated_format(tmp_path, capsys):
+    from fluidopt.cli import main
+
+    path = _write(tmp_path / "own.jsonl", [{"ts": 0.5 * k, "in": 40, "out": 5, "blocks": [0, 1, 2]} for k in range(20)])
+    argv = ["simulate", "--trace", str(path), "--service", "tokens", "--policy", "round-robin", "--horizon", "20",
+            "--json"]
+    assert main(argv) == 2  # read as Mooncake: no 'timestamp'
+    assert "own.jsonl: line 1: missing field 'timestamp'" in capsys.readouterr().err
+    assert main(argv + ["--trace-format", "time=ts,unit=1,prompt=in,output=out,hashes=blocks,block=16"]) == 0
+    assert json.loads(capsys.readouterr().out)["requests"] == 20
+    assert main(argv + ["--trace-format", "time=ts,unit=1,prompt=in,output=out,hashes=blocks,block=32"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().endswith("own.jsonl: line 1: blocks has 3 ids: expected at most ceil(in / block size) = "
+                                "ceil(40 / 32) = 2")
