@@ -209,3 +209,15 @@ def test_the_mooncake_fleet_of_the_docs():
     # prefill-bound: the fleet scales with 1 - h
     assert fluid_fleet_bound(_with_h(sc, (h,)), served).gpus == pytest.approx((1 - h) * fluid_fleet_bound(sc, served).gpus,
                                                                              rel=1e-6)
+
+
+@pytest.mark.integration
+def test_simulate_says_it_does_not_model_the_hit_ratio(tmp_path, capsys):
+    from fluidopt.cli import main
+
+    path = tmp_path / "h.toml"
+    path.write_text('[gpu]\nalpha = 0.0174\nbeta = 6.2e-5\ngamma = 45.45\nchunk = 256\nbatch = 16\n[cluster]\ngpus = 2\n'
+                    '[[classes]]\nname = "chat"\nprompt = 300\ndecode = 40\nrate = 1.0\nhit_ratio = 0.3\n')
+    assert main(["simulate", str(path), "--policy", "round-robin", "--horizon", "20", "--json"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: classes chat: hit_ratio is not simulated yet; every prompt token is prefilled" in err
