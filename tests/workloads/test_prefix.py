@@ -138,3 +138,9 @@ def test_every_rule_runs_and_bad_options_are_one_line():
         hit_ratio(_frame(rows), "sglang", k=2)
     with pytest.raises(ScenarioError, match=r"capacity_blocks = 0: expected an integer >= 1 or None"):
         hit_ratio(_frame(rows), "round-robin", 2, 0)
+
+
+def test_the_cli_lists_the_same_rules():
+    from fluidopt.commands._cache import _RULES  # a copy, so --help needs no pandas import
+
+    assert _RULES == RULES
