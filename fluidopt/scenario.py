@@ -58,7 +58,7 @@ _CLUSTER_KEYS = {"gpus"}
 _PRICING_KEYS = {"prefill", "decode"}
 _CLASS_REQUIRED = ("name", "prompt", "decode", "rate")
 _CLASS_OPTIONAL = {
-    "patience", "prefill_price", "decode_price", "lengths", "prompt_sigma", "decode_sigma",
+    "patience", "prefill_price", "decode_price", "lengths", "prompt_sigma", "decode_sigma", "hit_ratio",
 }
 
 DEFAULT_SCENARIO_NAME = "paper-two-class"
@@ -75,7 +75,7 @@ def class_from_dict(table: Mapping[str, Any], index: int) -> RequestClass:
         raise ScenarioError(f"{where}.name: expected a non-empty string, got {name!r}")
     kw: dict[str, Any] = {"name": name}
     for k in ("prompt", "decode", "rate", "patience", "prefill_price", "decode_price", "prompt_sigma", "decode_sigma",
-              "ttft_slo", "itl_slo", "deadline", "deadline_at"):
+              "ttft_slo", "itl_slo", "deadline", "deadline_at", "hit_ratio"):
         if k in table:
             kw[k] = _number(f"{where}.{k}", table[k])
     if "lengths" in table:
@@ -330,6 +330,8 @@ def scenario_to_dict(s: Scenario) -> dict[str, Any]:
                 d[k] = getattr(c, k)
         if c.lengths != "exponential":
             d["lengths"] = c.lengths
+        if c.hit_ratio:
+            d["hit_ratio"] = c.hit_ratio
         if c.demand is not None:
             d["demand"] = c.demand.to_dict()
         classes.append(d)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 from fluidopt.control.registry import import_user_modules
@@ -55,20 +56,35 @@ def add_trace_arguments(p: argparse.ArgumentParser) -> None:
     """``--trace FILE`` and ``--speedup K``, shared by ``simulate`` and ``run``."""
     p.add_argument("--trace", default=None, metavar="FILE",
                    help="replay a trace instead of the scenario's Poisson arrivals: a CSV with columns "
-                        "time,prompt_tokens,output_tokens[,class] or an Azure LLM inference trace "
-                        "(TIMESTAMP,ContextTokens,GeneratedTokens); needs --service tokens")
+                        "time,prompt_tokens,output_tokens[,class], an Azure LLM inference trace "
+                        "(TIMESTAMP,ContextTokens,GeneratedTokens) or Mooncake JSON lines (timestamp in ms,"
+                        "input_length,output_length,hash_ids; replayed cache-blind); needs --service tokens")
+    p.add_argument("--trace-format", default=None, metavar="SPEC",
+                   help="with a JSON-lines --trace other than Mooncake's: its fields, time unit and block size as "
+                        "KEY=VALUE,... with keys time, prompt, output, hashes (none: no hashes), class, unit "
+                        "(seconds per time unit), block (tokens per block); e.g. time=ts,unit=1,block=16")
     p.add_argument("--speedup", type=float, default=1.0, metavar="K",
                    help="with --trace: compress time by K (K times the arrival rate; default 1)")
 
 
 def replay_from_args(args: argparse.Namespace, scenario: Any) -> tuple[Any, Any]:
     """(scenario, replay workload) for ``--trace``, or (scenario, None) without it; bad values are one line."""
+    fmt_spec = getattr(args, "trace_format", None)
     if args.trace is None:
+        if fmt_spec is not None:
+            raise UsageError("--trace-format: only used with --trace")
         return scenario, None
+    from fluidopt.workloads.jsonl import is_jsonl, parse_format
     from fluidopt.workloads.traces import replay
 
+    fmt = None
+    if fmt_spec is not None:
+        fmt = parse_format(fmt_spec)
+        if Path(args.trace).is_file() and not is_jsonl(args.trace):
+            raise UsageError(f"--trace-format: {args.trace!r} is not JSON lines; the format of a CSV trace is read "
+                             "from its header")
     if args.service != "tokens":
         raise UsageError("--trace: a trace gives token counts, so it runs with --service tokens")
     if not args.speedup > 0:
         raise UsageError(f"--speedup: expected a number > 0, got {args.speedup}")
-    return replay(args.trace, scenario, speedup=args.speedup)
+    return replay(args.trace, scenario, speedup=args.speedup, jsonl_format=fmt)

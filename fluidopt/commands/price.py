@@ -65,6 +65,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="with --fit-demand: also fit the logit over all classes as one market of RATE requests/s "
                    "(needs a 'period' column grouping simultaneous observations)")
     add_controller_arguments(p)
+    from fluidopt.commands._cache import add_cache_arguments
+
+    add_cache_arguments(p)
     add_scale_arguments(p)
     add_seed_arguments(p, seeds=2)
     return p
@@ -113,6 +116,7 @@ PRICE_FILES = ("grid.csv", "shadow_prices.csv", "grid.png", "pareto.csv", "paret
 
 
 def _run(args: argparse.Namespace) -> int:
+    from fluidopt.commands._cache import apply_cache, cache_given, check_cache_simulated
     from fluidopt.core.errors import UsageError
     from fluidopt.pricing.grids import (
         grid_figure,
@@ -126,6 +130,8 @@ def _run(args: argparse.Namespace) -> int:
     from fluidopt.scenario import load_scenario
 
     import_user_modules(args.imports)
+    if args.fit_demand and cache_given(args):
+        raise UsageError("--hit-ratio, --from-trace: not with --fit-demand (a demand fit uses no fluid model)")
     if args.fit_demand:
         return _fit(args)
     if args.optimize or args.fleet:
@@ -146,7 +152,9 @@ def _run(args: argparse.Namespace) -> int:
     if options and not points:
         raise UsageError("--option: only used with --simulate")
     out = Path(args.out) if args.out else None
-    scenario = load_scenario(args.scenario)
+    scenario = apply_cache(args, load_scenario(args.scenario))
+    if points:
+        check_cache_simulated(scenario, "--simulate")
     grid = price_grid(scenario, cps, cds, pricings=pricings)
     shadow = shadow_prices(scenario, pricings=pricings)
     curves = [pareto(scenario, k, _pareto_bounds(scenario, k, args.points), pricings=pricings) for k in kinds]
@@ -292,7 +300,11 @@ def _optimize(args: argparse.Namespace) -> int:
                 raise UsageError(f"--policy: unknown policy {q!r}; `fluidopt simulate --list-policies` lists them")
         check_workers(args)
         seeds = seed_list(args)
-    scenario = load_scenario(args.scenario)
+    from fluidopt.commands._cache import apply_cache, check_cache_simulated
+
+    scenario = apply_cache(args, load_scenario(args.scenario))
+    if args.simulate:
+        check_cache_simulated(scenario, "--simulate")
     res = optimize_prices(scenario, tiers=args.tiers, pricing=pricing, gpus=args.gpus, grid=(cps, cds))
     fleet = None
     if args.fleet and res.success:

@@ -184,6 +184,12 @@ def run(args: argparse.Namespace) -> int:
         check_size(scenario, args.horizon)
     else:
         _warn_trace_load(workload, scenario, args.gpus)
+    cached = [c.name for c in scenario.classes if c.hit_ratio > 0]
+    if cached:  # the fluid numbers count the cache; a run would silently not
+        import warnings
+
+        warnings.warn(f"classes {', '.join(cached)}: hit_ratio is not simulated yet; every prompt token is prefilled "
+                      "(docs/prefix-cache.md)", UserWarning, stacklevel=1)
     controller = make_controller(args.policy, scenario, **options)
     # progress by default, also when stderr is not a terminal (then a plain line every few seconds:
     # fluidopt.sim.bookkeeping.LOG_EVERY); --json alone keeps stderr quiet unless --progress is given

@@ -54,6 +54,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="fleet size for the cluster totals and M (arrival rates scale to keep the per-GPU load, "
                         "so the per-GPU answer is the same; default: the scenario's)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    from fluidopt.commands._cache import add_cache_arguments
+
+    add_cache_arguments(p)
     p.add_argument("--no-lexicographic", action="store_true",
                    help="return HiGHS's first optimal vertex (skip the second stage that empties the decode buffer)")
     return p
@@ -113,6 +116,9 @@ def run(args: argparse.Namespace) -> int:
     scenario = load_scenario(args.scenario)
     if args.gpus is not None:
         scenario = scenario.with_gpus(args.gpus)
+    from fluidopt.commands._cache import apply_cache
+
+    scenario = apply_cache(args, scenario)
     slis = (*slis_of(scenario.meta.get("slis")), *parse_slis(args.sli, where="--sli"))
     from fluidopt.fluid.lp import solve_fluid
 

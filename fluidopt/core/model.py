@@ -145,6 +145,14 @@ class RequestClass:
     deadline_at: float | None = None  # s, absolute simulation time
     # how ``rate`` responds to the class's price per request (fluidopt.core.demand; None: it does not)
     demand: Demand | None = None
+    # share of prompt tokens found in a prefix cache (docs/prefix-cache.md): the fluid model prefills
+    # (1 - h) x prompt per request and keeps the whole prompt in KV; the simulator does not read it yet
+    hit_ratio: float = 0.0
+
+    @property
+    def prefill_tokens(self) -> float:
+        """Mean prompt tokens a request prefills (tokens): (1 - hit_ratio) x prompt."""
+        return (1.0 - self.hit_ratio) * self.prompt
 
     @property
     def has_slo(self) -> bool:
@@ -179,6 +187,10 @@ class RequestClass:
                 _check_positive(w, s, v)
         if self.deadline_at is not None:
             _check_positive(w, "deadline_at", self.deadline_at, allow_zero=True)
+        h = self.hit_ratio
+        if isinstance(h, bool) or not isinstance(h, (int, float)) or not (0.0 <= h < 1.0):
+            raise ScenarioError(f"{w}.hit_ratio: expected a number in [0, 1) (the share of prompt tokens found in "
+                                f"the prefix cache), got {h!r}")
         if self.demand is not None and not isinstance(self.demand, Demand):
             raise ScenarioError(f"{w}.demand: expected a fluidopt.core.demand.Demand, got {type(self.demand).__name__}")
 
@@ -483,7 +495,8 @@ class Scenario:
         return Rates(
             lam=np.array([c.rate for c in self.classes], dtype=float) / self.gpus,
             theta=np.array([c.patience for c in self.classes], dtype=float),
-            mu_p=g.chunk / (P * tau),
+            # a cached prefix is not prefilled; every prompt token is still paid for (prefill_reward)
+            mu_p=g.chunk / (np.array([c.prefill_tokens for c in self.classes], dtype=float) * tau),
             mu_m=1.0 / (D * tau),
             mu_s=g.gamma / D,
             prefill_reward=cp * P,

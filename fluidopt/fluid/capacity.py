@@ -91,7 +91,7 @@ def quiet_highs():
 
 def _rates(scenario: Scenario) -> dict[str, np.ndarray]:
     g = scenario.gpu
-    P = np.array([c.prompt for c in scenario.classes], dtype=float)
+    P = np.array([c.prefill_tokens for c in scenario.classes], dtype=float)  # a cached prefix is not prefilled
     D = np.array([c.decode for c in scenario.classes], dtype=float)
     return {
         "Lam": np.array([c.rate for c in scenario.classes], dtype=float),

@@ -82,7 +82,7 @@ def _coefficients(scenario: Scenario) -> _Coefficients:
     return _Coefficients(
         lam=np.array([float(c.rate) for c in cls]) / int(scenario.gpus),
         theta=np.array([float(c.patience) for c in cls]),
-        mu_p=int(g.chunk) / (P * tau_mix),
+        mu_p=int(g.chunk) / (np.array([1.0 - float(c.hit_ratio) for c in cls]) * P * tau_mix),
         mu_m=1.0 / (D * tau_mix),
         mu_s=gamma / D,
         prefill_reward=cp * P,

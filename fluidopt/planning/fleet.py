@@ -113,11 +113,11 @@ def fluid_plan_slis(scenario: Scenario, slis: PlanSLIs) -> tuple[SLI, ...]:
     if slis.ttft is not None:
         g = scenario.gpu
         for c in scenario.classes:
-            prefill = c.prompt * g.tau_mix / g.chunk
+            prefill = c.prefill_tokens * g.tau_mix / g.chunk
             if slis.ttft <= prefill:
                 raise ScenarioError(
                     f"no fleet size meets mean TTFT <= {slis.ttft:g} s for class {c.name!r} because its prefill "
-                    f"alone takes {prefill:.4g} s (P / C = {c.prompt / g.chunk:.3g} iterations of tau = {g.tau_mix:.4g} s)")
+                    f"alone takes {prefill:.4g} s (P / C = {c.prefill_tokens / g.chunk:.3g} iterations of tau = {g.tau_mix:.4g} s)")
             out.append(MaxPrefillWait(c.name, slis.ttft - prefill))
     if slis.fairness is not None:
         out.append(PrefillFairness(slis.fairness))
@@ -371,7 +371,7 @@ def plan(
                 }
                 lam = np.array([c.rate for c in sc.classes])
                 D = np.array([c.decode for c in sc.classes])
-                mu_p = g.chunk / (np.array([c.prompt for c in sc.classes]) * g.tau_mix)
+                mu_p = g.chunk / (np.array([c.prefill_tokens for c in sc.classes]) * g.tau_mix)
                 served_fluid = mu_p * fb.x * fb.gpus / lam
                 tokens = float((lam * served_fluid * D).sum())
                 n_cost = fb.gpus_int

@@ -28,6 +28,11 @@ class TraceWorkload:
     replays twice as fast: double the rate); ``max_requests`` keeps the first rows only. Replay does
     not loop: when a finite horizon lies beyond the last arrival a :class:`TraceWarning` says so.
     Loaders: :func:`fluidopt.workloads.traces.load_azure_trace`, :func:`fluidopt.workloads.traces.load_trace_csv`.
+
+    ``hashes`` (optional, one entry per row): each request's prompt KV blocks as int64 block ids, the
+    ids chained (equal ids mean an equal prefix up to that block), ``block_size`` tokens each
+    (:mod:`fluidopt.workloads.jsonl`; the cache model of :mod:`fluidopt.workloads.prefix` reads them). The
+    engine does not read them yet: a replay is cache-blind.
     """
 
     def __init__(
@@ -39,6 +44,8 @@ class TraceWorkload:
         max_requests: int | None = None,
         name: str = "trace",
         notes: Sequence[str] = (),
+        hashes: Sequence[np.ndarray] | None = None,
+        block_size: int | None = None,
     ):
         if not isinstance(frame, pd.DataFrame):
             raise TraceError(f"TraceWorkload: expected a pandas DataFrame, got {type(frame).__name__}")
@@ -53,6 +60,8 @@ class TraceWorkload:
             if isinstance(max_requests, bool) or not isinstance(max_requests, (int, np.integer)) or max_requests < 1:
                 raise TraceError(f"TraceWorkload.max_requests: expected an integer >= 1, got {max_requests!r}")
             frame = frame.iloc[: int(max_requests)]
+            if hashes is not None:
+                hashes = list(hashes)[: int(max_requests)]
         if len(frame) == 0:
             raise TraceError("TraceWorkload: the trace has no requests")
         t = frame["time"].to_numpy(dtype=float)
@@ -91,6 +100,15 @@ class TraceWorkload:
         self.speedup = speedup
         self.name = name
         self.notes: tuple[str, ...] = tuple(notes)
+        self.hashes: tuple[np.ndarray, ...] | None = None
+        self.block_size: int | None = None
+        if hashes is not None:
+            hashes = tuple(np.asarray(h, dtype=np.int64) for h in hashes)
+            if len(hashes) != len(frame):
+                raise TraceError(f"TraceWorkload: hashes: {len(hashes)} entries for {len(frame)} requests: expected one per request")
+            if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) or block_size < 1:
+                raise TraceError(f"TraceWorkload: block_size = {block_size!r}: expected an integer >= 1 with hashes")
+            self.hashes, self.block_size = hashes, int(block_size)
         for a in (self.time, self.prompt, self.output, self.cls):
             a.setflags(write=False)
 

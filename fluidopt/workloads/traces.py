@@ -74,8 +74,9 @@ def _label(path: PathLike) -> str:
     return Path(path).name
 
 
-FORMATS_READ = ("an Azure LLM inference trace CSV (TIMESTAMP,ContextTokens,GeneratedTokens) or the generic trace "
-                "CSV (time,prompt_tokens,output_tokens[,class]), UTF-8 text (docs/workloads.md)")
+FORMATS_READ = ("an Azure LLM inference trace CSV (TIMESTAMP,ContextTokens,GeneratedTokens), the generic trace "
+                "CSV (time,prompt_tokens,output_tokens[,class]) or, by --trace, Mooncake JSON lines "
+                "(timestamp,input_length,output_length,hash_ids), UTF-8 text (docs/workloads.md)")
 """The trace formats the readers take, as the error for any other format names them."""
 
 
@@ -487,11 +488,14 @@ def _is_azure(path: PathLike) -> bool:
     return {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} <= {h.strip() for h in header}
 
 
-def replay(path: PathLike, scenario: Scenario, *, speedup: float = 1.0) -> tuple[Scenario, TraceWorkload]:
+def replay(path: PathLike, scenario: Scenario, *, speedup: float = 1.0,
+           jsonl_format=None) -> tuple[Scenario, TraceWorkload]:
     """A trace file as a replay workload for ``scenario`` (what ``--trace FILE`` does on the CLI).
 
     The format is read from the header: an Azure LLM inference trace (``TIMESTAMP,ContextTokens,
-    GeneratedTokens``) or the generic CSV (``time,prompt_tokens,output_tokens[,class]``). Classes:
+    GeneratedTokens``), the generic CSV (``time,prompt_tokens,output_tokens[,class]``), or JSON lines
+    (a first byte ``{``: :func:`fluidopt.workloads.jsonl.read_jsonl_trace`, the Mooncake format unless
+    ``jsonl_format`` states another; the workload keeps the block hashes). Classes:
     the scenario's own when the file's ``class`` column names only scenario classes, or when the
     scenario has a single class (every request joins it); otherwise the trace is split by its median
     prompt and output lengths (:func:`assign_classes`), and the returned scenario's classes are
@@ -506,25 +510,34 @@ def replay(path: PathLike, scenario: Scenario, *, speedup: float = 1.0) -> tuple
     if not p.is_file():
         raise TraceError(f"trace file {str(p)!r}: no such file")
     names = tuple(c.name for c in scenario.classes)
-    if _is_azure(p):
+    from fluidopt.workloads.jsonl import MOONCAKE, is_jsonl, read_jsonl_trace
+
+    if is_jsonl(p):  # JSON lines carry block hashes; a format other than Mooncake's is stated by jsonl_format
+        df = read_jsonl_trace(p, jsonl_format or MOONCAKE)
+    elif _is_azure(p):
         df = read_azure_trace(p)
     else:
         df = read_trace_csv(p)
+    kv = {"hashes": df["hashes"].to_list(), "block_size": df.attrs["block_size"]} if "hashes" in df.columns else {}
     if "class" in df.columns and set(df["class"].astype(str)) <= set(names):
         codes = np.array([names.index(str(c)) for c in df["class"]], dtype=np.int64)
         frame = pd.DataFrame({"time": df["time"].to_numpy(), "prompt": df["prompt"].to_numpy(),
                               "output": df["output"].to_numpy(), "cls": codes})
-        return scenario, TraceWorkload(frame, names, speedup=speedup, name=_label(p), notes=df.attrs.get("notes", ()))
+        return scenario, TraceWorkload(frame, names, speedup=speedup, name=_label(p), notes=df.attrs.get("notes", ()), **kv)
     if len(names) == 1:
         frame = pd.DataFrame({"time": df["time"].to_numpy(), "prompt": df["prompt"].to_numpy(),
                               "output": df["output"].to_numpy(), "cls": np.zeros(len(df), dtype=np.int64)})
-        return scenario, TraceWorkload(frame, names, speedup=speedup, name=_label(p), notes=df.attrs.get("notes", ()))
+        return scenario, TraceWorkload(frame, names, speedup=speedup, name=_label(p), notes=df.attrs.get("notes", ()), **kv)
     t = df["time"].to_numpy()
     if len(t) and float(t.max() - t.min()) <= 0.0:
         raise TraceError(f"trace file {str(p)!r}: all {len(t)} request(s) arrive at the same instant, so per-class "
                          "rates cannot be derived from it; give a trace spanning more than 0 s, a 'class' column "
                          "naming the scenario's classes, or a single-class scenario")
     work = _workload(df, "thresholds", speedup=speedup, max_requests=None, name=_label(p))
+    if kv:
+        frame = pd.DataFrame({"time": df["time"].to_numpy(), "prompt": df["prompt"].to_numpy(),
+                              "output": df["output"].to_numpy(), "cls": work.cls})
+        work = TraceWorkload(frame, work.class_names, speedup=speedup, name=work.name, notes=work.notes, **kv)
     patience = float(np.mean([c.patience for c in scenario.classes]))
     classes = tuple(classes_from_trace(work, patience=patience))
     # per-class prices do not carry over to new classes: the scenario's prefill/decode prices apply

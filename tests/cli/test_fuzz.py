@@ -260,6 +260,9 @@ def test_argument_lists(tmp_path, capsys, monkeypatch, cmd, args):
     (["validate", "x.exp", "--engine", "vlm"], "no such engine (did you mean 'vllm'?)"),
     (["validate", ".", "--engine", "vllm", "--timemodel", "x.toml"], "time-model file 'x.toml': no such file"),
     (["validate", "/nonexistent.exp", "--profile", "p.json"], "needs --model NAME and --tp N"),
+    (["solve", "--hit-ratio", "1"], "--hit-ratio: expected a number in [0, 1)"),
+    (["price", "--from-trace", "/nonexistent.jsonl"], "--from-trace: '/nonexistent.jsonl': no such file"),
+    (["plan", "--fluid-only", "--cache-rule", "sglang"], "--cache-rule: only used with --from-trace"),
 ])
 def test_named_bad_inputs_are_one_line_before_any_work(capsys, argv, message):
     code, out, err = run_cli(argv, capsys)

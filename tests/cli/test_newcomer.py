@@ -88,7 +88,6 @@ def _jsonl(path, n=30):
 
 
 @pytest.mark.parametrize("kind, what", [
-    ("jsonl", "looks like JSON lines (one JSON object per line), not CSV"),
     ("json", "looks like JSON (an array), not CSV"),
     ("gz", "looks like a gzip-compressed file, not CSV"),
     ("parquet", "looks like a Parquet file, not CSV"),
@@ -111,7 +110,19 @@ def test_a_trace_that_is_not_csv_names_the_formats_read(capsys, tmp_path, kind, 
     line, = err.splitlines()
     assert f"error: {path.name}: {what}; traces are read from an Azure LLM inference trace CSV" in line
     assert "generic trace CSV (time,prompt_tokens,output_tokens[,class])" in line
+    assert "Mooncake JSON lines (timestamp,input_length,output_length,hash_ids)" in line
     assert "fields, expected" not in line
+
+
+def test_a_mooncake_json_lines_trace_is_read_by_trace(capsys, tmp_path):
+    # issue 42: JSON lines in the Mooncake format replay (cache-blind) instead of being refused
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps({"timestamp": 100 * i, "input_length": 1500, "output_length": 100,
+                                        "hash_ids": [0, 1, 2 + i]}) + "\n" for i in range(30)))
+    code, out, err = cli(capsys, "simulate", "--trace", str(path), "--service", "tokens", "--policy", "jsq",
+                         "--horizon", "10", "--json")
+    assert code == 0, err
+    assert json.loads(out)["requests"] == 30
 
 
 def test_the_library_readers_refuse_json_lines_too(tmp_path):
