@@ -51,7 +51,7 @@ TESTS = {  # module (after "fluidopt.") -> the tests run against its mutants (-m
                  "tests/harness/test_executor.py",
                  "tests/planning/test_oracles_plan.py"],
     # issue 47 (tools/mutation.py --set issue47); pricing, dayplan, orchestration and multiperiod as above
-    "pricing.optimize": ["tests/planning/test_oracles_pricing_opt.py", "tests/planning/test_optimal_prices.py",
+    "pricing.optimize": ["tests/planning/test_oracles_token_prices.py", "tests/planning/test_oracles_pricing_opt.py", "tests/planning/test_optimal_prices.py",
                     "tests/cli/test_price_optimize.py"],
     "core.demand": ["tests/planning/test_oracles_demand.py", "tests/planning/test_optimal_prices.py",
                "tests/planning/test_oracles_pricing_more.py"],

@@ -43,3 +43,38 @@ def test_a_linear_table_with_max_rate_alone_derives_its_slope_and_names_a_bad_va
     with pytest.raises(ScenarioError) as e:
         demands_from_tables([{"demand": {"model": "linear", "max_rate": "x"}}], cls, 0.1, 0.2)
     assert str(e.value) == "classes[0].demand.max_rate: expected a number, got 'x' (str)"
+
+
+def test_a_constant_elasticity_table_with_rate_ref_passes_through_the_class_rate_and_names_a_bad_value():
+    # former module names (fluidopt.demand ...), which still import: the same file runs in the scratch
+    # copies of docs/testing.md's mutation runs
+    from fluidopt.demand import demands_from_tables
+    from fluidopt.errors import ScenarioError
+    from fluidopt.model import RequestClass
+
+    cls = [RequestClass("a", prompt=100, decode=200, rate=4.0)]  # 100 x 0.1 + 200 x 0.2 = 50 per request today
+    # 2 requests/s at price 100 with elasticity 1: 2 (50 / 100)^-1 = 4 at today's 50, the class's rate
+    t = {"demand": {"model": "constant-elasticity", "rate_ref": 2.0, "price_ref": 100.0, "elasticity": 1.0}}
+    (c,) = demands_from_tables([t], cls, 0.1, 0.2)
+    assert (c.demand.rate_ref, c.demand.price_ref, c.demand.elasticity) == (2.0, 100.0, 1.0)
+    assert c.demand.rate(50.0) == pytest.approx(4.0)
+    off = {"demand": dict(t["demand"], rate_ref=3.0)}  # 3 (50 / 100)^-1 = 6, not 4
+    with pytest.raises(ScenarioError, match=r"^classes\[0\]\.demand: the class's rate \(4 requests/s\) must lie"):
+        demands_from_tables([off], cls, 0.1, 0.2)
+    for bad, why in (("x", "expected a number, got 'x' (str)"), (0.0, "expected a number > 0, got 0.0")):
+        with pytest.raises(ScenarioError) as e:
+            demands_from_tables([{"demand": dict(t["demand"], rate_ref=bad)}], cls, 0.1, 0.2)
+        assert str(e.value) == f"classes[0].demand.rate_ref: {why}"
+
+
+def test_a_logit_outside_option_that_is_not_true_or_false_is_named_with_its_value():
+    from fluidopt.demand import demands_from_tables
+    from fluidopt.errors import ScenarioError
+    from fluidopt.model import RequestClass
+
+    cls = [RequestClass("a", prompt=100, decode=200, rate=4.0)]
+    t = {"demand": {"model": "logit", "market": "m", "market_size": 100.0, "price_sensitivity": 0.01,
+                    "outside_option": "yes"}}
+    with pytest.raises(ScenarioError) as e:
+        demands_from_tables([t], cls, 0.1, 0.2)
+    assert str(e.value) == "classes[0].demand.outside_option: expected true or false, got 'yes'"
