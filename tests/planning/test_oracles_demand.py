@@ -78,3 +78,62 @@ def test_a_logit_outside_option_that_is_not_true_or_false_is_named_with_its_valu
     with pytest.raises(ScenarioError) as e:
         demands_from_tables([t], cls, 0.1, 0.2)
     assert str(e.value) == "classes[0].demand.outside_option: expected true or false, got 'yes'"
+
+
+def _two_logit_classes(rates, **extra):
+    from fluidopt.model import RequestClass
+
+    # today's prices per request: 100 x 0.1 + 200 x 0.2 = 50 and 200 x 0.1 + 400 x 0.2 = 100
+    cls = [RequestClass("a", prompt=100, decode=200, rate=rates[0]), RequestClass("b", prompt=200, decode=400,
+                                                                                   rate=rates[1])]
+    tables = [{"demand": {"model": "logit", "market": "m", "market_size": 10.0, "price_sensitivity": 0.01, **extra}}
+              for _ in cls]
+    return cls, tables
+
+
+def test_logit_utilities_derived_from_the_rates_give_them_back_with_and_without_the_outside_option():
+    from fluidopt.demand import demand_rates, demands_from_tables
+
+    # with the outside option: shares 0.4, 0.2 and 0.4 outside; exp(u_i - b P_i) = s_i / s_0 (docs/scenarios.md)
+    cls, t = _two_logit_classes((4.0, 2.0))
+    a, b = demands_from_tables(t, cls, 0.1, 0.2)
+    assert a.demand.utility == pytest.approx(0.5) and b.demand.utility == pytest.approx(math.log(0.5) + 1.0)
+    assert (a.demand.market_size, a.demand.price_sensitivity, a.demand.outside_option) == (10.0, 0.01, True)
+    assert b.demand.market == "m" and b.demand.market_size == 10.0
+    assert demand_rates((a, b), [50.0, 100.0]) == pytest.approx([4.0, 2.0])
+    # at 150 and 100: exp(-1) and 0.5 against the outside option's 1
+    z = 1 + math.exp(-1) + 0.5
+    assert demand_rates((a, b), [150.0, 100.0]) == pytest.approx([10 * math.exp(-1) / z, 10 * 0.5 / z])
+    # without it the rates must fill the market (4 + 6 = 10); shares exp(u_i - b P_i) / sum_j = 0.4, 0.6
+    cls, t = _two_logit_classes((4.0, 6.0), outside_option=False)
+    a, b = demands_from_tables(t, cls, 0.1, 0.2)
+    v = [a.demand.utility - 0.5, b.demand.utility - 1.0]
+    assert math.exp(v[0]) / (math.exp(v[0]) + math.exp(v[1])) == pytest.approx(0.4)
+    assert not a.demand.outside_option and not b.demand.outside_option
+    assert demand_rates((a, b), [50.0, 100.0]) == pytest.approx([4.0, 6.0])
+    # 5 + 6 = 11 requests/s is more than the market's 10 without an outside option to absorb it
+    cls, t = _two_logit_classes((5.0, 6.0), outside_option=False)
+    with pytest.raises(Exception, match=r"^classes\[0\]\.demand\.market_size: without the outside option the rates "
+                                         r"of logit market 'm' must add up to market_size \(11\), got 10$"):
+        demands_from_tables(t, cls, 0.1, 0.2)
+
+
+def test_logit_utilities_given_for_every_class_must_reproduce_the_rates_and_each_market_size_is_named():
+    from fluidopt.demand import demands_from_tables
+    from fluidopt.errors import ScenarioError
+
+    cls, t = _two_logit_classes((4.0, 2.0))
+    for tab, u in zip(t, (0.5, math.log(0.5) + 1.0)):
+        tab["demand"]["utility"] = u
+    a, b = demands_from_tables(t, cls, 0.1, 0.2)
+    assert (a.demand.utility, b.demand.utility) == (0.5, math.log(0.5) + 1.0)
+    t[1]["demand"]["utility"] = 1.0  # exp(0) for both and the outside option: 10 / 3 each, not 4 and 2
+    with pytest.raises(ScenarioError, match=r"^classes\[0\]\.demand: the class's rate \(4 requests/s\) must lie on "
+                                            r"its demand curve at the reference price 50, where the logit market gives "
+                                            r"3\.33333;"):
+        demands_from_tables(t, cls, 0.1, 0.2)
+    cls, t = _two_logit_classes((4.0, 2.0))
+    t[1]["demand"]["market_size"] = "x"  # the first class's size is the market's; the second's is read on its own
+    with pytest.raises(ScenarioError) as e:
+        demands_from_tables(t, cls, 0.1, 0.2)
+    assert str(e.value) == "classes[1].demand.market_size: expected a number, got 'x' (str)"
