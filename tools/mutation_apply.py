@@ -38,7 +38,7 @@ TESTS = {  # module (after "fluidopt.") -> the tests run against its mutants (-m
                        "tests/planning/test_plan.py"],
     "control.robust": ["tests/control/test_oracles_robust.py", "tests/control/test_oracles_robust_more.py",
                        "tests/control/test_robust.py"],
-    "control.orchestration": ["tests/control/test_oracles_orchestration.py",
+    "control.orchestration": ["tests/control/test_oracles_orchestration_rest.py", "tests/control/test_oracles_orchestration.py",
                               "tests/control/test_oracles_orchestration_more.py",
                               "tests/control/test_oracles_qlm_groups_plan.py", "tests/control/test_orchestration.py"],
     "rl.evaluate": ["tests/rl/test_oracles_evaluate.py", "tests/rl/test_oracles_evaluate_more.py",
