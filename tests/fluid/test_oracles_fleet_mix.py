@@ -56,3 +56,38 @@ def test_a_slot_without_interactive_load_serves_none_and_the_cheaper_type_per_re
     np.testing.assert_array_equal(np.isfinite(p.served_interactive), True)
     np.testing.assert_allclose(p.served_interactive, [[1800.0, 0.0, 720.0], [0.0, 0.0, 0.0]], atol=1e-6)
     assert p.cost == pytest.approx(60.0 * 2.0 * (42.0 / fast.rates.mu_int) / 3600.0, rel=1e-6)
+
+
+def test_uncalibrated_type_rates_are_the_fluid_estimates_by_hand():
+    """calibrated=False: each type's rates are the fluid estimates (tests/control/test_oracles_orchestration.py's
+    ``thr``, the iteration law of the orchestration module's docstring), not the simulator's saturated
+    throughputs. 'fast' is that GPU law (tau_mix = 0.0174 + 6.2e-5 x 256, 1.5e-6 s per resident token,
+    1 / 45.45 s solo) with B = 128."""
+    import math
+    from pathlib import Path
+
+    import pytest
+
+    from fluidopt.fluid.multiperiod import type_rates
+    from fluidopt.scenario import load_scenario
+
+    tau_mix, tau_solo = 0.0174 + 6.2e-5 * 256, 1 / 45.45
+
+    def thr(b, P, D):
+        chunks = math.ceil(P / 256)
+        f = b / D * chunks
+        kv = 1.5e-6 * b * (P + D / 2)
+        if f >= 1:
+            return 1 / (chunks * (tau_mix + kv))
+        return (b / D) / (f * tau_mix + (1 - f) * tau_solo + kv)
+
+    sc = load_scenario(Path(__file__).resolve().parents[2] / "examples/scenarios/chiron-workflow-mix.toml")
+    fast, cheap = type_rates(sc, calibrated=False)
+    assert not fast.rates.calibrated and not cheap.rates.calibrated
+    # interactive limit: the 0.06 s ITL on the longer mean context, 300 + 400 / 2 = 500 -> b = 35; batch: B - 1
+    r = fast.rates
+    assert (r.b_int, r.b_bat) == (35, 127)
+    assert r.mu_int == pytest.approx(thr(35, 300, 100), rel=1e-12)
+    assert r.mu_mix == pytest.approx(thr(35, 300, 400), rel=1e-12)
+    assert r.mu_bat == pytest.approx(thr(127, 300, 400), rel=1e-12)
+    assert type_rates(sc)[0].rates.calibrated
