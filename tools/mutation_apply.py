@@ -55,7 +55,7 @@ TESTS = {  # module (after "fluidopt.") -> the tests run against its mutants (-m
                     "tests/cli/test_price_optimize.py"],
     "core.demand": ["tests/planning/test_oracles_demand.py", "tests/planning/test_optimal_prices.py",
                "tests/planning/test_oracles_pricing_more.py"],
-    "calibration.vidur": ["tests/calibrate/test_vidur.py"],
+    "calibration.vidur": ["tests/calibrate/test_oracles_vidur_tables.py", "tests/calibrate/test_vidur.py"],
     "app.logic": ["tests/app/test_oracles_app_logic.py", "tests/app/test_app_logic.py"],
     "rl.regimes": ["tests/rl/test_oracles_regimes.py", "tests/rl/test_rl_regime.py"],
     "core.interrupt": ["tests/harness/test_oracles_interrupt.py", "tests/harness/test_harness.py"],
