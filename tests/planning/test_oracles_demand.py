@@ -1,5 +1,10 @@
-"""Demand models (fluidopt/core/demand.py) by hand: the TOML table each model writes back, and the rates of
-the two per-class models at hand-picked prices."""
+"""Demand models (fluidopt/core/demand.py) by hand: the TOML table each model writes back, the rates of the
+two per-class models at hand-picked prices, the curves ``[classes.demand]`` tables derive through the
+class's rate (linear, constant elasticity, logit with and without the outside option) and their refusals.
+
+Imports use the module names before the package move (``fluidopt.demand``, ``fluidopt.errors``,
+``fluidopt.model``), which still work: docs/testing.md's mutation runs apply their mutants to a copy of
+that layout, where the new names would import the unmutated installed package."""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ import math
 
 import pytest
 
-from fluidopt.core.demand import Demand
+from fluidopt.demand import Demand  # the former module names: the file also runs in the layout before the move
 
 
 def test_each_model_writes_its_own_fields_and_a_logit_without_outside_option_says_so():
@@ -32,9 +37,9 @@ def test_rates_by_hand():
 
 
 def test_a_linear_table_with_max_rate_alone_derives_its_slope_and_names_a_bad_value():
-    from fluidopt.core.demand import demands_from_tables
-    from fluidopt.core.errors import ScenarioError
-    from fluidopt.core.model import RequestClass
+    from fluidopt.demand import demands_from_tables
+    from fluidopt.errors import ScenarioError
+    from fluidopt.model import RequestClass
 
     cls = [RequestClass("a", prompt=100, decode=200, rate=4.0)]
     (c,) = demands_from_tables([{"demand": {"model": "linear", "max_rate": 10.0, "price_ref": 100.0}}], cls, 0.1, 0.2)
