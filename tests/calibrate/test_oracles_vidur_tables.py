@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+from fluidopt.errors import CalibrationError
 
 from fluidopt import vidur
-from fluidopt.errors import CalibrationError
 
 from .test_vidur import MODEL, write_table
 

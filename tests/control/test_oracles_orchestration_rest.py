@@ -9,18 +9,18 @@ The scenario, the GPU law and the throughput ``thr`` are those of ``test_oracles
 from __future__ import annotations
 
 import pytest
+from fluidopt.errors import ScenarioError
 
 from fluidopt.control.protocol import DECODE_QUEUE
 from fluidopt.control.registry import make_controller
-from fluidopt.errors import ScenarioError
 
 from .test_oracles_orchestration import B_MIX, MU_BAT, scenario, thr
 from .test_oracles_orchestration_more import Cluster
 
 try:
-    from fluidopt.control.orchestration.common import BATCH, INTERACTIVE, MIXED
+    from fluidopt.control.orchestration.common import BATCH, INTERACTIVE
 except ImportError:  # one module before the split into a package
-    from fluidopt.control.orchestration import BATCH, INTERACTIVE, MIXED
+    from fluidopt.control.orchestration import BATCH, INTERACTIVE
 
 
 @pytest.mark.parametrize("name", ["chiron", "qlm", "qlm-groups"])

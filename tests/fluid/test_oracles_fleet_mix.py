@@ -22,8 +22,8 @@ def test_a_mix_too_small_for_the_interactive_load_names_its_cap_and_types():
     from pathlib import Path
 
     import pytest
-
     from fluidopt.errors import InfeasibleError
+
     from fluidopt.fluid.multiperiod import BacklogJob, plan_fleet_mix
     from fluidopt.scenario import load_scenario
 

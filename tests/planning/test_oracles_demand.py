@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from fluidopt.demand import Demand  # the former module names: the file also runs in the layout before the move
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from fluidopt.pricing_opt import optimize_prices
+
 from fluidopt.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
