@@ -60,3 +60,19 @@ def test_bad_input_is_one_line():
         stability_boundary(SCENARIOS["short"], "chunked", rates=[1.0, 0.0])
     with pytest.raises(UsageError, match="did you mean 'short'"):
         get_scenario("shrt")
+
+
+def test_cli_json_names_scripts_rely_on(capsys, tmp_path):
+    import json
+
+    from fluidopt.cli import main
+
+    s = SCENARIOS["short"]
+    lam = closed_form_boundary(s)
+    code = main(["stability", "short", "--json", "--out", str(tmp_path), "--requests", "5000",
+                 "--rates", f"{0.5 * lam},{1.5 * lam}"])
+    obj = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert obj["boundary_closed_form"] == pytest.approx(lam, rel=1e-12)
+    assert 0.5 * lam < obj["boundary_simulated"] < 1.5 * lam
+    assert (tmp_path / "stability-short-chunked-b256.png").stat().st_size > 1000
