@@ -209,13 +209,26 @@ def replay_wait(law: IterationLaw, policy: WaitPolicy, arrival, prompt, output, 
             nxt += 1
         admitted: list[int] = []
         advanced: list[int] = []
-        order = range(nq - 1, -1, -1) if nested else range(nq)
-        for q in order:
+        if nested:
+            for q in range(nq - 1, -1, -1):
+                while True:
+                    g = group(q)
+                    if not g:
+                        break
+                    (advanced if q > 0 else admitted).extend(g)
+        else:
+            # classes with a whole group, the one whose oldest request came first served first (FCFS
+            # across classes: a fixed class order would favour one class in overload)
             while True:
-                g = group(q)
+                full = [q for q in range(nq) if len(queues[q]) >= th[q]]
+                g = []
+                for q in sorted(full, key=lambda j: queues[j][0]):
+                    g = group(q)
+                    if g:
+                        break
                 if not g:
                     break
-                (advanced if nested and q > 0 else admitted).extend(g)
+                admitted.extend(g)
         if not admitted and not advanced and run_ids.size == 0:
             # never idle while work waits: the longest-waiting group, below threshold
             cand = [q for q in range(nq) if queues[q]]
