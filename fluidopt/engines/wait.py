@@ -54,8 +54,8 @@ __all__ = ["FluidEquilibrium", "WaitPolicy", "fluid_benchmark", "nested_wait_pol
 class WaitPolicy:
     """Settings of WAIT (``kind="wait"``) or Nested WAIT (``kind="nested"``); see the module docstring.
     ``memory`` and ``buffer`` in KV tokens; ``edges`` are WAIT's class edges or Nested WAIT's segment
-    boundaries (output tokens); ``thresholds`` one per class (WAIT) or per boundary, boundary 0
-    (arrivals) first (Nested WAIT: len(edges) + 1 ... the last segment has no boundary after it)."""
+    boundaries (output tokens); ``thresholds``: one per class (WAIT), or one per boundary with
+    boundary 0 (the arrivals) first, ``len(edges) + 1`` in all (Nested WAIT)."""
 
     kind: str
     memory: float
