@@ -263,6 +263,13 @@ def test_argument_lists(tmp_path, capsys, monkeypatch, cmd, args):
     (["solve", "--hit-ratio", "1"], "--hit-ratio: expected a number in [0, 1)"),
     (["price", "--from-trace", "/nonexistent.jsonl"], "--from-trace: '/nonexistent.jsonl': no such file"),
     (["plan", "--fluid-only", "--cache-rule", "sglang"], "--cache-rule: only used with --from-trace"),
+    (["stability", "mixed", "--engine", "vllm"], "smaller than the longest prompt (1024 tokens)"),
+    (["stability", "short", "--engine", "vllm", "--budget", "100"], "--budget 100: smaller than the longest prompt"),
+    (["stability", "short", "--rates", "10,0"], "--rates '10,0': expected comma-separated requests/s > 0"),
+    (["stability", "short", "--rates", "-5"], "expected comma-separated requests/s > 0"),
+    (["stability", "short", "--engine", "sarathi"], "--engine 'sarathi': no such engine"),
+    (["stability", "shrt"], "no such scenario (did you mean 'short'?)"),
+    (["stability", "x.toml"], "scenario file 'x.toml': no such file"),
 ])
 def test_named_bad_inputs_are_one_line_before_any_work(capsys, argv, message):
     code, out, err = run_cli(argv, capsys)
