@@ -51,6 +51,19 @@ def pytest_runtest_makereport(item, call):
             rep.longrepr = f"FLUIDOPT_REQUIRE={need} but the test was skipped: {reason}"
 
 
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the mark into the node id's @group
+def pytest_collection_modifyitems(config, items):
+    # The suite runs on parallel workers (pytest-xdist, --dist loadgroup in pyproject.toml). A module- or
+    # class-scoped fixture is set up once per worker that runs a test needing it: for the expensive ones
+    # (an uninterrupted reference sweep, the app's server and browser, a Dask cluster, an engine run read
+    # by many tests) that would double the work. Such tests are grouped by module so that one worker runs
+    # them all and the fixture is built once, as in a serial run; the other tests balance freely.
+    for item in items:
+        defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+        if any(d.scope in ("module", "class") for ds in defs.values() for d in ds):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+
 # =================================================================================================
 # Shared builders as factory fixtures (the functions live in tests/builders.py)
 # =================================================================================================
