@@ -13,6 +13,12 @@ compiled from that same source into ``fluidopt.sim._c_<stem>``, against the core
 with the SHA-256 of both files and of the core (fluidopt.sim.controller_fastpath finds them the same
 way and checks the digests).
 
+A reinstall (``pip install -e ".[docs]"`` after ``.[dev]``, say) does not compile again what it already
+built: each extension's build key (the SHA-256 of the source it is compiled from, digests included, its
+types, the compiler directives and flags, and Cython's version) is recorded with the SHA-256 of the built
+file in build/cengine/stamps/, and an in-place build (fluidopt/sim/_c*.so) whose record matches is copied
+instead of compiled (``reusable_build``). ``rm -rf build`` forces a full rebuild.
+
 No compiler, no Cython, or ``FLUIDOPT_PURE_PYTHON=1`` in the environment: the install goes on
 without the extension and the simulator runs engine.py (a notice is printed; nothing else changes),
 unless ``FLUIDOPT_REQUIRE=compiled`` is set (CI does): then a core that cannot be built fails the
@@ -22,6 +28,7 @@ install, and the tests that need it fail instead of skipping (tests/conftest.py)
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import sys
@@ -34,6 +41,7 @@ ROOT = Path(__file__).resolve().parent
 ENGINE = ROOT / "fluidopt" / "sim" / "engine.py"
 TYPES = ROOT / "fluidopt" / "sim" / "engine.pxd"
 GEN = ROOT / "build" / "cengine"  # generated sources (ignored by git), laid out as the package
+STAMPS = GEN / "stamps"  # what each in-place extension was built from (reusable_build)
 
 
 def single_sourced() -> list[str]:
@@ -44,6 +52,50 @@ def single_sourced() -> list[str]:
 
 
 _NO_FMA = ["-O2", "-ffp-contract=off"] if os.name != "nt" else []  # round exactly like Python
+
+
+def build_key(module: str, source: str, types: bytes, recipe: str) -> str:
+    """The SHA-256 an extension's build is recorded under: its module name, the source text Cython translates
+    (the generated module, digests included), its types (.pxd) and how it is compiled (directives, flags,
+    Cython's version)."""
+    return hashlib.sha256(b"\0".join((module.encode(), source.encode("utf-8"), types, recipe.encode()))).hexdigest()
+
+
+def reusable_build(built: Path, stamp: Path, key: str) -> bool:
+    """Whether the extension file ``built`` (an earlier in-place build) may stand in for compiling anew: its
+    ``stamp`` records the same build ``key`` and the SHA-256 of this very file (a file copied or rebuilt
+    over it since, or a missing or unreadable stamp, means compile)."""
+    try:
+        rec = json.loads(stamp.read_text(encoding="utf-8"))
+        return (isinstance(rec, dict) and rec.get("key") == key
+                and rec.get("sha256") == hashlib.sha256(built.read_bytes()).hexdigest())
+    except (OSError, ValueError):
+        return False
+
+
+def _recipe(directives: dict, flags: list[str]) -> str:
+    import Cython
+
+    return json.dumps({"directives": directives, "flags": flags, "cython": Cython.__version__}, sort_keys=True)
+
+
+# annotations are documentation here: the static types come from the .pxd files alone. Indexing stays
+# bounds-checked (controllers pass GPU and request ids in); only Python's negative-index wrap-around is
+# off, which the engine never uses.
+_DIRECTIVES = {"language_level": "3", "binding": False, "annotation_typing": False, "boundscheck": True,
+               "wraparound": False}
+
+
+def _inplace(ext: Extension) -> Path:
+    """Where an editable install keeps ``ext``'s built file: next to its package's sources."""
+    from sysconfig import get_config_var
+
+    return ROOT.joinpath(*ext.name.split(".")).with_name(ext.name.rsplit(".", 1)[1] + get_config_var("EXT_SUFFIX"))
+
+
+def _reused(ext: Extension) -> bool:
+    """The in-place build of ``ext`` matches its build key: no need to translate it (OptionalBuildExt copies it)."""
+    return reusable_build(_inplace(ext), STAMPS / f"{ext.name}.json", ext.fluidopt_key)
 
 
 def _required() -> bool:
@@ -89,17 +141,18 @@ def _extensions() -> list[Extension]:
         # no fused multiply-add: the compiled core must round exactly like the Python engine
         extra_compile_args=["-O2", "-ffp-contract=off"] if os.name != "nt" else [],
     )
+    ext.fluidopt_key = build_key(ext.name, text, TYPES.read_bytes(), _recipe(_DIRECTIVES, ext.extra_compile_args))
+    if _reused(ext):
+        return [ext] + _single_sourced_extensions(cythonize, digest)
     try:
         exts = cythonize(
             [ext],
             include_path=[str(GEN)],
-            # annotations are documentation here: the static types come from engine.pxd alone.
-            # Indexing stays bounds-checked (controllers pass GPU and request ids in); only Python's
-            # negative-index wrap-around is off, which the engine never uses.
-            compiler_directives={"language_level": "3", "binding": False, "annotation_typing": False,
-                                 "boundscheck": True, "wraparound": False},
+            compiler_directives=_DIRECTIVES,
             quiet=True,
         )
+        for e in exts:
+            e.fluidopt_key = ext.fluidopt_key
     except Exception as exc:  # a Cython error must not stop the install: the Python engine is complete
         _notice(f"Cython could not translate the simulator core ({exc})")
         return []
@@ -133,10 +186,14 @@ def _single_sourced_extensions(cythonize, engine_digest: str) -> list[Extension]
         if not pxd.exists() or pxd.read_bytes() != types:
             pxd.write_bytes(types)
         ext = Extension(f"fluidopt.sim.{module}", [str(py.relative_to(ROOT))], extra_compile_args=_NO_FMA)
+        ext.fluidopt_key = build_key(ext.name, text, types, _recipe(_DIRECTIVES, _NO_FMA))
+        if _reused(ext):
+            out.append(ext)
+            continue
         try:
-            out += cythonize([ext], include_path=[str(GEN)], quiet=True,
-                             compiler_directives={"language_level": "3", "binding": False, "annotation_typing": False,
-                                                  "boundscheck": True, "wraparound": False})
+            for e in cythonize([ext], include_path=[str(GEN)], quiet=True, compiler_directives=_DIRECTIVES):
+                e.fluidopt_key = ext.fluidopt_key
+                out.append(e)
         except Exception as exc:  # the Python handlers (the same source) are complete without it
             _notice(f"Cython could not translate fluidopt/control/{stem}.py ({exc})",
                     "the controller will run its Python handlers")
@@ -153,10 +210,26 @@ class OptionalBuildExt(build_ext):
             _notice(f"building the compiled simulator core failed ({exc})")
 
     def build_extension(self, ext) -> None:
+        key = getattr(ext, "fluidopt_key", None)
+        built = Path(self.get_ext_fullpath(ext.name))
+        if key is not None and _reused(ext):
+            # an editable install builds into a fresh temporary folder and copies back to the sources: without
+            # this, every reinstall would compile the unchanged core again (about a minute on 2 cores)
+            sys.stderr.write(f"fluidopt: {ext.name}: reusing the in-place build of the same sources\n")
+            if built.resolve() != _inplace(ext).resolve():
+                built.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(_inplace(ext), built)
+            return
         try:
             super().build_extension(ext)
         except Exception as exc:
             _notice(f"building {ext.name} failed ({exc})")
+            return
+        if key is not None and built.is_file():
+            STAMPS.mkdir(parents=True, exist_ok=True)
+            (STAMPS / f"{ext.name}.json").write_text(
+                json.dumps({"key": key, "sha256": hashlib.sha256(built.read_bytes()).hexdigest()}), encoding="utf-8")
 
 
-setup(ext_modules=_extensions(), cmdclass={"build_ext": OptionalBuildExt})
+if __name__ == "__main__":  # setuptools runs this file as __main__; tests import it for reusable_build
+    setup(ext_modules=_extensions(), cmdclass={"build_ext": OptionalBuildExt})

@@ -52,6 +52,83 @@ def pytest_runtest_makereport(item, call):
             rep.longrepr = f"FLUIDOPT_REQUIRE={need} but the test was skipped: {reason}"
 
 
+# -------------------------------------------------------------------------------------------------
+# Parallel workers (pytest-xdist: -n auto --dist loadgroup in pyproject.toml)
+# -------------------------------------------------------------------------------------------------
+# A module- or class-scoped fixture is set up once per worker that runs a test needing it: for the
+# expensive ones (an uninterrupted reference sweep, the app's server and browser, a Dask cluster, an
+# engine run read by many tests) that doubles the work. The tests that need one are sent together to
+# one worker, grouped by module, so each such fixture is built once, as in a serial run; every other
+# test is balanced on its own. xdist's own grouping (the xdist_group mark, which it appends to the node
+# id) has no effect under pytest 9.2, whose node ids are no longer strings, so the workers write the
+# groups they collected to a folder the controller names, and the controller's scheduler reads them.
+_GROUPS_DIR = "fluidopt_fixture_groups"
+
+
+def _fixture_group(item) -> str | None:
+    """The module of ``item`` if it uses a module- or class-scoped fixture (directly or through another)."""
+    defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    if any(d.scope in ("module", "class") for ds in defs.values() for d in ds):
+        return item.nodeid.split("::", 1)[0]
+    return None
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):  # the controller, once per worker it starts
+    import tempfile
+
+    if not hasattr(node.config, "_fluidopt_groups"):
+        node.config._fluidopt_groups = tempfile.mkdtemp(prefix="fluidopt-xdist-groups-")
+    node.workerinput[_GROUPS_DIR] = node.config._fluidopt_groups
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):  # on a worker: before it reports its collection
+    where = getattr(config, "workerinput", {}).get(_GROUPS_DIR)
+    if where:
+        import json
+        from pathlib import Path
+
+        groups = {item.nodeid: g for item in items if (g := _fixture_group(item))}
+        part = Path(where, f"{config.workerinput['workerid']}.json")
+        part.with_suffix(".tmp").write_text(json.dumps(groups), encoding="utf-8")
+        part.with_suffix(".tmp").replace(part)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None  # another --dist: xdist's own scheduler
+    import json
+    from pathlib import Path
+
+    from xdist.scheduler import LoadGroupScheduling
+
+    class FixtureGroupScheduling(LoadGroupScheduling):
+        """loadgroup, with the tests that share a module fixture as one group (read after collection)."""
+
+        _groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self._groups is None:  # first called when every worker has reported its collection
+                where = getattr(config, "_fluidopt_groups", None)
+                self._groups = {}
+                for part in sorted(Path(where).glob("*.json")) if where else ():
+                    self._groups.update(json.loads(part.read_text(encoding="utf-8")))
+            group = self._groups.get(nodeid)
+            return f"fixture-group:{group}" if group else super()._split_scope(nodeid)
+
+    return FixtureGroupScheduling(config, log)
+
+
+def pytest_unconfigure(config):
+    where = getattr(config, "_fluidopt_groups", None)
+    if where:
+        import shutil
+
+        shutil.rmtree(where, ignore_errors=True)
+
+
 # =================================================================================================
 # Shared builders as factory fixtures (the functions live in tests/builders.py)
 # =================================================================================================

@@ -404,14 +404,21 @@ PRICE = ["price", "--points", "3", "--simulate", "0.001,0.002;0.002,0.001", "--s
          "--warmup", "30", "--no-progress"]
 
 
-@pytest.mark.integration
-@pytest.mark.slow
-@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
-def test_price_simulate_interrupted_writes_no_partial_point_and_resumes(sig, tmp_path):
-    ref, out = tmp_path / "ref", tmp_path / "out"
+@pytest.fixture(scope="module")
+def price_reference(tmp_path_factory):
+    """simulated.csv of an uninterrupted ``price --simulate`` (one for both signals: the run is deterministic)."""
+    ref = tmp_path_factory.mktemp("faults") / "price-reference"
     proc = _start(PRICE, 1, ref)
     _, err = proc.communicate(timeout=280)
     assert proc.returncode == 0, err
+    return pd.read_csv(ref / "simulated.csv")
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_price_simulate_interrupted_writes_no_partial_point_and_resumes(sig, price_reference, tmp_path):
+    out = tmp_path / "out"
     proc = _start(PRICE, 1, out)
     _wait_for_store(out / "runs", proc, 1)
     time.sleep(random.Random(sig).uniform(0.0, 0.5))
@@ -424,5 +431,4 @@ def test_price_simulate_interrupted_writes_no_partial_point_and_resumes(sig, tmp
     proc = _start(PRICE, 1, out)
     _, err = proc.communicate(timeout=280)
     assert proc.returncode == 0, err
-    pd.testing.assert_frame_equal(pd.read_csv(out / "simulated.csv"), pd.read_csv(ref / "simulated.csv"),
-                                  check_exact=True)
+    pd.testing.assert_frame_equal(pd.read_csv(out / "simulated.csv"), price_reference, check_exact=True)

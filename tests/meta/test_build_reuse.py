@@ -1,0 +1,93 @@
+"""setup.py's reuse of an in-place compiled core: a reinstall with unchanged sources copies the earlier build
+instead of compiling it again, and anything else compiles (a stale core must never be taken)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import sys
+import sysconfig
+import types
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def setup_py():
+    # imported under another name than __main__: the module defines its functions without calling setup()
+    spec = importlib.util.spec_from_file_location("fluidopt_setup_py", ROOT / "setup.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _stamp(path: Path, key: str, content: bytes) -> None:
+    path.write_text(json.dumps({"key": key, "sha256": hashlib.sha256(content).hexdigest()}), encoding="utf-8")
+
+
+def test_a_build_recorded_under_the_same_key_is_reused(setup_py, tmp_path):
+    built, stamp = tmp_path / "_cengine.so", tmp_path / "stamp.json"
+    built.write_bytes(b"\x7fELF core")
+    _stamp(stamp, "k1", b"\x7fELF core")
+    assert setup_py.reusable_build(built, stamp, "k1") is True
+
+
+def test_another_key_compiles(setup_py, tmp_path):
+    built, stamp = tmp_path / "_cengine.so", tmp_path / "stamp.json"
+    built.write_bytes(b"\x7fELF core")
+    _stamp(stamp, "k1", b"\x7fELF core")
+    assert setup_py.reusable_build(built, stamp, "k2") is False
+
+
+def test_a_file_replaced_since_its_record_compiles(setup_py, tmp_path):
+    # e.g. a core copied in from another checkout, or an interrupted build: same key, other bytes
+    built, stamp = tmp_path / "_cengine.so", tmp_path / "stamp.json"
+    _stamp(stamp, "k1", b"\x7fELF core")
+    built.write_bytes(b"\x7fELF core, built from something else")
+    assert setup_py.reusable_build(built, stamp, "k1") is False
+
+
+@pytest.mark.parametrize("stamp_text", [None, "", "not json", "[1, 2]", '{"key": "k1"}', '{"sha256": "x"}'])
+def test_a_missing_or_unreadable_stamp_compiles(setup_py, tmp_path, stamp_text):
+    built, stamp = tmp_path / "_cengine.so", tmp_path / "stamp.json"
+    built.write_bytes(b"\x7fELF core")
+    if stamp_text is not None:
+        stamp.write_text(stamp_text, encoding="utf-8")
+    assert setup_py.reusable_build(built, stamp, "k1") is False
+
+
+def test_a_missing_build_compiles(setup_py, tmp_path):
+    stamp = tmp_path / "stamp.json"
+    _stamp(stamp, "k1", b"\x7fELF core")
+    assert setup_py.reusable_build(tmp_path / "absent.so", stamp, "k1") is False
+
+
+def test_the_key_changes_with_each_input(setup_py):
+    base = ("fluidopt.sim._cengine", "x = 1\nSOURCE_SHA256 = 'a'\n", b"cdef int x", '{"cython": "3.1"}')
+    key = setup_py.build_key(*base)
+    assert key == setup_py.build_key(*base) and len(key) == 64
+    others = [("fluidopt.sim._c_gate_handlers", *base[1:]),                   # another module
+              (base[0], "x = 1\nSOURCE_SHA256 = 'b'\n", *base[2:]),            # an edited engine.py
+              (*base[:2], b"cdef long x", base[3]),                              # edited types
+              (*base[:3], '{"cython": "3.2"}')]                                  # another Cython or flags
+    assert len({key, *(setup_py.build_key(*o) for o in others)}) == 5
+
+
+def test_the_recipe_names_directives_flags_and_cython(setup_py, monkeypatch):
+    # Cython is a build requirement only (pip's isolated build environment): a stand-in gives its version
+    monkeypatch.setitem(sys.modules, "Cython", types.SimpleNamespace(__version__="3.9.9"))
+    rec = json.loads(setup_py._recipe({"boundscheck": True}, ["-O2", "-ffp-contract=off"]))
+    assert rec == {"directives": {"boundscheck": True}, "flags": ["-O2", "-ffp-contract=off"], "cython": "3.9.9"}
+    assert setup_py._recipe({"boundscheck": True}, []) != setup_py._recipe({"boundscheck": False}, [])
+
+
+def test_the_in_place_path_is_next_to_the_package_sources(setup_py):
+    from setuptools import Extension
+
+    ext = Extension("fluidopt.sim._c_gate_handlers", ["build/cengine/fluidopt/sim/_c_gate_handlers.py"])
+    assert setup_py._inplace(ext) == ROOT / "fluidopt" / "sim" / ("_c_gate_handlers" + sysconfig.get_config_var("EXT_SUFFIX"))
+    assert setup_py.STAMPS == ROOT / "build" / "cengine" / "stamps"
