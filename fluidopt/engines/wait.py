@@ -12,7 +12,10 @@ output tokens leaves after ``o`` iterations.
   ``L_i = L lam_i (d_i + 1) / sum_j lam_j (d_j + 1)`` and a per-stage limit
   ``n_i = max(floor(L_i / (d_i + 1)), 1)``. A batch forms only when every type has at least ``n_i``
   new arrivals waiting; it then holds the ``n_i`` oldest new prompts of each type and every ongoing
-  request. Otherwise nothing runs (ongoing requests wait too) until arrivals complete the set.
+  request. Otherwise nothing runs (ongoing requests wait too) until arrivals complete the set
+  (``strict=True``). The authors' WAIT runs used ``modified_booking_limit_replica_scheduler.py``
+  (our default): type i admits ``min(n_i, int(L_i - ongoing_i))`` new prompts and a batch forms when
+  *any* type has that many waiting.
 * **Nested WAIT** (``general_nested_booking_limit_replica_scheduler.py``; output lengths unknown, their
   distribution known). The distinct type lengths ``D_1 < ... < D_K`` cut the stages into segments
   ``[D_{k-1}, D_k)`` (``D_0 = 0``) of ``c_k = D_k - D_{k-1}`` stages, weighted ``w_k = c_k *`` (the
@@ -67,7 +70,7 @@ class WaitPolicy:
     with ``d_i >= o``) or Nested WAIT's segment ends ``D_k`` (output tokens, increasing);
     ``thresholds``: the per-stage limits ``n_i`` or ``n_k`` (requests); ``limits``: the type shares
     ``L_i`` or segment limits ``L_k`` (requests); ``total_limit``: ``L``; ``memory`` and ``buffer`` in
-    KV tokens."""
+    KV tokens; ``strict``: WAIT's batch rule (see :func:`wait_policy`)."""
 
     kind: str
     memory: float
@@ -76,6 +79,7 @@ class WaitPolicy:
     buffer: float = 0.0
     limits: tuple[float, ...] = ()
     total_limit: int = 0
+    strict: bool = False
 
 
 def _types(total_limit, outputs, rates) -> tuple[int, np.ndarray, np.ndarray]:
@@ -101,17 +105,25 @@ def _memory(memory, buffer) -> tuple[float, float]:
     return m, float(buffer)
 
 
-def wait_policy(total_limit: int, outputs, rates, *, memory: float = math.inf, buffer: float = 0.0) -> WaitPolicy:
+def wait_policy(total_limit: int, outputs, rates, *, memory: float = math.inf, buffer: float = 0.0,
+                strict: bool = False) -> WaitPolicy:
     """WAIT for request types of ``outputs[i]`` output tokens arriving at ``rates[i]`` requests/s
     (types of equal length are merged), with a total booking limit of ``total_limit`` requests:
-    ``L_i = L lam_i (d_i + 1) / sum_j lam_j (d_j + 1)``, ``n_i = max(floor(L_i / (d_i + 1)), 1)``."""
+    ``L_i = L lam_i (d_i + 1) / sum_j lam_j (d_j + 1)``, ``n_i = max(floor(L_i / (d_i + 1)), 1)``.
+
+    ``strict=True``: the rule of ``booking_limit_replica_scheduler.py`` in the module docstring (a batch
+    only when *every* type has ``n_i`` new arrivals). ``strict=False`` (default): the rule of
+    ``modified_booking_limit_replica_scheduler.py``, which the authors' WAIT runs used: type i admits
+    ``need_i = min(n_i, int(L_i - ongoing_i))`` new prompts, and a batch forms when *any* type has
+    ``need_i`` waiting (a type at its limit counts as ready). The strict rule runs at most one batch
+    per arrival of the rarest type, so with many types of floored ``n_i = 1`` it nearly stops."""
     L, D, lam = _types(total_limit, outputs, rates)
     w = lam * (D + 1)
     share = L * w / w.sum()
     n = np.maximum(np.floor(share / (D + 1)), 1).astype(int)
     m, b = _memory(memory, buffer)
     return WaitPolicy("wait", m, tuple(int(x) for x in n), tuple(int(x) for x in D), b,
-                      tuple(float(x) for x in share), L)
+                      tuple(float(x) for x in share), L, bool(strict))
 
 
 def nested_wait_policy(total_limit: int, outputs, rates, *, memory: float = math.inf,
@@ -182,11 +194,16 @@ def replay_wait(law: IterationLaw, policy: WaitPolicy, arrival, prompt, output, 
         join: list[int] = []
         run: list[int] = []
         if not nested:
-            ready = all(len(waiting[j]) >= th[j] for j in range(K))
+            if policy.strict:
+                need = list(th)
+                ready = all(len(waiting[j]) >= need[j] for j in range(K))
+            else:
+                need = [min(th[j], int(policy.limits[j] - len(inside[j]))) for j in range(K)]
+                ready = any(len(waiting[j]) >= need[j] for j in range(K))
             if not (ready or drain):
                 return new, join, run
             for j in range(K):
-                new.extend(waiting[j].popleft() for _ in range(min(th[j], len(waiting[j]))))
+                new.extend(waiting[j].popleft() for _ in range(min(max(need[j], 0), len(waiting[j]))))
                 run.extend(inside[j])
                 inside[j] = []
             return new, join, run

@@ -28,10 +28,10 @@ def test_wait_limits_by_hand():
     assert wait_policy(4, [1, 3], [2, 1]).thresholds == (1, 1)
 
 
-def test_wait_decisions_by_hand():
-    # the policy above: type 0 (1 output token) needs 3 new arrivals, type 1 (2..3 tokens) needs 1;
+def test_strict_wait_decisions_by_hand():
+    # booking_limit_replica_scheduler.py with the policy above: type 0 (1 output token) needs 3 new arrivals, type 1 (2..3 tokens) needs 1;
     # a batch forms only when both are there, and then every ongoing request decodes in it
-    pol = wait_policy(12, [1, 3], [2, 1])
+    pol = wait_policy(12, [1, 3], [2, 1], strict=True)
     arr = [0, 0, 0, 0.5, 1.5, 1.5, 1.5, 1.5, 2.0, 4, 4, 4]
     out = [1, 3, 1, 1, 2, 1, 1, 1, 3, 1, 1, 1]
     r = replay_wait(UNIT, pol, arr, [2] * 12, out, trace=True)
@@ -48,6 +48,24 @@ def test_wait_decisions_by_hand():
     # KV tokens held peak after the batch at t = 4: r1 (2 + 3), r4 (2 + 2), r8 (2 + 1) and the three
     # one-token requests (2 + 1 each) before they leave
     assert r.peak_memory == 5 + 4 + 3 + 3 * 3
+
+
+def test_wait_decisions_by_hand():
+    # modified_booking_limit_replica_scheduler.py (the default): L = 4 splits 2 / 2, n = (1, 1); type
+    # i admits need_i = min(n_i, int(L_i - ongoing_i)) and a batch forms when any type has need_i waiting
+    pol = wait_policy(4, [1, 3], [2, 1])
+    assert pol.limits == (2.0, 2.0) and pol.thresholds == (1, 1) and not pol.strict
+    r = replay_wait(UNIT, pol, [0, 0, 0, 1.5], [2] * 4, [3, 3, 3, 1], trace=True)
+    assert [(t, new, B) for t, new, _, B in r.decisions] == [
+        (0.0, (0,), 0),  # type 1: need min(1, 2 - 0) = 1 of 3 waiting; type 0 has none, no matter
+        (1.0, (1,), 1),
+        (2.0, (3,), 2),  # type 1 is at its limit (r0, r1 ongoing: need 0, ready); r3 (type 0) comes in
+        (3.0, (2,), 1),  # r0 done: room for r2
+        (4.0, (), 1),
+        (5.0, (), 1),
+    ]
+    assert list(r.replay.finish) == [3, 4, 6, 3]
+    assert list(r.replay.first_token) == [1, 2, 4, 3]
 
 
 def test_nested_wait_limits_by_hand():
