@@ -27,7 +27,7 @@ output tokens leaves after ``o`` iterations.
   are not done); then ``max(need_k, 0)`` of them (oldest first) join and every request inside the
   segment advances one stage. The walk stops at the first segment that cannot run.
 
-Where ours differs (all three are about finite runs or rounding, not the policy):
+Where ours differs (docs/theory.md says why):
 
 * Their runs end by dropping what is left (``force_clear``) or never finish it; ours serves every
   request: once the last request has arrived, a segment or type short of its threshold runs with
