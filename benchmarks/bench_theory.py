@@ -1,5 +1,6 @@
-"""Head-to-head of WAIT, Nested WAIT, vLLM-style and Sarathi-style batching on Llama-2-7B / A100
-(Vidur's operator profiles), with paired 95% intervals over seeds (docs/theory.md, "Head-to-head").
+"""Head-to-head of WAIT, Nested WAIT, vLLM-style and Sarathi-style batching on Llama-3-8B / A100
+(Vidur's operator profiles, the authors' model and GPU), with paired 95% intervals over seeds
+(docs/theory.md, "Head-to-head").
 
     python benchmarks/bench_theory.py [--seeds 10] [--requests 4000] [--figure docs/figures/theory-head-to-head.png]
 
@@ -18,24 +19,26 @@ from fluidopt.engines.headtohead import POLICIES, head_to_head, run_policy, vidu
 
 DATA = os.environ.get("FLUIDOPT_VIDUR_DATA", "/work/shared/data/vidur-profiling")
 
-# Stand-ins for the paper's length distributions (its figures were not readable here): uniform integers.
+MODEL = "meta-llama/Meta-Llama-3-8B"
+
+# The request mixes of the authors' own runs (github.com/Luoxiaogan/vidur_or, results_analysis/):
+# fixed prompt and output tokens per type, types drawn in proportion to their rates, and the total
+# booking limit L they swept (vLLM-style and Sarathi-style get max_num_seqs = L).
 WORKLOADS = {
-    "A: prompt U[64,1024], output U[64,1024]": dict(
-        prompt=(64, 1024), output=(64, 1024),
-        wait={"thresholds": [1, 1, 1, 1], "edges": [300, 550, 800, 1024]},
-        nested={"thresholds": [1, 1, 1, 1], "boundaries": [128, 384, 768]}),
-    "B: prompt U[64,512], output U[512,2048]": dict(
-        prompt=(64, 512), output=(512, 2048),
-        wait={"thresholds": [1, 1, 1, 1], "edges": [896, 1280, 1664, 2048]},
-        nested={"thresholds": [1, 1, 1, 1], "boundaries": [768, 1280, 1792]}),
+    "A: test31/test33, 10 types, prompt 60, output 50..500": dict(
+        prompt=60, outputs=list(range(50, 501, 50)), rates=[23, 11, 8, 7, 6, 4, 3, 2, 1, 1], total_limit=128),
+    "B: search_long_decode/test6, 3 types, prompt 20, output 100/200/300": dict(
+        prompt=20, outputs=[100, 200, 300], rates=[2000, 2000, 6000], total_limit=600),
 }
-LOADS = (0.5, 0.7, 0.9, 1.0, 1.3)  # of the saturated Sarathi-style service rate
+LOADS = (0.5, 0.9, 1.3)  # of the saturated Sarathi-style service rate
 
 
 def sampler(w):
     def sample(n, seed):
         rng = np.random.default_rng(10_000 + seed)
-        return (rng.integers(w["prompt"][0], w["prompt"][1] + 1, n), rng.integers(w["output"][0], w["output"][1] + 1, n))
+        r = np.asarray(w["rates"], dtype=float)
+        o = np.asarray(w["outputs"])[rng.choice(len(r), n, p=r / r.sum())]
+        return np.full(n, w["prompt"]), o
     return sample
 
 
@@ -45,17 +48,17 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=4000)
     ap.add_argument("--figure", default=None)
     a = ap.parse_args()
-    law, kv, err = vidur_law(DATA)
+    law, kv, err = vidur_law(DATA, model=MODEL)
     print(f"law {law.name}: prefill {law.prefill}, decode {law.decode.small}; KV {kv:,.0f} tokens; "
           f"worst fit error {100 * err:.1f}%")
     results = {}
     for name, w in WORKLOADS.items():
         t0 = time.process_time()
         sample = sampler(w)
-        wp = {"wait": w["wait"], "nested-wait": w["nested"]}
-        # the service rate: Sarathi-style at twice a rough capacity, completions per second
+        wp = {k: w[k] for k in ("outputs", "rates", "total_limit")}
+        # the service rate: Sarathi-style at about 3x a rough capacity (8,000 output tokens/s), completions/s
         p, o = sample(a.requests, 0)
-        guess = 2.0 * 2000.0 / np.mean(o)
+        guess = 3.0 * 8000.0 / np.mean(o)
         arr = np.cumsum(np.random.default_rng(0).exponential(1 / guess, a.requests))
         r = run_policy("sarathi", law, kv, arr, p, o, wait_params=wp)
         T = arr[-1]

@@ -45,22 +45,25 @@ def vidur_law(data_dir, gpu: str = "a100", model: str = "meta-llama/Llama-2-7b-h
 
 
 def run_policy(policy: str, law: IterationLaw, kv: float, arr, p, o, *, wait_params: dict):
-    """The per-request :class:`~fluidopt.engines.stepper.Replay` of one policy."""
+    """The per-request :class:`~fluidopt.engines.stepper.Replay` of one policy. ``wait_params``:
+    ``total_limit`` (requests), the request types' ``outputs`` (tokens) and ``rates`` (requests/s)
+    that WAIT and Nested WAIT split it by, and ``batch_cap``: vLLM-style's and Sarathi-style's
+    ``max_num_seqs`` (default ``total_limit``: the authors ran them at the batch size their Nested
+    WAIT reached, results_analysis/test31 to test33)."""
     from fluidopt.engines import engine_config, replay
     from fluidopt.engines.wait import nested_wait_policy, replay_wait, wait_policy
 
+    w = wait_params
+    cap = int(w.get("batch_cap") or w["total_limit"])
     if policy == "vllm":
-        return replay(law, engine_config("vllm", kv_tokens=int(kv), max_model_len=None,
+        return replay(law, engine_config("vllm", kv_tokens=int(kv), max_model_len=None, max_num_seqs=cap,
                                          max_num_batched_tokens=max(2048, int(np.max(p)))), arr, p, o)
     if policy == "sarathi":
-        return replay(law, engine_config("chunked", kv_tokens=int(kv)), arr, p, o)
-    if policy == "wait":
-        w = wait_params["wait"]
-        return replay_wait(law, wait_policy(kv, w["thresholds"], w["edges"]), arr, p, o).replay
-    if policy == "nested-wait":
-        w = wait_params["nested-wait"]
-        return replay_wait(law, nested_wait_policy(kv, w["thresholds"], w["boundaries"], buffer=w.get("buffer", 0)),
-                           arr, p, o).replay
+        return replay(law, engine_config("chunked", kv_tokens=int(kv), max_num_seqs=cap), arr, p, o)
+    if policy in ("wait", "nested-wait"):
+        make = wait_policy if policy == "wait" else nested_wait_policy
+        pol = make(w["total_limit"], w["outputs"], w["rates"], memory=kv, buffer=w.get("buffer", 0.0))
+        return replay_wait(law, pol, arr, p, o).replay
     raise ScenarioError(f"policy {policy!r}: expected one of {', '.join(POLICIES)}")
 
 

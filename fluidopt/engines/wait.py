@@ -1,29 +1,42 @@
 """WAIT and Nested WAIT (Ao, Luo, Simchi-Levi and Wang, arXiv 2504.11320) as per-instance batch
 policies, and their fluid benchmark.
 
-What we could read of the paper is its abstract (the full text was not reachable from this
-workspace); the rules below are our reading of it, stated so that they can be checked:
+The rules follow the authors' own simulator, a fork of Vidur (github.com/Luoxiaogan/vidur_or,
+``vidur/scheduler/replica_scheduler/``); docs/theory.md says which file each rule comes from and where
+ours differs. Both are *booking limits*: a total limit ``L`` on the requests in the batch, split over
+known request types (output length ``d_i`` tokens, arrival rate ``lam_i``). A request's *stage* is the
+number of iterations it has had; its prefill iteration emits its first token, so a request of ``o``
+output tokens leaves after ``o`` iterations.
 
-* **WAIT** (output lengths known at arrival). Requests fall into classes by their known output length
-  (``class_edges``: class j holds outputs in (edge_{j-1}, edge_j]). Class j waits until ``thresholds[j]``
-  of its requests are queued; then that many (oldest first) are admitted together, each *reserving* its
-  final KV memory ``prompt + output`` tokens, if the reservations of all admitted requests stay within
-  ``memory - buffer``. Admitted prompts are prefilled whole in the next iteration, beside the decodes of
-  every running request. Reserving the final footprint is what rules out eviction: memory never
-  overflows, so nothing is recomputed.
-* **Nested WAIT** (output lengths unknown). The decode is cut into segments at output-token counts
-  ``boundaries`` g_1 < g_2 < ... A request reserves memory only to the end of its current segment
-  (``prompt + g_k``). New requests wait at boundary 0 until ``thresholds[0]`` are queued; a request that
-  has generated g_k tokens and is not done stops at boundary k (holding its memory, not decoding) until
-  ``thresholds[k]`` requests wait there, and the group then advances together, reserving
-  ``g_{k+1} - g_k`` more each. Short requests finish inside early segments and free their memory; only
-  the long ones are carried on. Deeper boundaries are served first (they free memory soonest).
-  ``buffer`` (tokens) is held back from every reservation: the paper's safety buffer. Because we
-  reserve to the segment's end, our variant cannot overflow even with ``buffer = 0``.
-* Both never idle while work waits: when no request is running and no group reaches its threshold,
-  the longest-waiting group (Nested WAIT: at the deepest boundary) is admitted below threshold, as much
-  as memory allows. Without this rule a threshold above the number of requests still to come would
-  stall the run forever.
+* **WAIT** (``booking_limit_replica_scheduler.py``; output lengths known at arrival). Type i gets
+  ``L_i = L lam_i (d_i + 1) / sum_j lam_j (d_j + 1)`` and a per-stage limit
+  ``n_i = max(floor(L_i / (d_i + 1)), 1)``. A batch forms only when every type has at least ``n_i``
+  new arrivals waiting; it then holds the ``n_i`` oldest new prompts of each type and every ongoing
+  request. Otherwise nothing runs (ongoing requests wait too) until arrivals complete the set
+  (``strict=True``). The authors' WAIT runs used ``modified_booking_limit_replica_scheduler.py``
+  (our default): type i admits ``min(n_i, int(L_i - ongoing_i))`` new prompts and a batch forms when
+  *any* type has that many waiting.
+* **Nested WAIT** (``general_nested_booking_limit_replica_scheduler.py``; output lengths unknown, their
+  distribution known). The distinct type lengths ``D_1 < ... < D_K`` cut the stages into segments
+  ``[D_{k-1}, D_k)`` (``D_0 = 0``) of ``c_k = D_k - D_{k-1}`` stages, weighted ``w_k = c_k *`` (the
+  arrival rate of the types longer than ``D_{k-1}``). Segment k gets ``L_k = floor(L w_k / sum w)``
+  requests and a per-stage limit ``n_k = ceil(L w_k / sum w / c_k)``. Each iteration walks the
+  segments in order: with ``occ_k`` requests inside segment k past its first stage and
+  ``need_k = min(n_k, L_k - occ_k)``, the segment runs only if at least ``need_k`` requests wait at
+  its first stage (segment 1: new arrivals; segment k > 1: requests that finished segment k - 1 and
+  are not done); then ``max(need_k, 0)`` of them (oldest first) join and every request inside the
+  segment advances one stage. The walk stops at the first segment that cannot run.
+
+Where ours differs (docs/theory.md says why):
+
+* Their runs end by dropping what is left (``force_clear``) or never finish it; ours serves every
+  request: once the last request has arrived, a segment or type short of its threshold runs with
+  what waits.
+* Their ``L_k`` rounds down to 0 for a light segment, whose requests then never advance; ours keeps
+  ``L_k >= 1``.
+* Their schedulers do not check the KV memory (the limit is meant to keep it small); ours raises
+  :class:`ScenarioError` if the KV tokens held would exceed ``memory - buffer``, so a limit too large
+  for the memory is an error, never a silent overflow.
 
 Iteration times come from an :class:`~fluidopt.calibration.timemodels.IterationLaw` composed as the
 engine stepper composes them (:mod:`fluidopt.engines.stepper`): a decode-only iteration takes
@@ -53,22 +66,34 @@ __all__ = ["FluidEquilibrium", "WaitPolicy", "fluid_benchmark", "nested_wait_pol
 @dataclass(frozen=True)
 class WaitPolicy:
     """Settings of WAIT (``kind="wait"``) or Nested WAIT (``kind="nested"``); see the module docstring.
-    ``memory`` and ``buffer`` in KV tokens; ``edges`` are WAIT's class edges or Nested WAIT's segment
-    boundaries (output tokens); ``thresholds``: one per class (WAIT), or one per boundary with
-    boundary 0 (the arrivals) first, ``len(edges) + 1`` in all (Nested WAIT)."""
+    ``edges``: WAIT's type lengths ``d_i`` (a request of ``o`` output tokens belongs to the first type
+    with ``d_i >= o``) or Nested WAIT's segment ends ``D_k`` (output tokens, increasing);
+    ``thresholds``: the per-stage limits ``n_i`` or ``n_k`` (requests); ``limits``: the type shares
+    ``L_i`` or segment limits ``L_k`` (requests); ``total_limit``: ``L``; ``memory`` and ``buffer`` in
+    KV tokens; ``strict``: WAIT's batch rule (see :func:`wait_policy`)."""
 
     kind: str
     memory: float
     thresholds: tuple[int, ...]
     edges: tuple[int, ...]
     buffer: float = 0.0
+    limits: tuple[float, ...] = ()
+    total_limit: int = 0
+    strict: bool = False
 
 
-def _ints(name: str, xs, lo: int) -> tuple[int, ...]:
-    out = tuple(xs)
-    if not out or any(isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < lo for x in out):
-        raise ScenarioError(f"{name} = {list(out)!r}: expected integers >= {lo}")
-    return tuple(int(x) for x in out)
+def _types(total_limit, outputs, rates) -> tuple[int, np.ndarray, np.ndarray]:
+    """(L, distinct output lengths increasing, their summed rates), checked."""
+    if isinstance(total_limit, bool) or not isinstance(total_limit, (int, np.integer)) or total_limit < 1:
+        raise ScenarioError(f"total_limit = {total_limit!r}: expected an integer >= 1 (requests)")
+    d = np.atleast_1d(np.asarray(outputs))
+    lam = np.atleast_1d(np.asarray(rates, dtype=float))
+    if d.size == 0 or d.shape != lam.shape or not np.issubdtype(d.dtype, np.integer) or d.min() < 1:
+        raise ScenarioError(f"outputs = {d.tolist()!r}: expected one integer >= 1 (tokens) per rate")
+    if not np.all(np.isfinite(lam)) or lam.min() < 0 or lam.sum() <= 0:
+        raise ScenarioError(f"rates = {lam.tolist()!r}: expected requests/s >= 0, not all 0")
+    D = np.unique(d)
+    return int(total_limit), D.astype(np.int64), np.array([lam[d == x].sum() for x in D])
 
 
 def _memory(memory, buffer) -> tuple[float, float]:
@@ -80,45 +105,60 @@ def _memory(memory, buffer) -> tuple[float, float]:
     return m, float(buffer)
 
 
-def wait_policy(memory: float, thresholds, class_edges, *, buffer: float = 0.0) -> WaitPolicy:
-    """WAIT with class j = outputs in (edge_{j-1}, edge_j] tokens (edge_0 = 0; the last edge must cover
-    the longest output) and ``thresholds[j]`` requests per admitted group."""
-    th = _ints("thresholds", thresholds, 1)
-    ed = _ints("class_edges", class_edges, 1)
-    if len(th) != len(ed) or any(b <= a for a, b in zip(ed, ed[1:])):
-        raise ScenarioError(f"class_edges = {list(ed)!r}: expected increasing edges, one per threshold ({len(th)})")
+def wait_policy(total_limit: int, outputs, rates, *, memory: float = math.inf, buffer: float = 0.0,
+                strict: bool = False) -> WaitPolicy:
+    """WAIT for request types of ``outputs[i]`` output tokens arriving at ``rates[i]`` requests/s
+    (types of equal length are merged), with a total booking limit of ``total_limit`` requests:
+    ``L_i = L lam_i (d_i + 1) / sum_j lam_j (d_j + 1)``, ``n_i = max(floor(L_i / (d_i + 1)), 1)``.
+
+    ``strict=True``: the rule of ``booking_limit_replica_scheduler.py`` in the module docstring (a batch
+    only when *every* type has ``n_i`` new arrivals). ``strict=False`` (default): the rule of
+    ``modified_booking_limit_replica_scheduler.py``, which the authors' WAIT runs used: type i admits
+    ``need_i = min(n_i, int(L_i - ongoing_i))`` new prompts, and a batch forms when *any* type has
+    ``need_i`` waiting (a type at its limit counts as ready). The strict rule runs at most one batch
+    per arrival of the rarest type, so with many types of floored ``n_i = 1`` it nearly stops."""
+    L, D, lam = _types(total_limit, outputs, rates)
+    w = lam * (D + 1)
+    share = L * w / w.sum()
+    n = np.maximum(np.floor(share / (D + 1)), 1).astype(int)
     m, b = _memory(memory, buffer)
-    return WaitPolicy("wait", m, th, ed, b)
+    return WaitPolicy("wait", m, tuple(int(x) for x in n), tuple(int(x) for x in D), b,
+                      tuple(float(x) for x in share), L, bool(strict))
 
 
-def nested_wait_policy(memory: float, thresholds, boundaries, *, buffer: float = 0.0) -> WaitPolicy:
-    """Nested WAIT with segment boundaries g_1 < g_2 < ... (output tokens generated) and one threshold
-    per boundary including boundary 0, the arrivals: ``len(thresholds) == len(boundaries) + 1``."""
-    th = _ints("thresholds", thresholds, 1)
-    bd = _ints("boundaries", boundaries, 1)
-    if len(th) != len(bd) + 1 or any(b <= a for a, b in zip(bd, bd[1:])):
-        raise ScenarioError(f"boundaries = {list(bd)!r}: expected increasing output-token counts and "
-                            f"len(thresholds) = len(boundaries) + 1 (got {len(th)})")
+def nested_wait_policy(total_limit: int, outputs, rates, *, memory: float = math.inf,
+                       buffer: float = 0.0) -> WaitPolicy:
+    """Nested WAIT whose segments end at the distinct ``outputs`` (tokens), weighted by the ``rates``
+    (requests/s) of the types still decoding in each: ``L_k = max(floor(s_k), 1)`` and
+    ``n_k = ceil(s_k / c_k)`` with ``s_k = L w_k / sum w``."""
+    L, D, lam = _types(total_limit, outputs, rates)
+    c = np.diff(np.concatenate(([0], D)))
+    alive = np.array([lam[D > lo].sum() for lo in np.concatenate(([0], D[:-1]))])
+    share = L * c * alive / float((c * alive).sum())
+    n = np.maximum(np.ceil(share / c), 1).astype(int)
+    Lk = np.maximum(np.floor(share), 1)
     m, b = _memory(memory, buffer)
-    return WaitPolicy("nested", m, th, bd, b)
+    return WaitPolicy("nested", m, tuple(int(x) for x in n), tuple(int(x) for x in D), b,
+                      tuple(float(x) for x in Lk), L)
 
 
 @dataclass(frozen=True)
 class WaitRun:
     """:func:`replay_wait`'s result: the per-request :class:`Replay`, the decisions (when ``trace``:
-    per iteration ``(start s, admitted ids, advanced ids, decodes)``) and the time-average KV memory
-    held (tokens) and its peak, over the run."""
+    per iteration ``(start s, new prompts admitted, requests joining a later segment, decodes)``), the
+    time-average KV tokens held over the run and their peak (tokens)."""
 
     replay: Replay
     decisions: tuple
     mean_memory: float
-    peak_reserved: float
+    peak_memory: float
 
 
 def replay_wait(law: IterationLaw, policy: WaitPolicy, arrival, prompt, output, *, trace: bool = False) -> WaitRun:
     """Run the requests (arrival s, sorted; prompt and output tokens) through one instance under
-    ``policy``. A request whose final footprint ``prompt + output`` exceeds ``memory - buffer`` could
-    never run: :class:`ScenarioError`."""
+    ``policy``. A request longer than the longest type (``policy.edges[-1]``) has no stage to run in,
+    and KV tokens held beyond ``memory - buffer`` mean the limit is too large for the memory: both
+    raise :class:`ScenarioError`."""
     arr = np.asarray(arrival, dtype=float)
     P = np.asarray(prompt, dtype=np.int64)
     O = np.asarray(output, dtype=np.int64)
@@ -127,153 +167,110 @@ def replay_wait(law: IterationLaw, policy: WaitPolicy, arrival, prompt, output, 
         raise ScenarioError("replay_wait: arrivals must be sorted")
     if n and (P.min() < 1 or O.min() < 1):
         raise ScenarioError("replay_wait: prompt and output lengths must be >= 1 token")
-    cap = policy.memory - policy.buffer
-    if n and float((P + O).max()) > cap:
-        i = int(np.argmax(P + O))
-        raise ScenarioError(f"request {i}: prompt + output = {int(P[i] + O[i])} tokens > memory - buffer = {cap:g}")
-    nested = policy.kind == "nested"
     edges = policy.edges
+    if n and O.max() > edges[-1]:
+        raise ScenarioError(f"replay_wait: output {int(O.max())} tokens exceeds the longest type, {edges[-1]} tokens")
+    cap = policy.memory - policy.buffer
+    nested = policy.kind == "nested"
     th = policy.thresholds
-    if not nested and n and O.max() > edges[-1]:
-        raise ScenarioError(f"class_edges: the last edge {edges[-1]} is below the longest output {int(O.max())}")
-    nq = len(th)
-    queues: list[deque] = [deque() for _ in range(nq)]
+    K = len(edges)
+    kls = np.searchsorted(edges, O, side="left")  # WAIT: the type; Nested WAIT: unused
+    # WAIT: one queue of new arrivals per type. Nested WAIT: per segment, the requests waiting at its
+    # first stage (segment 0: new arrivals) and those inside it.
+    waiting: list[deque] = [deque() for _ in range(K)]
+    inside: list[list[int]] = [[] for _ in range(K)]
     gen = np.zeros(n, dtype=np.int64)
-    resv = np.zeros(n)  # memory reserved (tokens)
-    stop = np.zeros(n, dtype=np.int64)  # output tokens at which the request next stops (done or a boundary)
-    seg = np.zeros(n, dtype=np.int64)  # Nested WAIT: boundaries passed
     first = np.full(n, np.nan)
     done = np.full(n, np.nan)
-    run_ids = np.zeros(0, dtype=np.int64)
-    reserved = 0.0
-    peak = 0.0
-    held_area = 0.0
-    now = 0.0
+    held = 0.0  # KV tokens of admitted, unfinished requests
+    peak = held_area = now = 0.0
     nxt = 0
     decisions = []
     pf, dl = law.prefill, law.decode
 
-    def klass(r: int) -> int:
-        if nested:
-            return 0
-        return int(np.searchsorted(edges, O[r], side="left"))
-
-    def target(r: int, k: int) -> int:
-        """Output tokens at the end of segment k (Nested WAIT) or the whole output (WAIT)."""
-        if not nested or k >= len(edges):
-            return int(O[r])
-        return int(min(O[r], edges[k]))
-
-    def take(q: int, limit: int) -> list[int]:
-        """Up to ``limit`` requests from queue q, oldest first, while their reservations fit."""
-        nonlocal reserved
-        got = []
-        while queues[q] and len(got) < limit:
-            r = queues[q][0]
-            need = P[r] + target(r, q) - resv[r]
-            if reserved + need > cap + 1e-9:
+    def walk(drain: bool) -> tuple[list[int], list[int], list[int]]:
+        """(new prompts, requests joining a later segment, requests decoding) of the next batch."""
+        new: list[int] = []
+        join: list[int] = []
+        run: list[int] = []
+        if not nested:
+            if policy.strict:
+                need = list(th)
+                ready = all(len(waiting[j]) >= need[j] for j in range(K))
+            else:
+                need = [min(th[j], int(policy.limits[j] - len(inside[j]))) for j in range(K)]
+                ready = any(len(waiting[j]) >= need[j] for j in range(K))
+            if not (ready or drain):
+                return new, join, run
+            for j in range(K):
+                new.extend(waiting[j].popleft() for _ in range(min(max(need[j], 0), len(waiting[j]))))
+                run.extend(inside[j])
+                inside[j] = []
+            return new, join, run
+        for k in range(K):
+            need = min(th[k], int(policy.limits[k]) - len(inside[k]))
+            if len(waiting[k]) < need and not drain:
                 break
-            queues[q].popleft()
-            reserved += need
-            resv[r] += need
-            stop[r] = target(r, q)
-            seg[r] = q
-            got.append(r)
-        return got
-
-    def group(q: int) -> list[int]:
-        """A whole group of ``th[q]`` from queue q if it is there and fits, else nothing."""
-        nonlocal reserved
-        if len(queues[q]) < th[q]:
-            return []
-        ids = [queues[q][i] for i in range(th[q])]
-        need = float(sum(P[r] + target(r, q) - resv[r] for r in ids))
-        if reserved + need > cap + 1e-9:
-            return []
-        return take(q, th[q])
-
-    def stopped(r: int) -> None:
-        """Request r reached its stop: done (its reservation freed) or at the next boundary."""
-        nonlocal reserved
-        if gen[r] >= O[r]:
-            done[r] = now
-            reserved -= resv[r]
-            resv[r] = 0.0
-        else:
-            queues[seg[r] + 1].append(r)
+            got = [waiting[k].popleft() for _ in range(min(max(need, 0), len(waiting[k])))]
+            (new if k == 0 else join).extend(got)
+            run.extend(inside[k])
+            inside[k] = []
+        return new, join, run
 
     iters = prefills = 0
     while True:
         while nxt < n and arr[nxt] <= now:
-            queues[klass(nxt)].append(nxt)
+            waiting[0 if nested else int(kls[nxt])].append(nxt)
             nxt += 1
-        admitted: list[int] = []
-        advanced: list[int] = []
-        if nested:
-            for q in range(nq - 1, -1, -1):
-                while True:
-                    g = group(q)
-                    if not g:
-                        break
-                    (advanced if q > 0 else admitted).extend(g)
-        else:
-            # classes with a whole group, the one whose oldest request came first served first (FCFS
-            # across classes: a fixed class order would favour one class in overload)
-            while True:
-                full = [q for q in range(nq) if len(queues[q]) >= th[q]]
-                g = []
-                for q in sorted(full, key=lambda j: queues[j][0]):
-                    g = group(q)
-                    if g:
-                        break
-                if not g:
-                    break
-                admitted.extend(g)
-        if not admitted and not advanced and run_ids.size == 0:
-            # never idle while work waits: the longest-waiting group, below threshold
-            cand = [q for q in range(nq) if queues[q]]
-            if cand:
-                q = max(cand) if nested else min(cand, key=lambda j: queues[j][0])
-                g = take(q, th[q])
-                (advanced if nested and q > 0 else admitted).extend(g)
-        if not admitted and not advanced and run_ids.size == 0:
+        new, join, run = walk(nxt >= n)
+        if not (new or join or run):
             if nxt >= n:
                 break
-            now = max(now, arr[nxt])
+            now = max(now, arr[nxt])  # nothing may run: wait for the next arrival
             continue
-        if advanced:
-            run_ids = np.concatenate((run_ids, np.asarray(advanced, dtype=np.int64)))
-        B = int(run_ids.size)
-        T = float((P[run_ids] + gen[run_ids]).sum()) if B else 0.0
-        if trace:
-            decisions.append((now, tuple(int(r) for r in admitted), tuple(int(r) for r in advanced), B))
+        dec = join + run  # every request past its prefill decodes one token
+        B = len(dec)
+        T = float((P[dec] + gen[dec]).sum()) if B else 0.0
         a, b, c = dl.coefficients(B)
-        if admitted:
-            pl = P[admitted].astype(float)
+        if new:
+            pl = P[new].astype(float)
             dt = pf.a + pf.b * pl.sum() + pf.c * float((pl * pl).sum()) + (b * T + c * B if B else 0.0)
         else:
             dt = a + b * T + c * B
-        held = float((P[run_ids] + gen[run_ids]).sum()) + (float(P[admitted].sum()) if admitted else 0.0)
-        held_area += held * dt
+        # KV tokens after this iteration: the new prompts and one more token for every request in it
+        after = held + float(P[new].sum()) + len(new) + B
+        if after > cap + 1e-9:
+            raise ScenarioError(f"replay_wait: {after:.0f} KV tokens held at t = {now:.3f} s exceed memory - buffer "
+                                f"= {cap:g}; lower total_limit")
+        if trace:
+            decisions.append((now, tuple(int(r) for r in new), tuple(int(r) for r in join), B))
+        held_area += after * dt
+        held = after
+        peak = max(peak, held)
         iters += 1
-        prefills += bool(admitted)
-        peak = max(peak, reserved)
+        prefills += bool(new)
         now += dt
-        # decodes: one token each; requests reaching their stop finish or wait at the next boundary
-        if B:
-            gen[run_ids] += 1
-            hit = gen[run_ids] >= stop[run_ids]
-            if hit.any():
-                for r in run_ids[hit]:
-                    stopped(int(r))
-                run_ids = run_ids[~hit]
-        for r in admitted:
-            gen[r] = 1
+        for r in new:
             first[r] = now
-            if gen[r] >= stop[r]:
-                stopped(r)
-            else:
-                run_ids = np.append(run_ids, r)
+        moved = new + dec
+        gen[moved] += 1
+        if nested:
+            for r in moved:
+                if gen[r] >= O[r]:
+                    continue
+                k = int(np.searchsorted(edges, gen[r], side="right"))  # the segment its next stage is in
+                if gen[r] == (edges[k - 1] if k else 0):
+                    waiting[k].append(r)  # at the first stage of segment k: waits for its group
+                else:
+                    inside[k].append(r)
+        else:
+            for r in moved:
+                if gen[r] < O[r]:
+                    inside[int(kls[r])].append(r)
+        for r in moved:
+            if gen[r] >= O[r]:
+                done[r] = now
+                held -= float(P[r] + O[r])
 
     rep = Replay(arr, first, done, np.zeros(n, dtype=np.int64), O.copy(), iters, prefills)
     return WaitRun(rep, tuple(decisions), held_area / now if now > 0 else 0.0, peak)

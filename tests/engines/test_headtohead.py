@@ -35,18 +35,23 @@ def test_law_follows_the_composed_iterations():
 
 @needs_data
 def test_nested_wait_serves_at_least_vllm_at_heavy_load():
-    law, kv, _ = vidur_law(DATA)
+    # the authors' model and mix (Llama-3-8B on an A100; results_analysis/test31: 10 types of 60
+    # prompt tokens and 50..500 output tokens) at their rate, 66 requests/s, about 1.6 x the service
+    # rate, with their booking limit L = 128 and vLLM-style capped at 128 sequences
+    law, kv, _ = vidur_law(DATA, model="meta-llama/Meta-Llama-3-8B")
+    outputs, rates = np.arange(50, 501, 50), np.array([23, 11, 8, 7, 6, 4, 3, 2, 1, 1.0])
 
     def sample(n, seed):
         rng = np.random.default_rng(10_000 + seed)
-        return rng.integers(64, 1025, n), rng.integers(64, 1025, n)
+        return np.full(n, 60), outputs[rng.choice(10, n, p=rates / rates.sum())]
 
-    wp = {"nested-wait": {"thresholds": [1, 1, 1, 1], "boundaries": [128, 384, 768]}}
-    # 5 requests/s: 1.3 x the Sarathi-style service rate (3.8 requests/s) of this workload
-    cells = head_to_head(law, kv, [5.0], sample, seeds=range(4), requests=2000, wait_params=wp,
+    wp = {"total_limit": 128, "outputs": outputs, "rates": rates}
+    cells = head_to_head(law, kv, [66.0], sample, seeds=range(4), requests=2000, wait_params=wp,
                          policies=("vllm", "nested-wait"))
     v, nw = cells
     d = nw.tokens - v.tokens
     half = 3.182 * d.std(ddof=1) / 2  # t_{0.975, 3} x sd / sqrt(4)
     assert d.mean() - half > 0  # output tokens/s, paired 95% interval above zero
-    assert v.preemptions.mean() > 0 and nw.preemptions.max() == 0  # vLLM evicts, Nested WAIT never does
+    # the gain is of the size the authors measured (+12..31% in test31/test33); docs/theory.md: +22%
+    assert 0.1 < d.mean() / v.tokens.mean() < 0.35
+    assert nw.preemptions.max() == 0
