@@ -36,6 +36,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--no-figure", action="store_true", help="write no figure")
     p.add_argument("--fit", metavar="TOML", help="fit the law and the KV cache to the measured runs (starting from "
                    "--profile or --timemodel), write them to TOML ([timemodel], [engine]) and compare with the fit")
+    p.add_argument("--fit-overheads", metavar="TOML", help="calibrate the --profile or --timemodel law with few "
+                   "parameters instead: a per-request cost of a decode step (and with --per-iteration a cost per "
+                   "iteration) fitted to the runs, the KV cache read off the runs (or --kv-tokens); write them to "
+                   "TOML and compare with the result")
+    p.add_argument("--per-iteration", action="store_true", help="with --fit-overheads: fit a cost per iteration too")
+    p.add_argument("--leave-one-out", action="store_true", help="with --fit-overheads: also fit on all runs but one "
+                   "and predict the one left out, for each run (the generalisation test)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 
@@ -119,6 +126,32 @@ def _fit(args: argparse.Namespace, runs, law, kv):
     return fitted, kv_fit
 
 
+def _fit_overheads(args: argparse.Namespace, runs, law):
+    """--fit-overheads (docs/fidelity.md): the KV cache from --kv-tokens or read off the runs, not from the
+    profile's max_num_tokens.csv, which DistServe's vLLM runs did not have."""
+    from fluidopt.core.files import atomic_path
+    from fluidopt.engines import engine_config
+    from fluidopt.engines.validation import fit_overheads, kv_ceiling
+
+    kv = args.kv_tokens if args.kv_tokens is not None else kv_ceiling(runs)
+    fit = fit_overheads(runs, law, lambda k: engine_config(args.engine, kv_tokens=k), kv,
+                        ttft_slo=args.slo_ttft_ms / 1e3, tpot_slo=args.slo_tpot_ms / 1e3,
+                        per_iteration=args.per_iteration)
+    d = fit.law.to_dict()
+    lines = [f"# fitted by fluidopt validate --fit-overheads to {', '.join(r.name for r in runs)} (engine "
+             f"{args.engine}): {law.name or 'the law'} plus {fit.per_request * 1e3:g} ms per request per decode "
+             f"step and {fit.per_iteration * 1e3:g} ms per iteration; KV cache "
+             f"{'given' if args.kv_tokens is not None else 'read off the runs'}; seconds",
+             "[timemodel]", f"name = {json.dumps((law.name or 'law') + f' + overheads fitted to {len(runs)} measured run(s)')}"]
+    lines += [f"{k} = {[float(x) for x in v]!r}" for k, v in d.items() if k != "decode_threshold"]
+    if "decode_threshold" in d:
+        lines.append(f"decode_threshold = {int(d['decode_threshold'])}")
+    lines += ["", "[engine]", f"kv_tokens = {kv}", ""]
+    with atomic_path(Path(args.fit_overheads)) as tmp:
+        tmp.write_text("\n".join(lines), encoding="utf-8")
+    return fit
+
+
 def _table(rows: list[dict]) -> str:
     head = (f"{'run':<24}{'n':>5}{'attain meas':>12}{'sim':>7}{'TTFT med ms':>13}{'sim':>8}{'TPOT med ms':>13}"
             f"{'sim':>7}   rel. error median/p90: TTFT, TPOT, E2E")
@@ -149,13 +182,35 @@ def run(args: argparse.Namespace) -> int:
     runs = [read_measured(f) for f in args.measured]
     if not args.no_figure:
         check_output_dir(args.out or ".", "--out")
-    if args.fit is not None:
-        from fluidopt.commands._checks import check_output_file
+    if args.fit is not None and args.fit_overheads is not None:
+        raise UsageError("give --fit TOML or --fit-overheads TOML, not both")
+    for flag in ("per_iteration", "leave_one_out"):
+        if getattr(args, flag) and args.fit_overheads is None:
+            raise UsageError(f"--{flag.replace('_', '-')}: only with --fit-overheads TOML")
+    if args.leave_one_out and len(runs) < 2:
+        raise UsageError("--leave-one-out: needs at least two measured runs")
+    for out_file, flag in ((args.fit, "--fit"), (args.fit_overheads, "--fit-overheads")):
+        if out_file is not None:
+            from fluidopt.commands._checks import check_output_file
 
-        check_output_file(args.fit, "--fit")
+            check_output_file(out_file, flag)
     kv = args.kv_tokens if args.kv_tokens is not None else kv_default
+    loo = None
     if args.fit is not None:
         law, kv = _fit(args, runs, law, kv)
+    elif args.fit_overheads is not None:
+        profile = law
+        fit = _fit_overheads(args, runs, profile)
+        law, kv = fit.law, fit.kv_tokens
+        if args.leave_one_out:
+            from fluidopt.engines.validation import leave_one_out
+
+            loo = [dict(c.to_dict(), kv_tokens=f.kv_tokens, per_request_ms=f.per_request * 1e3,
+                        per_iteration_ms=f.per_iteration * 1e3)
+                   for f, c in leave_one_out(runs, profile, lambda k: engine_config(args.engine, kv_tokens=k),
+                                             args.kv_tokens, ttft_slo=args.slo_ttft_ms / 1e3,
+                                             tpot_slo=args.slo_tpot_ms / 1e3, per_iteration=args.per_iteration,
+                                             engine=args.engine)]
     cfg = engine_config(args.engine, kv_tokens=kv)
     comps = [compare(r, law, cfg, args.engine, args.slo_ttft_ms / 1e3, args.slo_tpot_ms / 1e3) for r in runs]
     rows = [c.to_dict() for c in comps]
@@ -179,6 +234,11 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         obj = dict(rows[0]) if len(rows) == 1 else {"runs": rows}
         obj.update({"law": law.to_dict(), "kv_tokens": kv, "mean_abs_attainment_error": mean_err})
+        if args.fit_overheads is not None:
+            obj.update({"per_request_ms": fit.per_request * 1e3, "per_iteration_ms": fit.per_iteration * 1e3})
+        if loo is not None:
+            obj["leave_one_out"] = loo
+            obj["leave_one_out_mean_abs_attainment_error"] = sum(abs(d["attainment_error"]) for d in loo) / len(loo)
         print(json.dumps(obj, indent=2))
         return 0
     print(f"engine {args.engine}, law {law.name or args.timemodel}, KV cache "
@@ -188,6 +248,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"mean |attainment error| {mean_err:.3f}")
     for f in figures:
         print(f"figure written to {f}")
-    if args.fit is not None:
-        print(f"fitted law written to {args.fit}")
+    if args.fit_overheads is not None:
+        print(f"fitted: {fit.per_request * 1e3:g} ms per request per decode step, {fit.per_iteration * 1e3:g} ms per "
+              f"iteration, KV cache {kv} tokens")
+    if loo is not None:
+        print("leave one out (fitted on the other runs, predicting this one):")
+        print(_table(loo))
+        print(f"mean |attainment error| left out {sum(abs(d['attainment_error']) for d in loo) / len(loo):.3f}")
+    for out_file in (args.fit, args.fit_overheads):
+        if out_file is not None:
+            print(f"fitted law written to {out_file}")
     return 0
