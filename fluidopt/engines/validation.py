@@ -290,7 +290,7 @@ def fit_overheads(runs: Sequence[MeasuredRun], profile: IterationLaw, make_cfg, 
 
     cs = np.linspace(0.0, per_request_max, 21)
     hs = np.linspace(0.0, per_iteration_max, 21) if per_iteration else np.zeros(1)
-    best = min(((loss(c, h), c, h) for c in cs for h in hs))
+    best = min((loss(c, h), c, h) for c in cs for h in hs)
     dc, dh = per_request_max / 100, per_iteration_max / 100
     fine_c = [c for c in best[1] + dc * np.arange(-5, 6) if 0 <= c <= per_request_max]
     fine_h = [h for h in best[2] + dh * np.arange(-5, 6) if 0 <= h <= per_iteration_max] if per_iteration else [0.0]

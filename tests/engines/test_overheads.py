@@ -13,8 +13,14 @@ import pytest
 from fluidopt.calibration.timemodels import DecodeLaw, IterationLaw, PrefillLaw, load_law_toml
 from fluidopt.cli import main
 from fluidopt.engines import engine_config, replay
-from fluidopt.engines.validation import (MeasuredRun, fit_overheads, kv_ceiling, leave_one_out, read_measured,
-                                         with_overheads)
+from fluidopt.engines.validation import (
+    MeasuredRun,
+    fit_overheads,
+    kv_ceiling,
+    leave_one_out,
+    read_measured,
+    with_overheads,
+)
 
 from .test_validation import DATA, needs_data, write_exp
 
