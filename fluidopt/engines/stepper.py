@@ -43,7 +43,10 @@ class EngineConfig:
     vLLM v1) or none (the paper's chunk C). ``prefills_per_iteration``: prompts a mixed iteration may
     chunk (None: any). ``kv_blocks``: KV cache in blocks of ``block_size`` tokens (None: unlimited).
     ``watermark``: share of the blocks a new prompt must leave free (vLLM: 0.01). ``max_model_len``:
-    longer prompts are rejected, never run (tokens)."""
+    longer prompts are rejected, never run (tokens). ``max_paddings``: prefill-first only; None (the
+    default): a batch costs its prompts' own lengths; otherwise every prompt of a batch is padded to the
+    longest, costs that length, and counts so against ``max_num_batched_tokens``, and a batch takes at
+    most this many pad tokens (vLLM 0.2-0.3's rule, 256 there)."""
 
     mode: str
     max_num_batched_tokens: int
@@ -54,6 +57,7 @@ class EngineConfig:
     budget_counts_decodes: bool = True
     prefills_per_iteration: int | None = None
     max_model_len: int | None = None
+    max_paddings: int | None = None
 
 
 @dataclass(frozen=True)
@@ -217,12 +221,19 @@ def replay(law: IterationLaw, cfg: EngineConfig, arrival, prompt, output) -> Rep
             nxt += 1
         if cfg.mode == "prefill-first":
             batch: list[int] = []
-            tokens = 0
+            tokens = longest = 0
             while waiting:
                 r = waiting[0]
                 L = P[r] + gen[r]
-                if tokens + L > cfg.max_num_batched_tokens or not fits(r, len(running) + len(batch)):
-                    break
+                if cfg.max_paddings is None:
+                    if tokens + L > cfg.max_num_batched_tokens or not fits(r, len(running) + len(batch)):
+                        break
+                else:
+                    padded = (len(batch) + 1) * max(longest, L)
+                    if (padded > cfg.max_num_batched_tokens or padded - tokens - L > cfg.max_paddings
+                            or not fits(r, len(running) + len(batch))):
+                        break
+                    longest = max(longest, L)
                 waiting.pop(0)
                 free -= -(-L // bs)
                 batch.append(r)
@@ -230,7 +241,7 @@ def replay(law: IterationLaw, cfg: EngineConfig, arrival, prompt, output) -> Rep
             if batch:
                 s = s2 = 0
                 for r in batch:
-                    L = P[r] + gen[r]
+                    L = longest or P[r] + gen[r]
                     s += L
                     s2 += L * L
                 now += pf.a + pf.b * s + pf.c * s2

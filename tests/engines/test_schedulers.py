@@ -48,6 +48,20 @@ def test_vllm_token_limit_splits_the_prefill_batch():
     assert r.finish == pytest.approx([0.081, 0.075], abs=1e-12)
 
 
+def test_vllm_pads_a_prompt_batch_to_its_longest_prompt_when_asked():
+    # vLLM <= 0.3 (max_paddings): a batch runs at its longest prompt's length, padding at most 256 tokens.
+    # [100, 300]: 2 * 300 = 600 tokens, 200 of padding: one iteration, 0.010 + 0.600 (c = 1e-6 s/token^2:
+    # + 2 * 300^2 * 1e-6 = 0.180) -> 0.790 for both. [100, 400]: 300 of padding > 256: r0 alone (0.110 + 0.010
+    # = 0.120), then r1 alone (0.410 + 0.160 = 0.570 -> 0.690)
+    r = run("vllm", [0.0, 0.0], [100, 300], [1, 1], c=1e-6, max_paddings=256)
+    assert r.first_token == pytest.approx([0.790, 0.790], abs=1e-12)
+    r = run("vllm", [0.0, 0.0], [100, 400], [1, 1], c=1e-6, max_paddings=256)
+    assert r.first_token == pytest.approx([0.120, 0.690], abs=1e-12)
+    # unpadded (the default): one iteration of 500 tokens, 0.010 + 0.500 + (100^2 + 400^2) * 1e-6 = 0.680
+    r = run("vllm", [0.0, 0.0], [100, 400], [1, 1], c=1e-6)
+    assert r.first_token == pytest.approx([0.680, 0.680], abs=1e-12)
+
+
 def test_vllm_preempts_by_recompute_when_blocks_run_out():
     # 3 KV blocks of 16 tokens, no watermark. r0, r1: P 16, O 4, both at 0.
     # it 1: prefill [16, 16] (one block each, 1 left): 0.010 + 0.032 = 0.042; both hold 17 tokens
