@@ -136,10 +136,16 @@ def test_fit_overheads_command_writes_a_law_that_loads_back(tmp_path, capsys):
     assert [r["per_request_ms"] for r in d["leave_one_out"]] == [pytest.approx(0.3)] * 2
 
 
-def _runs():
-    runs = sorted(DATA.glob("measured/vllm-*.exp"), key=lambda f: int(f.stem.split("-")[1]))
-    assert len(runs) == 4
-    return [read_measured(f) for f in runs]
+SHARED = ("vllm-100-1", "vllm-200-2", "vllm-300-3", "vllm-400-4")
+# DistServe's other vLLM runs of the setup (its repository at commit 20a1633): not in the shared folder
+# today; checked when someone puts them there
+OTHER_RATES = ("vllm-150-1.5", "vllm-100-2", "vllm-250-2.5", "vllm-350-3.5")
+needs_other_rates = pytest.mark.skipif(not all((DATA / "measured" / f"{n}.exp").is_file() for n in OTHER_RATES),
+                                       reason="DistServe's runs at 1.5, 2, 2.5 and 3.5 requests/s not in the shared folder")
+
+
+def _runs(names=SHARED):
+    return [read_measured(DATA / "measured" / f"{n}.exp") for n in names]
 
 
 @needs_data
@@ -170,3 +176,23 @@ def test_overheads_on_the_measured_vllm_runs_in_sample_and_left_out():
             assert abs(r[f"{k}_median_ms_simulated"] / r[f"{k}_median_ms_measured"] - 1) <= 0.15, (r["run"], k)
     loo = [c.to_dict() for _, c in leave_one_out(runs, profile, make_cfg)]
     assert [round(r["attainment_error"], 4) for r in loo] == [-0.09, 0.06, -0.0633, -0.0275]
+
+
+@needs_data
+@needs_other_rates
+@pytest.mark.integration
+def test_overheads_calibrated_on_the_shared_runs_predicting_other_rates():
+    # docs/fidelity.md: calibrated on the four shared runs, predicting 1.5, 2 (100 requests), 2.5 and
+    # 3.5 requests/s; the targets are missed (0.109 at 3.5 requests/s), and these are the numbers
+    from fluidopt.calibration.timemodels import load_distserve_profile
+    from fluidopt.engines.validation import compare
+
+    train = _runs()
+    profile = load_distserve_profile(DATA / "profiler-a100-80g.vllm.json", "facebook/opt-13b", 1)
+    kv = kv_ceiling(train)
+    fit = fit_overheads(train, profile, make_cfg, kv)
+    rows = [compare(r, fit.law, make_cfg(kv)).to_dict() for r in _runs(OTHER_RATES)]
+    assert [round(r["attainment_error"], 3) for r in rows] == [-0.073, 0.03, -0.096, -0.109]
+    # measured, the runs are not monotone in the rate: 2.5 requests/s attains more than either run at 2
+    assert rows[2]["attainment_measured"] > max(rows[1]["attainment_measured"],
+                                                compare(train[1], fit.law, make_cfg(kv)).to_dict()["attainment_measured"])
