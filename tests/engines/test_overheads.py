@@ -196,3 +196,22 @@ def test_overheads_calibrated_on_the_shared_runs_predicting_other_rates():
     # measured, the runs are not monotone in the rate: 2.5 requests/s attains more than either run at 2
     assert rows[2]["attainment_measured"] > max(rows[1]["attainment_measured"],
                                                 compare(train[1], fit.law, make_cfg(kv)).to_dict()["attainment_measured"])
+
+
+@needs_data
+def test_the_shipped_overheads_file_is_the_profile_plus_the_fitted_cost(capsys):
+    # calibration/opt-13b-a100-vllm-overheads.toml: what --fit-overheads wrote on the four shared runs
+    from pathlib import Path
+
+    from fluidopt.calibration.timemodels import load_distserve_profile
+
+    toml = Path(__file__).resolve().parents[2] / "calibration/opt-13b-a100-vllm-overheads.toml"
+    profile = load_distserve_profile(DATA / "profiler-a100-80g.vllm.json", "facebook/opt-13b", 1)
+    assert coefs(load_law_toml(toml).to_dict()) == pytest.approx(coefs(with_overheads(profile, 3.4e-4).to_dict()),
+                                                                 rel=1e-12)
+    argv = ["validate", *(str(DATA / "measured" / f"{n}.exp") for n in SHARED), "--timemodel", str(toml),
+            "--no-figure", "--json"]
+    assert main(argv) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["kv_tokens"] == 56864
+    assert [round(r["attainment_error"], 4) for r in d["runs"]] == [-0.06, 0.06, -0.0467, -0.0275]
