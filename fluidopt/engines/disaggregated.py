@@ -148,7 +148,7 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
     p_free = [math.inf if prefill.kv_tokens is None else float(prefill.kv_tokens) for _ in range(nP)]
     # decode instances: migration queue (prefilled, waiting for blocks), ready (transferred), running
     mq = [deque() for _ in range(nD)]
-    ready: list[list[int]] = [[] for _ in range(nD)]
+    ready = [deque() for _ in range(nD)]
     swapped = [deque() for _ in range(nD)]
     running: list[list[int]] = [[] for _ in range(nD)]
     d_busy = [False] * nD
@@ -210,6 +210,37 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
         xs[r] = now
         push(now + link_latency + P[r] * kv_bytes_per_token / link_bandwidth, "xdone", (link, r))
 
+    # decode steps in O(1) but for joins, finishes and swaps (as in the stepper): per instance the step
+    # count g, the context tokens T, the running requests bucketed by (L - g) mod block (which of them start
+    # a block this step) and a heap of the steps at which each finishes
+    g = [0] * nD
+    Tctx = [0] * nD
+    bucket = [[0] * bs for _ in range(nD)]
+    fin: list[list] = [[] for _ in range(nD)]
+    ljoin = [0] * n
+    gjoin = [0] * n
+    version = [0] * n
+
+    def length(r: int, d: int) -> int:
+        return ljoin[r] + (g[d] - gjoin[r])
+
+    def join(r: int, d: int) -> None:
+        L = P[r] + gen[r]
+        ljoin[r], gjoin[r] = L, g[d]
+        Tctx[d] += L
+        bucket[d][(L - g[d]) % bs] += 1
+        running[d].append(r)
+        heapq.heappush(fin[d], (g[d] + O[r] - gen[r], r, version[r]))
+
+    def leave(r: int, d: int) -> int:
+        """Take ``r`` off the running set; returns the blocks it held."""
+        L = length(r, d)
+        gen[r] = L - P[r]
+        Tctx[d] -= L
+        bucket[d][(ljoin[r] - gjoin[r]) % bs] -= 1
+        version[r] += 1
+        return -(-(L - 1) // bs)
+
     def start_decode(d: int, now: float) -> None:
         nonlocal iters
         if d_busy[d]:
@@ -221,28 +252,25 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
             if held > d_free[d]:
                 break
             d_free[d] -= held
-            run.append(swapped[d].popleft())
+            join(swapped[d].popleft(), d)
         while ready[d] and len(run) < decode.max_batch:
-            run.append(ready[d].pop(0))
+            join(ready[d].popleft(), d)
         if not run:
             return
         # one more block for each request whose newest token starts one; swap out the last-joined on shortage
-        while True:
-            need = sum(1 for r in run if (P[r] + gen[r] - 1) % bs == 0)
-            if need <= d_free[d] or len(run) == 0:
-                break
+        key = (1 - g[d]) % bs
+        while bucket[d][key] > d_free[d] and run:
             r = run.pop()
-            d_free[d] += -(-(P[r] + gen[r] - 1) // bs)
+            d_free[d] += leave(r, d)
             swaps[r] += 1
             swapped[d].appendleft(r)
         if not run:
             return  # a lone request larger than the cache: never happens when a prompt fits
-        d_free[d] -= need
-        T = sum(P[r] + gen[r] for r in run)
+        d_free[d] -= bucket[d][key]
+        B = len(run)
         d_busy[d] = True
         iters += 1
-        push(now + decode.overhead + decode.request_overhead * len(run) + decode.law.decode_time(T, len(run)),
-             "ddone", d)
+        push(now + decode.overhead + decode.request_overhead * B + decode.law.decode_time(Tctx[d], B), "ddone", d)
 
     nxt = 0
     while nxt < n or ev:
@@ -301,16 +329,17 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
         else:
             d = data
             d_busy[d] = False
-            keep = []
-            for r in running[d]:
-                gen[r] += 1
-                if gen[r] >= O[r]:
-                    done[r] = now
-                    d_free[d] += -(-(P[r] + gen[r] - 1) // bs)
-                    counts["finished"] += 1
-                else:
-                    keep.append(r)
-            running[d] = keep
+            Tctx[d] += len(running[d])
+            g[d] += 1
+            h = fin[d]
+            while h and h[0][0] <= g[d]:
+                _, r, v = heapq.heappop(h)
+                if v != version[r]:
+                    continue  # swapped out since
+                d_free[d] += leave(r, d)
+                running[d].remove(r)
+                done[r] = now
+                counts["finished"] += 1
             start_decode(d, now)
             try_migrate(d, now)
     return DisaggReplay(arr, first, done, swaps, np.asarray(O, dtype=np.int64), iters, pre_iters,
