@@ -27,7 +27,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--tp", type=int, help="tensor-parallel degree in the profile")
     p.add_argument("--timemodel", metavar="TOML", help="instead of --profile: a TOML file with a [timemodel] table "
                    "(seconds) and optionally [engine] kv_tokens")
-    p.add_argument("--engine", default="vllm", help="engine scheduler: vllm, chunked or paper (default vllm)")
+    p.add_argument("--engine", default=None, help="engine scheduler: vllm, chunked or paper (default vllm)")
     p.add_argument("--kv-tokens", type=int, metavar="N", help="KV cache of the instance in tokens (default: "
                    "max_num_tokens.csv beside the profile, or [engine] kv_tokens; otherwise unlimited)")
     p.add_argument("--slo-ttft-ms", type=float, default=200.0, help="TTFT objective, ms (default 200)")
@@ -158,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.layout == "disaggregated":
         return _run_disaggregated(args)
+    args.engine = args.engine or "vllm"
     cfg_probe = engine_config(args.engine)  # an unknown engine fails first, with "did you mean"
     del cfg_probe
     for flag, v in (("--slo-ttft-ms", args.slo_ttft_ms), ("--slo-tpot-ms", args.slo_tpot_ms)):
@@ -232,7 +233,7 @@ def _run_disaggregated(args: argparse.Namespace) -> int:
     for flag, v in (("--slo-ttft-ms", args.slo_ttft_ms), ("--slo-tpot-ms", args.slo_tpot_ms)):
         if not (v > 0 and v < float("inf")):
             raise UsageError(f"{flag}: expected a time in ms > 0, got {v}")
-    for flag in ("timemodel", "tp", "kv_tokens", "fit"):
+    for flag in ("timemodel", "tp", "kv_tokens", "fit", "engine"):
         if getattr(args, flag) is not None:
             raise UsageError(f"--{flag.replace('_', '-')}: not with --layout disaggregated (use --profile, "
                              "--prefill-tp and --decode-tp; KV capacities come from max_num_tokens.csv)")
