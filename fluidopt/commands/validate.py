@@ -27,7 +27,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--tp", type=int, help="tensor-parallel degree in the profile")
     p.add_argument("--timemodel", metavar="TOML", help="instead of --profile: a TOML file with a [timemodel] table "
                    "(seconds) and optionally [engine] kv_tokens")
-    p.add_argument("--engine", default="vllm", help="engine scheduler: vllm, chunked or paper (default vllm)")
+    p.add_argument("--engine", default=None, help="engine scheduler: vllm, chunked or paper (default vllm)")
     p.add_argument("--kv-tokens", type=int, metavar="N", help="KV cache of the instance in tokens (default: "
                    "max_num_tokens.csv beside the profile, or [engine] kv_tokens; otherwise unlimited)")
     p.add_argument("--slo-ttft-ms", type=float, default=200.0, help="TTFT objective, ms (default 200)")
@@ -44,6 +44,27 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--leave-one-out", action="store_true", help="with --fit-overheads: also fit on all runs but one "
                    "and predict the one left out, for each run (the generalisation test)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    d = p.add_argument_group("disaggregated layout (docs/fidelity.md, \"Disaggregated replay\")")
+    d.add_argument("--layout", choices=("colocated", "disaggregated"), default="colocated",
+                   help="colocated: one instance (default); disaggregated: a prefill pool, a decode pool and the KV "
+                        "transfer between them, scheduled as DistServe does (needs --profile and --model)")
+    d.add_argument("--prefill-tp", type=int, metavar="N", help="TP degree of the prefill instances (in the profile)")
+    d.add_argument("--decode-tp", type=int, metavar="N", help="TP degree of the decode instances (in the profile)")
+    d.add_argument("--prefill-instances", type=int, default=1, metavar="N", help="prefill instances (default 1)")
+    d.add_argument("--decode-instances", type=int, default=1, metavar="N", help="decode instances (default 1)")
+    d.add_argument("--link-gbps", type=float, default=300.0, metavar="GB/s", help="KV transfer bandwidth per "
+                   "(prefill, decode) link, GB/s (default 300: A100 NVLink, one direction)")
+    d.add_argument("--link-latency-ms", type=float, default=0.0, metavar="MS", help="latency per transfer, ms "
+                   "(default 0)")
+    d.add_argument("--kv-dtype", default="fp16", help="KV cache data type: fp16, bf16, fp32, fp8 (default fp16)")
+    d.add_argument("--prefill-max-tokens", type=int, default=2048, metavar="N",
+                   help="prompt tokens per prefill batch (default 2048, OPT's context)")
+    d.add_argument("--prefill-overhead-ms", type=float, default=0.0, metavar="MS",
+                   help="engine time added to each prefill batch, ms (default 0: the profile as shipped)")
+    d.add_argument("--decode-request-ms", type=float, default=0.0, metavar="MS",
+                   help="engine time added per request of a decode step, ms (default 0: the profile as shipped)")
+    d.add_argument("--fit-costs", action="store_true", help="fit --prefill-overhead-ms and --decode-request-ms to "
+                   "the medians of the measured runs, then compare with them")
     return p
 
 
@@ -168,6 +189,9 @@ def run(args: argparse.Namespace) -> int:
     from fluidopt.commands._checks import check_output_dir, check_positive_int
     from fluidopt.engines import engine_config
 
+    if args.layout == "disaggregated":
+        return _run_disaggregated(args)
+    args.engine = args.engine or "vllm"
     cfg_probe = engine_config(args.engine)  # an unknown engine fails first, with "did you mean"
     del cfg_probe
     for flag, v in (("--slo-ttft-ms", args.slo_ttft_ms), ("--slo-tpot-ms", args.slo_tpot_ms)):
@@ -258,4 +282,114 @@ def run(args: argparse.Namespace) -> int:
     for out_file in (args.fit, args.fit_overheads):
         if out_file is not None:
             print(f"fitted law written to {out_file}")
+    return 0
+
+
+def _run_disaggregated(args: argparse.Namespace) -> int:
+    """``--layout disaggregated``: both pools from DistServe's profile, the link from the model's shape."""
+    import dataclasses
+    import math
+
+    import numpy as np
+
+    from fluidopt.calibration.timemodels import load_distserve_profile
+    from fluidopt.commands._checks import check_output_dir
+    from fluidopt.core.errors import CalibrationError
+    from fluidopt.engines.disaggregated import Pool, check_fits, fit_costs, model_kv_bytes, replay_disaggregated
+    from fluidopt.engines.validation import Comparison, read_measured
+
+    for flag, v in (("--slo-ttft-ms", args.slo_ttft_ms), ("--slo-tpot-ms", args.slo_tpot_ms)):
+        if not (v > 0 and v < float("inf")):
+            raise UsageError(f"{flag}: expected a time in ms > 0, got {v}")
+    for flag in ("timemodel", "tp", "kv_tokens", "fit", "engine"):
+        if getattr(args, flag) is not None:
+            raise UsageError(f"--{flag.replace('_', '-')}: not with --layout disaggregated (use --profile, "
+                             "--prefill-tp and --decode-tp; KV capacities come from max_num_tokens.csv)")
+    if args.decode_instances < 1:
+        raise UsageError(f"--decode-instances {args.decode_instances}: a disaggregated layout needs a decode pool "
+                         "(>= 1 instance); for one pool use --layout colocated")
+    if args.prefill_instances < 1:
+        raise UsageError(f"--prefill-instances {args.prefill_instances}: a disaggregated layout needs a prefill pool "
+                         "(>= 1 instance)")
+    if not (args.link_gbps > 0 and math.isfinite(args.link_gbps)):
+        raise UsageError(f"--link-gbps: expected a bandwidth in GB/s > 0, got {args.link_gbps:g}")
+    for flag, v in (("--link-latency-ms", args.link_latency_ms), ("--prefill-overhead-ms", args.prefill_overhead_ms),
+                    ("--decode-request-ms", args.decode_request_ms)):
+        if not (v >= 0 and math.isfinite(v)):
+            raise UsageError(f"{flag}: expected a time in ms >= 0, got {v:g}")
+    if args.prefill_max_tokens < 1:
+        raise UsageError(f"--prefill-max-tokens: expected an integer >= 1, got {args.prefill_max_tokens}")
+    if args.profile is None or args.model is None or args.prefill_tp is None or args.decode_tp is None:
+        raise UsageError("--layout disaggregated needs --profile JSON --model NAME --prefill-tp N --decode-tp N "
+                         "(e.g. --model facebook/opt-13b --prefill-tp 2 --decode-tp 1)")
+    for flag, tp in (("--prefill-tp", args.prefill_tp), ("--decode-tp", args.decode_tp)):
+        if tp < 1:
+            raise UsageError(f"{flag}: expected an integer >= 1, got {tp}")
+    try:
+        laws = {k: load_distserve_profile(args.profile, args.model, tp)
+                for k, tp in (("prefill", args.prefill_tp), ("decode", args.decode_tp))}
+    except CalibrationError as e:
+        raise UsageError(str(e)) from None
+    kv_bytes = model_kv_bytes(args.model, args.kv_dtype)
+    check_fits(args.model, args.prefill_tp, dtype=args.kv_dtype, what="--prefill-tp")
+    check_fits(args.model, args.decode_tp, dtype=args.kv_dtype, what="--decode-tp")
+    kvs = {k: _kv_beside(Path(args.profile), args.model, tp)
+           for k, tp in (("prefill", args.prefill_tp), ("decode", args.decode_tp))}
+    runs = [read_measured(f) for f in args.measured]
+    if not args.no_figure:
+        check_output_dir(args.out or ".", "--out")
+    pre = Pool(laws["prefill"], instances=args.prefill_instances, kv_tokens=kvs["prefill"],
+               max_tokens=args.prefill_max_tokens, overhead=args.prefill_overhead_ms / 1e3)
+    dec = Pool(laws["decode"], instances=args.decode_instances, kv_tokens=kvs["decode"],
+               request_overhead=args.decode_request_ms / 1e3)
+    link = dict(kv_bytes_per_token=kv_bytes, link_bandwidth=args.link_gbps * 1e9, link_latency=args.link_latency_ms / 1e3)
+    if args.fit_costs:
+        dc, pc = fit_costs(runs, pre, dec, **link)
+        pre, dec = dataclasses.replace(pre, overhead=pc), dataclasses.replace(dec, request_overhead=dc)
+    engine = "distserve-disaggregated"
+    comps, rows = [], []
+    for r in runs:
+        sim = replay_disaggregated(pre, dec, r.arrival, r.prompt, r.output, **link)
+        c = Comparison(r, sim, engine, args.slo_ttft_ms / 1e3, args.slo_tpot_ms / 1e3)
+        d = c.to_dict()
+        with np.errstate(invalid="ignore"):
+            d["transfer_median_ms_simulated"] = float(np.nanmedian(sim.transfer) * 1e3) if np.isfinite(sim.transfer).any() else None
+        comps.append(c)
+        rows.append(d)
+    if not args.no_figure:
+        import matplotlib.pyplot as plt
+
+        from fluidopt.core.files import atomic_path
+
+        out = Path(args.out or ".")
+        out.mkdir(parents=True, exist_ok=True)
+        for c, d in zip(comps, rows):
+            fig = c.figure()
+            path = out / f"{c.run.name}-{engine}-cdf.png"
+            with atomic_path(path) as tmp:
+                fig.savefig(tmp, dpi=110)
+            plt.close(fig)
+            d["figure"] = str(path)
+    mean_err = sum(abs(d["attainment_error"]) for d in rows) / len(rows)
+    costs = {"prefill_overhead_ms": pre.overhead * 1e3, "decode_request_ms": dec.request_overhead * 1e3}
+    if args.json:
+        obj = dict(rows[0]) if len(rows) == 1 else {"runs": rows}
+        obj.update({"law": {k: v.to_dict() for k, v in laws.items()}, "kv_tokens": kvs["decode"],
+                    "prefill_kv_tokens": kvs["prefill"], "mean_abs_attainment_error": mean_err,
+                    "layout": "disaggregated", "prefill_tp": args.prefill_tp, "decode_tp": args.decode_tp,
+                    "prefill_instances": args.prefill_instances, "decode_instances": args.decode_instances,
+                    "link_gbps": args.link_gbps, "link_latency_ms": args.link_latency_ms,
+                    "kv_bytes_per_token": kv_bytes, **costs, "costs_fitted": bool(args.fit_costs)})
+        print(json.dumps(obj, indent=2))
+        return 0
+    print(f"disaggregated: {args.prefill_instances} prefill x TP {args.prefill_tp} (KV {kvs['prefill']} tokens), "
+          f"{args.decode_instances} decode x TP {args.decode_tp} (KV {kvs['decode']} tokens); link {args.link_gbps:g} "
+          f"GB/s + {args.link_latency_ms:g} ms, {kv_bytes} bytes/token; engine costs {'fitted' if args.fit_costs else 'given'}: "
+          f"prefill {costs['prefill_overhead_ms']:.3f} ms/batch, decode {costs['decode_request_ms']:.4f} ms/request; "
+          f"SLO TTFT < {args.slo_ttft_ms:g} ms and TPOT < {args.slo_tpot_ms:g} ms")
+    print(_table(rows))
+    print(f"mean |attainment error| {mean_err:.3f}")
+    for d in rows:
+        if "figure" in d:
+            print(f"figure written to {d['figure']}")
     return 0

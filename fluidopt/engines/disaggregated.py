@@ -1,0 +1,383 @@
+"""Disaggregated prefill and decode, instance by instance: a prefill pool, a decode pool and the KV
+transfer between them, as DistServe (Zhong et al., OSDI 2024) serves them (docs/fidelity.md,
+"Disaggregated replay").
+
+Rules (each pool has its own :class:`~fluidopt.calibration.timemodels.IterationLaw`, usually one TP
+degree of DistServe's profile, and its own KV capacity):
+
+* **Prefill instance**: an arrival joins the prefill instance with the fewest queued prompt tokens
+  (ties: the lowest index). An idle instance runs one batch of whole prompts from the head of its
+  FCFS queue, as many as fit ``prefill_max_tokens`` tokens and ``prefill_max_batch`` prompts and the
+  instance's free KV (a prompt's KV stays on the prefill instance until its transfer ends). A batch
+  takes ``law.prefill_time(lengths)``; at its end every request of it has its first token (TTFT ends
+  here, as in DistServe's measurements) and one that wants one token is finished.
+* **Transfer**: the others go, in the order they finished, to a decode instance in turn (round robin)
+  and wait in its FCFS migration queue. The head starts its transfer only when the decode instance can
+  hold its KV (``ceil(prompt / block)`` blocks of ``block_size`` tokens, reserved then); the transfer
+  takes ``link_latency + prompt * kv_bytes_per_token / link_bandwidth`` s, one transfer at a time per
+  (prefill, decode) link, FCFS. Its end frees the prompt's KV on the prefill instance.
+* **Decode instance**: continuous batching. Each step decodes every running request (one token each)
+  and takes ``law.decode_time(T, B)`` (``B`` requests, ``T`` context tokens). Transferred requests join
+  at the next step boundary. A request holding ``L`` tokens holds ``ceil((L - 1) / block)`` blocks and
+  needs one more when ``L - 1`` is a multiple of the block; a step short of blocks swaps out the
+  last-joined running request (its blocks freed; it goes back to the head of the instance's queue and
+  rejoins when its blocks fit again; the swap itself costs no time).
+
+Times in seconds, lengths in tokens, KV capacities in tokens, bandwidth in bytes/s.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from fluidopt.calibration.timemodels import IterationLaw
+from fluidopt.core.errors import UsageError
+from fluidopt.engines.stepper import Replay
+
+# Geometry of the models DistServe profiled (config.json: num_hidden_layers, num_attention_heads,
+# hidden_size / heads; OPT has no grouped-query attention, so KV heads = heads) and parameter counts.
+MODEL_SHAPES: dict[str, dict] = {
+    "facebook/opt-13b": dict(layers=40, kv_heads=40, head_dim=128, params=12.85e9),
+    "facebook/opt-66b": dict(layers=64, kv_heads=72, head_dim=128, params=65.7e9),
+}
+DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4, "fp8": 1}
+# A100-SXM4 NVLink 3: 600 GB/s both directions, 300 GB/s each way (the GPUs of DistServe's runs share a node)
+NVLINK_A100 = 300e9
+
+
+def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype: str = "fp16") -> int:
+    """Bytes of KV cache one token takes in the whole model (K and V, every layer, all heads)."""
+    if dtype not in DTYPE_BYTES:
+        raise UsageError(f"dtype {dtype!r}: expected one of {', '.join(DTYPE_BYTES)}")
+    return 2 * layers * kv_heads * head_dim * DTYPE_BYTES[dtype]
+
+
+def model_kv_bytes(model: str, dtype: str = "fp16") -> int:
+    """:func:`kv_bytes_per_token` of a model in :data:`MODEL_SHAPES`."""
+    if model not in MODEL_SHAPES:
+        raise UsageError(f"model {model!r}: no shape known for the KV transfer; known: {', '.join(MODEL_SHAPES)}")
+    s = MODEL_SHAPES[model]
+    return kv_bytes_per_token(s["layers"], s["kv_heads"], s["head_dim"], dtype)
+
+
+def check_fits(model: str, tp: int, gpu_bytes: float = 80e9, utilisation: float = 0.9, dtype: str = "fp16",
+               what: str = "instance") -> None:
+    """Raise :class:`UsageError` when ``model``'s weights (``params * dtype`` bytes, split over ``tp``
+    GPUs) leave no room for KV in ``utilisation * gpu_bytes`` per GPU."""
+    s = MODEL_SHAPES.get(model)
+    if s is None:
+        return
+    per_gpu = s["params"] * DTYPE_BYTES.get(dtype, 2) / tp
+    if per_gpu >= utilisation * gpu_bytes:
+        raise UsageError(f"{what}: {model} at TP {tp} needs {per_gpu / 1e9:.1f} GB of weights per GPU, more than "
+                         f"{utilisation:.0%} of {gpu_bytes / 1e9:g} GB; raise the TP degree")
+
+
+@dataclass(frozen=True)
+class Pool:
+    """One pool: ``instances`` instances with ``law`` and ``kv_tokens`` of KV each (None: unlimited)."""
+
+    law: IterationLaw
+    instances: int = 1
+    kv_tokens: int | None = None
+    max_tokens: int = 2048  # prefill: prompt tokens per batch (OPT's context is 2048)
+    max_batch: int = 10**9  # prompts per prefill batch / requests per decode step
+    block_size: int = 16
+    overhead: float = 0.0  # s added to every batch or step (the engine's CPU time; kernel-only profiles omit it)
+    request_overhead: float = 0.0  # decode: s added per request of a step (sampling, detokenising, streaming)
+
+
+@dataclass(frozen=True)
+class DisaggReplay(Replay):
+    """:class:`Replay` plus the transfer, per request in input order (s): ``transfer_start``,
+    ``transfer_end`` (NaN for one-token requests, which never leave the prefill pool), the instances
+    that served it, the swaps on the decode side, and counts of requests through each stage."""
+
+    transfer_start: np.ndarray
+    transfer_end: np.ndarray
+    prefill_instance: np.ndarray
+    decode_instance: np.ndarray
+    counts: dict
+
+    @property
+    def transfer(self) -> np.ndarray:
+        """Transfer time per request, s (NaN where none)."""
+        return self.transfer_end - self.transfer_start
+
+
+def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *, kv_bytes_per_token: float,
+                         link_bandwidth: float = NVLINK_A100, link_latency: float = 0.0) -> DisaggReplay:
+    """Run the requests through the two pools and the links; see the module docstring for the rules."""
+    if not link_bandwidth > 0:
+        raise UsageError(f"link bandwidth: expected bytes/s > 0, got {link_bandwidth}")
+    if not link_latency >= 0:
+        raise UsageError(f"link latency: expected seconds >= 0, got {link_latency}")
+    if decode.instances < 1 or prefill.instances < 1:
+        raise UsageError(f"a disaggregated layout needs at least one prefill and one decode instance, got "
+                         f"{prefill.instances} and {decode.instances}")
+    arr = np.asarray(arrival, dtype=float)
+    P = [int(x) for x in prompt]
+    O = [int(x) for x in output]
+    n = len(arr)
+    if n and np.any(np.diff(arr) < 0):
+        raise ValueError("replay: arrivals must be sorted")
+    if any(p < 1 for p in P) or any(o < 1 for o in O):
+        raise ValueError("replay: prompt and output lengths must be >= 1 token")
+    bs = decode.block_size
+    nP, nD = prefill.instances, decode.instances
+
+    first = np.full(n, np.nan)
+    done = np.full(n, np.nan)
+    xs = np.full(n, np.nan)
+    xe = np.full(n, np.nan)
+    swaps = np.zeros(n, dtype=np.int64)
+    p_of = np.full(n, -1, dtype=np.int64)
+    d_of = np.full(n, -1, dtype=np.int64)
+    gen = [0] * n
+    counts = dict(arrived=0, prefilled=0, transferred=0, finished=0, rejected=0)
+
+    # prefill instances
+    pq = [deque() for _ in range(nP)]
+    pq_tokens = [0] * nP
+    p_busy = [False] * nP
+    p_free = [math.inf if prefill.kv_tokens is None else float(prefill.kv_tokens) for _ in range(nP)]
+    # decode instances: migration queue (prefilled, waiting for blocks), ready (transferred), running
+    mq = [deque() for _ in range(nD)]
+    ready = [deque() for _ in range(nD)]
+    swapped = [deque() for _ in range(nD)]
+    running: list[list[int]] = [[] for _ in range(nD)]
+    d_busy = [False] * nD
+    d_free = [math.inf if decode.kv_tokens is None else float(decode.kv_tokens // bs) for _ in range(nD)]
+    # links (p, d): FCFS queue and busy flag
+    lq = {}
+    l_busy = {}
+    rr = 0
+    iters = pre_iters = 0
+    ev: list = []
+    seq = 0
+
+    def push(t: float, kind: str, data) -> None:
+        nonlocal seq
+        heapq.heappush(ev, (t, seq, kind, data))
+        seq += 1
+
+    def start_prefill(p: int, now: float) -> None:
+        nonlocal pre_iters, iters
+        if p_busy[p] or not pq[p]:
+            return
+        batch, tok, s2 = [], 0, 0
+        while pq[p] and len(batch) < prefill.max_batch:
+            r = pq[p][0]
+            if (batch and tok + P[r] > prefill.max_tokens) or P[r] > p_free[p]:
+                break
+            pq[p].popleft()
+            batch.append(r)
+            tok += P[r]
+            s2 += P[r] * P[r]
+        if not batch:
+            return
+        pq_tokens[p] -= tok
+        p_free[p] -= tok
+        p_busy[p] = True
+        pre_iters += 1
+        iters += 1
+        pf = prefill.law.prefill
+        push(now + prefill.overhead + pf.a + pf.b * tok + pf.c * s2, "pdone", (p, batch))
+
+    def try_migrate(d: int, now: float) -> None:
+        q = mq[d]
+        while q and not swapped[d]:  # swapped-out requests come back before new KV comes in
+            r = q[0]
+            need = -(-P[r] // bs)
+            if need > d_free[d]:
+                return
+            q.popleft()
+            d_free[d] -= need
+            link = (int(p_of[r]), d)
+            lq.setdefault(link, deque()).append(r)
+            start_link(link, now)
+
+    def start_link(link, now: float) -> None:
+        if l_busy.get(link) or not lq[link]:
+            return
+        r = lq[link].popleft()
+        l_busy[link] = True
+        xs[r] = now
+        push(now + link_latency + P[r] * kv_bytes_per_token / link_bandwidth, "xdone", (link, r))
+
+    # decode steps in O(1) but for joins, finishes and swaps (as in the stepper): per instance the step
+    # count g, the context tokens T, the running requests bucketed by (L - g) mod block (which of them start
+    # a block this step) and a heap of the steps at which each finishes
+    g = [0] * nD
+    Tctx = [0] * nD
+    bucket = [[0] * bs for _ in range(nD)]
+    fin: list[list] = [[] for _ in range(nD)]
+    ljoin = [0] * n
+    gjoin = [0] * n
+    version = [0] * n
+
+    def length(r: int, d: int) -> int:
+        return ljoin[r] + (g[d] - gjoin[r])
+
+    def join(r: int, d: int) -> None:
+        L = P[r] + gen[r]
+        ljoin[r], gjoin[r] = L, g[d]
+        Tctx[d] += L
+        bucket[d][(L - g[d]) % bs] += 1
+        running[d].append(r)
+        heapq.heappush(fin[d], (g[d] + O[r] - gen[r], r, version[r]))
+
+    def leave(r: int, d: int) -> int:
+        """Take ``r`` off the running set; returns the blocks it held."""
+        L = length(r, d)
+        gen[r] = L - P[r]
+        Tctx[d] -= L
+        bucket[d][(ljoin[r] - gjoin[r]) % bs] -= 1
+        version[r] += 1
+        return -(-(L - 1) // bs)
+
+    def start_decode(d: int, now: float) -> None:
+        nonlocal iters
+        if d_busy[d]:
+            return
+        run = running[d]
+        while swapped[d] and len(run) < decode.max_batch:
+            r = swapped[d][0]
+            held = -(-(P[r] + gen[r] - 1) // bs)
+            if held > d_free[d]:
+                break
+            d_free[d] -= held
+            join(swapped[d].popleft(), d)
+        while ready[d] and len(run) < decode.max_batch:
+            join(ready[d].popleft(), d)
+        if not run:
+            return
+        # one more block for each request whose newest token starts one; swap out the last-joined on shortage
+        key = (1 - g[d]) % bs
+        while bucket[d][key] > d_free[d] and run:
+            r = run.pop()
+            d_free[d] += leave(r, d)
+            swaps[r] += 1
+            swapped[d].appendleft(r)
+        if not run:
+            return  # a lone request larger than the cache: never happens when a prompt fits
+        d_free[d] -= bucket[d][key]
+        B = len(run)
+        d_busy[d] = True
+        iters += 1
+        push(now + decode.overhead + decode.request_overhead * B + decode.law.decode_time(Tctx[d], B), "ddone", d)
+
+    nxt = 0
+    while nxt < n or ev:
+        if nxt < n and (not ev or arr[nxt] <= ev[0][0]):
+            # arrivals at one instant are queued together, so they can share a batch
+            now = float(arr[nxt])
+            touched_p = set()
+            while nxt < n and arr[nxt] == now:
+                r = nxt
+                nxt += 1
+                counts["arrived"] += 1
+                if prefill.kv_tokens is not None and P[r] > prefill.kv_tokens:
+                    counts["rejected"] += 1  # could never be prefilled
+                    continue
+                p = min(range(nP), key=lambda i: (pq_tokens[i], i))
+                p_of[r] = p
+                pq[p].append(r)
+                pq_tokens[p] += P[r]
+                touched_p.add(p)
+            for p in sorted(touched_p):
+                start_prefill(p, now)
+            continue
+        now, _, kind, data = heapq.heappop(ev)
+        if kind == "pdone":
+            p, batch = data
+            p_busy[p] = False
+            touched = set()
+            for r in batch:
+                counts["prefilled"] += 1
+                first[r] = now
+                gen[r] = 1
+                if O[r] == 1:
+                    done[r] = now
+                    p_free[p] += P[r]
+                    counts["finished"] += 1
+                    continue
+                d = rr % nD
+                rr += 1
+                d_of[r] = d
+                mq[d].append(r)
+                touched.add(d)
+            for d in sorted(touched):
+                try_migrate(d, now)
+            start_prefill(p, now)
+        elif kind == "xdone":
+            link, r = data
+            p, d = link
+            l_busy[link] = False
+            xe[r] = now
+            counts["transferred"] += 1
+            p_free[p] += P[r]
+            ready[d].append(r)
+            start_link(link, now)
+            start_decode(d, now)
+            start_prefill(p, now)
+        else:
+            d = data
+            d_busy[d] = False
+            Tctx[d] += len(running[d])
+            g[d] += 1
+            h = fin[d]
+            while h and h[0][0] <= g[d]:
+                _, r, v = heapq.heappop(h)
+                if v != version[r]:
+                    continue  # swapped out since
+                d_free[d] += leave(r, d)
+                running[d].remove(r)
+                done[r] = now
+                counts["finished"] += 1
+            start_decode(d, now)
+            try_migrate(d, now)
+    return DisaggReplay(arr, first, done, swaps, np.asarray(O, dtype=np.int64), iters, pre_iters,
+                        xs, xe, p_of, d_of, counts)
+
+
+def fit_costs(runs, prefill: Pool, decode: Pool, *, kv_bytes_per_token: float, link_bandwidth: float = NVLINK_A100,
+              link_latency: float = 0.0, tol: float = 1e-6) -> tuple[float, float]:
+    """The engine's CPU costs that a kernel-only profile leaves out, fitted to measured runs
+    (:class:`~fluidopt.engines.validation.MeasuredRun`): the decode cost per request of a step (s) that
+    makes the simulated median TPOT match the measured one on average over the runs (mean log-ratio 0),
+    then the prefill cost per batch (s) that does the same for the median TTFT. Only medians are
+    fitted, so attainment stays a check. Each is found by bisection (both medians grow with their
+    cost), the decode cost in [0, 2 ms], the prefill cost in [0, 20 ms]."""
+    import dataclasses
+
+    def gap(dc: float, pc: float, what: str) -> float:
+        pp = dataclasses.replace(prefill, overhead=pc)
+        dp = dataclasses.replace(decode, request_overhead=dc)
+        tot = 0.0
+        for m in runs:
+            s = replay_disaggregated(pp, dp, m.arrival, m.prompt, m.output, kv_bytes_per_token=kv_bytes_per_token,
+                                     link_bandwidth=link_bandwidth, link_latency=link_latency)
+            sim, meas = (s.tpot, m.tpot) if what == "tpot" else (s.ttft, m.ttft)
+            tot += math.log(max(float(np.nanmedian(sim)), 1e-12) / float(np.median(meas)))
+        return tot / len(runs)
+
+    def bisect(f, hi: float) -> float:
+        lo = 0.0
+        if f(lo) >= 0:
+            return lo
+        if f(hi) <= 0:
+            return hi
+        while hi - lo > tol:
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if f(mid) < 0 else (lo, mid)
+        return (lo + hi) / 2
+
+    dc = bisect(lambda x: gap(x, prefill.overhead, "tpot"), 2e-3)
+    pc = bisect(lambda x: gap(dc, x, "ttft"), 20e-3)
+    return dc, pc
