@@ -301,7 +301,10 @@ def _run_disaggregated(args: argparse.Namespace) -> int:
     for flag, v in (("--slo-ttft-ms", args.slo_ttft_ms), ("--slo-tpot-ms", args.slo_tpot_ms)):
         if not (v > 0 and v < float("inf")):
             raise UsageError(f"{flag}: expected a time in ms > 0, got {v}")
-    for flag in ("timemodel", "tp", "kv_tokens", "fit", "engine"):
+    for flag in ("per_iteration", "leave_one_out"):
+        if getattr(args, flag):
+            raise UsageError(f"--{flag.replace('_', '-')}: not with --layout disaggregated (only with --fit-overheads)")
+    for flag in ("timemodel", "tp", "kv_tokens", "fit", "fit_overheads", "engine"):
         if getattr(args, flag) is not None:
             raise UsageError(f"--{flag.replace('_', '-')}: not with --layout disaggregated (use --profile, "
                              "--prefill-tp and --decode-tp; KV capacities come from max_num_tokens.csv)")

@@ -135,6 +135,7 @@ def test_validate_disaggregated_by_hand_with_the_colocated_keys(tmp_path, capsys
     (["--model", "facebook/opt-1.3b"], "no shape known"),
     (["--tp", "1"], "--tp: not with --layout disaggregated"),
     (["--engine", "vllm"], "--engine: not with --layout disaggregated"),
+    (["--fit-overheads", "law.toml"], "--fit-overheads: not with --layout disaggregated"),
     (["--link-latency-ms", "-1"], "--link-latency-ms: expected a time in ms >= 0"),
 ])
 def test_disaggregated_bad_input_is_one_line_exit_2(tmp_path, capsys, monkeypatch, extra, fragment):
