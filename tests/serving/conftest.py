@@ -1,0 +1,62 @@
+"""Fixtures that start fluidopt's servers as child processes and always stop them, so that no test
+leaves a process behind (tests/serving/test_no_orphans.py checks it)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+pytest.importorskip("httpx")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def start_engine(*args: str, timeout: float = 30.0) -> tuple[subprocess.Popen, str]:
+    """``fluidopt serve-engine --port 0 ARGS`` from this checkout; (process, base URL) once it listens."""
+    proc = subprocess.Popen([sys.executable, "-m", "fluidopt", "serve-engine", "--port", "0", *args], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + timeout
+    line = ""
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        m = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+        if m:
+            return proc, f"http://127.0.0.1:{m.group(1)}"
+        if proc.poll() is not None:
+            break
+    stop(proc)
+    raise RuntimeError(f"serve-engine did not start: {line!r} {proc.stderr.read()!r}")
+
+
+def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> int:
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    return proc.returncode
+
+
+@pytest.fixture
+def engine_factory():
+    procs: list[subprocess.Popen] = []
+
+    def make(*args: str) -> str:
+        proc, url = start_engine(*args)
+        procs.append(proc)
+        return url
+
+    make.procs = procs
+    yield make
+    for p in procs:
+        stop(p)
