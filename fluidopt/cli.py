@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from fluidopt.core.errors import FluidoptError
 
 # Order is the order of ``fluidopt --help``.
-COMMANDS = ("run", "plan", "price", "solve", "simulate", "calibrate", "validate", "rl", "app", "serve-engine")
+COMMANDS = ("run", "plan", "price", "solve", "simulate", "calibrate", "validate", "rl", "app", "serve-engine", "replay")
 
 
 class _ArgumentError(Exception):
