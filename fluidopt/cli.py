@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from fluidopt.core.errors import FluidoptError
 
 # Order is the order of ``fluidopt --help``.
-COMMANDS = ("run", "plan", "price", "solve", "simulate", "calibrate", "validate", "rl", "app", "serve-engine", "replay")
+COMMANDS = ("run", "plan", "price", "solve", "simulate", "calibrate", "validate", "rl", "app", "serve-engine", "replay",
+            "loop")
 
 
 class _ArgumentError(Exception):

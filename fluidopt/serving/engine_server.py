@@ -357,10 +357,14 @@ def bind(port: int) -> socket.socket:
 
 def serve(server: EngineServer, sock: socket.socket, *, on_ready=None) -> None:
     """Run the app on ``sock`` until SIGINT / SIGTERM (uvicorn's handlers: a graceful stop)."""
+    serve_app(build_app(server), sock, on_ready=on_ready)
+
+
+def serve_app(app, sock: socket.socket, *, on_ready=None) -> None:
+    """Run an ASGI ``app`` on ``sock`` with uvicorn until SIGINT / SIGTERM; ``on_ready()`` once it listens."""
     import uvicorn
 
-    config = uvicorn.Config(build_app(server), log_level="warning", access_log=False, lifespan="on",
-                            timeout_graceful_shutdown=2)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="auto", timeout_graceful_shutdown=2)
     userver = uvicorn.Server(config)
 
     async def main():
