@@ -138,7 +138,8 @@ def plan_of(router: str, engine: str | None) -> tuple[str, str | None, str]:
                              f"{', '.join(BUILTIN_TWINS)}")
         sim = BUILTIN_TWINS[name]
     desc = pols.get(sim, "")
-    auto = ("chunked" if sim.endswith("-chunked") else "vllm") if "(instances:" in desc else "paper"
+    # the instance routers' descriptions say which instances they route to ("... instances ...")
+    auto = ("chunked" if sim.endswith("-chunked") else "vllm") if re.search(r"\binstances\b", desc) else "paper"
     return kind, sim, engine or auto
 
 

@@ -1,5 +1,5 @@
 """Fixtures that start fluidopt's servers as child processes and always stop them, so that no test
-leaves a process behind (tests/serving/test_no_orphans.py checks it)."""
+leaves a process behind (an autouse fixture checks this process's children after every test)."""
 
 from __future__ import annotations
 
@@ -45,6 +45,17 @@ def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> int:
             proc.kill()
             proc.wait(5)
     return proc.returncode
+
+
+@pytest.fixture(autouse=True)
+def no_orphans():
+    """After each test of this folder, this process has no child left."""
+    from fluidopt.serving.loop import alive_children
+
+    before = set(alive_children())
+    yield
+    left = set(alive_children()) - before
+    assert not left, f"child processes left behind: {sorted(left)}"
 
 
 @pytest.fixture
