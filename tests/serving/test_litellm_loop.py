@@ -83,6 +83,7 @@ def test_router_names():
             plan_of(bad, None)
 
 
+@pytest.mark.integration
 def test_short_loop_with_litellm_and_a_fluidopt_controller(trace, capsys):
     pytest.importorskip("litellm")
     from fluidopt.cli import main
@@ -101,6 +102,7 @@ def test_short_loop_with_litellm_and_a_fluidopt_controller(trace, capsys):
     assert alive_children() == []
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_no_process_left_after_a_signal(trace, sig):
     pytest.importorskip("litellm")
