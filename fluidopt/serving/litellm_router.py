@@ -84,6 +84,8 @@ class ControllerRouting:
         self.down_until = [0.0] * n
         self.engine_metrics: list[dict[str, float]] = [{} for _ in range(n)]
         self.off_book = 0  # requests the controller lost track of (an action it could not take)
+        self.picks: list[tuple[float, int]] = []  # (monotonic s, deployment) of every pick
+        self.failed_at: list[tuple[float, int]] = []  # (monotonic s, deployment) of every failed call
         self.redirected = 0
         self._waiting: dict[int, asyncio.Future] = {}
         self._where: dict[int, int] = {}
@@ -116,6 +118,7 @@ class ControllerRouting:
         self._where[r] = g
         self.in_flight[g] += 1
         self.sent[g] += 1
+        self.picks.append((time.monotonic(), g))
         if holder is not None:
             holder["r"], holder["g"] = r, g
         return self.deployments[g]
@@ -187,6 +190,7 @@ class ControllerRouting:
         self.in_flight[g] -= 1
         if not ok:
             self.failures[g] += 1
+            self.failed_at.append((time.monotonic(), g))
             self.down_until[g] = time.monotonic() + self.down_s
         if r in st._req:
             phase = st.req_phase(r)

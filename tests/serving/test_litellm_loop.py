@@ -131,3 +131,42 @@ def test_no_process_left_after_a_signal(trace, sig):
     time.sleep(0.5)
     for k in kids:
         assert not os.path.exists(f"/proc/{k}") or open(f"/proc/{k}/stat").read().split()[2] == "Z", k
+
+
+@pytest.mark.integration
+def test_an_engine_killed_mid_run(trace):
+    """Engine 1 dies after 1.5 s: every request is recorded (its failures with a reason), nothing hangs,
+    and the router sends nothing to engine 1 later than 2 s after its first failure."""
+    pytest.importorskip("litellm")
+    from fluidopt.serving.litellm_router import build_front, make_router
+    from fluidopt.serving.loop import _Front, _scenario, start_engines, stop_all
+    from fluidopt.serving.replayer import read_trace, replay_async
+
+    frame = read_trace(trace)
+    procs, urls = start_engines(2, ["--engine", "paper", "--speed", "2"])
+    front = None
+    try:
+        sc = _scenario(frame, 2, "qwen-8b-a100")
+        rt, strat = make_router(urls, "litellm:fi-wsp", scenario=sc, batch=sc.gpu.batch, mean_output=50.0)
+        strat.scrape_interval = 0.2
+        front = _Front(build_front(rt, strat))
+
+        async def main():
+            run = asyncio.ensure_future(replay_async(frame, front.url, speed=2, timeout=30, progress=False))
+            await asyncio.sleep(1.5)
+            procs[1].kill()
+            return await asyncio.wait_for(run, 60)
+
+        recs, _ = asyncio.run(main())
+    finally:
+        if front is not None:
+            front.close()
+        stop_all(procs)
+    assert len(recs) == 50
+    failed = [r for r in recs if not r.ok]
+    assert failed and all(r.error for r in failed)
+    assert strat.failed_at, "the router saw no failure"
+    assert sum(r.ok for r in recs) >= 25  # engine 0 kept serving
+    first = min(t for t, g in strat.failed_at if g == 1)
+    late = [t - first for t, g in strat.picks if g == 1 and t > first + 2.0]
+    assert not late, f"picks of the dead engine {late} s after its first failure"
