@@ -263,6 +263,10 @@ def test_argument_lists(tmp_path, capsys, monkeypatch, cmd, args):
     (["solve", "--hit-ratio", "1"], "--hit-ratio: expected a number in [0, 1)"),
     (["price", "--from-trace", "/nonexistent.jsonl"], "--from-trace: '/nonexistent.jsonl': no such file"),
     (["plan", "--fluid-only", "--cache-rule", "sglang"], "--cache-rule: only used with --from-trace"),
+    (["serve-engine", "--port", "0", "--speed", "nan"], "--speed nan: expected a positive number"),
+    (["replay", "/nonexistent.jsonl", "--url", "http://127.0.0.1:9"], "no such file"),
+    (["loop", "x.csv", "--engines", "0", "--router", "litellm:fi-wsp"], "--engines 0: expected a positive"),
+    (["loop", "x.csv", "--engines", "2", "--router", "litellm:fi-wps"], "did you mean 'fi-wsp'"),
 ])
 def test_named_bad_inputs_are_one_line_before_any_work(capsys, argv, message):
     code, out, err = run_cli(argv, capsys)
