@@ -325,6 +325,15 @@ def build_app(server: EngineServer):
     async def metrics(request):
         return PlainTextResponse(server.metrics_text(), media_type="text/plain; version=0.0.4")
 
+    async def model_info(request):  # SGLang's router asks its workers for these two
+        return JSONResponse({"model_path": server.model, "tokenizer_path": None, "is_generation": True})
+
+    async def server_info(request):
+        cfg = server.engine.cfg
+        return JSONResponse({"model_path": server.model, "engine": server.engine_name, "speed": server.speed,
+                             "max_num_seqs": cfg.max_num_seqs, "max_num_batched_tokens": cfg.max_num_batched_tokens,
+                             "kv_blocks": cfg.kv_blocks, "block_size": cfg.block_size})
+
     async def models(request):
         return JSONResponse({"object": "list", "data": [{"id": server.model, "object": "model",
                                                          "owned_by": "fluidopt"}]})
@@ -343,6 +352,8 @@ def build_app(server: EngineServer):
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
+        *(Route(p, model_info, methods=["GET"]) for p in ("/model_info", "/get_model_info")),
+        *(Route(p, server_info, methods=["GET"]) for p in ("/server_info", "/get_server_info")),
     ], lifespan=lifespan)
 
 

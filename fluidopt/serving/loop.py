@@ -33,6 +33,10 @@ import numpy as np
 from fluidopt.core.errors import UsageError
 
 BUILTIN_TWINS = {"simple-shuffle": "random", "least-busy": "least-requests"}
+# SGLang's router policies and the simulator's nearest policy (cache_aware: with no shared prefix it balances
+# load, so its twin is the fewest-requests rule; the simulator has no radix-tree router)
+SGLANG_TWINS = {"round_robin": "round-robin", "random": "random", "power_of_two": "power-of-two",
+                "cache_aware": "least-requests"}
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
@@ -87,6 +91,34 @@ def stop_all(procs: list[subprocess.Popen]) -> None:
                 f.close()
 
 
+def start_sglang(urls: list[str], policy: str, timeout: float = 60.0) -> tuple[subprocess.Popen, str]:
+    """SGLang's router (``python -m sglang_router.launch_router``) on a free loopback port over ``urls``;
+    (process, base URL) once its /health answers."""
+    import socket
+
+    import httpx
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    proc = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port",
+                             str(port), "--worker-urls", *urls, "--policy", policy, "--log-level", "error"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    stop_all([proc])
+    raise UsageError("SGLang's router did not start")
+
+
 class _Front:
     """The router's HTTP front served by uvicorn in a thread (no signal handlers there: the main thread's
     own handling stops the loop)."""
@@ -122,9 +154,16 @@ def plan_of(router: str, engine: str | None) -> tuple[str, str | None, str]:
     kind, _, name = router.partition(":")
     if kind not in ("litellm", "litellm-builtin", "sglang") or not name:
         raise UsageError(f"--router {router!r}: expected litellm:POLICY, litellm-builtin:STRATEGY or sglang:POLICY")
-    if kind == "sglang":
-        raise UsageError("--router sglang:...: SGLang's router is not wired into this loop yet (docs/serving.md)")
     pols = available()
+    if kind == "sglang":
+        if name not in SGLANG_TWINS:
+            raise UsageError(f"--router {router!r}: expected sglang:POLICY with POLICY one of {', '.join(SGLANG_TWINS)}")
+        import importlib.util
+
+        if importlib.util.find_spec("sglang_router") is None:
+            raise UsageError(f"--router {router!r}: SGLang's router is not installed (pip install sglang-router)")
+        sim = SGLANG_TWINS[name]
+        return kind, sim, engine or ("chunked" if sim.endswith("-chunked") else "vllm")
     if kind == "litellm":
         if name not in pols:
             from fluidopt.core.errors import did_you_mean
@@ -168,8 +207,8 @@ def simulate_trace(frame, scenario, policy: str, engine: str) -> dict:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             sc, work = replay(path, scenario)
-            res = simulate(sc, policy, workload=work, service="tokens", horizon=work.duration + 1e-6,
-                           drain=1e5, progress=False, records=Path(d) / "records.csv")
+            simulate(sc, policy, workload=work, service="tokens", horizon=work.duration + 1e-6,
+                     drain=1e5, progress=False, records=Path(d) / "records.csv")
         rec = pd.read_csv(Path(d) / "records.csv")
     done = rec[rec["outcome"] == "completed"]
     ttft = done["ttft"].to_numpy(float)
@@ -197,7 +236,6 @@ def run_loop(trace, *, engines: int, router: str, speed: float = 1.0, requests: 
              progress: bool = True, simulate: bool = True) -> dict:
     """Start everything, replay, tear down; ``{"measured": ..., "simulated": ..., ...}`` (latencies in model s)."""
     from fluidopt.serving.engine_server import DEFAULT_PROFILE, law_and_config
-    from fluidopt.serving.litellm_router import build_front, make_router
     from fluidopt.serving.replayer import read_trace, replay_async, summarize
 
     if isinstance(engines, bool) or not isinstance(engines, int) or engines < 1:
@@ -213,11 +251,18 @@ def run_loop(trace, *, engines: int, router: str, speed: float = 1.0, requests: 
     front = strategy = None
     try:
         procs, urls = start_engines(engines, ["--engine", eng, "--profile", profile, "--speed", repr(float(speed))])
-        rt, strategy = make_router(urls, router, scenario=scenario, batch=scenario.gpu.batch,
-                                   mean_output=float(scenario.classes[0].decode))
-        front = _Front(build_front(rt, strategy))
-        _warm_up(front.url)
-        recs, wall = asyncio.run(replay_async(frame, front.url, speed=speed, timeout=timeout, progress=progress))
+        if kind == "sglang":
+            proc, url = start_sglang(urls, router.partition(":")[2])
+            procs.append(proc)
+        else:
+            from fluidopt.serving.litellm_router import build_front, make_router
+
+            rt, strategy = make_router(urls, router, scenario=scenario, batch=scenario.gpu.batch,
+                                       mean_output=float(scenario.classes[0].decode))
+            front = _Front(build_front(rt, strategy))
+            url = front.url
+        _warm_up(url)
+        recs, wall = asyncio.run(replay_async(frame, url, speed=speed, timeout=timeout, progress=progress))
     finally:
         if front is not None:
             front.close()

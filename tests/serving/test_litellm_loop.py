@@ -78,7 +78,7 @@ def test_router_names():
     from fluidopt.core.errors import UsageError
 
     for bad, msg in (("litellm:fi-wps", "did you mean"), ("litellm-builtin:nope", "STRATEGY one of"),
-                     ("haproxy:x", "expected litellm:POLICY"), ("sglang:cache_aware", "not wired")):
+                     ("haproxy:x", "expected litellm:POLICY"), ("sglang:least_load", "POLICY one of")):
         with pytest.raises(UsageError, match=msg):
             plan_of(bad, None)
 
@@ -99,6 +99,21 @@ def test_short_loop_with_litellm_and_a_fluidopt_controller(trace, capsys):
     assert sum(out["router_stats"]["sent"]) == 51 and min(out["router_stats"]["sent"]) > 0  # 50 + the warm-up
     # the stand-ins follow the time model: a request cannot beat it (TTFT >= one prefill iteration)
     assert m["ttft_mean_s"] >= 0.0174 and m["tpot_mean_s"] >= 0.022
+    assert alive_children() == []
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("policy", ["round_robin", "cache_aware"])
+def test_sglang_router_as_the_baseline(trace, policy, capsys):
+    """SGLang's router (a Rust binary) over two stand-ins: every request served, the simulator beside it."""
+    pytest.importorskip("sglang_router")
+    from fluidopt.cli import main
+
+    assert main(["loop", str(trace), "--engines", "2", "--router", f"sglang:{policy}", "--speed", "5",
+                 "--requests", "30", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["measured"]["requests"] == 30 and out["measured"]["failed"] == 0
+    assert out["engine"] == "vllm" and out["simulated"]["requests"] == 30
     assert alive_children() == []
 
 
