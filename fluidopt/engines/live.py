@@ -66,6 +66,7 @@ class LiveEngine:
         self.g = 0
         self.iterations = 0
         self.prefill_iterations = 0
+        self.n_preemptions = 0
 
     # -- requests ---------------------------------------------------------------------------------
     def add(self, prompt: int, output: int) -> int:
@@ -132,6 +133,7 @@ class LiveEngine:
         self.running.remove(r)
         self._leave(r)
         self.preemptions[r] += 1
+        self.n_preemptions += 1
         self.waiting.insert(0, r)
 
     def _short_of_blocks(self) -> None:

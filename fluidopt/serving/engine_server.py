@@ -88,6 +88,7 @@ class EngineServer:
         self.prompt_tokens = self.generation_tokens = self.success = self.preemptions = 0
         self.model_busy_s = 0.0  # model seconds of the iterations run
         self.lag_s = 0.0  # wall seconds the loop ran behind its schedule, summed over iterations
+        self.wall_busy_s = 0.0  # wall seconds from each iteration's start to its tokens' delivery
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
 
@@ -124,7 +125,7 @@ class EngineServer:
                 self._wake.clear()
                 await self._wake.wait()
                 due = clock()  # idle until now: the schedule restarts at the arrival
-            before = sum(self.engine.preemptions) if self.engine.cfg.kv_blocks is not None else 0
+            started = clock()
             s = self.engine.step()
             if s is None:
                 continue
@@ -136,9 +137,9 @@ class EngineServer:
             else:
                 self.lag_s += -wait
                 await asyncio.sleep(0)  # let the handlers run even when behind
-            if self.engine.cfg.kv_blocks is not None:
-                self.preemptions += sum(self.engine.preemptions) - before
+            self.preemptions = self.engine.n_preemptions
             now = clock()
+            self.wall_busy_s += now - started
             for r, k in s.tokens.items():
                 lv = self.live.get(r)
                 if lv is None:
@@ -175,6 +176,7 @@ class EngineServer:
             ("vllm:request_success_total", "counter", self.success),
             ("fluidopt:model_busy_seconds_total", "counter", self.model_busy_s),
             ("fluidopt:schedule_lag_seconds_total", "counter", self.lag_s),
+            ("fluidopt:wall_busy_seconds_total", "counter", self.wall_busy_s),
             ("fluidopt:iterations_total", "counter", e.iterations),
         ):
             out += [f"# TYPE {name} {kind}", f"{name}{{{lab}}} {value}"]
