@@ -109,12 +109,21 @@ class ControllerRouting:
         self._flush()
         try:
             g = await asyncio.wait_for(fut, self.hold_timeout)
-        except asyncio.TimeoutError:
+        except BaseException:  # timed out, or the caller cancelled the pick: r leaves the snapshot
             self._waiting.pop(r, None)
-            if st.req_phase(r) == WAIT_PREFILL:
-                st.abandon(r)
+            if r in st._req:
+                phase = st.req_phase(r)
+                if phase == PREFILL:
+                    g_pre = st.preempted(r)
+                    st.abandon(r)
+                    self._freed(g_pre)
+                elif phase == WAIT_PREFILL:
+                    st.abandon(r)
             raise
-        g = self._live(g)
+        h = self._live(g)
+        if h != g:
+            self._move(r, g, h)
+            g = h
         self._where[r] = g
         self.in_flight[g] += 1
         self.sent[g] += 1
@@ -144,6 +153,28 @@ class ControllerRouting:
         self.redirected += 1
         return min(live, key=lambda h: self.in_flight[h])
 
+    def _move(self, r: int, g: int, h: int) -> None:
+        """The controller placed r on g, which is down: r goes to h; the snapshot follows and g's freed
+        prefill slot is offered to the controller."""
+        st = self.snap
+        if st.req_phase(r) == PREFILL:
+            st.preempted(r)
+            try:
+                st.start_prefill(r, h)
+            except ActionError:
+                st.abandon(r)
+                self.off_book += 1
+        elif st.req_phase(r) == WAIT_PREFILL:  # in g's instance queue: out of the snapshot's books
+            st.abandon(r)
+            self.off_book += 1
+        self._freed(g)
+
+    def _freed(self, *gpus: int) -> None:
+        """Capacity freed on ``gpus``: the controller's on_slot_freed for each, then the decisions out."""
+        for g in dict.fromkeys(gpus):
+            self.ctrl.on_slot_freed(self.snap, g)
+        self._flush()
+
     def _flush(self) -> None:
         """Send the controller's decisions: a prefill on g or a request put in g's instance queue."""
         st = self.snap
@@ -172,14 +203,13 @@ class ControllerRouting:
                 st.abandon(r) if st.req_phase(r) == WAIT_PREFILL else None
                 self.off_book += 1
                 return
-        st.prefill_finished(r)
+        g_pre = st.prefill_finished(r)  # the snapshot's GPU: g unless a move failed
         try:
             st.start_decode(r, g)
         except ActionError:  # a cap the controller set on g: the engine decodes it anyway, off the books
             st.abandon(r)
             self.off_book += 1
-        self.ctrl.on_slot_freed(st, g)
-        self._flush()
+        self._freed(g_pre, g)
 
     def finished(self, r: int, ok: bool = True) -> None:
         """r's stream ended (``ok``) or failed: it leaves the snapshot, its slot is free."""
@@ -198,12 +228,13 @@ class ControllerRouting:
                 st.decode_finished(r)
                 self.ctrl.on_decode_done(st, r, g)
             elif phase == PREFILL:
-                st.preempted(r)
+                g_pre = st.preempted(r)
                 st.abandon(r)
+                self._freed(g_pre, g)
+                return
             else:
                 st.abandon(r)
-            self.ctrl.on_slot_freed(st, g)
-            self._flush()
+            self._freed(g)
 
     # -- engine metrics -------------------------------------------------------------------------
     async def _scrape(self) -> None:
@@ -215,8 +246,10 @@ class ControllerRouting:
                     base = d["litellm_params"]["api_base"].rstrip("/").removesuffix("/v1")
                     try:
                         text = (await client.get(base + "/metrics")).text
-                    except Exception:  # an engine that does not answer is down until it does
+                    except httpx.ConnectError:  # refused: the engine is gone (a slow answer is not a fault)
                         self.down_until[g] = time.monotonic() + self.down_s
+                        continue
+                    except httpx.HTTPError:
                         continue
                     m = {}
                     for line in text.splitlines():
@@ -352,8 +385,12 @@ def build_front(router, strategy: ControllerRouting | None, model: str = "fluido
     async def stats(request):
         if strategy is None:
             return JSONResponse({})
+        st = strategy.snap
         return JSONResponse({"sent": strategy.sent, "in_flight": strategy.in_flight, "failures": strategy.failures,
                              "off_book": strategy.off_book, "redirected": strategy.redirected,
+                             "held": len(strategy._waiting), "snapshot_requests": len(st.requests()),
+                             "prefill_queue": st.qlen(PREFILL_QUEUE),
+                             "prefilling": [st.gpu_prefill(g) for g in range(st.n_gpus)],
                              "engine_metrics": strategy.engine_metrics})
 
     return Starlette(routes=[Route("/v1/completions", comp, methods=["POST"]),
