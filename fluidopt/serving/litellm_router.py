@@ -393,6 +393,16 @@ def build_front(router, strategy: ControllerRouting | None, model: str = "fluido
                              "prefilling": [st.gpu_prefill(g) for g in range(st.n_gpus)],
                              "engine_metrics": strategy.engine_metrics})
 
+    async def tasks(request):  # what the router's event loop is waiting on: for a run that does not finish
+        import io
+
+        out = io.StringIO()
+        for t in asyncio.all_tasks():
+            if t is not asyncio.current_task():
+                t.print_stack(limit=8, file=out)
+        return PlainTextResponse(out.getvalue())
+
     return Starlette(routes=[Route("/v1/completions", comp, methods=["POST"]),
                              Route("/v1/chat/completions", chat, methods=["POST"]),
-                             Route("/health", health, methods=["GET"]), Route("/stats", stats, methods=["GET"])])
+                             Route("/health", health, methods=["GET"]), Route("/stats", stats, methods=["GET"]),
+                             Route("/debug/tasks", tasks, methods=["GET"])])
