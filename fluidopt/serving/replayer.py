@@ -166,6 +166,7 @@ async def replay_async(frame, url: str, *, speed: float = 1.0, model: str = "flu
 
         bar = tqdm(total=len(recs), desc="replay", unit="req", leave=False)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+    _dump_on_sigusr1()
     async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(timeout)) as client:
         t_start = time.perf_counter()
 
@@ -179,6 +180,25 @@ async def replay_async(frame, url: str, *, speed: float = 1.0, model: str = "flu
     if bar is not None:
         bar.close()
     return recs, wall
+
+
+def _dump_on_sigusr1() -> None:
+    """SIGUSR1 prints where every unfinished request waits (stderr): for a run that does not finish."""
+    import signal
+    import sys
+
+    if not hasattr(signal, "SIGUSR1"):
+        return
+    loop = asyncio.get_running_loop()
+
+    def dump():
+        for t in asyncio.all_tasks(loop):
+            t.print_stack(limit=12, file=sys.stderr)
+
+    try:
+        loop.add_signal_handler(signal.SIGUSR1, dump)
+    except (RuntimeError, ValueError):  # not the main thread
+        pass
 
 
 def summarize(recs: list[Record], wall_s: float, speed: float) -> dict:
