@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from fluidopt.core.errors import FluidoptError
 
 # Order is the order of ``fluidopt --help``.
-COMMANDS = ("run", "plan", "price", "solve", "simulate", "calibrate", "validate", "stability", "rl", "app")
+COMMANDS = ("run", "plan", "price", "solve", "simulate", "calibrate", "validate", "stability", "rl", "app", "serve-engine",
+            "replay", "loop")
 
 
 class _ArgumentError(Exception):
@@ -49,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"fluidopt {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
-        mod = importlib.import_module(f"fluidopt.commands.{name}")
+        mod = importlib.import_module(f"fluidopt.commands.{name.replace('-', '_')}")
         p = mod.add_parser(sub)
         p.set_defaults(_run=mod.run)
     return parser

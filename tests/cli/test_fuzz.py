@@ -270,6 +270,10 @@ def test_argument_lists(tmp_path, capsys, monkeypatch, cmd, args):
     (["stability", "short", "--engine", "sarathi"], "--engine 'sarathi': no such engine"),
     (["stability", "shrt"], "no such scenario (did you mean 'short'?)"),
     (["stability", "x.toml"], "scenario file 'x.toml': no such file"),
+    (["serve-engine", "--port", "0", "--speed", "nan"], "--speed nan: expected a positive number"),
+    (["replay", "/nonexistent.jsonl", "--url", "http://127.0.0.1:9"], "no such file"),
+    (["loop", "x.csv", "--engines", "0", "--router", "litellm:fi-wsp"], "--engines 0: expected a positive"),
+    (["loop", "x.csv", "--engines", "2", "--router", "litellm:fi-wps"], "did you mean 'fi-wsp'"),
 ])
 def test_named_bad_inputs_are_one_line_before_any_work(capsys, argv, message):
     code, out, err = run_cli(argv, capsys)

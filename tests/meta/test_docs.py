@@ -68,7 +68,7 @@ def test_every_cli_command_follows_the_recipe():
     from fluidopt.cli import COMMANDS
 
     for name in COMMANDS:
-        mod = importlib.import_module(f"fluidopt.commands.{name}")
+        mod = importlib.import_module(f"fluidopt.commands.{name.replace('-', '_')}")
         assert callable(mod.add_parser) and callable(mod.run), name
 
 

@@ -35,7 +35,7 @@ LAYERS: dict[str, int] = {
     "scenario": 2, "workloads": 2,
     "control": 3, "engines": 3,
     "sim": 4, "rl": 4,
-    "harness": 5,
+    "harness": 5, "serving": 5,
     "planning": 6, "pricing": 6,
     "commands": 7, "app": 7, "cli": 7, "__main__": 7, "__init__": 7,
 }
