@@ -53,7 +53,7 @@ import numpy as np
 from fluidopt.calibration.timemodels import IterationLaw
 from fluidopt.core.errors import InfeasibleError, ScenarioError, SolverError
 
-__all__ = ["OBJECTIVES", "DisaggClass", "DisaggPools", "DisaggSolution", "classes_of", "pools_of_scenario",
+__all__ = ["OBJECTIVES", "compare_layouts", "DisaggClass", "DisaggPools", "DisaggSolution", "classes_of", "pools_of_scenario",
            "solve_disaggregated"]
 
 OBJECTIVES = ("min_gpus", "max_revenue")
@@ -291,9 +291,11 @@ def solve_disaggregated(classes: Sequence[DisaggClass], pools: DisaggPools, obje
     Np, Nd = v("N_p"), v("N_d")
     gpus = pools.prefill_tp * Np + pools.decode_tp * Nd
     revenue = float(sum(c.reward * served[i] for i, c in enumerate(classes)))
-    shadow = {"prefill": duals["prefill_pool"] / pools.prefill_tp, "decode": duals["decode_pool"] / pools.decode_tp}
-    # d objective / d(rhs of "sum D - N_d <= 0") is the value of one more instance in the pool: a larger
-    # rhs lets the pool hold one more busy instance than N_d
+    # d revenue / d(rhs of "sum D - N_d <= 0") is the value of one more instance in the pool: a larger rhs
+    # lets the pool hold one more busy instance than N_d. Minimising GPUs it would only read -1 (a GPU
+    # saved is a GPU saved), so it is reported for revenue only.
+    shadow = ({"prefill": duals["prefill_pool"] / pools.prefill_tp, "decode": duals["decode_pool"] / pools.decode_tp}
+              if objective == "max_revenue" else {})
     return DisaggSolution("optimal", objective, tuple(c.name for c in classes), served, Pn, Dn, pb, db, st,
                           Np, Nd, gpus, revenue, duals, shadow)
 
@@ -319,3 +321,36 @@ def pools_of_scenario(scenario, *, max_tokens: float = DEFAULT_MAX_TOKENS) -> Di
         law = IterationLaw(law.prefill, DecodeLaw((g.tau_solo, g.kv_time_per_token, 0.0)), name=law.name)
     return DisaggPools(law, law, 1, 1, kv_tokens=math.inf if g.kv_capacity is None else float(g.kv_capacity),
                        max_batch=float(g.batch), max_tokens=max_tokens)
+
+
+def compare_layouts(scenario, pools: DisaggPools, *, ttft: float | None = None, tpot: float | None = None,
+                    slis: Sequence = ()) -> dict:
+    """The disaggregated LP beside the colocated one (:func:`fluidopt.fluid.lp.solve_fluid`, bundled
+    pricing) on the same scenario: both maximise revenue on the scenario's ``gpus`` GPUs (the
+    disaggregated split chosen by the LP), and the disaggregated layout's fewest GPUs for the whole load.
+    A ``tpot`` bound also goes to the colocated LP as its ``tpot`` SLI (mean time per output token);
+    ``ttft`` has no colocated row. ``winner``: the layout with more goodput (served requests/s) per GPU;
+    ``goodput_gain``: disaggregated over colocated, minus one."""
+    from fluidopt.fluid.lp import scenario_slis, solve_fluid
+    from fluidopt.fluid.sli import parse_sli
+
+    cls = classes_of(scenario, ttft=ttft, tpot=tpot)
+    colo_slis = (*scenario_slis(scenario), *slis)
+    if tpot is not None and not any(s.kind == "tpot" for s in colo_slis):
+        colo_slis = (*colo_slis, parse_sli(f"tpot={tpot!r}"))
+    colo = solve_fluid(scenario, "bundled", colo_slis)
+    rev = solve_disaggregated(cls, pools, "max_revenue", fleet_gpus=scenario.gpus)
+    try:
+        least = solve_disaggregated(cls, pools, "min_gpus").to_dict()
+    except InfeasibleError as e:
+        least = {"status": "infeasible", "message": str(e)}
+    colo_goodput = float(np.sum(colo.throughput))
+    gain = rev.goodput_per_gpu / colo_goodput - 1.0 if colo_goodput > 0 else math.inf
+    return dict(
+        scenario=scenario.name, gpus=scenario.gpus, prefill_tp=pools.prefill_tp, decode_tp=pools.decode_tp,
+        colocated=dict(status=colo.status, revenue_per_gpu=colo.revenue_per_gpu, goodput_per_gpu=colo_goodput,
+                       gpu_shadow_price=colo.gpu_shadow_price),
+        disaggregated=rev.to_dict(), disaggregated_min_gpus=least,
+        winner="disaggregated" if gain > 0 else "colocated", goodput_gain=gain,
+        revenue_gain=rev.revenue_per_gpu / colo.revenue_per_gpu - 1.0 if colo.revenue_per_gpu > 0 else math.nan,
+    )
