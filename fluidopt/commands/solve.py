@@ -214,11 +214,14 @@ def format_comparison(cmp: dict) -> str:
         f"fluid LP, layouts compared: scenario {cmp['scenario']!r}, {cmp['gpus']} GPUs, bundled prices, "
         f"prefill TP {cmp['prefill_tp']}, decode TP {cmp['decode_tp']}",
         "",
-        f"  {'layout':<15} {'revenue/GPU/s':>14} {'goodput/GPU':>12}  GPU shadow price (revenue/s)",
-        f"  {'colocated':<15} {_fmt(co['revenue_per_gpu']):>14} {_fmt(co['goodput_per_gpu']):>12}  "
-        f"{_fmt(co['gpu_shadow_price'])}",
-        f"  {'disaggregated':<15} {_fmt(di['revenue_per_gpu']):>14} {_fmt(di['goodput_per_gpu']):>12}  "
-        f"prefill {_fmt(di['gpu_shadow_price']['prefill'])}, decode {_fmt(di['gpu_shadow_price']['decode'])}",
+        f"  {'layout':<15} {'goodput/GPU':>12} {'served/GPU':>11} {'revenue/GPU/s':>14}  GPU shadow price (revenue/s)",
+        f"  {'colocated':<15} {_fmt(co['goodput_per_gpu']):>12} {_fmt(co['served_per_gpu']):>11} "
+        f"{_fmt(co['revenue_per_gpu']):>14}  {_fmt(co['gpu_shadow_price'])}",
+        f"  {'disaggregated':<15} {_fmt(di['goodput_per_gpu']):>12} {_fmt(di['served_per_gpu']):>11} "
+        f"{_fmt(di['revenue_per_gpu']):>14}  prefill {_fmt(di['gpu_shadow_price']['prefill'])}, "
+        f"decode {_fmt(di['gpu_shadow_price']['decode'])}",
+        "  (goodput: the most requests/s per GPU served in full at the scenario's class mix; served and revenue:",
+        "   on the scenario's GPUs at its load)",
         "",
         f"  winner: {cmp['winner']} (disaggregated goodput per GPU {cmp['goodput_gain']:+.2%}, "
         f"revenue per GPU {cmp['revenue_gain']:+.2%})",

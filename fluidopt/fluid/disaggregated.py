@@ -53,7 +53,7 @@ import numpy as np
 from fluidopt.calibration.timemodels import IterationLaw
 from fluidopt.core.errors import InfeasibleError, ScenarioError, SolverError
 
-__all__ = ["OBJECTIVES", "compare_layouts", "DisaggClass", "DisaggPools", "DisaggSolution", "classes_of", "pools_of_scenario",
+__all__ = ["OBJECTIVES", "colocated_capacity", "compare_layouts", "DisaggClass", "DisaggPools", "DisaggSolution", "classes_of", "pools_of_scenario",
            "solve_disaggregated"]
 
 OBJECTIVES = ("min_gpus", "max_revenue")
@@ -323,14 +323,54 @@ def pools_of_scenario(scenario, *, max_tokens: float = DEFAULT_MAX_TOKENS) -> Di
                        max_batch=float(g.batch), max_tokens=max_tokens)
 
 
+def colocated_capacity(scenario, slis: Sequence = (), *, rtol: float = 1e-7) -> float:
+    """The largest load per GPU (requests/s, the scenario's class mix) that the colocated fluid LP serves
+    in full, by bisection on a scale of every class's rate (one :class:`~fluidopt.fluid.lp.FluidModel`,
+    re-solved); 0 when the SLIs admit no load. The disaggregated layout's counterpart is load / fewest
+    GPUs, since its rows are homogeneous in the load."""
+    from dataclasses import replace
+
+    from fluidopt.fluid.lp import build_fluid_model
+
+    base = replace(scenario, workflow=None)
+    lam = sum(c.rate for c in base.classes) / base.gpus
+    if lam <= 0:
+        return math.nan
+
+    def scaled(f: float):
+        return replace(base, classes=tuple(replace(c, rate=c.rate * f) for c in base.classes))
+
+    fm = build_fluid_model(scaled(1.0), "bundled", slis)
+
+    def serves_all(f: float) -> bool:
+        fm.update(scaled(f))
+        try:
+            sol = fm.solve()
+        except InfeasibleError:
+            return False
+        return float(np.sum(sol.throughput)) >= (1 - 1e-7) * lam * f
+
+    lo, hi = 0.0, 1.0
+    while serves_all(hi):
+        lo, hi = hi, hi * 2
+        if hi > 1e9:
+            return math.inf
+    while hi - lo > rtol * hi:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if serves_all(mid) else (lo, mid)
+    return lo * lam
+
+
 def compare_layouts(scenario, pools: DisaggPools, *, ttft: float | None = None, tpot: float | None = None,
                     slis: Sequence = ()) -> dict:
     """The disaggregated LP beside the colocated one (:func:`fluidopt.fluid.lp.solve_fluid`, bundled
-    pricing) on the same scenario: both maximise revenue on the scenario's ``gpus`` GPUs (the
-    disaggregated split chosen by the LP), and the disaggregated layout's fewest GPUs for the whole load.
-    A ``tpot`` bound also goes to the colocated LP as its ``tpot`` SLI (mean time per output token);
-    ``ttft`` has no colocated row. ``winner``: the layout with more goodput (served requests/s) per GPU;
-    ``goodput_gain``: disaggregated over colocated, minus one."""
+    pricing) on the same scenario. ``goodput_per_gpu`` of each layout: the largest load per GPU (requests/s,
+    the scenario's class mix) it serves in full within the bounds, DistServe's per-GPU goodput in the fluid
+    limit; ``winner`` is the layout with more, ``goodput_gain`` disaggregated over colocated, minus one.
+    Also both layouts' revenue on the scenario's ``gpus`` GPUs at its load (the disaggregated split chosen
+    by the LP) with the GPU shadow prices, and the disaggregated layout's fewest GPUs for the load. A
+    ``tpot`` bound also goes to the colocated LP as its ``tpot`` SLI (mean time per output token);
+    ``ttft`` has no colocated row."""
     from fluidopt.fluid.lp import scenario_slis, solve_fluid
     from fluidopt.fluid.sli import parse_sli
 
@@ -340,17 +380,20 @@ def compare_layouts(scenario, pools: DisaggPools, *, ttft: float | None = None, 
         colo_slis = (*colo_slis, parse_sli(f"tpot={tpot!r}"))
     colo = solve_fluid(scenario, "bundled", colo_slis)
     rev = solve_disaggregated(cls, pools, "max_revenue", fleet_gpus=scenario.gpus)
+    load = sum(c.rate for c in cls)
     try:
-        least = solve_disaggregated(cls, pools, "min_gpus").to_dict()
+        least_sol = solve_disaggregated(cls, pools, "min_gpus")
+        least = least_sol.to_dict()
+        dis_cap = load / least_sol.gpus if least_sol.gpus > 0 else math.inf
     except InfeasibleError as e:
-        least = {"status": "infeasible", "message": str(e)}
-    colo_goodput = float(np.sum(colo.throughput))
-    gain = rev.goodput_per_gpu / colo_goodput - 1.0 if colo_goodput > 0 else math.inf
+        least, dis_cap = {"status": "infeasible", "message": str(e)}, 0.0
+    colo_cap = colocated_capacity(scenario, colo_slis)
+    gain = dis_cap / colo_cap - 1.0 if colo_cap > 0 else math.inf
     return dict(
         scenario=scenario.name, gpus=scenario.gpus, prefill_tp=pools.prefill_tp, decode_tp=pools.decode_tp,
-        colocated=dict(status=colo.status, revenue_per_gpu=colo.revenue_per_gpu, goodput_per_gpu=colo_goodput,
-                       gpu_shadow_price=colo.gpu_shadow_price),
-        disaggregated=rev.to_dict(), disaggregated_min_gpus=least,
-        winner="disaggregated" if gain > 0 else "colocated", goodput_gain=gain,
+        colocated=dict(status=colo.status, goodput_per_gpu=colo_cap, revenue_per_gpu=colo.revenue_per_gpu,
+                       served_per_gpu=float(np.sum(colo.throughput)), gpu_shadow_price=colo.gpu_shadow_price),
+        disaggregated=dict(rev.to_dict(), goodput_per_gpu=dis_cap, served_per_gpu=rev.goodput_per_gpu),
+        disaggregated_min_gpus=least, winner="disaggregated" if gain > 0 else "colocated", goodput_gain=gain,
         revenue_gain=rev.revenue_per_gpu / colo.revenue_per_gpu - 1.0 if colo.revenue_per_gpu > 0 else math.nan,
     )
