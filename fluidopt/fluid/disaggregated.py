@@ -366,7 +366,7 @@ def compare_layouts(scenario, pools: DisaggPools, *, ttft: float | None = None, 
     """The disaggregated LP beside the colocated one (:func:`fluidopt.fluid.lp.solve_fluid`, bundled
     pricing) on the same scenario. ``goodput_per_gpu`` of each layout: the largest load per GPU (requests/s,
     the scenario's class mix) it serves in full within the bounds, DistServe's per-GPU goodput in the fluid
-    limit; ``winner`` is the layout with more, ``goodput_gain`` disaggregated over colocated, minus one.
+    limit; ``winner`` is the layout with more ("neither" when no load meets the bounds), ``goodput_gain`` disaggregated over colocated, minus one.
     Also both layouts' revenue on the scenario's ``gpus`` GPUs at its load (the disaggregated split chosen
     by the LP) with the GPU shadow prices, and the disaggregated layout's fewest GPUs for the load. A
     ``tpot`` bound also goes to the colocated LP as its ``tpot`` SLI (mean time per output token);
@@ -378,7 +378,15 @@ def compare_layouts(scenario, pools: DisaggPools, *, ttft: float | None = None, 
     colo_slis = (*scenario_slis(scenario), *slis)
     if tpot is not None and not any(s.kind == "tpot" for s in colo_slis):
         colo_slis = (*colo_slis, parse_sli(f"tpot={tpot!r}"))
-    colo = solve_fluid(scenario, "bundled", colo_slis)
+    try:
+        colo = solve_fluid(scenario, "bundled", colo_slis)
+        colo_d = dict(status=colo.status, revenue_per_gpu=colo.revenue_per_gpu,
+                      served_per_gpu=float(np.sum(colo.throughput)), gpu_shadow_price=colo.gpu_shadow_price)
+        colo_cap = colocated_capacity(scenario, colo_slis)
+    except InfeasibleError as e:  # a bound the colocated layout cannot meet at any load: the other may
+        colo_d = dict(status="infeasible", message=str(e), revenue_per_gpu=0.0, served_per_gpu=0.0,
+                      gpu_shadow_price=math.nan)
+        colo_cap = 0.0
     rev = solve_disaggregated(cls, pools, "max_revenue", fleet_gpus=scenario.gpus)
     load = sum(c.rate for c in cls)
     try:
@@ -387,13 +395,12 @@ def compare_layouts(scenario, pools: DisaggPools, *, ttft: float | None = None, 
         dis_cap = load / least_sol.gpus if least_sol.gpus > 0 else math.inf
     except InfeasibleError as e:
         least, dis_cap = {"status": "infeasible", "message": str(e)}, 0.0
-    colo_cap = colocated_capacity(scenario, colo_slis)
-    gain = dis_cap / colo_cap - 1.0 if colo_cap > 0 else math.inf
+    gain = dis_cap / colo_cap - 1.0 if colo_cap > 0 else (math.inf if dis_cap > 0 else math.nan)
+    winner = "neither" if math.isnan(gain) else ("disaggregated" if gain > 0 else "colocated")
     return dict(
         scenario=scenario.name, gpus=scenario.gpus, prefill_tp=pools.prefill_tp, decode_tp=pools.decode_tp,
-        colocated=dict(status=colo.status, goodput_per_gpu=colo_cap, revenue_per_gpu=colo.revenue_per_gpu,
-                       served_per_gpu=float(np.sum(colo.throughput)), gpu_shadow_price=colo.gpu_shadow_price),
+        colocated=dict(colo_d, goodput_per_gpu=colo_cap),
         disaggregated=dict(rev.to_dict(), goodput_per_gpu=dis_cap, served_per_gpu=rev.goodput_per_gpu),
-        disaggregated_min_gpus=least, winner="disaggregated" if gain > 0 else "colocated", goodput_gain=gain,
-        revenue_gain=rev.revenue_per_gpu / colo.revenue_per_gpu - 1.0 if colo.revenue_per_gpu > 0 else math.nan,
+        disaggregated_min_gpus=least, winner=winner, goodput_gain=gain,
+        revenue_gain=rev.revenue_per_gpu / colo_d["revenue_per_gpu"] - 1.0 if colo_d["revenue_per_gpu"] > 0 else math.nan,
     )

@@ -201,3 +201,12 @@ def test_cli_tp_missing_from_profile(capsys):
     code, out, err = run(capsys, "--layout", "disaggregated", "--profile", str(PROFILE), "--model", "facebook/opt-13b",
                          "--prefill-tp", "3")
     assert code == 2 and "no TP degree 3" in err and err.count("\n") == 1
+
+
+def test_bound_no_layout_meets_is_reported_not_raised():
+    """TPOT 0.1 ms: below the decode step (0.022 s) and any colocated iteration; neither layout serves."""
+    s = paper_scenario()
+    cmp = compare_layouts(s, pools_of_scenario(s), tpot=1e-4)
+    assert cmp["winner"] == "neither"
+    assert cmp["colocated"]["status"] == "infeasible" and cmp["disaggregated_min_gpus"]["status"] == "infeasible"
+    assert cmp["disaggregated"]["served_per_gpu"] == 0.0
