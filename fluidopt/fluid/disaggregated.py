@@ -252,11 +252,12 @@ def solve_disaggregated(classes: Sequence[DisaggClass], pools: DisaggPools, obje
             ub_rows.append(("fleet", {NP: float(pools.prefill_tp), ND: float(pools.decode_tp)}, float(fleet_gpus)))
 
     def matrix(rows):
-        A = np.zeros((len(rows), n))
-        for k, (_, coef, _) in enumerate(rows):
-            for j, v in coef.items():
-                A[k, j] = v
-        return A, np.array([rhs for *_, rhs in rows])
+        # sparse: a dozen nonzeros per row, and thousands of rows when every request length is a class
+        from scipy.sparse import coo_matrix
+
+        ij = [(k, j, v) for k, (_, coef, _) in enumerate(rows) for j, v in coef.items()]
+        r, c, v = (np.array(t) for t in zip(*ij)) if ij else (np.zeros(0, int), np.zeros(0, int), np.zeros(0))
+        return coo_matrix((v, (r, c)), shape=(len(rows), n)).tocsr(), np.array([rhs for *_, rhs in rows])
 
     A_ub, b_ub = matrix(ub_rows)
     A_eq, b_eq = matrix(eq_rows)

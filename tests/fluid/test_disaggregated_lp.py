@@ -210,3 +210,30 @@ def test_bound_no_layout_meets_is_reported_not_raised():
     assert cmp["winner"] == "neither"
     assert cmp["colocated"]["status"] == "infeasible" and cmp["disaggregated_min_gpus"]["status"] == "infeasible"
     assert cmp["disaggregated"]["served_per_gpu"] == 0.0
+
+
+@pytest.mark.skipif(not (DATA / "measured").is_dir(), reason="DistServe's measured runs are not in shared/data")
+def test_distserve_placement_case_fluid_bound():
+    """OPT-13B, prefill TP 2, decode TP 1 (DistServe's profile and KV capacity), TTFT 0.2 s, TPOT 0.1 s,
+    every request of the four shipped runs a class of its own. The fluid LP's per-GPU goodput (3.568/s)
+    bounds DistServe's 1.56/s at 90% attainment from above: it has no queueing and no tail."""
+    import csv
+
+    from fluidopt.calibration.timemodels import load_distserve_profile
+    from fluidopt.engines.validation import read_measured
+
+    runs = [read_measured(f) for f in sorted((DATA / "measured").glob("distserve-*.exp"))]
+    P = np.concatenate([r.prompt for r in runs])
+    O = np.concatenate([r.output for r in runs])
+    with (DATA / "max_num_tokens.csv").open() as fh:
+        kv = next(int(r["max_num_tokens"]) for r in csv.DictReader(fh)
+                  if r["model"] == "facebook/opt-13b" and r["tp"] == "1" and r["pp"] == "1")
+    pools = DisaggPools(load_distserve_profile(PROFILE, "facebook/opt-13b", 2),
+                        load_distserve_profile(PROFILE, "facebook/opt-13b", 1), 2, 1, kv_tokens=kv)
+    n = len(P)
+    lp = solve_disaggregated([DisaggClass(f"r{k}", 1.0 / n, float(P[k]), float(O[k]), ttft=0.2, tpot=0.1)
+                              for k in range(n)], pools)
+    assert n == 1200
+    assert 1.0 / lp.gpus == pytest.approx(3.568, rel=1e-3)
+    assert 1.0 / lp.gpus > 1.56
+    assert np.nanmax(lp.step) <= 0.1 * (1 + 1e-9)  # TPOT row
