@@ -29,7 +29,7 @@ examples:
   fluidopt solve --sli tpot=0.0242 --sli served:short-prompt=0.95
   fluidopt solve --sli tpot=0.023:penalty=1e5 --sli wait:long-prompt=2.0
   fluidopt solve --layout disaggregated --tpot 0.03
-  fluidopt solve s.toml --layout disaggregated --profile profiler.json --model facebook/opt-13b \
+  fluidopt solve s.toml --layout disaggregated --profile profiler.json --model facebook/opt-13b \\
       --prefill-tp 2 --decode-tp 1 --ttft 0.2 --tpot 0.1
 """
 
