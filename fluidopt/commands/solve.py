@@ -76,6 +76,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="TTFT bound for every class, s (default: each class's ttft_slo)")
     d.add_argument("--tpot", type=float, default=None, metavar="S",
                    help="TPOT bound for every class, s (default: each class's itl_slo); also the colocated LP's tpot SLI")
+    d.add_argument("--prefill-instances", type=int, default=None, metavar="N",
+                   help="with --decode-instances: also maximise revenue on this split (shadow prices per pool)")
+    d.add_argument("--decode-instances", type=int, default=None, metavar="N", help="see --prefill-instances")
     d.add_argument("--prefill-max-tokens", type=int, default=None, metavar="N",
                    help="prompt tokens per prefill batch (default 2048; a longer prompt runs alone)")
     return p
@@ -152,7 +155,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-_DISAGG_FLAGS = ("prefill_tp", "decode_tp", "profile", "model", "ttft", "tpot", "prefill_max_tokens")
+_DISAGG_FLAGS = ("prefill_tp", "decode_tp", "profile", "model", "ttft", "tpot", "prefill_max_tokens",
+                 "prefill_instances", "decode_instances")
 
 
 def _refuse_disaggregated_flags(args: argparse.Namespace) -> None:
@@ -233,6 +237,11 @@ def format_comparison(cmp: dict) -> str:
                      f"{_fmt(mg['decode_instances'])} decode instances)")
     else:
         lines.append(f"  fewest GPUs for the whole load: none ({mg.get('message', '')})")
+    fx = cmp.get("disaggregated_fixed_split")
+    if fx is not None:
+        lines.append(f"  on {_fmt(fx['prefill_instances'])} prefill + {_fmt(fx['decode_instances'])} decode instances "
+                     f"({_fmt(fx['gpus'])} GPUs): revenue/GPU/s {_fmt(fx['revenue_per_gpu'])}, GPU shadow price "
+                     f"prefill {_fmt(fx['gpu_shadow_price']['prefill'])}, decode {_fmt(fx['gpu_shadow_price']['decode'])}")
     lines += ["", "per class (disaggregated, revenue on the fleet; rates per second, cluster):",
               f"  {'class':<16} {'served':>10} {'prefill inst':>12} {'decode inst':>12} {'prompts/batch':>13} "
               f"{'decode batch':>12} {'step s':>10}"]
@@ -256,6 +265,18 @@ def _run_disaggregated(args: argparse.Namespace) -> int:
         v = getattr(args, flag)
         if v is not None and not (v > 0 and math.isfinite(v)):
             raise UsageError(f"--{flag}: expected seconds > 0, got {v:g}")
+    split = None
+    if args.prefill_instances is not None or args.decode_instances is not None:
+        if args.decode_instances is None or args.prefill_instances is None:
+            raise UsageError("--prefill-instances and --decode-instances: give both (a disaggregated layout has a "
+                             "prefill pool and a decode pool)")
+        if args.decode_instances < 1:
+            raise UsageError(f"--decode-instances {args.decode_instances}: a disaggregated layout needs a decode pool "
+                             "(N >= 1)")
+        if args.prefill_instances < 1:
+            raise UsageError(f"--prefill-instances {args.prefill_instances}: a disaggregated layout needs a prefill "
+                             "pool (N >= 1)")
+        split = (args.prefill_instances, args.decode_instances)
     scenario = load_scenario(args.scenario)
     if args.gpus is not None:
         scenario = scenario.with_gpus(args.gpus)
@@ -263,6 +284,6 @@ def _run_disaggregated(args: argparse.Namespace) -> int:
     slis = parse_slis(args.sli, where="--sli")  # compare_layouts adds the scenario's own
     from fluidopt.fluid.disaggregated import compare_layouts
 
-    cmp = compare_layouts(scenario, pools, ttft=args.ttft, tpot=args.tpot, slis=slis)
+    cmp = compare_layouts(scenario, pools, ttft=args.ttft, tpot=args.tpot, slis=slis, split=split)
     print(json.dumps(cmp, indent=2) if args.json else format_comparison(cmp))
     return 0

@@ -363,7 +363,7 @@ def colocated_capacity(scenario, slis: Sequence = (), *, rtol: float = 1e-7) -> 
 
 
 def compare_layouts(scenario, pools: DisaggPools, *, ttft: float | None = None, tpot: float | None = None,
-                    slis: Sequence = ()) -> dict:
+                    slis: Sequence = (), split: tuple[float, float] | None = None) -> dict:
     """The disaggregated LP beside the colocated one (:func:`fluidopt.fluid.lp.solve_fluid`, bundled
     pricing) on the same scenario. ``goodput_per_gpu`` of each layout: the largest load per GPU (requests/s,
     the scenario's class mix) it serves in full within the bounds, DistServe's per-GPU goodput in the fluid
@@ -371,7 +371,8 @@ def compare_layouts(scenario, pools: DisaggPools, *, ttft: float | None = None, 
     Also both layouts' revenue on the scenario's ``gpus`` GPUs at its load (the disaggregated split chosen
     by the LP) with the GPU shadow prices, and the disaggregated layout's fewest GPUs for the load. A
     ``tpot`` bound also goes to the colocated LP as its ``tpot`` SLI (mean time per output token);
-    ``ttft`` has no colocated row."""
+    ``ttft`` has no colocated row. ``split``: (prefill, decode) instances; the revenue LP on that split is
+    added as ``disaggregated_fixed_split``, whose shadow prices then differ by pool."""
     from fluidopt.fluid.lp import scenario_slis, solve_fluid
     from fluidopt.fluid.sli import parse_sli
 
@@ -398,7 +399,12 @@ def compare_layouts(scenario, pools: DisaggPools, *, ttft: float | None = None, 
         least, dis_cap = {"status": "infeasible", "message": str(e)}, 0.0
     gain = dis_cap / colo_cap - 1.0 if colo_cap > 0 else (math.inf if dis_cap > 0 else math.nan)
     winner = "neither" if math.isnan(gain) else ("disaggregated" if gain > 0 else "colocated")
+    fixed = {}
+    if split is not None:
+        fixed = {"disaggregated_fixed_split": solve_disaggregated(
+            cls, pools, "max_revenue", prefill_instances=split[0], decode_instances=split[1]).to_dict()}
     return dict(
+        **fixed,
         scenario=scenario.name, gpus=scenario.gpus, prefill_tp=pools.prefill_tp, decode_tp=pools.decode_tp,
         colocated=dict(colo_d, goodput_per_gpu=colo_cap),
         disaggregated=dict(rev.to_dict(), goodput_per_gpu=dis_cap, served_per_gpu=rev.goodput_per_gpu),

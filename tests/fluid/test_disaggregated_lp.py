@@ -184,6 +184,8 @@ PROFILE = DATA / "profiler-a100-80g.distserve.json"
     (("--prefill-tp", "2"), "TP degree 1 only"),
     (("--tpot", "0"), "--tpot: expected seconds > 0"),
     (("--pricing", "separate"), "bundled"),
+    (("--prefill-instances", "50", "--decode-instances", "0"), "--decode-instances 0: a disaggregated layout needs a decode pool"),
+    (("--prefill-instances", "50"), "give both"),
 ])
 def test_cli_bad_input_one_line_exit_2(capsys, argv, message):
     code, out, err = run(capsys, "--layout", "disaggregated", *argv)
@@ -237,3 +239,25 @@ def test_distserve_placement_case_fluid_bound():
     assert 1.0 / lp.gpus == pytest.approx(3.568, rel=1e-3)
     assert 1.0 / lp.gpus > 1.56
     assert np.nanmax(lp.step) <= 0.1 * (1 + 1e-9)  # TPOT row
+
+
+def test_cli_fixed_split_prices_each_pool(capsys):
+    """50 prefill instances are short of the 50.85 the long prompts alone need: a prefill GPU is worth far
+    more than a decode GPU there; at 60 prefill instances prefill is slack (price 0). By hand: a long
+    request takes 0.0174 + 6.2e-5 * 3000 = 0.2034 prefill instances per request/s (it prefills alone) and
+    399 * tau_solo / 16 = 0.548675 decode instances (16 per 0.0220022 s step); a short one 300 * 6.2e-5 + 0.0174 /
+    (2048 / 300) = 0.021149 prefill and 999 * 0.0220022 / 16 = 1.373763 decode. The decode price p_d
+    makes the marginal short request pay: 230 = 0.021149 p_p + 1.373763 p_d; the prefill price p_p the
+    marginal long one: 380 = 0.2034 p_p + 0.548675 p_d. Solved: p_p = 1477.99, p_d = 144.67."""
+    code, out, _ = run(capsys, "--layout", "disaggregated", "--prefill-instances", "50", "--decode-instances", "450",
+                       "--json")
+    fx = json.loads(out)["disaggregated_fixed_split"]
+    assert code == 0 and fx["gpus"] == pytest.approx(500)
+    tau = 1 / 45.45
+    A = np.array([[300 * 6.2e-5 + 0.0174 / (2048 / 300), 999 * tau / 16], [0.0174 + 6.2e-5 * 3000, 399 * tau / 16]])
+    p_p, p_d = np.linalg.solve(A, [230.0, 380.0])
+    assert fx["gpu_shadow_price"]["prefill"] == pytest.approx(p_p, rel=1e-6)
+    assert fx["gpu_shadow_price"]["decode"] == pytest.approx(p_d, rel=1e-6)
+    code, out, _ = run(capsys, "--layout", "disaggregated", "--prefill-instances", "60", "--decode-instances", "440",
+                       "--json")
+    assert json.loads(out)["disaggregated_fixed_split"]["gpu_shadow_price"]["prefill"] == pytest.approx(0, abs=1e-9)
