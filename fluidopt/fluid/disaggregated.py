@@ -116,9 +116,9 @@ class DisaggSolution:
     requests/s, ``prefill_instances``, ``decode_instances``, ``prefill_batch`` (mean prompts per batch),
     ``decode_batch`` (mean requests per step, instance-weighted) and ``step`` (mean decode step, s).
     ``prefill_instances_total`` / ``decode_instances_total``: N_p, N_d; ``gpus``: tp_p N_p + tp_d N_d;
-    ``revenue``: per second; ``goodput_per_gpu``: served requests/s per GPU. ``duals``: d objective /
-    d rhs per row; ``gpu_shadow_price``: {"prefill", "decode"}: objective per second per extra GPU in
-    the pool."""
+    ``revenue``: per second; ``served_per_gpu``: served requests/s per GPU. ``duals``: d objective /
+    d rhs per row; ``gpu_shadow_price`` (``max_revenue`` only): {"prefill", "decode"}: revenue per
+    second per extra GPU in the pool."""
 
     status: str
     objective: str
@@ -137,7 +137,7 @@ class DisaggSolution:
     gpu_shadow_price: Mapping[str, float] = field(default_factory=dict)
 
     @property
-    def goodput_per_gpu(self) -> float:
+    def served_per_gpu(self) -> float:
         return float(self.served.sum() / self.gpus) if self.gpus > 0 else math.nan
 
     @property
@@ -152,7 +152,7 @@ class DisaggSolution:
         return dict(layout="disaggregated", status=self.status, objective=self.objective,
                     prefill_instances=self.prefill_instances_total, decode_instances=self.decode_instances_total,
                     gpus=self.gpus, revenue=self.revenue, revenue_per_gpu=self.revenue_per_gpu,
-                    goodput_per_gpu=self.goodput_per_gpu, classes=per, duals=dict(self.duals),
+                    served_per_gpu=self.served_per_gpu, classes=per, duals=dict(self.duals),
                     gpu_shadow_price=dict(self.gpu_shadow_price))
 
 
@@ -407,7 +407,7 @@ def compare_layouts(scenario, pools: DisaggPools, *, ttft: float | None = None, 
         **fixed,
         scenario=scenario.name, gpus=scenario.gpus, prefill_tp=pools.prefill_tp, decode_tp=pools.decode_tp,
         colocated=dict(colo_d, goodput_per_gpu=colo_cap),
-        disaggregated=dict(rev.to_dict(), goodput_per_gpu=dis_cap, served_per_gpu=rev.goodput_per_gpu),
+        disaggregated=dict(rev.to_dict(), goodput_per_gpu=dis_cap),
         disaggregated_min_gpus=least, winner=winner, goodput_gain=gain,
         revenue_gain=rev.revenue_per_gpu / colo_d["revenue_per_gpu"] - 1.0 if colo_d["revenue_per_gpu"] > 0 else math.nan,
     )
