@@ -28,6 +28,9 @@ examples:
   fluidopt solve scenario.toml --pricing separate --json
   fluidopt solve --sli tpot=0.0242 --sli served:short-prompt=0.95
   fluidopt solve --sli tpot=0.023:penalty=1e5 --sli wait:long-prompt=2.0
+  fluidopt solve --layout disaggregated --tpot 0.03
+  fluidopt solve s.toml --layout disaggregated --profile profiler.json --model facebook/opt-13b \\
+      --prefill-tp 2 --decode-tp 1 --ttft 0.2 --tpot 0.1
 """
 
 
@@ -59,6 +62,25 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     add_cache_arguments(p)
     p.add_argument("--no-lexicographic", action="store_true",
                    help="return HiGHS's first optimal vertex (skip the second stage that empties the decode buffer)")
+    d = p.add_argument_group("disaggregated layout (docs/lp.md, \"Disaggregated layout\")")
+    d.add_argument("--layout", choices=("colocated", "disaggregated"), default="colocated",
+                   help="colocated: the per-GPU fluid LP (default); disaggregated: the LP of a prefill pool and a "
+                        "decode pool, reported beside the colocated LP")
+    d.add_argument("--prefill-tp", type=int, default=None, metavar="N", help="TP degree of a prefill instance (default 1)")
+    d.add_argument("--decode-tp", type=int, default=None, metavar="N", help="TP degree of a decode instance (default 1)")
+    d.add_argument("--profile", default=None, metavar="JSON",
+                   help="DistServe's profiler JSON: both pools' time models at their TP degrees (default: the "
+                        "scenario's GPU, TP 1 only)")
+    d.add_argument("--model", default=None, metavar="NAME", help="the model in --profile (e.g. facebook/opt-13b)")
+    d.add_argument("--ttft", type=float, default=None, metavar="S",
+                   help="TTFT bound for every class, s (default: each class's ttft_slo)")
+    d.add_argument("--tpot", type=float, default=None, metavar="S",
+                   help="TPOT bound for every class, s (default: each class's itl_slo); also the colocated LP's tpot SLI")
+    d.add_argument("--prefill-instances", type=int, default=None, metavar="N",
+                   help="with --decode-instances: also maximise revenue on this split (shadow prices per pool)")
+    d.add_argument("--decode-instances", type=int, default=None, metavar="N", help="see --prefill-instances")
+    d.add_argument("--prefill-max-tokens", type=int, default=None, metavar="N",
+                   help="prompt tokens per prefill batch (default 2048; a longer prompt runs alone)")
     return p
 
 
@@ -113,6 +135,9 @@ def run(args: argparse.Namespace) -> int:
 
     # Input first, the solver stack (pyomo, pandas: seconds to import) only once it is valid.
     check_positive_int(args.gpus, "--gpus")
+    if getattr(args, "layout", "colocated") == "disaggregated":
+        return _run_disaggregated(args)
+    _refuse_disaggregated_flags(args)
     scenario = load_scenario(args.scenario)
     if args.gpus is not None:
         scenario = scenario.with_gpus(args.gpus)
@@ -127,4 +152,138 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(sol.to_dict(), indent=2))
     else:
         print(format_solution(sol))
+    return 0
+
+
+_DISAGG_FLAGS = ("prefill_tp", "decode_tp", "profile", "model", "ttft", "tpot", "prefill_max_tokens",
+                 "prefill_instances", "decode_instances")
+
+
+def _refuse_disaggregated_flags(args: argparse.Namespace) -> None:
+    from fluidopt.core.errors import UsageError
+
+    for flag in _DISAGG_FLAGS:
+        if getattr(args, flag, None) is not None:
+            raise UsageError(f"--{flag.replace('_', '-')}: only with --layout disaggregated")
+
+
+def _disagg_pools(args: argparse.Namespace, scenario: Any):
+    """The two pools: from --profile at the TP degrees asked for, or from the scenario's GPU (TP 1)."""
+    from fluidopt.core.errors import CalibrationError, UsageError
+    from fluidopt.fluid.disaggregated import DEFAULT_MAX_TOKENS, DisaggPools, pools_of_scenario
+
+    ptp = 1 if args.prefill_tp is None else args.prefill_tp
+    dtp = 1 if args.decode_tp is None else args.decode_tp
+    if dtp < 1:
+        raise UsageError(f"--decode-tp {dtp}: a disaggregated layout needs a decode pool (instances of TP >= 1)")
+    if ptp < 1:
+        raise UsageError(f"--prefill-tp {ptp}: a disaggregated layout needs a prefill pool (instances of TP >= 1)")
+    max_tokens = DEFAULT_MAX_TOKENS if args.prefill_max_tokens is None else args.prefill_max_tokens
+    if max_tokens < 1:
+        raise UsageError(f"--prefill-max-tokens: expected an integer >= 1, got {max_tokens}")
+    if args.profile is None:
+        if args.model is not None:
+            raise UsageError("--model: only with --profile JSON")
+        for flag, tp in (("--prefill-tp", ptp), ("--decode-tp", dtp)):
+            if tp != 1:
+                raise UsageError(f"{flag} {tp}: the scenario's GPU profile has TP degree 1 only; give --profile JSON "
+                                 "--model NAME for other degrees")
+        return pools_of_scenario(scenario, max_tokens=max_tokens)
+    if args.model is None:
+        raise UsageError("--profile: needs --model NAME (e.g. facebook/opt-13b)")
+    from pathlib import Path
+
+    from fluidopt.calibration.timemodels import load_distserve_profile
+    from fluidopt.commands.validate import _kv_beside
+    from fluidopt.engines.disaggregated import MODEL_SHAPES, check_fits, model_kv_bytes
+
+    try:
+        pre = load_distserve_profile(args.profile, args.model, ptp)
+        dec = load_distserve_profile(args.profile, args.model, dtp)
+    except CalibrationError as e:
+        raise UsageError(str(e)) from None
+    check_fits(args.model, ptp, what="--prefill-tp")
+    check_fits(args.model, dtp, what="--decode-tp")
+    kv = _kv_beside(Path(args.profile), args.model, dtp)
+    if kv is None and args.model in MODEL_SHAPES:
+        # no measured capacity: what 90% of an 80 GB GPU leaves after the weights (check_fits's assumption)
+        kv = (0.9 * 80e9 * dtp - MODEL_SHAPES[args.model]["params"] * 2) / model_kv_bytes(args.model)
+    return DisaggPools(pre, dec, ptp, dtp, kv_tokens=math.inf if kv is None else float(kv), max_tokens=max_tokens)
+
+
+def format_comparison(cmp: dict) -> str:
+    """Plain-text report of :func:`fluidopt.fluid.disaggregated.compare_layouts`."""
+    co, di, mg = cmp["colocated"], cmp["disaggregated"], cmp["disaggregated_min_gpus"]
+    lines = [
+        f"fluid LP, layouts compared: scenario {cmp['scenario']!r}, {cmp['gpus']} GPUs, bundled prices, "
+        f"prefill TP {cmp['prefill_tp']}, decode TP {cmp['decode_tp']}",
+        "",
+        f"  {'layout':<15} {'goodput/GPU':>12} {'served/GPU':>11} {'revenue/GPU/s':>14}  GPU shadow price (revenue/s)",
+        f"  {'colocated':<15} {_fmt(co['goodput_per_gpu']):>12} {_fmt(co['served_per_gpu']):>11} "
+        f"{_fmt(co['revenue_per_gpu']):>14}  {_fmt(co['gpu_shadow_price'])}",
+        f"  {'disaggregated':<15} {_fmt(di['goodput_per_gpu']):>12} {_fmt(di['served_per_gpu']):>11} "
+        f"{_fmt(di['revenue_per_gpu']):>14}  prefill {_fmt(di['gpu_shadow_price']['prefill'])}, "
+        f"decode {_fmt(di['gpu_shadow_price']['decode'])}",
+        "  (goodput: the most requests/s per GPU served in full at the scenario's class mix; served and revenue:",
+        "   on the scenario's GPUs at its load)",
+        "",
+        f"  winner: {cmp['winner']} (disaggregated goodput per GPU {cmp['goodput_gain']:+.2%}, "
+        f"revenue per GPU {cmp['revenue_gain']:+.2%})",
+        f"  split on {cmp['gpus']} GPUs: {_fmt(di['prefill_instances'])} prefill + "
+        f"{_fmt(di['decode_instances'])} decode instances",
+    ]
+    if mg.get("status") == "optimal":
+        lines.append(f"  fewest GPUs for the whole load: {_fmt(mg['gpus'])} ({_fmt(mg['prefill_instances'])} prefill + "
+                     f"{_fmt(mg['decode_instances'])} decode instances)")
+    else:
+        lines.append(f"  fewest GPUs for the whole load: none ({mg.get('message', '')})")
+    fx = cmp.get("disaggregated_fixed_split")
+    if fx is not None:
+        lines.append(f"  on {_fmt(fx['prefill_instances'])} prefill + {_fmt(fx['decode_instances'])} decode instances "
+                     f"({_fmt(fx['gpus'])} GPUs): revenue/GPU/s {_fmt(fx['revenue_per_gpu'])}, GPU shadow price "
+                     f"prefill {_fmt(fx['gpu_shadow_price']['prefill'])}, decode {_fmt(fx['gpu_shadow_price']['decode'])}")
+    lines += ["", "per class (disaggregated, revenue on the fleet; rates per second, cluster):",
+              f"  {'class':<16} {'served':>10} {'prefill inst':>12} {'decode inst':>12} {'prompts/batch':>13} "
+              f"{'decode batch':>12} {'step s':>10}"]
+    for name, c in di["classes"].items():
+        lines.append(f"  {name:<16} {_fmt(c['served']):>10} {_fmt(c['prefill_instances']):>12} "
+                     f"{_fmt(c['decode_instances']):>12} {_fmt(c['prefill_batch']):>13} {_fmt(c['decode_batch']):>12} "
+                     f"{_fmt(c['step_s']):>10}")
+    return "\n".join(lines)
+
+
+def _run_disaggregated(args: argparse.Namespace) -> int:
+    from fluidopt.core.errors import UsageError
+    from fluidopt.fluid.sli import parse_slis
+    from fluidopt.scenario import load_scenario
+
+    if args.pricing != "bundled":
+        raise UsageError("--pricing separate: the disaggregated layout is priced bundled (per served request) only")
+    if args.no_lexicographic:
+        raise UsageError("--no-lexicographic: only with --layout colocated")
+    for flag in ("ttft", "tpot"):
+        v = getattr(args, flag)
+        if v is not None and not (v > 0 and math.isfinite(v)):
+            raise UsageError(f"--{flag}: expected seconds > 0, got {v:g}")
+    split = None
+    if args.prefill_instances is not None or args.decode_instances is not None:
+        if args.decode_instances is None or args.prefill_instances is None:
+            raise UsageError("--prefill-instances and --decode-instances: give both (a disaggregated layout has a "
+                             "prefill pool and a decode pool)")
+        if args.decode_instances < 1:
+            raise UsageError(f"--decode-instances {args.decode_instances}: a disaggregated layout needs a decode pool "
+                             "(N >= 1)")
+        if args.prefill_instances < 1:
+            raise UsageError(f"--prefill-instances {args.prefill_instances}: a disaggregated layout needs a prefill "
+                             "pool (N >= 1)")
+        split = (args.prefill_instances, args.decode_instances)
+    scenario = load_scenario(args.scenario)
+    if args.gpus is not None:
+        scenario = scenario.with_gpus(args.gpus)
+    pools = _disagg_pools(args, scenario)
+    slis = parse_slis(args.sli, where="--sli")  # compare_layouts adds the scenario's own
+    from fluidopt.fluid.disaggregated import compare_layouts
+
+    cmp = compare_layouts(scenario, pools, ttft=args.ttft, tpot=args.tpot, slis=slis, split=split)
+    print(json.dumps(cmp, indent=2) if args.json else format_comparison(cmp))
     return 0
