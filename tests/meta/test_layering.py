@@ -288,3 +288,15 @@ def test_rl_registers_its_routers_from_below():
         "the installed fluidopt metadata lacks the fluidopt.policies entry points of pyproject.toml: "
         "run pip install -e . again (and remove a stale fluidopt.egg-info from the repository root)")
     assert {"baseline-rl", "wa-rl", "wg-rl"} <= set(registry.available())
+
+
+def test_every_package_is_in_the_distribution():
+    """A package missing from pyproject's list installs from a checkout (editable) but not from a wheel."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+
+    listed = set(tomllib.loads((PKG.parent / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(PKG.parent).parts) for p in PKG.rglob("__init__.py")}
+    assert found - listed == set(), f"add to [tool.setuptools] packages: {sorted(found - listed)}"
