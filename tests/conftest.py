@@ -13,6 +13,10 @@ import os
 
 import pytest
 
+# LiteLLM fetches a model-price table from the internet when it is imported, unless told to use the copy
+# it ships: the suite reaches no network, and a failed fetch costs seconds of retries per process
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
 _REQUIRE = {x.strip() for x in os.environ.get("FLUIDOPT_REQUIRE", "").split(",") if x.strip()}
 _UNKNOWN = _REQUIRE - {"compiled", "trace", "docs", "browser"}
 if _UNKNOWN:
