@@ -37,7 +37,7 @@ import numpy as np
 
 from fluidopt.calibration.timemodels import IterationLaw
 from fluidopt.core.errors import UsageError
-from fluidopt.engines.stepper import Replay
+from fluidopt.engines.stepper import Replay, checked_requests
 
 # Geometry of the models DistServe profiled (config.json: num_hidden_layers, num_attention_heads,
 # hidden_size / heads; OPT has no grouped-query attention, so KV heads = heads) and parameter counts.
@@ -120,14 +120,8 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
     if decode.instances < 1 or prefill.instances < 1:
         raise UsageError(f"a disaggregated layout needs at least one prefill and one decode instance, got "
                          f"{prefill.instances} and {decode.instances}")
-    arr = np.asarray(arrival, dtype=float)
-    P = [int(x) for x in prompt]
-    O = [int(x) for x in output]
+    arr, P, O = checked_requests(arrival, prompt, output)
     n = len(arr)
-    if n and np.any(np.diff(arr) < 0):
-        raise ValueError("replay: arrivals must be sorted")
-    if any(p < 1 for p in P) or any(o < 1 for o in O):
-        raise ValueError("replay: prompt and output lengths must be >= 1 token")
     bs = decode.block_size
     nP, nD = prefill.instances, decode.instances
 

@@ -94,16 +94,23 @@ class Replay:
         return float(np.mean(ok))
 
 
-def replay(law: IterationLaw, cfg: EngineConfig, arrival, prompt, output) -> Replay:
-    """Run the requests through one instance; see the module docstring for the rules."""
+def checked_requests(arrival, prompt, output) -> tuple[np.ndarray, list[int], list[int]]:
+    """A replay's requests as (arrival times in s, prompt tokens, output tokens); ValueError unless the
+    arrivals are sorted and every length is at least one token."""
     arr = np.asarray(arrival, dtype=float)
     P = [int(x) for x in prompt]
     O = [int(x) for x in output]
-    n = len(arr)
-    if n and np.any(np.diff(arr) < 0):
+    if len(arr) and np.any(np.diff(arr) < 0):
         raise ValueError("replay: arrivals must be sorted")
     if any(p < 1 for p in P) or any(o < 1 for o in O):
         raise ValueError("replay: prompt and output lengths must be >= 1 token")
+    return arr, P, O
+
+
+def replay(law: IterationLaw, cfg: EngineConfig, arrival, prompt, output) -> Replay:
+    """Run the requests through one instance; see the module docstring for the rules."""
+    arr, P, O = checked_requests(arrival, prompt, output)
+    n = len(arr)
     bs = cfg.block_size
     total = cfg.kv_blocks
     free = math.inf if total is None else int(total)
