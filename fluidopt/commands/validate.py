@@ -238,22 +238,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = engine_config(args.engine, kv_tokens=kv)
     comps = [compare(r, law, cfg, args.engine, args.slo_ttft_ms / 1e3, args.slo_tpot_ms / 1e3) for r in runs]
     rows = [c.to_dict() for c in comps]
-    figures = []
-    if not args.no_figure:
-        import matplotlib.pyplot as plt
-
-        from fluidopt.core.files import atomic_path
-
-        out = Path(args.out or ".")
-        out.mkdir(parents=True, exist_ok=True)
-        for c, d in zip(comps, rows):
-            fig = c.figure()
-            path = out / f"{c.run.name}-{args.engine}-cdf.png"
-            with atomic_path(path) as tmp:
-                fig.savefig(tmp, dpi=110)
-            plt.close(fig)
-            d["figure"] = str(path)
-            figures.append(path)
+    figures = [] if args.no_figure else _save_figures(comps, rows, args.out, args.engine)
     mean_err = sum(abs(d["attainment_error"]) for d in rows) / len(rows)
     if args.json:
         obj = dict(rows[0]) if len(rows) == 1 else {"runs": rows}
@@ -360,19 +345,7 @@ def _run_disaggregated(args: argparse.Namespace) -> int:
         comps.append(c)
         rows.append(d)
     if not args.no_figure:
-        import matplotlib.pyplot as plt
-
-        from fluidopt.core.files import atomic_path
-
-        out = Path(args.out or ".")
-        out.mkdir(parents=True, exist_ok=True)
-        for c, d in zip(comps, rows):
-            fig = c.figure()
-            path = out / f"{c.run.name}-{engine}-cdf.png"
-            with atomic_path(path) as tmp:
-                fig.savefig(tmp, dpi=110)
-            plt.close(fig)
-            d["figure"] = str(path)
+        _save_figures(comps, rows, args.out, engine)
     mean_err = sum(abs(d["attainment_error"]) for d in rows) / len(rows)
     costs = {"prefill_overhead_ms": pre.overhead * 1e3, "decode_request_ms": dec.request_overhead * 1e3}
     if args.json:
@@ -396,3 +369,24 @@ def _run_disaggregated(args: argparse.Namespace) -> int:
         if "figure" in d:
             print(f"figure written to {d['figure']}")
     return 0
+
+
+def _save_figures(comps, rows, out_dir, engine: str) -> list[Path]:
+    """Each run's measured-vs-simulated CDF figure, written whole (``RUN-ENGINE-cdf.png`` in ``out_dir``,
+    default the current folder); its path goes into the run's row."""
+    import matplotlib.pyplot as plt
+
+    from fluidopt.core.files import atomic_path
+
+    out = Path(out_dir or ".")
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for c, d in zip(comps, rows):
+        fig = c.figure()
+        path = out / f"{c.run.name}-{engine}-cdf.png"
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=110)
+        plt.close(fig)
+        d["figure"] = str(path)
+        paths.append(path)
+    return paths
