@@ -418,8 +418,11 @@ def read_operator_table(data_dir: str | Path, gpu: str, model: str, tp: int, *,
     raw = path.read_bytes()
     d = _read_csv(path, ["num_tokens", "num_tensor_parallel_workers", *GEOMETRY_COLUMNS,
                          *(f"time_stats.{op}.median" for op in REQUIRED_OPS)])
-    d = d[d["num_tensor_parallel_workers"] == int(tp)].sort_values("num_tokens")
-    d = d.drop_duplicates("num_tokens", keep="first")
+    d = d[d["num_tensor_parallel_workers"] == int(tp)].sort_values("num_tokens", kind="stable")
+    # A token count profiled twice (h100 Llama-2-70B tp 4 has two rows at 2,048 and at 4,096 tokens): the
+    # later row in the file wins. The sort is stable so that the choice does not depend on numpy's
+    # quicksort, which orders equal keys differently across releases and so changed the fitted profiles.
+    d = d.drop_duplicates("num_tokens", keep="last")
     if len(d) < 2 or d["num_tokens"].iloc[0] < 1:
         raise CalibrationError(f"{path}: tp {tp}: expected rows at two or more token counts >= 1, got "
                                f"{d['num_tokens'].tolist()}")

@@ -80,6 +80,21 @@ def test_iteration_time_is_the_documented_sum_of_operators(tmp_path):
     assert float(vidur.iteration_time(t, C, D, K)) == pytest.approx(want, rel=1e-12)
 
 
+def test_a_token_count_profiled_twice_takes_the_later_row_whatever_the_sort(tmp_path):
+    """Vidur's h100 Llama-2-70B table has two rows at 2,048 and at 4,096 tokens; which one a quicksort
+    kept changed with the numpy release. The later row in the file wins, here with 40 copies of one count."""
+    root = write_table(tmp_path, tokens=(1, 1024, 4096))
+    path = root / "compute" / "a100" / MODEL / "mlp.csv"
+    d = pd.read_csv(path)
+    extra = pd.concat([d[(d["num_tokens"] == 1024) & (d["num_tensor_parallel_workers"] == 1)]] * 40, ignore_index=True)
+    for i in range(len(extra)):
+        extra.loc[i, "time_stats.mlp_up_proj.median"] = 100.0 + i
+    pd.concat([d, extra], ignore_index=True).to_csv(path, index=False)
+    t = vidur.read_operator_table(root, "a100", MODEL, 1)
+    assert t.tokens.tolist() == [1.0, 1024.0, 4096.0]
+    assert t.up_proj[1] == pytest.approx((100.0 + len(extra) - 1) * 1e-3)
+
+
 def test_tensor_parallel_adds_two_ring_allreduces_per_layer(tmp_path):
     root = write_table(tmp_path)
     t2 = vidur.read_operator_table(root, "a100", MODEL, 2)
