@@ -203,6 +203,13 @@ def _single_sourced_extensions(cythonize, engine_digest: str) -> list[Extension]
 class OptionalBuildExt(build_ext):
     """Build the compiled core if a C compiler works; otherwise go on without it."""
 
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        if self.parallel is None:
+            # the core and the handler modules compile side by side (distutils' thread pool, one gcc per
+            # extension): on 2 cores the build takes about the core's own compile instead of the sum
+            self.parallel = os.cpu_count() or 1
+
     def run(self) -> None:
         try:
             super().run()

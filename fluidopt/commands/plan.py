@@ -70,6 +70,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     d.add_argument("--max-gpus", type=int, default=None, help="the fleet's maximum (default the scenario's gpus)")
     d.add_argument("--fluid-throughputs", action="store_true", help="plan with the GPU law's fluid throughputs "
                    "(context prompt + output/2: optimistic) instead of the simulator's saturated ones")
+    from fluidopt.commands.placement import add_placement_arguments
+
+    add_placement_arguments(p)
     add_controller_arguments(p)
     from fluidopt.commands._cache import add_cache_arguments
 
@@ -138,6 +141,13 @@ def run(args: argparse.Namespace) -> int:
     from fluidopt.scenario import load_scenario
 
     import_user_modules(args.imports)
+    from fluidopt.commands.placement import placement_requested, refuse_placement_flags, run_placement
+
+    if placement_requested(args):
+        if args.day or cache_given(args):
+            raise UsageError("--layout: not with --day, --hit-ratio or --from-trace")
+        return run_placement(args)
+    refuse_placement_flags(args)
     if args.day and cache_given(args):
         raise UsageError("--hit-ratio, --from-trace: not with --day (the day plan's GPU law is cache-blind yet)")
     if args.day:

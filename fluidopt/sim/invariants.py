@@ -19,27 +19,37 @@ def check_invariants(eng) -> None:
     :class:`fluidopt.sim.engine.Engine`) that disagrees with a recount."""
     I = eng.I
     live = eng._in_system()
+    # one pass over the live requests recounts everything the checks below compare with (a pass per GPU
+    # made the check quadratic in the fleet: most of a check=True run's time)
     cnt = [0] * len(eng._cnt)
-    for r in live:
-        c = eng.r_cls[r]
-        ph = eng.r_phase[r]
-        if ph == WAIT_PREFILL:
-            cnt[NQ * c + Q_WP] += 1
-        elif ph == PREFILL:
-            cnt[NQ * c + Q_X] += 1
-        elif ph == WAIT_DECODE:
-            cnt[NQ * c + Q_WD] += 1
-        else:
-            g = eng.r_gpu[r]
-            cnt[NQ * c + (Q_YM if eng.g_pre[g] >= 0 else Q_YS)] += 1
     nd_of = [0] * eng.n
     pre_of: list[list[int]] = [[] for _ in range(eng.n)]
+    dec_of: list[list[int]] = [[] for _ in range(eng.n)]
+    in_sys_of = [0] * I
+    past_of = [0] * I
+    n_waiting = 0
+    r_cls, r_phase, r_gpu, g_pre = eng.r_cls, eng.r_phase, eng.r_gpu, eng.g_pre
     for r in live:
-        ph = eng.r_phase[r]
-        if ph == DECODE:
-            nd_of[eng.r_gpu[r]] += 1
+        c = r_cls[r]
+        ph = r_phase[r]
+        in_sys_of[c] += 1
+        if ph == WAIT_PREFILL:
+            cnt[NQ * c + Q_WP] += 1
+            n_waiting += 1
         elif ph == PREFILL:
-            pre_of[eng.r_gpu[r]].append(r)
+            cnt[NQ * c + Q_X] += 1
+            pre_of[r_gpu[r]].append(r)
+        elif ph == WAIT_DECODE:
+            cnt[NQ * c + Q_WD] += 1
+            n_waiting += 1
+            past_of[c] += 1
+        else:
+            g = r_gpu[r]
+            cnt[NQ * c + (Q_YM if g_pre[g] >= 0 else Q_YS)] += 1
+            if ph == DECODE:
+                nd_of[g] += 1
+                dec_of[g].append(r)
+                past_of[c] += 1
     for g in range(eng.n):
         nd = nd_of[g]
         pre = pre_of[g]
@@ -52,7 +62,7 @@ def check_invariants(eng) -> None:
         assert sum(eng.g_dcls[g * I + c] for c in range(I)) == nd
         b = g * eng.B
         slots = [eng.g_dec[b + k] for k in range(nd)]
-        mine = sorted(r for r in live if eng.r_phase[r] == DECODE and eng.r_gpu[r] == g)
+        mine = sorted(dec_of[g])
         assert sorted(slots) == mine, f"GPU {g}: decode slots {slots}, decoding {mine}"
         if not eng.markov:  # a min-heap by (end clock, request), r_dpos its positions (markov: unused)
             assert all(eng.r_dpos[r] == b + k for k, r in enumerate(slots)), f"GPU {g}: decode slot positions"
@@ -88,8 +98,7 @@ def check_invariants(eng) -> None:
             tot += n
         assert eng.q_tot[q] == tot
         inq += tot
-    waiting = [r for r in live if eng.r_phase[r] in (WAIT_PREFILL, WAIT_DECODE)]
-    assert inq == len(waiting), f"{len(waiting)} waiting but {inq} queued (a request was left unplaced)"
+    assert inq == n_waiting, f"{n_waiting} waiting but {inq} queued (a request was left unplaced)"
     seg = [[eng._rs[eng._rsoff[s] + 2 * k] for k in range(eng._rsn[s])] for s in range(3 * I)]
     assert sum(len(seg[c]) for c in range(I)) == inq  # RACE_WAIT segments
     for s, members in enumerate(seg):
@@ -108,11 +117,6 @@ def check_invariants(eng) -> None:
             assert len(seg[2 * I + c]) == eng._cnt[NQ * c + Q_YM] + eng._cnt[NQ * c + Q_YS], f"class {c}: decode race set"
     # conservation per class and per phase
     ctr = eng._ctr
-    in_sys_of = [0] * I
-    past_of = [0] * I
-    for r in live:
-        in_sys_of[eng.r_cls[r]] += 1
-        past_of[eng.r_cls[r]] += eng.r_phase[r] in (WAIT_DECODE, DECODE)
     for c in range(I):
         in_sys = in_sys_of[c]
         arrived = ctr[NC * c + C_ARRIVED]
