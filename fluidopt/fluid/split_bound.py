@@ -11,8 +11,9 @@ The fluid view (every quantity a long-run mean; docs/fidelity.md, "The single-cl
 * **Decode**: an instance holds ``B`` requests (real, a fluid mean), each needing ``o - 1`` steps
   (the first token comes from the prefill), with mean context ``l + o / 2`` tokens each. A step
   takes ``s(B) = a + b B (l + o/2) + c B`` (the law in force at ``B``). Its throughput is
-  ``B / ((o - 1) s(B))``, increasing in ``B``, so ``B`` is the largest with ``s(B) <= tpot`` (the
-  TPOT bound) and ``B (l + o/2) <= kv_tokens`` (the mean KV held fits). Decode instances:
+  ``B / ((o - 1) s(B))``, increasing in ``B`` within each regime of the law, so ``B`` is, in the regime
+  where that throughput is highest, the largest with ``s(B) <= tpot`` (the TPOT bound) and
+  ``B (l + o/2) <= kv_tokens`` (the mean KV held fits). Decode instances:
   ``rate * (o - 1) * s(B) / B``.
 
 Times in seconds, lengths and KV in tokens, rates in requests/s; instance counts are real (fluid).
@@ -44,14 +45,17 @@ class SplitBound:
 
 
 def _decode_batch(law: IterationLaw, ctx: float, kv_tokens: float, tpot: float) -> tuple[float, str]:
-    """Largest real B with s(B) <= tpot and B ctx <= kv_tokens; each regime of the law (small below its
-    threshold, large from it) is solved on its own range and the largest feasible B kept."""
+    """The real B with s(B) <= tpot and B ctx <= kv_tokens that decodes the most requests per second,
+    B / s(B). Within a regime B / s(B) grows with B, so each regime of the law (small below its threshold,
+    large from it) is solved on its own range at its largest feasible B; across regimes the larger B
+    need not be the faster one (a large-batch law with a higher fixed cost), so the regime whose
+    B / s(B) is larger wins."""
     dec = law.decode
     kv_cap = kv_tokens / ctx if math.isfinite(kv_tokens) else math.inf
     regimes = [(dec.small, 0.0, math.inf if dec.large is None else float(dec.threshold))]
     if dec.large is not None:
         regimes.append((dec.large, float(dec.threshold), math.inf))
-    best, why = 0.0, "tpot"
+    best, why, speed = 0.0, "tpot", 0.0
     for (a, b, c), lo, hi in regimes:
         slope = b * ctx + c
         tp_cap = math.inf if slope <= 0 and tpot >= a else ((tpot - a) / slope if slope > 0 else -math.inf)
@@ -60,8 +64,9 @@ def _decode_batch(law: IterationLaw, ctx: float, kv_tokens: float, tpot: float) 
             continue
         if cap == hi and hi < math.inf:
             cap = math.nextafter(hi, 0.0)  # just below the threshold, still the small law
-        if cap > best:
-            best, why = cap, ("kv" if kv_cap <= tp_cap else "tpot")
+        v = cap / (a + slope * cap)
+        if v > speed:
+            best, why, speed = cap, ("kv" if kv_cap <= tp_cap else "tpot"), v
     return best, why
 
 

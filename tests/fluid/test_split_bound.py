@@ -45,3 +45,19 @@ def test_bounds_no_batch_meets_are_infeasible():
         min_instances(1.0, 100, 11, PRE, DEC, kv_tokens=2000, ttft=0.1, tpot=0.05)  # one prompt takes 0.11 s
     with pytest.raises(InfeasibleError, match="TPOT"):
         min_instances(1.0, 100, 11, PRE, DEC, kv_tokens=2000, ttft=1.0, tpot=0.004)
+
+
+def test_the_faster_regime_wins_even_with_the_smaller_batch():
+    """Small law (0.005, 1e-5, 0.001) below 20 requests, large (0.030, 1e-5, 0.0005) from 20; TPOT 0.08 s,
+    no KV limit; mean context 100 + 11/2 = 105.5. Small: B <= 0.075 / 0.002055 = 36.5, capped just
+    below 20: 20 / 0.0461 = 433.8 requests-steps/s. Large: B = 0.05 / 0.001555 = 32.15, step 0.08 s:
+    401.9. The smaller batch is the faster; the LP, which weighs both regimes, agrees to 1e-6."""
+    from fluidopt.fluid.disaggregated import DisaggClass, DisaggPools, solve_disaggregated
+
+    law = IterationLaw(DEC.prefill, DecodeLaw((0.005, 1e-5, 0.001), (0.030, 1e-5, 0.0005), 20))
+    r = min_instances(3.0, 100, 11, PRE, law, kv_tokens=float("inf"), ttft=1.0, tpot=0.08)
+    assert r.decode_batch == pytest.approx(20.0) and r.decode_batch < 20
+    assert r.decode_instances == pytest.approx(3 * 10 * (0.005 + 0.002055 * 20) / 20, rel=1e-9)
+    lp = solve_disaggregated([DisaggClass("a", 3.0, 100, 11, ttft=1.0, tpot=0.08)], DisaggPools(PRE, law))
+    assert lp.decode_instances_total == pytest.approx(r.decode_instances, rel=1e-6)
+    assert lp.decode_batch[0] == pytest.approx(20.0, rel=1e-6)
