@@ -24,7 +24,8 @@ How a split's goodput is found:
   (:func:`fluidopt.fluid.disaggregated.solve_disaggregated`, minimum GPUs, the sampled requests as
   classes, without the TTFT/TPOT rows, which bind only on means). Bisection on the rate between 0 and
   a bracket that starts at that bound (doubled while the attainment still holds) stops when the bracket
-  is within ``rtol`` of its top.
+  is within ``rtol`` of its top. Before it, the first :data:`IDLE_REQUESTS` requests are replayed
+  each alone: a split that misses the attainment even so has goodput 0.
 
 Times in seconds, rates in requests/s, lengths in tokens.
 """
