@@ -169,3 +169,10 @@ def add_queue(eng, name: str) -> int:
     eng.q_cnt = S.grown(eng.q_cnt, eng.I, 0, typed)
     eng.q_tot = S.grown(eng.q_tot, 1, 0, typed)
     return q
+
+
+def cached_prefix_tokens(eng, r: int, g: int) -> int:
+    """How many leading tokens of request r's prompt are cached on instance (GPU) g now (0 without a
+    prefix cache: no block hashes, markov service or ``prefix_cache=False``; docs/simulator.md 1.2)."""
+    pc = eng._pc
+    return 0 if pc is None else pc.query(eng, r, g)
