@@ -297,8 +297,9 @@ class SimResult:
         if self.meta.get("fleet"):
             out["gpu_hours"] = self.meta["gpu_hours"]
         if "prefix_cache" in self.meta:  # per instance, a run with the prefix cache
+            inst = self.meta["prefix_cache"]
             out["instances"] = [{"instance": int(g), **{c: _clean(v) for c, v in row.items()}}
-                                for g, row in self.meta["prefix_cache"].iterrows()]
+                                for g, row in zip(inst.index, inst.to_dict("records"))]
         return out
 
     @property

@@ -110,6 +110,7 @@ def assemble_result(eng, wall: float, *, close_records: bool = True) -> M.SimRes
         records_path=records_path,
     )
     res.meta["gpu_hours"] = eng.gpu_hours()
+    res.meta["prompt_tokens"] = sum(ctr[NC * c + M.C_PREFILL_TOKENS] for c in range(I))  # first prefills
     if eng._pc is not None:  # the prefix cache: totals, per class (beside the other columns), per instance
         by_class, by_gpu = eng._pc.tables(eng._class_names, eng.n)
         res.totals["prompt_tokens"] = int(by_class.prompt_tokens.sum())
