@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import math
-
 import argparse
 import json
+import math
 from pathlib import Path
 from typing import Any
 
