@@ -225,7 +225,7 @@ class Engine:
         if not markov:
             ptok = self.r_prompt[r] + self.r_gen[r]  # recompute after a preemption
             self._join_with(g, t, ptok, r, True)
-            w = ptok if self._pc is None else self._pc.prefill_start(self, r, g, ptok)  # the uncached tokens
+            w = ptok if self._pc is None else self._pc.start(self.r_serial[r], g, ptok, self.r_prompt[r], self.t_kv[g])
         self._leave_wait(r, c, t, Q_WP)
         self._bump(NQ * c + Q_X, 1, t)
         self.g_pre[g] = r
@@ -277,8 +277,8 @@ class Engine:
         markov = self.markov
         if not markov:
             self._join_with(g, t, self.r_prompt[r] + self.r_gen[r], r, False)
-            if self._pc is not None:
-                self._pc.decode_start(self, r, g, self.r_prompt[r] + self.r_gen[r])
+            if self._pch is not None:
+                self._pch.decode_start(self.r_serial[r], g, self.t_kv[g], self.r_prompt[r] + self.r_gen[r])
         self._leave_wait(r, c, t, Q_WD)
         self._bump(NQ * c + (Q_YM if self.g_pre[g] >= 0 else Q_YS), 1, t)
         n0 = self.g_cnt[g]
@@ -373,7 +373,7 @@ class Engine:
             self._lam -= self.mu_p[c]
         else:
             if self._pc is not None:  # (before t_pend is reset: it tells a completion from an eviction)
-                self._pc.prefill_leaves(self, r, g)
+                self._pc.leave(self.r_serial[r], g, self.t_pend[g] - self.t_ka[g], c)
             self.t_pend[g] = -1
             self.t_itl[g] = self.tau_solo
             self.t_adv[g] = 1
@@ -394,8 +394,8 @@ class Engine:
             self._race_remove(r, RACE_DECODE * self.I + c)
             self._lam -= self.mbar[c]
         else:
-            if self._pc is not None:
-                self._pc.decode_leaves(r, g)
+            if self._pch is not None:
+                self._pch.decode_leaves(self.r_serial[r], g)
             self._touch(g)
         self._slot_left(g, t)
 
@@ -848,8 +848,8 @@ class Engine:
                 self.t_kv[g] += self.g_ndec[g] * m
             self.t_ka[g] = kb
         self.t_ta[g] = t  # = the anchor law's time of boundary kb (how the event was scheduled)
-        if self._pc is not None and self.kvcap >= 0:  # KV peaks at a boundary: cached blocks give way
-            self._pc.trim(g, self.t_kv[g])
+        if self._pch is not None:  # KV peaks at a boundary: cached blocks give way
+            self._pch.trim(g, self.t_kv[g])
         dc = self.t_dca[g]
         b = g * self.B
         while self.g_ndec[g]:

@@ -40,39 +40,50 @@ __all__ = ["PrefixCache", "make_prefix_cache"]
 
 
 class PrefixCache:
-    """The block caches of one run's GPUs (module docstring). ``hashes``: one int array per trace
-    row; ``block_size``: tokens per block; ``kvcap``: the GPU's KV capacity in tokens, < 0 unlimited."""
+    """The block caches of one run's GPUs (module docstring). ``hashes``: one int array per trace row;
+    ``block_size``: tokens per block; ``kvcap``: the GPU's KV capacity in tokens, < 0 unlimited;
+    ``chunk``, ``chunked``: the GPUs' prefill chunk and style (which blocks an evicted prefill computed).
 
-    def __init__(self, hashes, block_size: int, n_gpus: int, n_classes: int, kvcap: int):
-        self.h = [list(map(int, x)) for x in hashes]
+    The kernel calls :meth:`start` and :meth:`leave` for every prefill, and with a KV capacity
+    (``eng._pch``, the same object) :meth:`decode_start`, :meth:`decode_leaves` and :meth:`trim`; it
+    passes scalars (a request by its arrival number ``s`` = trace row + 1), never itself, since reading
+    the compiled core's arrays from Python costs a buffer object per read. Without a KV capacity a
+    GPU's cache is a set (nothing is held or evicted); with one, a dict of holder counts and an LRU
+    of the unheld blocks.
+    """
+
+    def __init__(self, hashes, block_size: int, n_gpus: int, n_classes: int, kvcap: int, chunk: int,
+                 chunked: bool):
+        self.h = [x.tolist() for x in hashes]  # each request's ids as Python ints (about 2 us a request)
         self.bs = int(block_size)
         self.lim = int(kvcap)
-        self.blocks: list[dict] = [{} for _ in range(n_gpus)]  # block id -> running requests holding it
-        self.free: list[OrderedDict] = [OrderedDict() for _ in range(n_gpus)]  # held by none: evicted first-in first
-        self.run: dict[int, list] = {}  # request slot -> [gpu, blocks held, cached tokens, start boundary, its block ids]
-        self.cached = np.zeros(len(self.h), dtype=np.int64)  # per trace row: cached tokens of its first prefill
-        self.by_class = np.zeros((n_classes, 3), dtype=np.int64)  # first prefills, prompt tokens, cached tokens
-        self.by_gpu = np.zeros((n_gpus, 3), dtype=np.int64)
+        self.C, self.chunked = int(chunk), bool(chunked)
+        self.blocks: list = [set() if kvcap < 0 else {} for _ in range(n_gpus)]  # dict: id -> holders
+        self.free: list[OrderedDict] = [OrderedDict() for _ in range(n_gpus)]  # unheld, evicted first-in first
+        self.run: dict[int, tuple] = {}  # s -> [gpu, blocks held, cached tokens, prompt, tokens computed]
+        self.cached = [-1] * len(self.h)  # per trace row: cached tokens of its first prefill (-1: none yet)
+        self.by_class = [[0, 0, 0] for _ in range(n_classes)]  # first prefills, prompt tokens, cached tokens
+        self.by_gpu = [[0, 0, 0] for _ in range(n_gpus)]
         self.evictions = 0
 
     def grow(self, n_gpus: int) -> None:
         """GPUs added during a run (fleet.add_gpu) start with empty caches."""
         while len(self.blocks) < n_gpus:
-            self.blocks.append({})
+            self.blocks.append(set() if self.lim < 0 else {})
             self.free.append(OrderedDict())
-            self.by_gpu = np.vstack([self.by_gpu, np.zeros((1, 3), dtype=np.int64)])
+            self.by_gpu.append([0, 0, 0])
 
     # -- the kernel's hot calls (tokens mode only) -------------------------------------------------
-    def prefill_start(self, eng, r: int, g: int, ptok: int) -> int:
-        """r's prefill of ``ptok`` tokens joins g (anchored at its join boundary, KV not yet reserved):
-        hold its cached run; returns the tokens to compute."""
-        if len(self.blocks) <= g:
+    def start(self, s: int, g: int, ptok: int, prompt: int, kv: int) -> int:
+        """Request s's prefill of ``ptok`` tokens (``prompt`` its prompt) joins GPU g, whose running
+        requests hold ``kv`` tokens there: hold its cached run; returns the tokens to compute."""
+        if g >= len(self.blocks):
             self.grow(g + 1)
-        h = self.h[eng.r_serial[r] - 1]
+        h = self.h[s - 1]
         blocks = self.blocks[g]
         lim = self.lim
-        if lim >= 0:
-            self._trim(g, eng.t_kv[g])  # growth since g's last boundary
+        if lim >= 0 and self.free[g]:
+            self._trim(g, kv)  # growth since g's last boundary
         k = 0
         for b in h:
             if b not in blocks:
@@ -80,40 +91,38 @@ class PrefixCache:
             k += 1
         if lim >= 0:
             self._hold(g, h, k)
-        prompt = eng.r_prompt[r]
         cached = min(k * self.bs, prompt)
-        if eng.r_ttft[r] != eng.r_ttft[r]:  # NaN: the prefill that gives its TTFT
-            self.cached[eng.r_serial[r] - 1] = cached
-        self.run[r] = [g, k, cached, eng.t_ka[g], h]
-        if lim >= 0:
-            self._trim(g, eng.t_kv[g] + ptok)
-        return max(1, ptok - cached)
+        work = max(1, ptok - cached)
+        self.run[s] = (g, k, cached, prompt, work)
+        if lim >= 0 and self.free[g]:
+            self._trim(g, kv + ptok)
+        return work
 
-    def prefill_leaves(self, eng, r: int, g: int) -> None:
-        """r's prefill leaves g at g's anchor boundary: completed (all its blocks become present) or
-        evicted (the blocks of its completed chunks); then it holds none of them."""
-        st = self.run.pop(r)
-        i = eng.r_serial[r] - 1
-        h = self.h[i]
-        k = st[1]
-        if eng.t_pend[g] <= eng.t_ka[g]:  # completed
+    def leave(self, s: int, g: int, remaining: int, c: int) -> None:
+        """Request s's prefill (class c) leaves g with ``remaining`` iterations to go (<= 0: completed,
+        all its blocks become present; else evicted, the blocks of its completed chunks); it then
+        holds none of them."""
+        st = self.run.pop(s)
+        h = self.h[s - 1]
+        k, cached, prompt = st[1], st[2], st[3]
+        if remaining <= 0:
             done = len(h)
-            if eng.r_ttft[r] != eng.r_ttft[r]:
-                c = eng.r_cls[r]
-                p = eng.r_prompt[r]
+            i = s - 1
+            if self.cached[i] < 0:  # its first prefill: the one that gives its TTFT
+                self.cached[i] = cached
                 for row in (self.by_class[c], self.by_gpu[g]):
                     row[0] += 1
-                    row[1] += p
-                    row[2] += st[2]
+                    row[1] += prompt
+                    row[2] += cached
         else:
-            tok = st[2] + ((eng.t_ka[g] - st[3]) * eng.C if eng.chunked else 0)
-            done = len(h) if tok >= eng.r_prompt[r] else min(len(h), tok // self.bs)
-        blocks = self.blocks[g]
+            chunks = -(-st[4] // self.C) if self.chunked else 1
+            tok = cached + (chunks - remaining) * self.C if self.chunked else cached
+            done = len(h) if tok >= prompt else min(len(h), tok // self.bs)
         if self.lim < 0:
-            for j in range(k, done):
-                blocks[h[j]] = 0
+            if done > k:
+                self.blocks[g].update(h[k:done])
             return
-        free = self.free[g]
+        blocks, free = self.blocks[g], self.free[g]
         for j in range(max(k, done) - 1, -1, -1):  # deepest first: the first block is the most recent
             b = h[j]
             if j < k:
@@ -126,16 +135,15 @@ class PrefixCache:
             if n == 0:
                 free[b] = None
                 free.move_to_end(b)
-        self._trim(g, eng.t_kv[g] - eng.r_prompt[r] - eng.r_gen[r])
 
-    def decode_start(self, eng, r: int, g: int, tokens: int) -> None:
-        """r's decode, ``tokens`` of KV, joins g (anchored, KV not yet reserved): hold its present run."""
-        if self.lim < 0:
-            return
-        if len(self.blocks) <= g:
+    def decode_start(self, s: int, g: int, kv: int, tokens: int) -> None:
+        """Request s's decode, ``tokens`` of KV, joins g, whose running requests hold ``kv``: hold its
+        present run (with a KV capacity only)."""
+        if g >= len(self.blocks):
             self.grow(g + 1)
-        self._trim(g, eng.t_kv[g])
-        h = self.h[eng.r_serial[r] - 1]
+        if self.free[g]:
+            self._trim(g, kv)
+        h = self.h[s - 1]
         blocks = self.blocks[g]
         k = 0
         for b in h:
@@ -143,21 +151,20 @@ class PrefixCache:
                 break
             k += 1
         self._hold(g, h, k)
-        self.run[r] = [g, k, 0, 0, h]
-        self._trim(g, eng.t_kv[g] + tokens)
+        self.run[s] = (g, k, 0, 0, 0)
+        if self.free[g]:
+            self._trim(g, kv + tokens)
 
-    def decode_leaves(self, r: int, g: int) -> None:
-        """r's decode left g (done, evicted or moved): it holds none of its blocks."""
-        if self.lim < 0:
-            return
-        st = self.run.pop(r, None)
-        if st is not None:
-            self._release(st[0], st[4], st[1])
+    def decode_leaves(self, s: int, g: int) -> None:
+        """Request s's decode left g (done, evicted or moved): it holds none of its blocks."""
+        st = self.run.pop(s, None)
+        if st is not None and st[1]:
+            self._release(st[0], self.h[s - 1], st[1])
 
-    def trim(self, g: int, used: int) -> None:
-        """g reached a boundary with ``used`` KV tokens of running requests: make the cached blocks fit."""
-        if len(self.blocks) > g and self.free[g]:
-            self._trim(g, used)
+    def trim(self, g: int, kv: int) -> None:
+        """g reached a boundary where its running requests hold ``kv`` tokens: the unheld blocks give way."""
+        if g < len(self.free) and self.free[g]:
+            self._trim(g, kv)
 
     # -- internals -----------------------------------------------------------------------------------
     def _hold(self, g: int, h: list, k: int) -> None:
@@ -190,23 +197,28 @@ class PrefixCache:
             self.evictions += 1
 
     # -- reads -----------------------------------------------------------------------------------------
-    def query(self, eng, r: int, g: int) -> int:
-        """Leading tokens of request r's prompt cached on GPU g now (0 for a GPU out of range)."""
+    def query(self, s: int, prompt: int, g: int) -> int:
+        """Leading tokens of request s's prompt cached on GPU g now (0 for a GPU out of range)."""
         if not 0 <= g < len(self.blocks):
             return 0
-        h = self.h[eng.r_serial[r] - 1]
         blocks = self.blocks[g]
         k = 0
-        for b in h:
+        for b in self.h[s - 1]:
             if b not in blocks:
                 break
             k += 1
-        return min(k * self.bs, eng.r_prompt[r])
+        return min(k * self.bs, prompt)
+
+    def cached_of(self, ids: np.ndarray) -> np.ndarray:
+        """Cached tokens of the first prefill of the requests with these record ids (0 if none)."""
+        a = np.asarray(self.cached, dtype=np.int64)[np.asarray(ids, dtype=np.int64) - 1]
+        return np.maximum(a, 0)
 
     def tables(self, class_names, n_gpus: int) -> tuple[pd.DataFrame, pd.DataFrame]:
         """Per class and per instance: first prefills, prompt tokens, cached tokens, hit ratio."""
-        def frame(a: np.ndarray, index: pd.Index) -> pd.DataFrame:
-            df = pd.DataFrame(a, index=index, columns=["prefilled", "prompt_tokens", "cached_prompt_tokens"])
+        def frame(a: list, index: pd.Index) -> pd.DataFrame:
+            df = pd.DataFrame(np.array(a, dtype=np.int64).reshape(-1, 3), index=index,
+                              columns=["prefilled", "prompt_tokens", "cached_prompt_tokens"])
             df["hit_ratio"] = np.where(df.prompt_tokens > 0, df.cached_prompt_tokens / df.prompt_tokens.clip(lower=1),
                                        np.nan)
             return df
@@ -215,10 +227,10 @@ class PrefixCache:
                 frame(self.by_gpu[:n_gpus], pd.Index(range(n_gpus), name="instance")))
 
 
-def make_prefix_cache(workload, n_gpus: int, n_classes: int, kvcap: int, service: str, prefix_cache) -> PrefixCache | None:
+def make_prefix_cache(workload, n_gpus: int, n_classes: int, kvcap: int, service: str, prefix_cache, chunk: int,
+                      chunked: bool) -> PrefixCache | None:
     """The run's cache, or None: off (``prefix_cache`` False), no hashes, or markov service."""
     hashes = getattr(workload, "hashes", None)
     if prefix_cache is False or hashes is None or service != "tokens":
         return None
-    return PrefixCache(hashes, workload.block_size, n_gpus, n_classes, kvcap)
-
+    return PrefixCache(hashes, workload.block_size, n_gpus, n_classes, kvcap, chunk, chunked)

@@ -175,4 +175,4 @@ def cached_prefix_tokens(eng, r: int, g: int) -> int:
     """How many leading tokens of request r's prompt are cached on instance (GPU) g now (0 without a
     prefix cache: no block hashes, markov service or ``prefix_cache=False``; docs/simulator.md 1.2)."""
     pc = eng._pc
-    return 0 if pc is None else pc.query(eng, r, g)
+    return 0 if pc is None else pc.query(eng.r_serial[r], eng.r_prompt[r], g)
