@@ -247,6 +247,7 @@ class ClusterView(Protocol):
     # prefix (KV) cache: leading tokens of r's prompt cached on instance g now (0 without a cache or
     # block hashes); the simulator reads its per-instance caches, a router its own index (snapshot)
     def cached_prefix_tokens(self, r: int, g: int) -> int: ...
+    def req_blocks(self, r: int) -> Sequence[int]: ...  # r's prompt KV block ids (chained), empty if unknown
 
 
 @runtime_checkable

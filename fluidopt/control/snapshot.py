@@ -317,6 +317,10 @@ class ClusterSnapshot:
     def req_preemptions(self, r: int) -> int:
         return 0  # not tracked
 
+    def req_blocks(self, r: int) -> tuple[int, ...]:
+        """r's prompt KV block ids as given to :meth:`add_request` (empty if none)."""
+        return self._req[r].blocks
+
     def cached_prefix_tokens(self, r: int, g: int) -> int:
         """Leading tokens of r's prompt in GPU g's index (0 without blocks): the protocol's prefix query."""
         self._check_req("cached_prefix_tokens", r)

@@ -114,8 +114,8 @@ class Engine:
     # -- cold code in plain modules, bound here as methods (docs/simulator.md section 9) ----------
     n_gpus, batch, n_classes = property(V.n_gpus), property(V.batch), property(V.n_classes)
     class_names, service, n_pools = property(V.class_names), property(V.service), property(V.n_pools)
-    gpu_mixed, gpu_decodes_by_class, gpu_requests, cached_prefix_tokens = V.gpu_mixed, V.gpu_decodes_by_class, \
-        V.gpu_requests, V.cached_prefix_tokens
+    gpu_mixed, gpu_decodes_by_class, gpu_requests, cached_prefix_tokens, req_blocks = V.gpu_mixed, V.gpu_decodes_by_class, \
+        V.gpu_requests, V.cached_prefix_tokens, V.req_blocks
     queue_id, instance_queue, queue_requests, set_pool = V.queue_id, V.instance_queue, V.queue_requests, V.set_pool
     instance_tokens, req_queue, req_preemptions, add_queue = V.instance_tokens, V.req_queue, V.req_preemptions, V.add_queue
     class_counts, queue_counts, queue_totals = V.class_counts, V.queue_counts, V.queue_totals  # live vectors

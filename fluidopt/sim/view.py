@@ -176,3 +176,9 @@ def cached_prefix_tokens(eng, r: int, g: int) -> int:
     prefix cache: no block hashes, markov service or ``prefix_cache=False``; docs/simulator.md 1.2)."""
     pc = eng._pc
     return 0 if pc is None else pc.query(eng.r_serial[r], eng.r_prompt[r], g)
+
+
+def req_blocks(eng, r: int) -> Sequence[int]:
+    """Request r's prompt KV block ids (chained; a trace's ``hashes`` row), empty when the workload has none."""
+    h = getattr(eng.workload, "hashes", None)
+    return () if h is None else h[eng.r_serial[r] - 1]

@@ -72,6 +72,62 @@ def test_options_are_checked_and_the_chunked_variants_exist():
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("policy", ["sglang", "llm-d-chunked"])
+@pytest.mark.parametrize("policy", ["sglang", "llm-d-chunked", "consistent-hash", "consistent-hash-bounded"])
 def test_the_routers_pass_the_controller_checks(policy):
     check_controller(policy)
+
+
+def _ring_owner(n: int, vnodes: int, blocks: list[int], k: int) -> int:
+    # the ring as docs/prefix-cache.md states it, written here from hashlib: vnodes points per instance at
+    # BLAKE2b-64("instance-g-v"), a key at BLAKE2b-64 of its first k ids joined by commas, the first point at
+    # or after the key (wrapping)
+    import hashlib
+
+    def h(text: str) -> int:
+        return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
+
+    pts = sorted((h(f"instance-{g}-{v}"), g) for g in range(n) for v in range(vnodes))
+    key = h(",".join(map(str, blocks[:k])))
+    return next((g for p, g in pts if p >= key), pts[0][1])
+
+
+def test_consistent_hashing_keeps_sessions_on_the_ring_owner(tmp_path):
+    # 12 sessions of 3 turns each, spread in time; a turn shares its session's first two blocks
+    rows = []
+    for turn in range(3):
+        for s in range(12):
+            ids = [1000 * s + 1, 1000 * s + 2] + [1000 * s + 10 * turn + j for j in range(3, 5)]
+            rows.append((100.0 * turn + s, 40, 2, ids))
+    frame = pd.DataFrame({"time": [r[0] for r in rows], "prompt": [r[1] for r in rows],
+                          "output": [r[2] for r in rows], "cls": [0] * len(rows)})
+    wl = TraceWorkload(frame, ("c",), hashes=[r[3] for r in rows], block_size=10)
+    path = tmp_path / "ch.csv"
+    res = simulate(_scenario(4), "consistent-hash", horizon=400.0, service="tokens", workload=wl, records=path,
+                   progress=False, controller_options={"vnodes": 16})
+    got = pd.read_csv(path).sort_values("id").prefill_gpu.tolist()
+    assert got == [_ring_owner(4, 16, r[3], 2) for r in rows]
+    assert len(set(got)) > 1  # the sessions spread
+    # later turns find their session's first two blocks: 20 of 40 tokens for each of 24 requests
+    assert res.totals["cached_prompt_tokens"] == 24 * 20
+
+
+def test_bounded_consistent_hashing_caps_the_load():
+    # 9 requests of one session at t = 0 on 3 instances: plain hashing piles them on the owner; with
+    # epsilon = 0 no instance may reach ceil((total + 1) / 3) outstanding requests when one is routed
+    frame = pd.DataFrame({"time": [0.0] * 9, "prompt": [40] * 9, "output": [50] * 9, "cls": [0] * 9})
+    wl = TraceWorkload(frame, ("c",), hashes=[[1, 2, 3, 4]] * 9, block_size=10)
+    counts = {}
+    for policy, opts in (("consistent-hash", {}), ("consistent-hash-bounded", {"epsilon": 0.0})):
+        res = simulate(_scenario(3), policy, horizon=100.0, service="tokens", workload=wl, progress=False,
+                       controller_options=opts)
+        counts[policy] = res.meta["prefix_cache"]["prefilled"].tolist()
+    assert sorted(counts["consistent-hash"]) == [0, 0, 9]
+    assert counts["consistent-hash-bounded"] == [3, 3, 3]
+
+
+def test_consistent_hashing_without_block_ids_goes_to_the_least_loaded(tmp_path):
+    frame = pd.DataFrame({"time": [0.0, 1.0], "prompt": [40, 40], "output": [1000, 2], "cls": [0, 0]})
+    path = tmp_path / "n.csv"
+    simulate(_scenario(), "consistent-hash", horizon=100.0, service="tokens", workload=TraceWorkload(frame, ("c",)),
+             records=path, progress=False)
+    assert pd.read_csv(path).sort_values("id").prefill_gpu.tolist() == [0, 1]
