@@ -252,6 +252,12 @@ def make_prefix_cache(workload, n_gpus: int, n_classes: int, kvcap: int, service
                       chunked: bool) -> PrefixCache | None:
     """The run's cache, or None: off (``prefix_cache`` False), no hashes, or markov service."""
     hashes = getattr(workload, "hashes", None)
+    if prefix_cache is True and (hashes is None or service != "tokens"):
+        from fluidopt.core.errors import ScenarioError
+
+        why = "the workload carries no block hashes" if hashes is None else f"service={service!r} has no token model"
+        raise ScenarioError(f"simulate: prefix_cache=True: {why} (a prefix cache needs both; None turns it on when "
+                            "they are there)")
     if prefix_cache is False or hashes is None or service != "tokens":
         return None
     return PrefixCache(hashes, workload.block_size, n_gpus, n_classes, kvcap, chunk, chunked)

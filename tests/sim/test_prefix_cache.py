@@ -190,6 +190,11 @@ def test_bad_prefix_cache_argument_is_one_line():
     wl = _workload([(0, 40, 2, [1, 2, 3, 4])])
     with pytest.raises(ScenarioError, match="prefix_cache"):
         simulate(_scenario(), "round-robin", horizon=10.0, service="tokens", workload=wl, prefix_cache="yes")
+    bare = TraceWorkload(wl.frame[["time", "prompt", "output", "cls"]], ("c",))
+    with pytest.raises(ScenarioError, match="no block hashes"):
+        simulate(_scenario(), "round-robin", horizon=10.0, service="tokens", workload=bare, prefix_cache=True)
+    with pytest.raises(ScenarioError, match="no token model"):
+        simulate(_scenario(), "round-robin", horizon=10.0, service="markov", workload=wl, prefix_cache=True)
 
 
 # -- the compiled core and the Python engine, cache on ----------------------------------------------------
