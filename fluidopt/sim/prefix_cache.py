@@ -31,6 +31,7 @@ first prefill of the run (warm-up included, like the run's totals).
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 
 import numpy as np
@@ -54,18 +55,22 @@ class PrefixCache:
 
     def __init__(self, hashes, block_size: int, n_gpus: int, n_classes: int, kvcap: int, chunk: int,
                  chunked: bool):
-        self.ha = tuple(hashes)  # each request's ids (int64 arrays, read-only)
-        # ... and as lists of Python ints, made when first needed (a KV capacity: holding and LRU walk them)
-        self.h: list = [None] * len(self.ha)
+        # every request's ids in one list of Python ints, request s's at flat[off[s - 1]:off[s]] (one
+        # conversion; a tolist() per request cost 2 us of the compiled engine's 6-7 us a request)
+        n = len(hashes)
+        self.off = [0, *itertools.accumulate(len(x) for x in hashes)]
+        self.flat: list = np.concatenate(hashes).astype(np.int64, copy=False).tolist() if n and self.off[-1] else []
         self.bs = int(block_size)
         self.lim = int(kvcap)
         self.C, self.chunked = int(chunk), bool(chunked)
         self.blocks: list = [set() if kvcap < 0 else {} for _ in range(n_gpus)]  # dict: id -> holders
         self.free: list[OrderedDict] = [OrderedDict() for _ in range(n_gpus)]  # unheld, evicted first-in first
-        self.run: dict[int, tuple] = {}  # s -> [gpu, blocks held, cached tokens, prompt, tokens computed]
-        self.cached = [-1] * len(self.ha)  # per trace row: cached tokens of its first prefill (-1: none yet)
-        self.by_class = [[0, 0, 0] for _ in range(n_classes)]  # first prefills, prompt tokens, cached tokens
-        self.by_gpu = [[0, 0, 0] for _ in range(n_gpus)]
+        self.run: dict[int, tuple] = {}  # s -> (gpu, blocks held, cached tokens, prompt, tokens computed)
+        # per trace row, of its first prefill (the one that gives its TTFT): cached tokens (-1: none
+        # completed yet), its GPU, class and prompt; the tables are counted from them at the end
+        self.cached = [-1] * n
+        self.gpu_of, self.cls_of, self.prompt_of = [0] * n, [0] * n, [0] * n
+        self.n_classes = n_classes
         self.evictions = 0
 
     def grow(self, n_gpus: int) -> None:
@@ -73,7 +78,6 @@ class PrefixCache:
         while len(self.blocks) < n_gpus:
             self.blocks.append(set() if self.lim < 0 else {})
             self.free.append(OrderedDict())
-            self.by_gpu.append([0, 0, 0])
 
     # -- the kernel's hot calls (tokens mode only) -------------------------------------------------
     def start(self, s: int, g: int, ptok: int, prompt: int, kv: int) -> int:
@@ -83,7 +87,18 @@ class PrefixCache:
             self.grow(g + 1)
         lim = self.lim
         if lim < 0:
-            k = self._run_closed(self.blocks[g], self.ha[s - 1])
+            # a cache that never evicts only gains whole leading runs of chained ids, so the ids of a
+            # chain present on g are a prefix of it: a binary search finds the run (~5 probes, not ~24)
+            o = self.off[s - 1]
+            lo, hi = 0, self.off[s] - o
+            flat, blocks = self.flat, self.blocks[g]
+            while lo < hi:
+                mid = (lo + hi + 1) >> 1
+                if flat[o + mid - 1] in blocks:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            k = lo
         else:
             if self.free[g]:
                 self._trim(g, kv)  # growth since g's last boundary
@@ -102,24 +117,24 @@ class PrefixCache:
         all its blocks become present; else evicted, the blocks of its completed chunks); it then
         holds none of them."""
         st = self.run.pop(s)
-        n_ids = len(self.ha[s - 1])
+        o = self.off[s - 1]
+        n_ids = self.off[s] - o
         k, cached, prompt = st[1], st[2], st[3]
         if remaining <= 0:
             done = n_ids
             i = s - 1
             if self.cached[i] < 0:  # its first prefill: the one that gives its TTFT
                 self.cached[i] = cached
-                for row in (self.by_class[c], self.by_gpu[g]):
-                    row[0] += 1
-                    row[1] += prompt
-                    row[2] += cached
+                self.gpu_of[i] = g
+                self.cls_of[i] = c
+                self.prompt_of[i] = prompt
         else:
             chunks = -(-st[4] // self.C) if self.chunked else 1
             tok = cached + (chunks - remaining) * self.C if self.chunked else cached
             done = n_ids if tok >= prompt else min(n_ids, tok // self.bs)
         if self.lim < 0:
             if done > k:
-                self.blocks[g].update(self.ha[s - 1][k:done].tolist())
+                self.blocks[g].update(self.flat[o + k:o + done])
             return
         h = self._ids(s)
         blocks, free = self.blocks[g], self.free[g]
@@ -163,10 +178,7 @@ class PrefixCache:
 
     # -- internals -----------------------------------------------------------------------------------
     def _ids(self, s: int) -> list:
-        h = self.h[s - 1]
-        if h is None:
-            h = self.h[s - 1] = self.ha[s - 1].tolist()
-        return h
+        return self.flat[self.off[s - 1]:self.off[s]]
 
     @staticmethod
     def _run(blocks, h) -> int:
@@ -177,20 +189,6 @@ class PrefixCache:
                 break
             k += 1
         return k
-
-    @staticmethod
-    def _run_closed(blocks: set, h) -> int:
-        """:meth:`_run` for a cache that never evicts: it only ever gains whole leading runs of chained ids,
-        so the present ids of a chain are a prefix of it and a binary search finds the run (about 5
-        probes instead of a request's ~24 blocks)."""
-        lo, hi = 0, len(h)
-        while lo < hi:
-            mid = (lo + hi + 1) >> 1
-            if h[mid - 1] in blocks:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
 
     def _hold(self, g: int, h: list, k: int) -> None:
         blocks, free = self.blocks[g], self.free[g]
@@ -226,8 +224,7 @@ class PrefixCache:
         """Leading tokens of request s's prompt cached on GPU g now (0 for a GPU out of range)."""
         if not 0 <= g < len(self.blocks):
             return 0
-        blocks = self.blocks[g]
-        k = self._run_closed(blocks, self.ha[s - 1]) if self.lim < 0 else self._run(blocks, self._ids(s))
+        k = self._run(self.blocks[g], self._ids(s))
         return min(k * self.bs, prompt)
 
     def cached_of(self, ids: np.ndarray) -> np.ndarray:
@@ -237,15 +234,22 @@ class PrefixCache:
 
     def tables(self, class_names, n_gpus: int) -> tuple[pd.DataFrame, pd.DataFrame]:
         """Per class and per instance: first prefills, prompt tokens, cached tokens, hit ratio."""
-        def frame(a: list, index: pd.Index) -> pd.DataFrame:
-            df = pd.DataFrame(np.array(a, dtype=np.int64).reshape(-1, 3), index=index,
+        cached = np.asarray(self.cached, dtype=np.int64)
+        done = cached >= 0
+
+        def frame(key: list, size: int, index: pd.Index) -> pd.DataFrame:
+            kk = np.asarray(key, dtype=np.int64)[done]
+            a = np.stack([np.bincount(kk, minlength=size),
+                          np.bincount(kk, np.asarray(self.prompt_of, dtype=np.float64)[done], minlength=size),
+                          np.bincount(kk, cached[done].astype(np.float64), minlength=size)], axis=1)
+            df = pd.DataFrame(np.rint(a).astype(np.int64)[:size], index=index,
                               columns=["prefilled", "prompt_tokens", "cached_prompt_tokens"])
             df["hit_ratio"] = np.where(df.prompt_tokens > 0, df.cached_prompt_tokens / df.prompt_tokens.clip(lower=1),
                                        np.nan)
             return df
         self.grow(n_gpus)
-        return (frame(self.by_class, pd.Index(list(class_names), name="class")),
-                frame(self.by_gpu[:n_gpus], pd.Index(range(n_gpus), name="instance")))
+        return (frame(self.cls_of, self.n_classes, pd.Index(list(class_names), name="class")),
+                frame(self.gpu_of, n_gpus, pd.Index(range(n_gpus), name="instance")))
 
 
 def make_prefix_cache(workload, n_gpus: int, n_classes: int, kvcap: int, service: str, prefix_cache, chunk: int,
