@@ -272,7 +272,7 @@ def init_engine(
     # the prefix cache: on when the workload carries block hashes in tokens mode, unless prefix_cache=False
     if prefix_cache not in (None, True, False):
         raise ScenarioError(f"simulate: prefix_cache: expected True, False or None (on with block hashes), got {prefix_cache!r}")
-    eng._pc = make_prefix_cache(workload, n, I, eng.kvcap, service, prefix_cache, eng.C, eng.chunked)
+    eng._pc = make_prefix_cache(workload, n, I, eng.kvcap, service, prefix_cache, eng.C, eng.chunked, typed)
     eng._pch = eng._pc if eng._pc is not None and eng.kvcap >= 0 else None  # holds and evicts blocks
 
 # =============================================================================================

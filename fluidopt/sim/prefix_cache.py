@@ -31,8 +31,12 @@ first prefill of the run (warm-up included, like the run's totals).
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import importlib
 import itertools
 from collections import OrderedDict
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -180,8 +184,7 @@ class PrefixCache:
     def _ids(self, s: int) -> list:
         return self.flat[self.off[s - 1]:self.off[s]]
 
-    @staticmethod
-    def _run(blocks, h) -> int:
+    def _run(self, blocks, h: list) -> int:
         """The number of leading ids of h present in blocks."""
         k = 0
         for b in h:
@@ -252,9 +255,28 @@ class PrefixCache:
                 frame(self.gpu_of, n_gpus, pd.Index(range(n_gpus), name="instance")))
 
 
+@functools.cache
+def compiled_class() -> tuple[type | None, str]:
+    """(the compiled PrefixCache, why) when ``fluidopt.sim._c_prefix_cache`` is built from this file and
+    prefix_cache.pxd as they are on disk (setup.py records their SHA-256 in it), else (None, why)."""
+    here = Path(__file__)
+    try:
+        mod = importlib.import_module("fluidopt.sim._c_prefix_cache")
+    except ImportError as exc:
+        return None, f"not compiled ({exc})"
+    try:
+        digest = hashlib.sha256(here.read_bytes() + b"\0" + here.with_suffix(".pxd").read_bytes()).hexdigest()
+    except OSError:
+        digest = getattr(mod, "SOURCE_SHA256", None)  # an installed package without its sources
+    if digest != getattr(mod, "SOURCE_SHA256", None):
+        return None, "built from another version of prefix_cache.py or prefix_cache.pxd"
+    return mod.PrefixCache, "compiled from the current sources"
+
+
 def make_prefix_cache(workload, n_gpus: int, n_classes: int, kvcap: int, service: str, prefix_cache, chunk: int,
-                      chunked: bool) -> PrefixCache | None:
-    """The run's cache, or None: off (``prefix_cache`` False), no hashes, or markov service."""
+                      chunked: bool, typed: bool = False) -> PrefixCache | None:
+    """The run's cache, or None: off (``prefix_cache`` False), no hashes, or markov service. ``typed`` (the
+    compiled core): the compiled class when it is built from the current sources (same numbers)."""
     hashes = getattr(workload, "hashes", None)
     if prefix_cache is True and (hashes is None or service != "tokens"):
         from fluidopt.core.errors import ScenarioError
@@ -264,4 +286,5 @@ def make_prefix_cache(workload, n_gpus: int, n_classes: int, kvcap: int, service
                             "they are there)")
     if prefix_cache is False or hashes is None or service != "tokens":
         return None
-    return PrefixCache(hashes, workload.block_size, n_gpus, n_classes, kvcap, chunk, chunked)
+    cls = (compiled_class()[0] if typed else None) or PrefixCache
+    return cls(hashes, workload.block_size, n_gpus, n_classes, kvcap, chunk, chunked)

@@ -1,0 +1,48 @@
+# Static types for fluidopt/sim/prefix_cache.py compiled as fluidopt.sim._c_prefix_cache (an "augmenting" .pxd:
+# the cache stays plain Python, and this file is its only Cython). setup.py copies both into the build tree
+# under the compiled module's name; fluidopt.sim.prefix_cache.make_prefix_cache gives the compiled core the
+# compiled class while its digest matches the two files on disk (the Python engine keeps the Python class:
+# the differential tests compare the two). The kernel calls start / leave / decode_start / decode_leaves /
+# trim with C integers; the block sets stay Python sets, dicts and OrderedDicts (C-level calls on them).
+# Keep every attribute declared here and every local of a hot method typed (one type per name).
+
+cimport cython
+
+
+@cython.final
+cdef class PrefixCache:
+    cdef public list off, flat, blocks, free, cached, gpu_of, cls_of, prompt_of
+    cdef public dict run
+    cdef public Py_ssize_t bs, lim, C, n_classes, evictions
+    cdef public bint chunked
+
+    @cython.locals(lim=Py_ssize_t, o=Py_ssize_t, lo=Py_ssize_t, hi=Py_ssize_t, mid=Py_ssize_t, flat=list, blocks=object,
+                   k=Py_ssize_t, h=list, cached=Py_ssize_t, work=Py_ssize_t)
+    cpdef Py_ssize_t start(self, Py_ssize_t s, Py_ssize_t g, Py_ssize_t ptok, Py_ssize_t prompt, Py_ssize_t kv) except? -1
+
+    @cython.locals(st=tuple, o=Py_ssize_t, n_ids=Py_ssize_t, k=Py_ssize_t, cached=Py_ssize_t, prompt=Py_ssize_t,
+                   done=Py_ssize_t, i=Py_ssize_t, chunks=Py_ssize_t, tok=Py_ssize_t, h=list, blocks=object, free=object,
+                   j=Py_ssize_t, b=object, n=object)
+    cpdef leave(self, Py_ssize_t s, Py_ssize_t g, Py_ssize_t remaining, Py_ssize_t c)
+
+    @cython.locals(h=list, k=Py_ssize_t)
+    cpdef decode_start(self, Py_ssize_t s, Py_ssize_t g, Py_ssize_t kv, Py_ssize_t tokens)
+
+    @cython.locals(st=tuple)
+    cpdef decode_leaves(self, Py_ssize_t s, Py_ssize_t g)
+
+    cpdef trim(self, Py_ssize_t g, Py_ssize_t kv)
+
+    cpdef list _ids(self, Py_ssize_t s)
+
+    @cython.locals(k=Py_ssize_t, b=object)
+    cpdef Py_ssize_t _run(self, object blocks, list h) except? -1
+
+    @cython.locals(blocks=object, free=object, j=Py_ssize_t, b=object, n=object)
+    cpdef _hold(self, Py_ssize_t g, list h, Py_ssize_t k)
+
+    @cython.locals(blocks=object, free=object, j=Py_ssize_t, b=object, n=object)
+    cpdef _release(self, Py_ssize_t g, list h, Py_ssize_t k)
+
+    @cython.locals(free=object, room=Py_ssize_t, bs=Py_ssize_t, blocks=object)
+    cpdef _trim(self, Py_ssize_t g, Py_ssize_t used)
