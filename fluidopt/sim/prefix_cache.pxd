@@ -13,16 +13,17 @@ cimport cython
 cdef class PrefixCache:
     cdef public list off, flat, blocks, free, cached, gpu_of, cls_of, prompt_of
     cdef public dict run
-    cdef public Py_ssize_t bs, lim, C, n_classes, evictions
-    cdef public bint chunked
+    cdef public Py_ssize_t bs, lim, C, n_classes, evictions, U
+    cdef public bint chunked, dense
+    cdef public long long[::1] ids  # every request's block ids, renumbered 0 .. U - 1
+    cdef public unsigned char[::1] present  # dense: [g * U + id] = 1 when present on g
 
-    @cython.locals(lim=Py_ssize_t, o=Py_ssize_t, lo=Py_ssize_t, hi=Py_ssize_t, mid=Py_ssize_t, flat=list, blocks=object,
-                   k=Py_ssize_t, h=list, cached=Py_ssize_t, work=Py_ssize_t)
+    @cython.locals(lim=Py_ssize_t, k=Py_ssize_t, h=list, cached=Py_ssize_t, work=Py_ssize_t)
     cpdef Py_ssize_t start(self, Py_ssize_t s, Py_ssize_t g, Py_ssize_t ptok, Py_ssize_t prompt, Py_ssize_t kv) except? -1
 
     @cython.locals(st=tuple, o=Py_ssize_t, n_ids=Py_ssize_t, k=Py_ssize_t, cached=Py_ssize_t, prompt=Py_ssize_t,
                    done=Py_ssize_t, i=Py_ssize_t, chunks=Py_ssize_t, tok=Py_ssize_t, h=list, blocks=object, free=object,
-                   j=Py_ssize_t, b=object, n=object)
+                   j=Py_ssize_t, b=object, n=object, ids="long long[::1]", pres="unsigned char[::1]", base=Py_ssize_t)
     cpdef leave(self, Py_ssize_t s, Py_ssize_t g, Py_ssize_t remaining, Py_ssize_t c)
 
     @cython.locals(h=list, k=Py_ssize_t)
@@ -34,6 +35,10 @@ cdef class PrefixCache:
     cpdef trim(self, Py_ssize_t g, Py_ssize_t kv)
 
     cpdef list _ids(self, Py_ssize_t s)
+
+    @cython.locals(o=Py_ssize_t, lo=Py_ssize_t, hi=Py_ssize_t, mid=Py_ssize_t, ids="long long[::1]",
+                   pres="unsigned char[::1]", base=Py_ssize_t, blocks=object)
+    cpdef Py_ssize_t _closed_run(self, Py_ssize_t s, Py_ssize_t g) except? -1
 
     @cython.locals(k=Py_ssize_t, b=object)
     cpdef Py_ssize_t _run(self, object blocks, list h) except? -1

@@ -35,6 +35,7 @@ import functools
 import hashlib
 import importlib
 import itertools
+from array import array
 from collections import OrderedDict
 from pathlib import Path
 
@@ -42,6 +43,8 @@ import numpy as np
 import pandas as pd
 
 __all__ = ["PrefixCache", "make_prefix_cache"]
+
+_DENSE_BYTES = 1 << 26  # the most memory a never-evicting cache keeps as bytes per (GPU, block) before sets
 
 
 class PrefixCache:
@@ -59,14 +62,27 @@ class PrefixCache:
 
     def __init__(self, hashes, block_size: int, n_gpus: int, n_classes: int, kvcap: int, chunk: int,
                  chunked: bool):
-        # every request's ids in one list of Python ints, request s's at flat[off[s - 1]:off[s]] (one
-        # conversion; a tolist() per request cost 2 us of the compiled engine's 6-7 us a request)
+        # every request's block ids in one typed array, request s's at ids[off[s - 1]:off[s]], renumbered
+        # 0 .. U - 1 (equal ids stay equal, so the chains are kept): ids that already are small
+        # non-negative integers (Mooncake's) as they are, others through np.unique
         n = len(hashes)
         self.off = [0, *itertools.accumulate(len(x) for x in hashes)]
-        self.flat: list = np.concatenate(hashes).astype(np.int64, copy=False).tolist() if n and self.off[-1] else []
+        total = self.off[-1]
+        allids = np.concatenate(hashes).astype(np.int64, copy=False) if n and total else np.zeros(0, np.int64)
+        if total and allids.min() >= 0 and allids.max() < max(4 * total, 1 << 16):
+            self.U = int(allids.max()) + 1
+        else:
+            uniq, allids = np.unique(allids, return_inverse=True)
+            self.U = len(uniq)
+        ids = array("q", allids.astype(np.int64, copy=False).tobytes())
+        self.ids = ids
+        self.flat = ids.tolist() if kvcap >= 0 else []  # the same as Python ints: holding walks them
         self.bs = int(block_size)
         self.lim = int(kvcap)
         self.C, self.chunked = int(chunk), bool(chunked)
+        # without a KV capacity and up to _DENSE_BYTES, one byte per (GPU, block): 1 when present
+        self.dense = kvcap < 0 and n_gpus * self.U <= _DENSE_BYTES
+        self.present = bytearray(n_gpus * self.U if self.dense else 0)
         self.blocks: list = [set() if kvcap < 0 else {} for _ in range(n_gpus)]  # dict: id -> holders
         self.free: list[OrderedDict] = [OrderedDict() for _ in range(n_gpus)]  # unheld, evicted first-in first
         self.run: dict[int, tuple] = {}  # s -> (gpu, blocks held, cached tokens, prompt, tokens computed)
@@ -79,6 +95,10 @@ class PrefixCache:
 
     def grow(self, n_gpus: int) -> None:
         """GPUs added during a run (fleet.add_gpu) start with empty caches."""
+        if self.dense and len(self.present) < n_gpus * self.U:
+            p = bytearray(n_gpus * self.U)  # (a new array: the compiled class holds a view of the old one)
+            p[:len(self.present)] = self.present
+            self.present = p
         while len(self.blocks) < n_gpus:
             self.blocks.append(set() if self.lim < 0 else {})
             self.free.append(OrderedDict())
@@ -91,18 +111,7 @@ class PrefixCache:
             self.grow(g + 1)
         lim = self.lim
         if lim < 0:
-            # a cache that never evicts only gains whole leading runs of chained ids, so the ids of a
-            # chain present on g are a prefix of it: a binary search finds the run (~5 probes, not ~24)
-            o = self.off[s - 1]
-            lo, hi = 0, self.off[s] - o
-            flat, blocks = self.flat, self.blocks[g]
-            while lo < hi:
-                mid = (lo + hi + 1) >> 1
-                if flat[o + mid - 1] in blocks:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            k = lo
+            k = self._closed_run(s, g)
         else:
             if self.free[g]:
                 self._trim(g, kv)  # growth since g's last boundary
@@ -123,6 +132,7 @@ class PrefixCache:
         st = self.run.pop(s)
         o = self.off[s - 1]
         n_ids = self.off[s] - o
+        ids = self.ids
         k, cached, prompt = st[1], st[2], st[3]
         if remaining <= 0:
             done = n_ids
@@ -137,8 +147,15 @@ class PrefixCache:
             tok = cached + (chunks - remaining) * self.C if self.chunked else cached
             done = n_ids if tok >= prompt else min(n_ids, tok // self.bs)
         if self.lim < 0:
-            if done > k:
-                self.blocks[g].update(self.flat[o + k:o + done])
+            if self.dense:
+                pres = self.present
+                base = g * self.U
+                for j in range(o + k, o + done):
+                    pres[base + ids[j]] = 1
+            else:
+                blocks = self.blocks[g]
+                for j in range(o + k, o + done):
+                    blocks.add(ids[j])
             return
         h = self._ids(s)
         blocks, free = self.blocks[g], self.free[g]
@@ -184,6 +201,32 @@ class PrefixCache:
     def _ids(self, s: int) -> list:
         return self.flat[self.off[s - 1]:self.off[s]]
 
+    def _closed_run(self, s: int, g: int) -> int:
+        """Request s's cached run on g in a cache that never evicts: it only gains whole leading runs of
+        chained ids, so the ids of a chain present on g are a prefix of it, and a binary search finds
+        the run (about 5 probes instead of a request's ~24 blocks)."""
+        o = self.off[s - 1]
+        lo, hi = 0, self.off[s] - o
+        ids = self.ids
+        if self.dense:
+            pres = self.present
+            base = g * self.U
+            while lo < hi:
+                mid = (lo + hi + 1) >> 1
+                if pres[base + ids[o + mid - 1]]:
+                    lo = mid
+                else:
+                    hi = mid - 1
+        else:
+            blocks = self.blocks[g]
+            while lo < hi:
+                mid = (lo + hi + 1) >> 1
+                if ids[o + mid - 1] in blocks:
+                    lo = mid
+                else:
+                    hi = mid - 1
+        return lo
+
     def _run(self, blocks, h: list) -> int:
         """The number of leading ids of h present in blocks."""
         k = 0
@@ -227,7 +270,7 @@ class PrefixCache:
         """Leading tokens of request s's prompt cached on GPU g now (0 for a GPU out of range)."""
         if not 0 <= g < len(self.blocks):
             return 0
-        k = self._run(self.blocks[g], self._ids(s))
+        k = self._closed_run(s, g) if self.lim < 0 else self._run(self.blocks[g], self._ids(s))
         return min(k * self.bs, prompt)
 
     def cached_of(self, ids: np.ndarray) -> np.ndarray:

@@ -259,3 +259,45 @@ def test_the_hit_ratio_is_a_ratio_of_the_totals(tmp_path):
     assert [i["cached_prompt_tokens"] for i in s["instances"]] == [30]
     assert math.isclose(s["classes"][0]["hit_ratio"], 0.25)
     assert np.array_equal(res.meta["prefix_cache"]["prefilled"].to_numpy(), [3])
+
+
+@needs_mooncake
+def test_the_set_path_and_renumbered_ids_give_the_same_numbers(monkeypatch):
+    # the never-evicting cache keeps one byte per (GPU, block) up to _DENSE_BYTES, else sets; block ids
+    # that are not small non-negative integers are renumbered. Neither changes a number.
+    import fluidopt.sim.prefix_cache as PC
+
+    sc, wl = _mooncake_prefix(600, 2.0)
+    sc = replace(sc, gpus=4)
+
+    def run(w):
+        res = simulate(sc, "jsq", horizon=w.duration + 600.0, service="tokens", workload=w, progress=False,
+                       backend="python")
+        return res.totals, res.meta["prefix_cache"]
+
+    dense = run(wl)
+    big = TraceWorkload(wl.frame[["time", "prompt", "output", "cls"]], wl.class_names,
+                        hashes=[np.asarray(h) * 7919 - (1 << 40) for h in wl.hashes], block_size=wl.block_size)
+    renumbered = run(big)
+    monkeypatch.setattr(PC, "_DENSE_BYTES", 0)
+    sets = run(wl)
+    for other in (renumbered, sets):
+        assert other[0] == dense[0]
+        pd.testing.assert_frame_equal(other[1], dense[1])
+    assert dense[0]["cached_prompt_tokens"] > 0
+
+
+@needs_core
+def test_the_compiled_core_runs_the_compiled_cache_when_it_is_built():
+    from fluidopt.sim.prefix_cache import PrefixCache, compiled_class
+
+    cls, why = compiled_class()
+    if cls is None:
+        pytest.skip(f"fluidopt.sim._c_prefix_cache: {why}")
+    wl = _workload([(0, 40, 2, [1, 2, 3, 4])])
+    kinds = {}
+    for backend in ("compiled", "python"):
+        eng = make_engine(_scenario(), "round-robin", horizon=10.0, service="tokens", workload=wl, progress=False,
+                          backend=backend)
+        kinds[backend] = type(eng._pc)
+    assert kinds == {"compiled": cls, "python": PrefixCache}
