@@ -56,8 +56,10 @@ class PrefixCache:
     (``eng._pch``, the same object) :meth:`decode_start`, :meth:`decode_leaves` and :meth:`trim`; it
     passes scalars (a request by its arrival number ``s`` = trace row + 1), never itself, since reading
     the compiled core's arrays from Python costs a buffer object per read. Without a KV capacity a
-    GPU's cache is a set (nothing is held or evicted); with one, a dict of holder counts and an LRU
-    of the unheld blocks.
+    GPU's cache is one byte per block (``present``; a set beyond ``_DENSE_BYTES``): nothing is held
+    or evicted; with one, a dict of holder counts and an LRU of the unheld blocks. setup.py compiles
+    this file with prefix_cache.pxd into ``fluidopt.sim._c_prefix_cache``, which the compiled core
+    uses while its digest matches (:func:`compiled_class`); the numbers are the same.
     """
 
     def __init__(self, hashes, block_size: int, n_gpus: int, n_classes: int, kvcap: int, chunk: int,
