@@ -45,6 +45,7 @@ import pandas as pd
 __all__ = ["PrefixCache", "make_prefix_cache"]
 
 _DENSE_BYTES = 1 << 26  # the most memory a never-evicting cache keeps as bytes per (GPU, block) before sets
+_LRU_BYTES = 1 << 28  # the most memory a cache with a KV capacity keeps as typed slots before dicts
 
 
 class PrefixCache:
@@ -78,7 +79,13 @@ class PrefixCache:
             self.U = len(uniq)
         ids = array("q", allids.astype(np.int64, copy=False).tobytes())
         self.ids = ids
-        self.flat = ids.tolist() if kvcap >= 0 else []  # the same as Python ints: holding walks them
+        # with a KV capacity and up to _LRU_BYTES, typed per (GPU, block) slots x = g * U + id: holders[x]
+        # (-1: not cached) and the links of each GPU's LRU list of unheld blocks (oldest at head[g])
+        self.lru = kvcap >= 0 and 12 * n_gpus * self.U <= _LRU_BYTES
+        m = n_gpus * self.U if self.lru else 0
+        self.holders, self.prv, self.nxt = array("i", [-1]) * m, array("i", [-1]) * m, array("i", [-1]) * m
+        self.head, self.tail, self.nfree = array("q", [-1]) * n_gpus, array("q", [-1]) * n_gpus, array("q", [0]) * n_gpus
+        self.flat = ids.tolist() if kvcap >= 0 and not self.lru else []  # the dict path walks Python ints
         self.bs = int(block_size)
         self.lim = int(kvcap)
         self.C, self.chunked = int(chunk), bool(chunked)
@@ -101,6 +108,15 @@ class PrefixCache:
             p = bytearray(n_gpus * self.U)  # (a new array: the compiled class holds a view of the old one)
             p[:len(self.present)] = self.present
             self.present = p
+        if self.lru and len(self.head) < n_gpus:
+            more = (n_gpus - len(self.head)) * self.U
+            self.holders = array("i", self.holders) + array("i", [-1]) * more
+            self.prv = array("i", self.prv) + array("i", [-1]) * more
+            self.nxt = array("i", self.nxt) + array("i", [-1]) * more
+            more = n_gpus - len(self.head)
+            self.head = array("q", self.head) + array("q", [-1]) * more
+            self.tail = array("q", self.tail) + array("q", [-1]) * more
+            self.nfree = array("q", self.nfree) + array("q", [0]) * more
         while len(self.blocks) < n_gpus:
             self.blocks.append(set() if self.lim < 0 else {})
             self.free.append(OrderedDict())
@@ -114,17 +130,24 @@ class PrefixCache:
         lim = self.lim
         if lim < 0:
             k = self._closed_run(s, g)
+        elif self.lru:
+            self._lru_trim(g, kv)  # growth since g's last boundary
+            k = self._lru_run(s, g)
+            self._lru_hold(s, g, k)
         else:
             if self.free[g]:
-                self._trim(g, kv)  # growth since g's last boundary
+                self._trim(g, kv)
             h = self._ids(s)
             k = self._run(self.blocks[g], h)
             self._hold(g, h, k)
         cached = min(k * self.bs, prompt)
         work = max(1, ptok - cached)
         self.run[s] = (g, k, cached, prompt, work)
-        if lim >= 0 and self.free[g]:
-            self._trim(g, kv + ptok)
+        if lim >= 0:
+            if self.lru:
+                self._lru_trim(g, kv + ptok)
+            elif self.free[g]:
+                self._trim(g, kv + ptok)
         return work
 
     def leave(self, s: int, g: int, remaining: int, c: int) -> None:
@@ -159,6 +182,22 @@ class PrefixCache:
                 for j in range(o + k, o + done):
                     blocks.add(ids[j])
             return
+        if self.lru:
+            hold = self.holders
+            base = g * self.U
+            for j in range(max(k, done) - 1, -1, -1):  # deepest first: the first block is the most recent
+                x = base + ids[o + j]
+                if j < k:
+                    hold[x] -= 1
+                    if hold[x] == 0:
+                        self._link(g, x)
+                elif hold[x] < 0:
+                    hold[x] = 0
+                    self._link(g, x)
+                elif hold[x] == 0:
+                    self._unlink(g, x)
+                    self._link(g, x)
+            return
         h = self._ids(s)
         blocks, free = self.blocks[g], self.free[g]
         for j in range(max(k, done) - 1, -1, -1):  # deepest first: the first block is the most recent
@@ -179,6 +218,13 @@ class PrefixCache:
         present run (with a KV capacity only)."""
         if g >= len(self.blocks):
             self.grow(g + 1)
+        if self.lru:
+            self._lru_trim(g, kv)
+            k = self._lru_run(s, g)
+            self._lru_hold(s, g, k)
+            self.run[s] = (g, k, 0, 0, 0)
+            self._lru_trim(g, kv + tokens)
+            return
         if self.free[g]:
             self._trim(g, kv)
         h = self._ids(s)
@@ -192,14 +238,83 @@ class PrefixCache:
         """Request s's decode left g (done, evicted or moved): it holds none of its blocks."""
         st = self.run.pop(s, None)
         if st is not None and st[1]:
-            self._release(st[0], self._ids(s), st[1])
+            if self.lru:
+                self._lru_release(s, st[0], st[1])
+            else:
+                self._release(st[0], self._ids(s), st[1])
 
     def trim(self, g: int, kv: int) -> None:
         """g reached a boundary where its running requests hold ``kv`` tokens: the unheld blocks give way."""
-        if g < len(self.free) and self.free[g]:
+        if self.lru:
+            if g < len(self.head):
+                self._lru_trim(g, kv)
+        elif g < len(self.free) and self.free[g]:
             self._trim(g, kv)
 
     # -- internals -----------------------------------------------------------------------------------
+    def _link(self, g: int, x: int) -> None:
+        """Unheld slot x becomes g's most recently released block (the tail of its LRU list)."""
+        t = self.tail[g]
+        self.prv[x] = t
+        self.nxt[x] = -1
+        if t >= 0:
+            self.nxt[t] = x
+        else:
+            self.head[g] = x
+        self.tail[g] = x
+        self.nfree[g] += 1
+
+    def _unlink(self, g: int, x: int) -> None:
+        p = self.prv[x]
+        q = self.nxt[x]
+        if p >= 0:
+            self.nxt[p] = q
+        else:
+            self.head[g] = q
+        if q >= 0:
+            self.prv[q] = p
+        else:
+            self.tail[g] = p
+        self.nfree[g] -= 1
+
+    def _lru_run(self, s: int, g: int) -> int:
+        ids, hold = self.ids, self.holders
+        base = g * self.U
+        o = self.off[s - 1]
+        e = self.off[s]
+        j = o
+        while j < e and hold[base + ids[j]] >= 0:
+            j += 1
+        return j - o
+
+    def _lru_hold(self, s: int, g: int, k: int) -> None:
+        ids, hold = self.ids, self.holders
+        base = g * self.U
+        o = self.off[s - 1]
+        for j in range(o, o + k):
+            x = base + ids[j]
+            if hold[x] == 0:
+                self._unlink(g, x)
+            hold[x] += 1
+
+    def _lru_release(self, s: int, g: int, k: int) -> None:
+        ids, hold = self.ids, self.holders
+        base = g * self.U
+        o = self.off[s - 1]
+        for j in range(o + k - 1, o - 1, -1):
+            x = base + ids[j]
+            hold[x] -= 1
+            if hold[x] == 0:
+                self._link(g, x)
+
+    def _lru_trim(self, g: int, used: int) -> None:
+        room = self.lim - used
+        while self.nfree[g] > 0 and self.nfree[g] * self.bs > room:
+            x = self.head[g]
+            self._unlink(g, x)
+            self.holders[x] = -1
+            self.evictions += 1
+
     def _ids(self, s: int) -> list:
         return self.flat[self.off[s - 1]:self.off[s]]
 
@@ -272,7 +387,10 @@ class PrefixCache:
         """Leading tokens of request s's prompt cached on GPU g now (0 for a GPU out of range)."""
         if not 0 <= g < len(self.blocks):
             return 0
-        k = self._closed_run(s, g) if self.lim < 0 else self._run(self.blocks[g], self._ids(s))
+        if self.lim < 0:
+            k = self._closed_run(s, g)
+        else:
+            k = self._lru_run(s, g) if self.lru else self._run(self.blocks[g], self._ids(s))
         return min(k * self.bs, prompt)
 
     def cached_of(self, ids: np.ndarray) -> np.ndarray:

@@ -301,3 +301,25 @@ def test_the_compiled_core_runs_the_compiled_cache_when_it_is_built():
                           backend=backend)
         kinds[backend] = type(eng._pc)
     assert kinds == {"compiled": cls, "python": PrefixCache}
+
+
+@needs_mooncake
+def test_the_typed_lru_and_the_dicts_give_the_same_numbers(monkeypatch, tmp_path):
+    # with a KV capacity the cache keeps typed slots per (GPU, block) up to _LRU_BYTES, else dicts and an
+    # OrderedDict per GPU: the same holds, releases and evictions, in the same order
+    import fluidopt.sim.prefix_cache as PC
+
+    sc, wl = _mooncake_prefix(500, 2.5)
+    sc = replace(sc, gpus=3, gpu=replace(sc.gpu, kv_capacity=70000.0))
+
+    def run(name):
+        path = tmp_path / name
+        res = simulate(sc, "least-requests", horizon=wl.duration + 600.0, service="tokens", workload=wl,
+                       records=path, progress=False, backend="python")
+        return res.totals, res.meta["prefix_cache_evictions"], path.read_bytes()
+
+    typed = run("typed.csv")
+    monkeypatch.setattr(PC, "_LRU_BYTES", 0)
+    dicts = run("dicts.csv")
+    assert typed == dicts
+    assert typed[1] > 0 and typed[0]["preemptions"] > 0
