@@ -143,7 +143,7 @@ def _extensions() -> list[Extension]:
     )
     ext.fluidopt_key = build_key(ext.name, text, TYPES.read_bytes(), _recipe(_DIRECTIVES, ext.extra_compile_args))
     if _reused(ext):
-        return [ext] + _single_sourced_extensions(cythonize, digest)
+        return [ext] + _single_sourced_extensions(cythonize, digest) + _prefix_cache_extension(cythonize)
     try:
         exts = cythonize(
             [ext],
@@ -156,7 +156,39 @@ def _extensions() -> list[Extension]:
     except Exception as exc:  # a Cython error must not stop the install: the Python engine is complete
         _notice(f"Cython could not translate the simulator core ({exc})")
         return []
-    return exts + _single_sourced_extensions(cythonize, digest)
+    return exts + _single_sourced_extensions(cythonize, digest) + _prefix_cache_extension(cythonize)
+
+
+def _prefix_cache_extension(cythonize) -> list[Extension]:
+    """fluidopt.sim._c_prefix_cache: fluidopt/sim/prefix_cache.py compiled as is with the types of
+    prefix_cache.pxd, plus their digest (fluidopt.sim.prefix_cache.compiled_class checks it)."""
+    pkg = GEN / "fluidopt" / "sim"
+    module = "_c_prefix_cache"
+    src = (ROOT / "fluidopt" / "sim" / "prefix_cache.py").read_bytes()
+    types = (ROOT / "fluidopt" / "sim" / "prefix_cache.pxd").read_bytes()
+    text = src.decode("utf-8") + (
+        "\n\n# Added by setup.py: the digest of fluidopt/sim/prefix_cache.py and prefix_cache.pxd.\n"
+        f'SOURCE_SHA256 = "{single_source_digest(src, types)}"\n'
+    )
+    py = pkg / f"{module}.py"
+    if not py.exists() or py.read_text(encoding="utf-8") != text:
+        py.write_text(text, encoding="utf-8")
+    pxd = pkg / f"{module}.pxd"
+    if not pxd.exists() or pxd.read_bytes() != types:
+        pxd.write_bytes(types)
+    ext = Extension(f"fluidopt.sim.{module}", [str(py.relative_to(ROOT))], extra_compile_args=_NO_FMA)
+    ext.fluidopt_key = build_key(ext.name, text, types, _recipe(_DIRECTIVES, _NO_FMA))
+    if _reused(ext):
+        return [ext]
+    try:
+        out = cythonize([ext], include_path=[str(GEN)], quiet=True, compiler_directives=_DIRECTIVES)
+        for e in out:
+            e.fluidopt_key = ext.fluidopt_key
+        return out
+    except Exception as exc:  # the Python class (the same source) is complete without it
+        _notice(f"Cython could not translate fluidopt/sim/prefix_cache.py ({exc})",
+                "the prefix cache will run as Python")
+        return []
 
 
 def single_source_digest(py: bytes, pxd: bytes) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -58,13 +59,14 @@ def add_trace_arguments(p: argparse.ArgumentParser) -> None:
                    help="replay a trace instead of the scenario's Poisson arrivals: a CSV with columns "
                         "time,prompt_tokens,output_tokens[,class], an Azure LLM inference trace "
                         "(TIMESTAMP,ContextTokens,GeneratedTokens) or Mooncake JSON lines (timestamp in ms,"
-                        "input_length,output_length,hash_ids; replayed cache-blind); needs --service tokens")
+                        "input_length,output_length,hash_ids: its block hashes feed the simulator's prefix cache); needs "
+                        "--service tokens")
     p.add_argument("--trace-format", default=None, metavar="SPEC",
                    help="with a JSON-lines --trace other than Mooncake's: its fields, time unit and block size as "
                         "KEY=VALUE,... with keys time, prompt, output, hashes (none: no hashes), class, unit "
                         "(seconds per time unit), block (tokens per block); e.g. time=ts,unit=1,block=16")
     p.add_argument("--speedup", type=float, default=1.0, metavar="K",
-                   help="with --trace: compress time by K (K times the arrival rate; default 1)")
+                   help="with --trace: compress time by K (K times the arrival rate; K < 1 stretches it; default 1)")
 
 
 def replay_from_args(args: argparse.Namespace, scenario: Any) -> tuple[Any, Any]:
@@ -85,6 +87,6 @@ def replay_from_args(args: argparse.Namespace, scenario: Any) -> tuple[Any, Any]
                              "from its header")
     if args.service != "tokens":
         raise UsageError("--trace: a trace gives token counts, so it runs with --service tokens")
-    if not args.speedup > 0:
-        raise UsageError(f"--speedup: expected a number > 0, got {args.speedup}")
+    if not (args.speedup > 0 and math.isfinite(args.speedup)):
+        raise UsageError(f"--speedup: expected a finite number > 0, got {args.speedup}")
     return replay(args.trace, scenario, speedup=args.speedup, jsonl_format=fmt)

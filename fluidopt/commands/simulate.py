@@ -73,6 +73,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     prog.add_argument("--no-progress", dest="progress", action="store_false")
     p.add_argument("--backend", choices=("auto", "compiled", "python"), default="auto",
                    help="event engine: the compiled core or pure Python (same numbers; default auto)")
+    p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false", default=None,
+                   help="with --trace: no prefix (KV) cache; by default a trace whose requests carry block hashes "
+                        "(JSON lines) runs with one cache per instance and only uncached prompt tokens are prefilled")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--list-policies", action="store_true", help="list the registered policies and exit")
     add_controller_arguments(p)
@@ -179,6 +182,8 @@ def run(args: argparse.Namespace) -> int:
         args.service = "tokens" if wf is not None or g.kv_time_per_token or g.kv_capacity is not None else "markov"
     warmup = (0.0 if wf is not None else 0.1 * args.horizon) if args.warmup is None else args.warmup
     window = RunWindow(args.horizon, warmup, args.service, args.sample_interval, args.drain)  # the one check
+    if args.prefix_cache is False and args.trace is None:
+        raise UsageError("--no-prefix-cache: only used with --trace (the cache reads a trace's block hashes)")
     scenario, workload = replay_from_args(args, scenario)
     if workload is None:
         check_size(scenario, args.horizon)
@@ -188,14 +193,15 @@ def run(args: argparse.Namespace) -> int:
     if cached:  # the fluid numbers count the cache; a run would silently not
         import warnings
 
-        warnings.warn(f"classes {', '.join(cached)}: hit_ratio is not simulated yet; every prompt token is prefilled "
+        warnings.warn(f"classes {', '.join(cached)}: the simulator does not read hit_ratio; its prefix cache works "
+                      "from a trace's block hashes (--trace), and without them every prompt token is prefilled "
                       "(docs/prefix-cache.md)", UserWarning, stacklevel=1)
     controller = make_controller(args.policy, scenario, **options)
     # progress by default, also when stderr is not a terminal (then a plain line every few seconds:
     # fluidopt.sim.bookkeeping.LOG_EVERY); --json alone keeps stderr quiet unless --progress is given
     progress = (not args.json) if args.progress is None else args.progress
     res = simulate(scenario, controller, window=window, seed=args.seed, records=args.records, progress=progress,
-                   batches=args.batches, backend=args.backend, workload=workload)
+                   batches=args.batches, backend=args.backend, workload=workload, prefix_cache=args.prefix_cache)
     if res.interrupted and res.records_path:
         # the rows of a run cut short are kept, under a name that says so: never as a finished run's records
         from pathlib import Path
@@ -210,9 +216,15 @@ def run(args: argparse.Namespace) -> int:
         out = res.summary()
         if res.timeseries is not None:
             out["timeseries_rows"] = len(res.timeseries)
+        if workload is not None:
+            out.update(trace_totals(res, workload, scenario))
         print(json.dumps(out, indent=2, allow_nan=False))
     else:
         print(format_result(res, priced=bool((scenario.rates().w > 0).any())))
+        if "cached_prompt_tokens" in res.totals:
+            t = res.totals
+            print(f"prefix cache: {t['cached_prompt_tokens']:,} of {t['prompt_tokens']:,} prompt tokens cached "
+                  f"(hit ratio {res.cluster['hit_ratio']:.4f})")
         c = res.cluster
         if "cohort_revenue_per_gpu" in c:
             print(f"arrival cohort [{res.warmup:g}, {res.horizon:g}) s: revenue/GPU/s {c['cohort_revenue_per_gpu']:.6g} "
@@ -246,6 +258,18 @@ def _check_given_window(args: argparse.Namespace) -> None:
         return
     RunWindow(sys.float_info.max if h is None else h, 0.0 if w is None else w, "markov", args.sample_interval,
               args.drain)
+
+
+def trace_totals(res: Any, workload: Any, scenario: Any) -> dict:
+    """The JSON totals of a --trace run that scripts rely on: ``prompt_tokens`` (of the requests whose first
+    prefill completed), ``cached_prompt_tokens`` (0 without the prefix cache) and ``fluid_load`` (the
+    trace's offered load over the fleet's fluid capacity, cache-blind; null when it cannot be estimated)."""
+    from fluidopt.workloads.traces import fleet_load
+
+    load = fleet_load(workload, scenario)
+    return {"prompt_tokens": int(res.totals.get("prompt_tokens", res.meta["prompt_tokens"])),
+            "cached_prompt_tokens": int(res.totals.get("cached_prompt_tokens", 0)),
+            "fluid_load": None if load is None or not math.isfinite(load) else float(load)}
 
 
 TRACE_LOAD_RANGE = (0.05, 1.0)  # a replayed trace loading the fleet outside this range gets a warning

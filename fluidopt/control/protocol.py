@@ -244,6 +244,11 @@ class ClusterView(Protocol):
     def req_generated(self, r: int) -> int: ...  # output tokens produced so far (tokens mode)
     def req_preemptions(self, r: int) -> int: ...
 
+    # prefix (KV) cache: leading tokens of r's prompt cached on instance g now (0 without a cache or
+    # block hashes); the simulator reads its per-instance caches, a router its own index (snapshot)
+    def cached_prefix_tokens(self, r: int, g: int) -> int: ...
+    def req_blocks(self, r: int) -> Sequence[int]: ...  # r's prompt KV block ids (chained), empty if unknown
+
 
 @runtime_checkable
 class Actions(Protocol):

@@ -61,6 +61,7 @@ BUILTIN_MODULES = (
     "fluidopt.control.gate_and_route",
     "fluidopt.control.paper_baselines",
     "fluidopt.control.load_balancers",
+    "fluidopt.control.prefix_routers",
     "fluidopt.control.robust",
     "fluidopt.control.orchestration",
 )

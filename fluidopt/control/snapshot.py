@@ -20,6 +20,13 @@ O(GPUs). That is fine at a router's decision rate (thousands per second for hund
 simulator's engine keeps them incrementally instead. Queue ids follow the engine: 0 = PREFILL_QUEUE,
 1 = DECODE_QUEUE, ``2 + g`` = GPU g's instance queue, then named queues in order of ``add_queue``.
 The snapshot does not track KV caches (``gpu_kv_free`` is ``inf``) nor generated tokens (0).
+
+Prefix caches: a router that knows its requests' block hashes (``add_request(..., blocks=...)``,
+``block_size`` at construction) keeps its own index of the blocks each GPU has computed: a prefill
+that finishes adds its request's blocks to its GPU's index, :meth:`~ClusterSnapshot.evict_blocks`
+removes blocks the engine reports evicted, and :meth:`~ClusterSnapshot.cached_prefix_tokens` answers
+the protocol's query from it (the longest run of the request's leading blocks in the GPU's index,
+``min(k * block_size, prompt)`` tokens), as SGLang's cache-aware router answers from its approximate tree.
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ class _Req:
     phase: int = WAIT_PREFILL
     gpu: int = NO_REQUEST
     queue: int = -1
+    blocks: tuple = ()  # its prompt's chained KV block ids (prefix caching), if the router knows them
 
 
 class SnapshotCounts(Sequence):
@@ -117,7 +125,8 @@ class ClusterSnapshot:
     """
 
     def __init__(self, n_gpus: int, batch: int, classes: int | Sequence[str], *,
-                 clock: float | Callable[[], float] = 0.0, seed: int = 0, service: str = "markov"):
+                 clock: float | Callable[[], float] = 0.0, seed: int = 0, service: str = "markov",
+                 block_size: int | None = None):
         if isinstance(n_gpus, bool) or not isinstance(n_gpus, int) or n_gpus < 1:
             raise ActionError(f"ClusterSnapshot: n_gpus: expected an integer >= 1, got {n_gpus!r}")
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
@@ -125,6 +134,10 @@ class ClusterSnapshot:
         names = tuple(f"c{i}" for i in range(classes)) if isinstance(classes, int) else tuple(classes)
         if not names:
             raise ActionError("ClusterSnapshot: classes: expected at least one class")
+        if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1):
+            raise ActionError(f"ClusterSnapshot: block_size: expected an integer >= 1 (tokens) or None, got {block_size!r}")
+        self.block_size = block_size
+        self._cached: list[set] = [set() for _ in range(n_gpus)]  # the router's index of each GPU's KV blocks
         self.n_gpus, self.batch = n_gpus, batch
         self.class_names: tuple[str, ...] = names
         self.n_classes = len(names)
@@ -304,6 +317,30 @@ class ClusterSnapshot:
     def req_preemptions(self, r: int) -> int:
         return 0  # not tracked
 
+    def req_blocks(self, r: int) -> tuple[int, ...]:
+        """r's prompt KV block ids as given to :meth:`add_request` (empty if none)."""
+        return self._req[r].blocks
+
+    def cached_prefix_tokens(self, r: int, g: int) -> int:
+        """Leading tokens of r's prompt in GPU g's index (0 without blocks): the protocol's prefix query."""
+        self._check_req("cached_prefix_tokens", r)
+        self._check_gpu("cached_prefix_tokens", g)
+        rq, index = self._req[r], self._cached[g]
+        k = 0
+        for b in rq.blocks:
+            if b not in index:
+                break
+            k += 1
+        return min(k * (self.block_size or 0), rq.prompt)
+
+    def evict_blocks(self, g: int, blocks: Sequence[int] | None = None) -> None:
+        """The engine of GPU g evicted ``blocks`` (None: all) from its prefix cache; the index forgets them."""
+        self._check_gpu("evict_blocks", g)
+        if blocks is None:
+            self._cached[g].clear()
+        else:
+            self._cached[g].difference_update(int(b) for b in blocks)
+
     def requests(self) -> list[int]:
         """Ids of the requests in the system, in arrival order."""
         return list(self._req)
@@ -406,19 +443,22 @@ class ClusterSnapshot:
             self.in_setup = False
 
     def add_request(self, cls: int, prompt: int, output: int = 1, arrival: float | None = None, *,
-                    prefilled: bool = False) -> int:
+                    prefilled: bool = False, blocks: Sequence[int] | None = None) -> int:
         """A new request waiting, in no queue; returns its id (never reused).
 
         ``prompt``, ``output``: tokens (a router passes the client's max_tokens as output);
         ``arrival``: seconds, default :attr:`now`. ``prefilled=True``: it already has its KV cache
         and waits for a decode (a state handed over, e.g. on a router restart), else for a prefill.
+        ``blocks``: its prompt's chained KV block ids (needs ``block_size``; prefix caching).
         """
+        if blocks is not None and self.block_size is None:
+            raise ActionError("add_request: blocks: the snapshot has no block_size (give it at construction)")
         if isinstance(cls, bool) or not isinstance(cls, int) or not 0 <= cls < self.n_classes:
             raise ActionError(f"add_request: cls: expected an integer in 0..{self.n_classes - 1}, got {cls!r}")
         r = self._next_id
         self._next_id += 1
         self._req[r] = _Req(cls, int(prompt), int(output), self.now if arrival is None else float(arrival),
-                            WAIT_DECODE if prefilled else WAIT_PREFILL)
+                            WAIT_DECODE if prefilled else WAIT_PREFILL, blocks=tuple(map(int, blocks or ())))
         return r
 
     def prefill_finished(self, r: int) -> int:
@@ -430,6 +470,7 @@ class ClusterSnapshot:
         g = rq.gpu
         self._pre[g] = NO_REQUEST
         rq.phase, rq.gpu = WAIT_DECODE, NO_REQUEST
+        self._cached[g].update(rq.blocks)  # computed there: the router's index now has them
         return g
 
     def decode_finished(self, r: int) -> int:

@@ -43,6 +43,7 @@ def simulate(
     backend: str = "auto",
     drain: float | None = None,
     window: RunWindow | None = None,
+    prefix_cache: bool | None = None,
 ) -> SimResult:
     """Simulate ``controller`` on ``scenario`` over ``[0, horizon)`` seconds of simulated time.
 
@@ -73,6 +74,13 @@ def simulate(
     (``events`` and ``wall_seconds`` count the whole run; the records go on to the drain's end).
     Default None: the run stops at the horizon, as before. See :mod:`fluidopt.sim.cohort`.
 
+    ``prefix_cache``: the per-instance prefix (KV) cache (:mod:`fluidopt.sim.prefix_cache`,
+    docs/simulator.md section 1.2). None (default): on when the workload carries block hashes and
+    ``service="tokens"``; False: off (every prompt token is prefilled, results as without hashes).
+    With it on, ``result.totals`` gains ``prompt_tokens`` and ``cached_prompt_tokens``, the per-class
+    table the same and ``hit_ratio``, ``result.meta["prefix_cache"]`` the per-instance table, and the
+    records a ``cached_prompt`` column.
+
     ``window``: a :class:`~fluidopt.sim.window.RunWindow` (checked when it was made) in place of
     ``horizon``, ``warmup``, ``service``, ``sample_interval`` and ``drain``, which are then not given:
     the harness checks each scenario's window once and hands it to every run.
@@ -81,6 +89,7 @@ def simulate(
         scenario, controller, horizon=horizon, warmup=warmup, seed=seed, service=service, workload=workload,
         records=records, sample_interval=sample_interval, progress=progress, batches=batches,
         controller_options=controller_options, check=check, backend=backend, drain=drain, window=window,
+        prefix_cache=prefix_cache,
     )
     try:
         return engine.run()
@@ -108,6 +117,7 @@ def make_engine(
     backend: str = "auto",
     drain: float | None = None,
     window: RunWindow | None = None,
+    prefix_cache: bool | None = None,
 ):
     """An engine set up for a run, to drive a piece at a time (the stepping API).
 
@@ -158,7 +168,7 @@ def make_engine(
     writer = RecordsWriter(Path(records), scenario.class_names) if records is not None else None
     try:
         engine = Engine(scenario, ctrl, workload, window=window, seed=seed, records=writer, progress=progress,
-                        batches=batches, check=check)
+                        batches=batches, check=check, prefix_cache=prefix_cache)
     except BaseException:
         if writer is not None:
             writer.discard()

@@ -233,6 +233,8 @@ def fold(eng, A: np.ndarray) -> None:
             eng.collector.add_requests(a)
         coh.add(a)
     if eng._records is not None:
+        if eng._pc is not None:  # the prefix cache's column: cached tokens of each request's first prefill
+            a["cached_prompt"] = eng._pc.cached_of(a["id"])
         eng._records.write(a)
 
 

@@ -149,7 +149,8 @@ def status() -> tuple[bool, str]:
     ok, why = compiled_status()
     if not ok:
         return False, f"compiled core not usable: {why}"
-    stems = sorted(p.stem for p in Path(__file__).parent.glob("*.pxd") if p.name != "engine.pxd")
+    stems = sorted(p.stem for p in Path(__file__).parent.glob("*.pxd")
+                   if p.name not in ("engine.pxd", "prefix_cache.pxd"))  # (the prefix cache is not a handler)
     for stem in stems:
         mod, why = _single_module(f"fluidopt.control.{stem}")
         if mod is None:

@@ -90,6 +90,7 @@ cdef class Engine:
     cdef public bint handle_sigint
     cdef public object _work_rng, _np_rng, _ctrl_rng, _arr_iter, collector, sample_interval, tick_interval, _records
     cdef public object _qindex
+    cdef public object _pc, _pch  # the prefix cache (fluidopt.sim.prefix_cache), None when off; _pch: with a KV capacity
     cdef public object _cb_arrival, _cb_pdone, _cb_ddone, _cb_abandon, _cb_preempt, _cb_drop, _cb_freed
     cdef public double[::1] _exp_block, _uni_block, theta, mu_p, mu_m, mu_s, mbar, _rrate  # state.doubles, block
     cdef public list _cp, _cd, _mean_prompt, _mean_output
@@ -170,7 +171,7 @@ cdef class Engine:
     cpdef req_generated(self, Py_ssize_t r)
 
     # -- internal ---------------------------------------------------------------------------------
-    @cython.locals(t=double, c=Py_ssize_t, markov=bint, n0=Py_ssize_t, ptok=Py_ssize_t, ka=Py_ssize_t, s=GpuSet)
+    @cython.locals(t=double, c=Py_ssize_t, markov=bint, n0=Py_ssize_t, ptok=Py_ssize_t, w=Py_ssize_t, ka=Py_ssize_t, s=GpuSet)
     cdef _start_prefill(self, Py_ssize_t r, Py_ssize_t g)
 
     @cython.locals(t=double, c=Py_ssize_t, markov=bint, n0=Py_ssize_t, nd=Py_ssize_t, k=Py_ssize_t)

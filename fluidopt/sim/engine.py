@@ -1,10 +1,9 @@
 """The event kernel of the many-server simulator: the state, the actions and the event loop.
 
-docs/simulator.md describes the model (sections 1-3) and, in section 9, this file and the plain
-modules that hold its cold code (bound below as methods). This file is also the source of the
-compiled core: setup.py compiles it with the static types of engine.pxd. Declare new Engine
-attributes there, keep each local name to one type, and keep no per-request array in a local
-across an arrival (they are replaced when they grow).
+docs/simulator.md describes the model (sections 1-3) and, in section 9, this file and the plain modules that
+hold its cold code (bound below as methods). This file is also the source of the compiled core: setup.py
+compiles it with the static types of engine.pxd. Declare new Engine attributes there, keep each local name
+to one type, and keep no per-request array in a local across an arrival (they are replaced when they grow).
 """
 
 from __future__ import annotations
@@ -115,14 +114,15 @@ class Engine:
     # -- cold code in plain modules, bound here as methods (docs/simulator.md section 9) ----------
     n_gpus, batch, n_classes = property(V.n_gpus), property(V.batch), property(V.n_classes)
     class_names, service, n_pools = property(V.class_names), property(V.service), property(V.n_pools)
-    gpu_mixed, gpu_decodes_by_class, gpu_requests = V.gpu_mixed, V.gpu_decodes_by_class, V.gpu_requests
+    gpu_mixed, gpu_decodes_by_class, gpu_requests, cached_prefix_tokens, req_blocks = V.gpu_mixed, V.gpu_decodes_by_class, \
+        V.gpu_requests, V.cached_prefix_tokens, V.req_blocks
     queue_id, instance_queue, queue_requests, set_pool = V.queue_id, V.instance_queue, V.queue_requests, V.set_pool
     instance_tokens, req_queue, req_preemptions, add_queue = V.instance_tokens, V.req_queue, V.req_preemptions, V.add_queue
     class_counts, queue_counts, queue_totals = V.class_counts, V.queue_counts, V.queue_totals  # live vectors
     gpu_state, fleet_size, fleet_online, gpu_hours = FL.gpu_state, FL.fleet_size, FL.fleet_online, FL.gpu_hours
     add_gpu, drain_gpu, remove_gpu, set_max_decodes, evict, startup_delay = FL.add_gpu, FL.drain_gpu, \
         FL.remove_gpu, FL.set_max_decodes, FL.evict, FL.startup_delay
-    _online, _offline, _restore = FL.online, FL.offline, FL.restore
+    _online, _offline, _restore, _preempt_youngest = FL.online, FL.offline, FL.restore, FL.preempt_youngest
     run, start, advance, finish, pause, done = BK.run, BK.start, BK.advance, BK.finish, BK.pause, property(BK.done)
     _on_sigint, _every_1024, _alloc, _race_grow = BK.on_sigint, BK.every_1024, BK.alloc, BK.race_grow
     _refill_exp, _refill_uni, _next_arrivals = BK.refill_exp, BK.refill_uni, BK.next_arrivals
@@ -225,6 +225,7 @@ class Engine:
         if not markov:
             ptok = self.r_prompt[r] + self.r_gen[r]  # recompute after a preemption
             self._join_with(g, t, ptok, r, True)
+            w = ptok if self._pc is None else self._pc.start(self.r_serial[r], g, ptok, self.r_prompt[r], self.t_kv[g])
         self._leave_wait(r, c, t, Q_WP)
         self._bump(NQ * c + Q_X, 1, t)
         self.g_pre[g] = r
@@ -250,11 +251,11 @@ class Engine:
             if self.r_host[r]:
                 self._restore(r, g, ptok, ka)
             elif self.chunked:
-                self.t_pend[g] = ka + (ptok + self.C - 1) // self.C
+                self.t_pend[g] = ka + (w + self.C - 1) // self.C
                 self.t_itl[g] = self.tau_mix
             else:
                 self.t_pend[g] = ka + 1
-                self.t_itl[g] = self.alpha + self.beta * ptok
+                self.t_itl[g] = self.alpha + self.beta * w
                 self.t_adv[g] = 0
             self.t_kv[g] += ptok
             self._touch(g)
@@ -276,6 +277,8 @@ class Engine:
         markov = self.markov
         if not markov:
             self._join_with(g, t, self.r_prompt[r] + self.r_gen[r], r, False)
+            if self._pch is not None:
+                self._pch.decode_start(self.r_serial[r], g, self.t_kv[g], self.r_prompt[r] + self.r_gen[r])
         self._leave_wait(r, c, t, Q_WD)
         self._bump(NQ * c + (Q_YM if self.g_pre[g] >= 0 else Q_YS), 1, t)
         n0 = self.g_cnt[g]
@@ -369,6 +372,8 @@ class Engine:
             self._race_remove(r, RACE_PREFILL * self.I + c)
             self._lam -= self.mu_p[c]
         else:
+            if self._pc is not None:  # (before t_pend is reset: it tells a completion from an eviction)
+                self._pc.leave(self.r_serial[r], g, self.t_pend[g] - self.t_ka[g], c)
             self.t_pend[g] = -1
             self.t_itl[g] = self.tau_solo
             self.t_adv[g] = 1
@@ -389,6 +394,8 @@ class Engine:
             self._race_remove(r, RACE_DECODE * self.I + c)
             self._lam -= self.mbar[c]
         else:
+            if self._pch is not None:
+                self._pch.decode_leaves(self.r_serial[r], g)
             self._touch(g)
         self._slot_left(g, t)
 
@@ -715,8 +722,7 @@ class Engine:
         self.t_pkb[g] = kb
         self._hset(g, te)
 
-    # -- the event heap: GPU ids ordered by (t_pte[g], g), so that GPUs with events at one instant
-    # go in index order; sift operations on typed arrays (no tuples, no stale entries)
+    # -- the event heap: GPU ids by (t_pte[g], g), equal instants in GPU order; typed-array sifts, no stale entries
     def _hset(self, g: int, te: float) -> None:
         """Give g the pending event time te (insert g, or move it)."""
         self.t_pte[g] = te
@@ -842,6 +848,8 @@ class Engine:
                 self.t_kv[g] += self.g_ndec[g] * m
             self.t_ka[g] = kb
         self.t_ta[g] = t  # = the anchor law's time of boundary kb (how the event was scheduled)
+        if self._pch is not None:  # KV peaks at a boundary: cached blocks give way
+            self._pch.trim(g, self.t_kv[g])
         dc = self.t_dca[g]
         b = g * self.B
         while self.g_ndec[g]:
@@ -862,14 +870,6 @@ class Engine:
                 # the evictions emptied g: no later completion there would let its controller admit again
                 self._cb_freed(self, g)
         self._touch(g)
-
-    def _preempt_youngest(self, g: int, t: float) -> None:
-        """vLLM recompute preemption: evict the latest arrival running on g (no on_slot_freed, as vLLM)."""
-        b = g * self.B
-        cands = [self.g_dec[b + k] for k in range(self.g_ndec[g])]
-        if self.g_pre[g] >= 0:
-            cands.append(self.g_pre[g])
-        self._evict(max(cands, key=lambda x: (self.r_arr[x], self.r_serial[x])), g, t, False)
 
     # -- The exponential race and the event loop -------------------------------------------------
     def _draw_race(self) -> None:

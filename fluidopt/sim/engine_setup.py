@@ -16,6 +16,7 @@ from fluidopt.core.errors import ScenarioError
 from fluidopt.core.model import Scenario
 from fluidopt.sim import metrics as M
 from fluidopt.sim import state as S
+from fluidopt.sim.prefix_cache import make_prefix_cache
 from fluidopt.sim.state import G_OFFLINE, G_ONLINE, REQUEST_FIELDS
 from fluidopt.sim.window import RunWindow
 
@@ -40,6 +41,7 @@ def init_engine(
     batches: int = 20,
     check: bool = False,
     arrival_chunk: int = 65536,
+    prefix_cache: bool | None = None,
 ) -> None:
     """Set engine ``eng`` up for one run (see :func:`fluidopt.sim.api.simulate` for the arguments).
     ``typed``: the state is typed arrays (the compiled core); ``gpuset``: the kernel's GpuSet class;
@@ -267,6 +269,11 @@ def init_engine(
     eng._cb_preempt = controller.on_preempt if ct.on_preempt is not base.on_preempt else None
     eng._cb_drop = controller.on_drop if ct.on_drop is not base.on_drop else None
     eng._cb_freed = controller.on_slot_freed if ct.on_slot_freed is not base.on_slot_freed else None
+    # the prefix cache: on when the workload carries block hashes in tokens mode, unless prefix_cache=False
+    if prefix_cache not in (None, True, False):
+        raise ScenarioError(f"simulate: prefix_cache: expected True, False or None (on with block hashes), got {prefix_cache!r}")
+    eng._pc = make_prefix_cache(workload, n, I, eng.kvcap, service, prefix_cache, eng.C, eng.chunked, typed)
+    eng._pch = eng._pc if eng._pc is not None and eng.kvcap >= 0 else None  # holds and evicts blocks
 
 # =============================================================================================
 

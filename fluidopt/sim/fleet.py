@@ -213,3 +213,12 @@ def restore(eng, r: int, g: int, ptok: int, ka: int) -> None:
         eng.t_pend[g] = ka + 1
         eng.t_itl[g] = T if T > 0 else eng.tau_solo
         eng.t_adv[g] = 0
+
+
+def preempt_youngest(eng, g: int, t: float) -> None:
+    """vLLM recompute preemption: evict the latest arrival running on g (no on_slot_freed, as vLLM)."""
+    b = g * eng.B
+    cands = [eng.g_dec[b + k] for k in range(eng.g_ndec[g])]
+    if eng.g_pre[g] >= 0:
+        cands.append(eng.g_pre[g])
+    eng._evict(max(cands, key=lambda x: (eng.r_arr[x], eng.r_serial[x])), g, t, False)

@@ -296,6 +296,10 @@ class SimResult:
             out["records"] = self.records_path
         if self.meta.get("fleet"):
             out["gpu_hours"] = self.meta["gpu_hours"]
+        if "prefix_cache" in self.meta:  # per instance, a run with the prefix cache
+            inst = self.meta["prefix_cache"]
+            out["instances"] = [{"instance": int(g), **{c: _clean(v) for c, v in row.items()}}
+                                for g, row in zip(inst.index, inst.to_dict("records"))]
         return out
 
     @property
@@ -579,8 +583,18 @@ class RecordsWriter:
                 "decode_gpu": a["decode_gpu"],
             }
         )
+        if "cached_prompt" in a:  # a run with the prefix cache (fluidopt.sim.prefix_cache)
+            if not self.rows:
+                self._cached_header()
+            df["cached_prompt"] = a["cached_prompt"]
         df.to_csv(self._f, header=False, index=False, float_format="%.15g")
         self.rows += len(df)
+
+    def _cached_header(self) -> None:
+        # the header is written when the file opens; a run with the cache rewrites it before its first row
+        self._f.seek(0)
+        self._f.truncate()
+        self._f.write(",".join(self.COLUMNS + ("cached_prompt",)) + "\n")
 
     def close(self) -> str:
         self._f.close()

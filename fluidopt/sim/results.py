@@ -110,6 +110,16 @@ def assemble_result(eng, wall: float, *, close_records: bool = True) -> M.SimRes
         records_path=records_path,
     )
     res.meta["gpu_hours"] = eng.gpu_hours()
+    res.meta["prompt_tokens"] = sum(ctr[NC * c + M.C_PREFILL_TOKENS] for c in range(I))  # first prefills
+    if eng._pc is not None:  # the prefix cache: totals, per class (beside the other columns), per instance
+        by_class, by_gpu = eng._pc.tables(eng._class_names, eng.n)
+        res.totals["prompt_tokens"] = int(by_class.prompt_tokens.sum())
+        res.totals["cached_prompt_tokens"] = int(by_class.cached_prompt_tokens.sum())
+        res.cluster["hit_ratio"] = res.totals["cached_prompt_tokens"] / max(res.totals["prompt_tokens"], 1)
+        for k in ("prompt_tokens", "cached_prompt_tokens", "hit_ratio"):
+            res.per_class[k] = by_class[k].to_numpy()
+        res.meta["prefix_cache"] = by_gpu
+        res.meta["prefix_cache_evictions"] = eng._pc.evictions
     if eng._fleet_used:
         res.meta["fleet"] = True
         res.meta["fleet_log"] = pd.DataFrame(eng._fleet_log, columns=["time", "gpus", "online"])

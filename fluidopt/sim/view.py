@@ -169,3 +169,16 @@ def add_queue(eng, name: str) -> int:
     eng.q_cnt = S.grown(eng.q_cnt, eng.I, 0, typed)
     eng.q_tot = S.grown(eng.q_tot, 1, 0, typed)
     return q
+
+
+def cached_prefix_tokens(eng, r: int, g: int) -> int:
+    """How many leading tokens of request r's prompt are cached on instance (GPU) g now (0 without a
+    prefix cache: no block hashes, markov service or ``prefix_cache=False``; docs/simulator.md 1.2)."""
+    pc = eng._pc
+    return 0 if pc is None else pc.query(eng.r_serial[r], eng.r_prompt[r], g)
+
+
+def req_blocks(eng, r: int) -> Sequence[int]:
+    """Request r's prompt KV block ids (chained; a trace's ``hashes`` row), empty when the workload has none."""
+    h = getattr(eng.workload, "hashes", None)
+    return () if h is None else h[eng.r_serial[r] - 1]

@@ -31,8 +31,9 @@ class TraceWorkload:
 
     ``hashes`` (optional, one entry per row): each request's prompt KV blocks as int64 block ids, the
     ids chained (equal ids mean an equal prefix up to that block), ``block_size`` tokens each
-    (:mod:`fluidopt.workloads.jsonl`; the cache model of :mod:`fluidopt.workloads.prefix` reads them). The
-    engine does not read them yet: a replay is cache-blind.
+    (:mod:`fluidopt.workloads.jsonl`; the cache model of :mod:`fluidopt.workloads.prefix` reads them). In
+    tokens mode the simulator's prefix cache reads them (:mod:`fluidopt.sim.prefix_cache`; off with
+    ``simulate(..., prefix_cache=False)``).
     """
 
     def __init__(

@@ -1,0 +1,58 @@
+"""Benchmark: the simulator's cost per request with the prefix (KV) cache on and off (issue 42).
+
+    python benchmarks/bench_prefix_cache.py [REPEATS] [TRACE]
+
+Replays the Mooncake conversation trace (default ../shared/data/mooncake-traces/conversation_trace.jsonl,
+12,031 requests) on examples/scenarios/mooncake-conversation.toml, 8 GPUs, round robin, tokens mode,
+to the end of the trace: with the cache on and off (``prefix_cache=False``), KV capacity unlimited
+(nothing is ever evicted) and 120,000 tokens per GPU (cached blocks give way to running requests;
+evictions). The runs alternate, REPEATS (default 5) of each, and the fastest of each is kept: wall
+seconds of the whole ``simulate`` call (setup included) per request, and the ratio on / off. The issue's
+target is at most 1.5x; the numbers are recorded in docs/prefix-cache.md. A speed figure, so it lives
+here and not in the test suite.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main(repeats: int = 5, trace: str | None = None) -> int:
+    from fluidopt.scenario import load_scenario
+    from fluidopt.sim.api import simulate
+    from fluidopt.workloads.traces import replay
+
+    warnings.simplefilter("ignore")
+    path = Path(trace) if trace else ROOT.parent / "shared/data/mooncake-traces/conversation_trace.jsonl"
+    base = replace(load_scenario(ROOT / "examples/scenarios/mooncake-conversation.toml"), gpus=8)
+    base, wl = replay(path, base, speedup=1.0)
+    n = wl.n_requests
+    print(f"{path.name}: {n} requests, 8 GPUs, round-robin, tokens; fastest of {repeats}")
+    for label, kv in (("unlimited KV", None), ("120,000-token KV", 120000.0)):
+        sc = replace(base, gpu=replace(base.gpu, kv_capacity=kv))
+        best = {True: float("inf"), False: float("inf")}
+        info = {}
+        for _ in range(repeats):
+            for on in (False, True):
+                t0 = time.perf_counter()
+                res = simulate(sc, "round-robin", horizon=wl.duration + 3600.0, service="tokens", workload=wl,
+                               progress=False, prefix_cache=None if on else False)
+                best[on] = min(best[on], time.perf_counter() - t0)
+                info[on] = (res.meta["engine"], res.events, res.totals.get("cached_prompt_tokens", 0),
+                            res.meta.get("prefix_cache_evictions", 0), res.totals["preemptions"])
+        for on in (False, True):
+            eng, ev, cached, evi, pre = info[on]
+            print(f"  {label:17s} cache {'on ' if on else 'off'}: {1e6 * best[on] / n:7.2f} us/request "
+                  f"({best[on]:.3f} s; {eng}; {ev} events; cached {cached:,}; evictions {evi:,}; preemptions {pre})")
+        print(f"  {label:17s} ratio on/off: {best[True] / best[False]:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(int(sys.argv[1]) if len(sys.argv) > 1 else 5, sys.argv[2] if len(sys.argv) > 2 else None))
