@@ -162,14 +162,18 @@ def _extensions() -> list[Extension]:
 def _prefix_cache_extension(cythonize) -> list[Extension]:
     """fluidopt.sim._c_prefix_cache: fluidopt/sim/prefix_cache.py compiled as is with the types of
     prefix_cache.pxd, plus their digest (fluidopt.sim.prefix_cache.compiled_class checks it)."""
-    pkg = GEN / "fluidopt" / "sim"
-    module = "_c_prefix_cache"
     src = (ROOT / "fluidopt" / "sim" / "prefix_cache.py").read_bytes()
     types = (ROOT / "fluidopt" / "sim" / "prefix_cache.pxd").read_bytes()
-    text = src.decode("utf-8") + (
-        "\n\n# Added by setup.py: the digest of fluidopt/sim/prefix_cache.py and prefix_cache.pxd.\n"
-        f'SOURCE_SHA256 = "{single_source_digest(src, types)}"\n'
-    )
+    note = ("\n\n# Added by setup.py: the digest of fluidopt/sim/prefix_cache.py and prefix_cache.pxd.\n"
+            f'SOURCE_SHA256 = "{single_source_digest(src, types)}"\n')
+    return _sourced_extension(cythonize, "_c_prefix_cache", src.decode("utf-8") + note, types,
+                              "fluidopt/sim/prefix_cache.py", "the prefix cache will run as Python")
+
+
+def _sourced_extension(cythonize, module: str, text: str, types: bytes, source: str, fallback: str) -> list[Extension]:
+    """fluidopt.sim.MODULE from ``text`` (a module's source plus its digests) and ``types`` (its .pxd),
+    written under build/cengine and translated by Cython unless an in-place build of the same key exists."""
+    pkg = GEN / "fluidopt" / "sim"
     py = pkg / f"{module}.py"
     if not py.exists() or py.read_text(encoding="utf-8") != text:
         py.write_text(text, encoding="utf-8")
@@ -182,13 +186,12 @@ def _prefix_cache_extension(cythonize) -> list[Extension]:
         return [ext]
     try:
         out = cythonize([ext], include_path=[str(GEN)], quiet=True, compiler_directives=_DIRECTIVES)
-        for e in out:
-            e.fluidopt_key = ext.fluidopt_key
-        return out
-    except Exception as exc:  # the Python class (the same source) is complete without it
-        _notice(f"Cython could not translate fluidopt/sim/prefix_cache.py ({exc})",
-                "the prefix cache will run as Python")
+    except Exception as exc:  # the Python module (the same source) is complete without it
+        _notice(f"Cython could not translate {source} ({exc})", fallback)
         return []
+    for e in out:
+        e.fluidopt_key = ext.fluidopt_key
+    return out
 
 
 def single_source_digest(py: bytes, pxd: bytes) -> str:
@@ -200,9 +203,7 @@ def _single_sourced_extensions(cythonize, engine_digest: str) -> list[Extension]
     """fluidopt.sim._c_<stem> for each single-sourced handler module: the control module's source, compiled as
     is with the types of its .pxd, plus the digests it is checked by at run time."""
     out: list[Extension] = []
-    pkg = GEN / "fluidopt" / "sim"
     for stem in single_sourced():
-        module = f"_c_{stem}"
         src = (ROOT / "fluidopt" / "control" / f"{stem}.py").read_bytes()
         types = (ROOT / "fluidopt" / "sim" / f"{stem}.pxd").read_bytes()
         text = src.decode("utf-8") + (
@@ -211,24 +212,8 @@ def _single_sourced_extensions(cythonize, engine_digest: str) -> list[Extension]
             f'SOURCE_SHA256 = "{single_source_digest(src, types)}"\n'
             f'ENGINE_SHA256 = "{engine_digest}"\n'
         )
-        py = pkg / f"{module}.py"
-        if not py.exists() or py.read_text(encoding="utf-8") != text:
-            py.write_text(text, encoding="utf-8")
-        pxd = pkg / f"{module}.pxd"
-        if not pxd.exists() or pxd.read_bytes() != types:
-            pxd.write_bytes(types)
-        ext = Extension(f"fluidopt.sim.{module}", [str(py.relative_to(ROOT))], extra_compile_args=_NO_FMA)
-        ext.fluidopt_key = build_key(ext.name, text, types, _recipe(_DIRECTIVES, _NO_FMA))
-        if _reused(ext):
-            out.append(ext)
-            continue
-        try:
-            for e in cythonize([ext], include_path=[str(GEN)], quiet=True, compiler_directives=_DIRECTIVES):
-                e.fluidopt_key = ext.fluidopt_key
-                out.append(e)
-        except Exception as exc:  # the Python handlers (the same source) are complete without it
-            _notice(f"Cython could not translate fluidopt/control/{stem}.py ({exc})",
-                    "the controller will run its Python handlers")
+        out += _sourced_extension(cythonize, f"_c_{stem}", text, types, f"fluidopt/control/{stem}.py",
+                                  "the controller will run its Python handlers")
     return out
 
 
