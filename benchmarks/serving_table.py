@@ -21,6 +21,7 @@ import argparse
 import json
 import math
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -73,13 +74,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--speed", type=float, default=0.25)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--routers", default=",".join(ROUTERS))
-    ap.add_argument("--out", default="runs/serving_table")
+    ap.add_argument("--out", help="folder for the slice, the runs' JSON and table.md (default: a new temporary one)")
     a = ap.parse_args(argv)
-    out = Path(a.out)
+    out = Path(a.out or tempfile.mkdtemp(prefix="serving_table_"))
     out.mkdir(parents=True, exist_ok=True)
     trace = out / "slice.csv"
     rate = poisson_slice(trace, load=a.load, gpus=a.engines, requests=a.requests, prompt=(1000, 1900),
                          output=(10, 30), seed=a.seed)
+    print(f"writing to {out}", file=sys.stderr)
     print(f"slice: {a.requests} requests at {rate:.2f} per s, fluid load {a.load:.0%} of {a.engines} GPUs "
           f"(qwen-8b-a100); speed {a.speed:g}", file=sys.stderr)
     results: dict[str, list[dict]] = {}
