@@ -27,6 +27,7 @@ least-loaded live deployment).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import time
@@ -310,10 +311,50 @@ def _strategy_class():
     return type("FluidoptRouting", (ControllerRouting, CustomRoutingStrategyBase), {})
 
 
+# -- one HTTP client for every call LiteLLM makes ------------------------------------------------------
+def shared_http_client():
+    """The ``httpx.AsyncClient`` LiteLLM sends every engine call through (``litellm.aclient_session``).
+
+    Without it LiteLLM 1.110 builds a new client for each call (with a new TLS context: about 0.12 s of
+    CPU) and never closes it; the client's finalizer then schedules its ``aclose()`` on whatever event
+    loop runs in the thread that happens to collect it. With the front in a thread beside the replayer,
+    that was the replayer's loop for 13% of the calls (64 of 507 over 16 runs): the front loop's sockets
+    were aborted, and its selector and ready queue changed, from a foreign thread, which asyncio does not
+    allow (its debug mode raises "Non-thread-safe operation invoked on an event loop other than the
+    current one").
+    It is the defect we found behind the front's rare stall (docs/serving.md). One client, made and
+    closed on the front's own loop, leaves no finalizer work.
+
+    Idle connections expire after 1 s, before an engine's keep-alive timeout (uvicorn: 5 s) can close one
+    under a new request."""
+    import httpx
+
+    return httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=10.0), follow_redirects=True,
+                             limits=httpx.Limits(max_connections=None, max_keepalive_connections=256,
+                                                 keepalive_expiry=1.0))
+
+
+@contextlib.asynccontextmanager
+async def litellm_session():
+    """``litellm.aclient_session`` set to :func:`shared_http_client` for the block, on the running loop;
+    closed and restored after it (for a program that calls the router without :func:`build_front`)."""
+    import litellm
+
+    prev, client = litellm.aclient_session, shared_http_client()
+    litellm.aclient_session = client
+    try:
+        yield client
+    finally:
+        litellm.aclient_session = prev
+        await client.aclose()
+
+
 # -- an HTTP front: the OpenAI API in, LiteLLM's router out ------------------------------------------
 def build_front(router, strategy: ControllerRouting | None, model: str = "fluidopt-standin"):
     """A starlette app serving ``/v1/completions`` and ``/v1/chat/completions`` (streaming) through
-    ``router``, telling ``strategy`` of first tokens and ends; ``/health``; ``/stats`` (JSON)."""
+    ``router``, telling ``strategy`` of first tokens and ends; ``/health``; ``/stats`` (JSON). Serve it with
+    its lifespan on: that is where LiteLLM's shared HTTP client is made and closed (:func:`litellm_session`),
+    and where the scraper stops."""
     import json
 
     from starlette.applications import Starlette
@@ -402,7 +443,16 @@ def build_front(router, strategy: ControllerRouting | None, model: str = "fluido
                 t.print_stack(limit=8, file=out)
         return PlainTextResponse(out.getvalue())
 
-    return Starlette(routes=[Route("/v1/completions", comp, methods=["POST"]),
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        async with litellm_session():
+            try:
+                yield
+            finally:
+                if strategy is not None:
+                    await strategy.close()
+
+    return Starlette(lifespan=lifespan, routes=[Route("/v1/completions", comp, methods=["POST"]),
                              Route("/v1/chat/completions", chat, methods=["POST"]),
                              Route("/health", health, methods=["GET"]), Route("/stats", stats, methods=["GET"]),
                              Route("/debug/tasks", tasks, methods=["GET"])])

@@ -130,7 +130,8 @@ class _Front:
 
         self.sock = bind(0)
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
+        # lifespan on: the front makes LiteLLM's shared HTTP client on its own loop (litellm_router.build_front)
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
         self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve(sockets=[self.sock])),
                                        name="fluidopt-router", daemon=True)
         self.thread.start()
@@ -193,8 +194,44 @@ def _scenario(frame, gpus: int, profile: str):
                     name="loop")
 
 
+def fluid_load(frame, gpus: int, profile: str) -> float:
+    """The trace's load on ``gpus`` GPUs of ``profile``: its request rate over the fleet's fluid capacity
+    (:func:`fluidopt.fluid.disaggregated.colocated_capacity`, requests per s per GPU, for one class with
+    the trace's mean prompt and output lengths). 1.0: the fluid LP serves it with nothing to spare."""
+    from fluidopt.fluid.disaggregated import colocated_capacity
+
+    sc = _scenario(frame, gpus, profile)
+    return sc.classes[0].rate / (gpus * colocated_capacity(sc))
+
+
+def poisson_slice(path, *, load: float, gpus: int, requests: int, prompt: tuple[int, int], output: tuple[int, int],
+                  profile: str = "qwen-8b-a100", seed: int = 0) -> float:
+    """Write a generic-CSV trace of ``requests`` Poisson arrivals whose fluid load on ``gpus`` GPUs of
+    ``profile`` is ``load`` (prompt and output lengths uniform on the inclusive ranges, drawn with
+    ``seed``); the arrival rate (requests per s). The rate is set from the drawn lengths' means, then
+    the times are scaled, so :func:`fluid_load` of the written slice is ``load`` up to rounding."""
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    gaps = rng.exponential(1.0, requests)
+    frame = pd.DataFrame({"time": np.concatenate([[0.0], np.cumsum(gaps[1:])]),
+                          "prompt": rng.integers(prompt[0], prompt[1] + 1, requests),
+                          "output": rng.integers(output[0], output[1] + 1, requests)})
+    # the realised rate is n / span; scale the span so that the rate is load x capacity
+    frame["time"] *= fluid_load(frame, gpus, profile) / load
+    pd.DataFrame({"time": frame["time"].round(6), "prompt_tokens": frame["prompt"],
+                  "output_tokens": frame["output"]}).to_csv(path, index=False)
+    return float(len(frame) / frame["time"].max())
+
+
 def simulate_trace(frame, scenario, policy: str, engine: str) -> dict:
-    """The simulator on the same requests, fleet and policy: requests, failed, ttft_mean_s, e2e_mean_s."""
+    """The simulator on the same requests, fleet and policy: requests, failed, ttft_mean_s, e2e_mean_s.
+
+    A request of O output tokens is simulated with O - 1 decode tokens. The stand-in (like vLLM) emits
+    the first token at the end of the prefill and then decodes O - 1 more; the simulator's prefill emits
+    none and a decode of D tokens takes D iterations after it (docs/simulator.md, "Decodes"). With D = O - 1
+    the simulator's TTFT (the prefill's end) is the stand-in's first token and its end the last one;
+    with D = O every simulated E2E was one decode iteration (22 ms on qwen-8b-a100) longer."""
     import pandas as pd
 
     from fluidopt.sim.api import simulate
@@ -203,7 +240,7 @@ def simulate_trace(frame, scenario, policy: str, engine: str) -> dict:
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "slice.csv"
         pd.DataFrame({"time": frame["time"].to_numpy(), "prompt_tokens": frame["prompt"].to_numpy(),
-                      "output_tokens": frame["output"].to_numpy()}).to_csv(path, index=False)
+                      "output_tokens": frame["output"].to_numpy() - 1}).to_csv(path, index=False)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             sc, work = replay(path, scenario)
@@ -220,15 +257,40 @@ def simulate_trace(frame, scenario, policy: str, engine: str) -> dict:
             "e2e_p99_s": float(np.percentile(e2e, 99)) if len(done) else None}
 
 
-def _warm_up(url: str) -> None:
-    """One request through the router before the clock starts: LiteLLM's first call imports and builds
-    its clients (about a second here), which would otherwise land on the first request's TTFT."""
+def _warm_up(url: str, engine_urls: list[str] = ()) -> None:
+    """One request to each engine and one through the router before the clock starts: LiteLLM's first
+    call imports and builds its clients (about a second here), and a stand-in's first request takes
+    about 0.25 s longer than the next ones (measured: TTFT 0.66 s, then 0.40 s for the same prompt); either
+    would otherwise land on a measured request."""
     import httpx
 
-    try:
-        httpx.post(url + "/v1/completions", json={"prompt": "warm", "max_tokens": 1, "stream": True}, timeout=60).read()
-    except httpx.HTTPError:
-        pass  # a router that cannot answer shows in the measured requests
+    for u in [*engine_urls, url]:
+        try:
+            httpx.post(u + "/v1/completions", json={"prompt": "warm", "max_tokens": 1, "stream": True},
+                       timeout=60).read()
+        except httpx.HTTPError:
+            pass  # a router or engine that cannot answer shows in the measured requests
+
+
+def engine_schedule(urls: list[str]) -> dict:
+    """The stand-ins' own account of whether they kept the time model's schedule, summed over ``urls``:
+    iterations, model seconds busy, and wall seconds they ran behind schedule (``lag_s``; x speed it is
+    model time the loop added that the simulator has not). Engines that do not answer are left out."""
+    import httpx
+
+    keys = {"iterations": "fluidopt:iterations_total", "model_busy_s": "fluidopt:model_busy_seconds_total",
+            "lag_s": "fluidopt:schedule_lag_seconds_total"}
+    out = dict.fromkeys(keys, 0.0) | {"engines": 0}
+    for u in urls:
+        try:
+            text = httpx.get(u + "/metrics", timeout=5).text
+        except httpx.HTTPError:
+            continue
+        out["engines"] += 1
+        for k, name in keys.items():
+            m = re.search(re.escape(name) + r"\{[^}]*\} (\S+)", text)
+            out[k] += float(m.group(1)) if m else 0.0
+    return out
 
 
 def run_loop(trace, *, engines: int, router: str, speed: float = 1.0, requests: int | None = None,
@@ -261,15 +323,16 @@ def run_loop(trace, *, engines: int, router: str, speed: float = 1.0, requests: 
                                        mean_output=float(scenario.classes[0].decode))
             front = _Front(build_front(rt, strategy))
             url = front.url
-        _warm_up(url)
+        _warm_up(url, urls)
         recs, wall = asyncio.run(replay_async(frame, url, speed=speed, timeout=timeout, progress=progress))
+        schedule = engine_schedule(urls)
     finally:
         if front is not None:
             front.close()
         stop_all(procs)
     measured = summarize(recs, wall, speed)
     out = {"router": router, "engines": engines, "engine": eng, "profile": profile, "speed": speed,
-           "measured": measured}
+           "measured": measured, "engine_schedule": schedule}
     if strategy is not None:
         out["router_stats"] = {"sent": strategy.sent, "failures": strategy.failures, "off_book": strategy.off_book,
                                "redirected": strategy.redirected}
