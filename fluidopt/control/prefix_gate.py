@@ -2,14 +2,19 @@
 "Cache-aware gate-and-route").
 
 The gate is the parent's, unchanged: which waiting class a free prefill slot admits, with the same
-targets, caps and backpressure. Only *where* an admitted prefill starts changes. When several mixed
-GPUs have an idle prefill slot (the arrival that finds the pool partly idle, a re-solve that opens
-slots), the parent starts the gate's request on a random one; here it starts on the idle one with the
-longest cached prefix of that request (``ctx.cached_prefix_tokens(r, g)``), the random draw kept as the
-tie-break, so with no match anywhere the decision and the random stream are the parent's. A freed
-prefill slot on GPU g still admits on g (it is the only idle one then), overflow prefills on free solo
-slots are the parent's, and decodes are routed as before (a decode reads the KV its prefill wrote,
-not the cache).
+targets, caps and backpressure. What changes is which request of that class starts, and where:
+
+* when several mixed GPUs have an idle prefill slot (the arrival that finds the pool partly idle, a
+  re-solve that opens slots), the parent starts the class's FCFS head on a random one; here it starts on
+  the idle one with the longest cached prefix of that request (``ctx.cached_prefix_tokens(r, g)``), the
+  parent's random pick (drawn as the parent draws it) being the tie-break;
+* when a prefill slot frees on GPU g (the only idle one then), the parent starts the class's FCFS head
+  on g; here, with ``lookahead`` L > 1, the request among the first L waiting ones of the class with the
+  longest cached prefix on g (ties: the earliest). L = 1 keeps FCFS.
+
+With no match anywhere (or no block ids), every decision and the random stream are the parent's. Overflow
+prefills on free solo slots are the parent's, and decodes are routed as before (a decode reads the KV
+its prefill wrote, not the cache).
 
 The LP targets use the hit ratio h: the controller solves the fluid LP of the scenario with every
 class's ``hit_ratio`` set to h (prefill work (1 - h) x prompt, KV footprint unchanged; docs/prefix-cache.md,
@@ -43,6 +48,13 @@ from fluidopt.fluid.solution import FluidSolution
 __all__ = ["PrefixBackpressureGateAndRoute", "PrefixGateAndRoute", "longest_match_gpu", "scenario_with_hit_ratio"]
 
 _H_MAX = 0.999  # the fluid model needs h < 1 (a trace of identical prompts would reach 1)
+LOOKAHEAD = 8  # waiting requests compared on a freed slot (docs/prefix-cache.md: 8 and 32 keep 0.25 of tokens, 1 keeps 0.16)
+
+
+def _lookahead(who: str, v: object) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ScenarioError(f"{who}: lookahead = {v!r}: expected an integer >= 1 (waiting requests compared)")
+    return v
 
 
 def longest_match_gpu(ctx: Context, r: int, gpus: Any, default: int) -> int:
@@ -60,7 +72,10 @@ def longest_match_gpu(ctx: Context, r: int, gpus: Any, default: int) -> int:
 
 class _LongestMatchAdmission:
     """Mixed in before a Gate-and-Route class: the idle mixed GPU with the longest match takes the gate's
-    request (module docstring)."""
+    request, and a freed prefill slot takes, among the first ``lookahead`` waiting requests of the gate's
+    class, the one with the longest match (module docstring)."""
+
+    lookahead = 1  # set by the factories; 1: FCFS within the class, the parent's order
 
     def _admit_all(self, ctx: Context) -> None:
         """Fill the mixed pool's idle prefill slots while the gate admits a class: each admitted request on the
@@ -80,6 +95,36 @@ class _LongestMatchAdmission:
             if self._kv and not self._fits(ctx, r, g):
                 return  # KV full: the slot waits for the next freed capacity (as the parent)
             ctx.start_prefill(r, g)
+
+    def _admit_on(self, ctx: Context, g: int) -> bool:
+        """Start the gate's class on GPU g (which has an idle prefill slot): among the first ``lookahead``
+        waiting requests of that class, the one with the longest cached prefix on g (ties: the earliest);
+        ``lookahead`` 1 is the parent's FCFS head. False if none starts."""
+        i = self.gate_class(ctx)
+        if i < 0:
+            return False
+        r = ctx.head(PREFILL_QUEUE, i)
+        if self.lookahead > 1 and ctx.qlen(PREFILL_QUEUE, i) > 1:
+            r = self._best_waiting(ctx, i, g, r)
+        if self._kv and not self._fits(ctx, r, g):
+            return False  # KV full: the slot waits for the next freed capacity (as the parent)
+        ctx.start_prefill(r, g)
+        return True
+
+    def _best_waiting(self, ctx: Context, i: int, g: int, head: int) -> int:
+        """Among the first ``lookahead`` waiting class-i requests (FCFS), the longest match on g; ties: the
+        earliest. O(queue length) for the protocol's queue listing."""
+        best, best_len, seen = head, ctx.cached_prefix_tokens(head, g), 0
+        for r in ctx.queue_requests(PREFILL_QUEUE):
+            if ctx.req_class(r) != i:
+                continue
+            seen += 1
+            if seen > self.lookahead:
+                break
+            m = ctx.cached_prefix_tokens(r, g)
+            if m > best_len:
+                best, best_len = r, m
+        return best
 
 
 class PrefixGateAndRoute(_LongestMatchAdmission, GateAndRoute):
@@ -142,23 +187,25 @@ def _solution(who: str, scenario: Scenario, plan: Any, h: float | None) -> Fluid
 
 @register("gate-and-route-prefix", description=(
     "cache-aware Gate-and-Route: the gate's request starts on the idle mixed GPU with the longest cached prefix; "
-    "LP targets with hit ratio h (options hit_ratio, or from_trace with cache_rule=sglang; mixed_gpus)"))
-def make_gate_and_route_prefix(scenario: Scenario, *, hit_ratio: float | None = None, from_trace: str | None = None,
-                               cache_rule: str = "sglang", mixed_gpus: int | None = None,
+    "LP targets with hit ratio h (options lookahead=8, hit_ratio, or from_trace with cache_rule=sglang; mixed_gpus)"))
+def make_gate_and_route_prefix(scenario: Scenario, *, lookahead: int = LOOKAHEAD, hit_ratio: float | None = None,
+                               from_trace: str | None = None, cache_rule: str = "sglang", mixed_gpus: int | None = None,
                                plan: FluidSolution | None = None) -> PrefixGateAndRoute:
     """Cache-aware Gate-and-Route from the bundled LP with hit ratio h (module docstring)."""
-    h = _hit_ratio_of("gate-and-route-prefix", scenario, hit_ratio, from_trace, cache_rule)
-    return PrefixGateAndRoute.from_solution(_solution("gate-and-route-prefix", scenario, plan, h),
-                                            mixed_gpus=mixed_gpus)
+    who = "gate-and-route-prefix"
+    h = _hit_ratio_of(who, scenario, hit_ratio, from_trace, cache_rule)
+    ctrl = PrefixGateAndRoute.from_solution(_solution(who, scenario, plan, h), mixed_gpus=mixed_gpus)
+    ctrl.lookahead = _lookahead(who, lookahead)
+    return ctrl
 
 
 @register("backpressure-gate-and-route-prefix", description=(
     "cache-aware backpressure Gate-and-Route: the gate's request starts on the idle mixed GPU with the longest "
-    "cached prefix; LP targets (and re-solves) with hit ratio h (options hit_ratio, or from_trace with "
-    "cache_rule=sglang; the options of backpressure-gate-and-route)"))
+    "cached prefix; LP targets (and re-solves) with hit ratio h (options lookahead=8, hit_ratio, or from_trace "
+    "with cache_rule=sglang; the options of backpressure-gate-and-route)"))
 def make_backpressure_gate_and_route_prefix(
-    scenario: Scenario, *, hit_ratio: float | None = None, from_trace: str | None = None, cache_rule: str = "sglang",
-    backpressure: bool = True, caps: bool = False, staffing: bool = False, decode_order: str = "value",
+    scenario: Scenario, *, lookahead: int = LOOKAHEAD, hit_ratio: float | None = None, from_trace: str | None = None,
+    cache_rule: str = "sglang", backpressure: bool = True, caps: bool = False, staffing: bool = False, decode_order: str = "value",
     overflow: bool = True, max_overflow: int | None = None, resolve: bool = True, elastic: bool = True,
     elastic_slots: bool = True, coupled: bool = True, mixed_gpus: int | None = None,
     plan: FluidSolution | None = None,
@@ -169,7 +216,9 @@ def make_backpressure_gate_and_route_prefix(
     h = _hit_ratio_of(who, scenario, hit_ratio, from_trace, cache_rule)
     sol = _solution(who, scenario, plan, h)
     sc = scenario if h is None else scenario_with_hit_ratio(scenario, h)
-    return PrefixBackpressureGateAndRoute(sc, sol, backpressure=backpressure, caps=caps, staffing=staffing,
+    ctrl = PrefixBackpressureGateAndRoute(sc, sol, backpressure=backpressure, caps=caps, staffing=staffing,
                                           decode_order=decode_order, overflow=overflow, max_overflow=max_overflow,
                                           resolve=resolve, elastic=elastic, elastic_slots=elastic_slots,
                                           coupled=coupled, mixed_gpus=mixed_gpus)
+    ctrl.lookahead = _lookahead(who, lookahead)
+    return ctrl

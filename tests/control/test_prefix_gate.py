@@ -14,6 +14,7 @@ from fluidopt.control.registry import make_controller
 from fluidopt.core.errors import ScenarioError
 from fluidopt.fluid.lp import solve_fluid
 from fluidopt.sim.api import simulate
+from fluidopt.sim.check import check_controller
 from fluidopt.workloads import TraceWorkload
 
 pytestmark = pytest.mark.filterwarnings("ignore::fluidopt.workloads.base.TraceWarning")
@@ -38,9 +39,11 @@ def _workload(rows, hashes: bool = True) -> TraceWorkload:
 
 
 def _records(tmp_path, policy, wl, seed=0, **options) -> pd.DataFrame:
+    if policy in PARENT.values():
+        options.pop("lookahead", None)
     path = tmp_path / f"{policy}-{seed}.csv"
     simulate(_scenario(), policy, horizon=200.0, service="tokens", workload=wl, records=path, progress=False,
-             seed=seed, controller_options={"mixed_gpus": 4, **options})
+             seed=seed, controller_options={"mixed_gpus": 4, **({} if policy in PARENT.values() else {"lookahead": 8}), **options})
     return pd.read_csv(path).sort_values("id").reset_index(drop=True)
 
 
@@ -109,3 +112,28 @@ def test_bad_options_are_one_line():
             make_controller(policy, sc, hit_ratio=1.0)
         with pytest.raises(ScenarioError, match="expected one of them"):
             make_controller(policy, sc, hit_ratio=0.1, from_trace="x.jsonl")
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_freed_slot_takes_the_waiting_request_with_the_longest_match(tmp_path, policy):
+    # one mixed GPU: A (blocks 1-4) prefills on GPU 0 from t = 0 to 0.08 s (4 chunks of 0.02 s); B (no
+    # match) and then C (30 tokens of A's prefix) wait behind it. When the slot frees, FCFS starts B;
+    # lookahead 2 compares both and starts C, whose prefix is on GPU 0.
+    rows = [(0.0, 40, 2, [1, 2, 3, 4]), (0.01, 40, 2, [5, 6, 7, 8]), (0.02, 40, 2, [1, 2, 3, 9])]
+    # backpressure's variant: no overflow prefills on the solo GPUs and the static partition, so GPU 0 is the
+    # only prefill slot
+    more = {"overflow": False, "coupled": False} if policy.startswith("backpressure") else {}
+    fcfs = _records(tmp_path, policy, _workload(rows), lookahead=1, mixed_gpus=1, **more)
+    look = _records(tmp_path, policy, _workload(rows), lookahead=2, mixed_gpus=1, **more)
+    assert fcfs.prefill_gpu.tolist() == look.prefill_gpu.tolist() == [0, 0, 0]
+    assert fcfs.wait_prefill[1] < fcfs.wait_prefill[2]  # B before C
+    assert look.wait_prefill[2] < look.wait_prefill[1]  # C before B
+    assert look.cached_prompt.tolist() == [0, 0, 30]
+    with pytest.raises(ScenarioError, match="lookahead = 0"):
+        make_controller(policy, _scenario(), lookahead=0)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("policy", POLICIES)
+def test_they_pass_the_controller_checks(policy):
+    check_controller(policy)
