@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 import warnings
@@ -109,6 +108,12 @@ def _stats(rec: pd.DataFrame, span: float, prices: tuple[float, float]) -> dict:
             "e2e_mean": float(done.e2e.mean()), "e2e_p99": float(np.percentile(done.e2e, 99)),
             "hit_ratio": float(pre.cached_prompt.sum() / pre.prompt.sum()), "revenue_per_gpu": rev,
             "completed": int(len(done)), "requests": int(len(rec))}
+
+
+def _rel(r: dict, base: dict, ci: dict, m: str) -> str:
+    """``policy / least-load - 1`` of statistic ``m``, in percent, with its bootstrap interval."""
+    lo, hi = ci[m]
+    return f"{100 * (r[m] / base[m] - 1):+.1f}% [{100 * lo:+.1f}, {100 * hi:+.1f}]"
 
 
 def _boot(recs: dict, span: float, n_boot: int, seed: int = 42) -> dict:
@@ -200,14 +205,10 @@ def main(argv: list[str] | None = None) -> int:
         for p, _, _ in POLICIES:
             r, c = rows[p], ci[p]
 
-            def rel(m):
-                lo, hi = c[m]
-                return f"{100 * (r[m] / rows[BASELINE][m] - 1):+.1f}% [{100 * lo:+.1f}, {100 * hi:+.1f}]"
-
             h_opt = f" ({r['options']['hit_ratio']:.4f})" if "hit_ratio" in r["options"] else ""
-            print(f"| `{p}`{h_opt} | {r['hit_ratio']:.4f} | {r['ttft_mean']:.3f} | {rel('ttft_mean')} | {r['ttft_p99']:.2f} | "
-                  f"{rel('ttft_p99')} | {r['e2e_mean']:.2f} | {rel('e2e_mean')} | {r['e2e_p99']:.2f} | "
-                  f"{rel('e2e_p99')} | {r['revenue_vs_bound']:.4f} | {r['completed']} |")
+            print(f"| `{p}`{h_opt} | {r['hit_ratio']:.4f} | {r['ttft_mean']:.3f} | {_rel(r, rows[BASELINE], c, 'ttft_mean')} | {r['ttft_p99']:.2f} | "
+                  f"{_rel(r, rows[BASELINE], c, 'ttft_p99')} | {r['e2e_mean']:.2f} | {_rel(r, rows[BASELINE], c, 'e2e_mean')} | {r['e2e_p99']:.2f} | "
+                  f"{_rel(r, rows[BASELINE], c, 'e2e_p99')} | {r['revenue_vs_bound']:.4f} | {r['completed']} |")
         result["kv"][label] = {"capacity_tokens": cap, "rows": rows, "ci": ci}
     total = time.perf_counter() - t_start
     print(f"\ntotal {total:.0f} s wall")

@@ -75,18 +75,37 @@ def test_with_no_match_the_decisions_are_the_parents(tmp_path, policy):
         pd.testing.assert_frame_equal(mine, parent)
 
 
-@pytest.mark.parametrize("policy", POLICIES)
-def test_engine_invariants_hold_on_a_trace_with_hashes(policy):
+def _sessions() -> list:
     # a burst of sessions whose turns extend each other: queueing, overlapping prefills, reuse
     rows = []
     for k in range(60):
         s = k % 5
         turn = k // 5
         rows.append((0.05 * k, 10 * (turn + 2), 1 + k % 4, [100 * s + j for j in range(turn + 2)]))
-    res = simulate(_scenario(), policy, horizon=200.0, service="tokens", workload=_workload(rows), progress=False,
-                   seed=3, check=True, controller_options={"mixed_gpus": 2})
+    return rows
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_engine_invariants_hold_on_a_trace_with_hashes(policy):
+    res = simulate(_scenario(), policy, horizon=200.0, service="tokens", workload=_workload(_sessions()),
+                   progress=False, seed=3, check=True, controller_options={"mixed_gpus": 2})
     assert res.summary()["completed"] == 60
     assert res.totals["cached_prompt_tokens"] > 0
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_the_compiled_core_and_the_python_engine_agree(tmp_path, policy):
+    from fluidopt.sim.controller_fastpath import status
+
+    if not status()[0]:
+        pytest.skip("no compiled core")
+    out = []
+    for backend in ("compiled", "python"):
+        path = tmp_path / f"{backend}.csv"
+        simulate(_scenario(), policy, horizon=200.0, service="tokens", workload=_workload(_sessions()), records=path,
+                 progress=False, seed=3, backend=backend, controller_options={"mixed_gpus": 2})
+        out.append(pd.read_csv(path).sort_values("id").reset_index(drop=True))
+    pd.testing.assert_frame_equal(out[0], out[1])
 
 
 def test_the_lp_targets_use_the_hit_ratio():
