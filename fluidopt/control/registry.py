@@ -62,6 +62,7 @@ BUILTIN_MODULES = (
     "fluidopt.control.paper_baselines",
     "fluidopt.control.load_balancers",
     "fluidopt.control.prefix_routers",
+    "fluidopt.control.prefix_gate",
     "fluidopt.control.robust",
     "fluidopt.control.orchestration",
 )
