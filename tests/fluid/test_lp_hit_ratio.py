@@ -220,4 +220,4 @@ def test_simulate_says_it_does_not_model_the_hit_ratio(tmp_path, capsys):
                     '[[classes]]\nname = "chat"\nprompt = 300\ndecode = 40\nrate = 1.0\nhit_ratio = 0.3\n')
     assert main(["simulate", str(path), "--policy", "round-robin", "--horizon", "20", "--json"]) == 0
     err = capsys.readouterr().err
-    assert "warning: classes chat: hit_ratio is not simulated yet; every prompt token is prefilled" in err
+    assert "warning: classes chat: the simulator does not read hit_ratio" in err

@@ -46,6 +46,18 @@ def short_trace(tmp_path_factory):
     return p
 
 
+@pytest.fixture(scope="module")
+def long_trace(tmp_path_factory):
+    """400 requests at 10 per s (40 s of trace, 80 s at speed 0.5): a loop that no signal test outlasts."""
+    rng = np.random.default_rng(2)
+    p = tmp_path_factory.mktemp("long") / "t.csv"
+    t = np.cumsum(rng.exponential(0.1, 400))
+    rows = ["time,prompt_tokens,output_tokens"] + [f"{a:.4f},{b},{c}" for a, b, c in
+                                                   zip(t, rng.integers(50, 800, 400), rng.integers(5, 31, 400))]
+    p.write_text("\n".join(rows) + "\n")
+    return p
+
+
 def test_a_gate_holds_the_request_inside_the_pick():
     """gi-wsp on one engine of one slot: the second request waits in the pick until the first ends."""
     from fluidopt.calibration.profiles import load_profile
@@ -210,9 +222,10 @@ def test_sglang_router_as_the_baseline(trace, policy, capsys):
 
 @pytest.mark.integration
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_no_process_left_after_a_signal(trace, sig):
+def test_no_process_left_after_a_signal(long_trace, sig):
+    # (the 50-request trace ended before the signal once LiteLLM's calls stopped building a client each)
     pytest.importorskip("litellm")
-    proc = subprocess.Popen([sys.executable, "-m", "fluidopt", "loop", str(trace), "--engines", "2", "--router",
+    proc = subprocess.Popen([sys.executable, "-m", "fluidopt", "loop", str(long_trace), "--engines", "2", "--router",
                              "litellm-builtin:simple-shuffle", "--speed", "0.5", "--no-simulate", "--json"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     kids: list[int] = []
