@@ -227,7 +227,9 @@ def test_no_process_left_after_a_signal(long_trace, sig):
     pytest.importorskip("litellm")
     proc = subprocess.Popen([sys.executable, "-m", "fluidopt", "loop", str(long_trace), "--engines", "2", "--router",
                              "litellm-builtin:simple-shuffle", "--speed", "0.5", "--no-simulate", "--json"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # a process started in the background inherits Ctrl-C ignored; a user's terminal does not
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     kids: list[int] = []
     deadline = time.monotonic() + 60
     try:
