@@ -125,3 +125,26 @@ def grid01_scenario(n: int = 20, name: str = "grid-01"):
                RequestClass("class2", prompt=2512.506723451596, decode=1455.465527120289,
                             rate=0.3347031133284405 * n, patience=0.1))
     return Scenario(gpu=gpu, gpus=n, classes=classes, prefill_price=0.1, decode_price=0.2, name=name)
+
+
+def round_robin_cached_tokens(path, n: int, block: int = 512) -> tuple[int, int, int]:
+    """(cached prompt tokens, requests, prompt tokens) of a Mooncake-format JSONL trace. Cached tokens when request i (in arrival order) goes to
+    instance i mod n and nothing is evicted, counted from the file alone (no fluidopt code): a request's
+    cached prefix is the longest run of its leading block ids that an earlier request on its instance
+    carried, min(run * block, input_length) tokens. Independent of the simulator's and of
+    fluidopt.workloads.prefix's counts, which tests compare with it."""
+    import json
+    from pathlib import Path
+
+    raw = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    raw.sort(key=lambda r: r["timestamp"])  # stable, as the reader sorts
+    seen: list[set] = [set() for _ in range(n)]
+    want = 0
+    for i, r in enumerate(raw):
+        s = seen[i % n]
+        run = 0
+        while run < len(r["hash_ids"]) and r["hash_ids"][run] in s:
+            run += 1
+        want += min(run * block, r["input_length"])
+        s.update(r["hash_ids"])
+    return want, len(raw), sum(r["input_length"] for r in raw)

@@ -142,8 +142,10 @@ def run_placement(args: argparse.Namespace) -> int:
         if per_request:
             import dataclasses
 
+            def add(t):
+                return None if t is None else (t[0], t[1], t[2] + per_request)
+
             d = lw.decode
-            add = (lambda t: None if t is None else (t[0], t[1], t[2] + per_request))
             lw = dataclasses.replace(lw, decode=dataclasses.replace(d, small=add(d.small), large=add(d.large)))
         return lw
 

@@ -21,41 +21,33 @@ from fluidopt.serving.loop import alive_children, plan_of
 from .conftest import ROOT
 
 
+def _write_trace(p, *, seed: int, n: int, output_below: int):
+    """``n`` requests at 10 per s, prompts 50..799 tokens, outputs 5..output_below-1, as the replayer's CSV."""
+    rng = np.random.default_rng(seed)
+    t = np.cumsum(rng.exponential(0.1, n))
+    rows = ["time,prompt_tokens,output_tokens"] + [f"{a:.4f},{b},{c}" for a, b, c in
+                                                   zip(t, rng.integers(50, 800, n), rng.integers(5, output_below, n))]
+    p.write_text("\n".join(rows) + "\n")
+    return p
+
+
 @pytest.fixture(scope="module")
 def trace(tmp_path_factory):
     """50 requests at 10 per s, prompts 50..800 tokens, outputs 5..100 tokens."""
-    rng = np.random.default_rng(0)
-    p = tmp_path_factory.mktemp("loop") / "t.csv"
-    t = np.cumsum(rng.exponential(0.1, 50))
-    rows = ["time,prompt_tokens,output_tokens"] + [f"{a:.4f},{b},{c}" for a, b, c in
-                                                   zip(t, rng.integers(50, 800, 50), rng.integers(5, 100, 50))]
-    p.write_text("\n".join(rows) + "\n")
-    return p
+    return _write_trace(tmp_path_factory.mktemp("loop") / "t.csv", seed=0, n=50, output_below=100)
 
 
 @pytest.fixture(scope="module")
 def short_trace(tmp_path_factory):
     """50 requests at 10 per s, prompts 50..800 tokens, outputs 5..30 tokens: LiteLLM's per-token work
     (about a millisecond a streamed chunk here) stays well under a core at speed 2."""
-    rng = np.random.default_rng(1)
-    p = tmp_path_factory.mktemp("short") / "t.csv"
-    t = np.cumsum(rng.exponential(0.1, 50))
-    rows = ["time,prompt_tokens,output_tokens"] + [f"{a:.4f},{b},{c}" for a, b, c in
-                                                   zip(t, rng.integers(50, 800, 50), rng.integers(5, 31, 50))]
-    p.write_text("\n".join(rows) + "\n")
-    return p
+    return _write_trace(tmp_path_factory.mktemp("short") / "t.csv", seed=1, n=50, output_below=31)
 
 
 @pytest.fixture(scope="module")
 def long_trace(tmp_path_factory):
     """400 requests at 10 per s (40 s of trace, 80 s at speed 0.5): a loop that no signal test outlasts."""
-    rng = np.random.default_rng(2)
-    p = tmp_path_factory.mktemp("long") / "t.csv"
-    t = np.cumsum(rng.exponential(0.1, 400))
-    rows = ["time,prompt_tokens,output_tokens"] + [f"{a:.4f},{b},{c}" for a, b, c in
-                                                   zip(t, rng.integers(50, 800, 400), rng.integers(5, 31, 400))]
-    p.write_text("\n".join(rows) + "\n")
-    return p
+    return _write_trace(tmp_path_factory.mktemp("long") / "t.csv", seed=2, n=400, output_below=31)
 
 
 def test_a_gate_holds_the_request_inside_the_pick():

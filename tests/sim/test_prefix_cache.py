@@ -4,7 +4,6 @@ core against the Python engine with the cache on, and the cache off giving today
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import replace
@@ -62,17 +61,9 @@ def test_round_robin_never_evicting_equals_a_count_from_the_trace_alone(n):
     # carried, min(run * 512, input) tokens. The whole trace (12,031 requests), stretched 20 times so
     # that prefills end before the next arrival (an instance's prefills run one at a time, first come
     # first served, so the count holds at any speed; the stretch is the statement of it).
-    raw = [json.loads(line) for line in MOONCAKE.read_text().splitlines() if line.strip()]
-    raw.sort(key=lambda r: r["timestamp"])  # stable, as the reader sorts
-    seen = [set() for _ in range(n)]
-    want = 0
-    for i, r in enumerate(raw):
-        s = seen[i % n]
-        run = 0
-        while run < len(r["hash_ids"]) and r["hash_ids"][run] in s:
-            run += 1
-        want += min(run * 512, r["input_length"])
-        s.update(r["hash_ids"])
+    from builders import round_robin_cached_tokens
+
+    want, requests, prompt_tokens = round_robin_cached_tokens(MOONCAKE, n)
 
     from fluidopt.scenario import load_scenario
     from fluidopt.workloads.traces import replay
@@ -80,9 +71,9 @@ def test_round_robin_never_evicting_equals_a_count_from_the_trace_alone(n):
     sc = replace(load_scenario(ROOT / "examples/scenarios/mooncake-conversation.toml"), gpus=n)
     sc, wl = replay(MOONCAKE, sc, speedup=0.05)
     res = simulate(sc, "round-robin", horizon=wl.duration + 1e5, service="tokens", workload=wl, progress=False)
-    assert res.totals["completed"] == len(raw)
+    assert res.totals["completed"] == requests
     assert res.totals["cached_prompt_tokens"] == want
-    assert res.totals["prompt_tokens"] == sum(r["input_length"] for r in raw)
+    assert res.totals["prompt_tokens"] == prompt_tokens
     assert res.meta["prefix_cache"]["cached_prompt_tokens"].sum() == want
     assert res.meta["prefix_cache_evictions"] == 0
 

@@ -3,7 +3,6 @@ trace, and hand-built cases for readiness, LRU eviction, pinning and each routin
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
@@ -37,20 +36,12 @@ def _frame(rows, block=4, classes=None):
 def test_round_robin_without_eviction_equals_a_count_from_the_trace_alone(n):
     # the count: request i goes to instance i mod n; its cached prefix is the longest run of its leading
     # block ids that an earlier request on that instance carried (every prefill done before the next arrival)
-    raw = [json.loads(line) for line in MOONCAKE.read_text().splitlines()]
-    raw.sort(key=lambda r: r["timestamp"])  # stable, as the reader sorts
-    seen = [set() for _ in range(n)]
-    want = 0
-    for i, r in enumerate(raw):
-        s = seen[i % n]
-        run = 0
-        while run < len(r["hash_ids"]) and r["hash_ids"][run] in s:
-            run += 1
-        want += min(run * 512, r["input_length"])
-        s.update(r["hash_ids"])
+    from builders import round_robin_cached_tokens
+
+    want, requests, prompt_tokens = round_robin_cached_tokens(MOONCAKE, n)
     got = hit_ratio(read_jsonl_trace(MOONCAKE), "round-robin", n, None)
     assert got.cached_tokens == want
-    assert got.prompt_tokens == sum(r["input_length"] for r in raw)
+    assert got.prompt_tokens == prompt_tokens
     assert got.by_instance["cached_tokens"].sum() == want
     if n == 1:
         assert got.ideal_cached_tokens == want  # one instance with an unlimited cache is the ideal
