@@ -107,10 +107,7 @@ def _check(b, kind, P, D, sigma=None):
     make = {"exponential": lambda m: Exponential(m), "fixed": lambda m: Fixed(m),
             "lognormal": lambda m: LogNormal(m, sigma)}[kind]
     planned = saturated_throughput(GPU, b, length_law(kind, P, sigma), length_law(kind, D, sigma)).rate
-    # At batch 8 and above 1,000 s (200 s warm-up) on 32 GPUs lands within 1.0% of the plan at seed 2;
-    # batch 1 finishes about one request per GPU per decode length, and needs the longer run (4.6% off at
-    # 1,000 s, 0.6% at 2,500 s).
-    sim = _simulated(b, make(P), make(D)) if b < 8 else _simulated(b, make(P), make(D), horizon=1000.0, warmup=200.0)
+    sim = _simulated(b, make(P), make(D))
     return planned, sim
 
 
