@@ -140,13 +140,9 @@ def run_placement(args: argparse.Namespace) -> int:
         except CalibrationError as e:
             raise UsageError(str(e)) from None
         if per_request:
-            import dataclasses
+            from fluidopt.engines.validation import with_overheads
 
-            def add(t):
-                return None if t is None else (t[0], t[1], t[2] + per_request)
-
-            d = lw.decode
-            lw = dataclasses.replace(lw, decode=dataclasses.replace(d, small=add(d.small), large=add(d.large)))
+            lw = with_overheads(lw, per_request=per_request)
         return lw
 
     prompt, output, source = _lengths(args, np)

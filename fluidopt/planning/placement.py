@@ -171,10 +171,14 @@ def search_placement(law_of: Callable[[int], IterationLaw], kv_of: Callable[[int
     prompts, outputs = P[pick], O[pick]
     laws = {"disaggregated": _cached(law_of, kv_of),
             "colocated": _cached(colocated_law_of or law_of, colocated_kv_of or kv_of)}
+    per_rate: dict = {}  # (layout, TP of prefill, TP of decode) -> the LP's instances per request/s
     rows = []
     for sp in splits(int(gpus), tps, layouts):
         get = laws[sp.layout]
-        guess = _fluid_rate(sp, get, prompts, outputs, prefill_max_tokens)
+        key = (sp.layout, sp.prefill_tp, sp.decode_tp)
+        if key not in per_rate:
+            per_rate[key] = _instances_per_rate(sp, get, prompts, outputs, prefill_max_tokens)
+        guess = _fluid_rate(sp, *per_rate[key])
         evaluate = _evaluator(sp, get, unit, prompts, outputs, ttft, tpot, link, prefill_overhead,
                               decode_request_overhead, prefill_max_tokens, colocated_engine)
         rate, att, n = _goodput(evaluate, guess, attainment, rtol)
@@ -205,8 +209,10 @@ def _cached(law_of, kv_of):
     return get
 
 
-def _fluid_rate(sp: Split, get, prompts, outputs, max_tokens: int) -> float:
-    """The split's fluid bound (requests/s), or NaN where the LP has none."""
+def _instances_per_rate(sp: Split, get, prompts, outputs, max_tokens: int) -> tuple[float, float]:
+    """(N_p, N_d): prefill and decode instances per request/s of the disaggregated LP at the split's TP
+    degrees (NaN where the LP has no solution). They do not depend on the instance counts, so the search
+    solves one LP per pair of TP degrees."""
     from fluidopt.fluid.disaggregated import DisaggClass, DisaggPools, solve_disaggregated
 
     # the distinct lengths of the sample as classes (rates: their shares of one request/s)
@@ -219,13 +225,18 @@ def _fluid_rate(sp: Split, get, prompts, outputs, max_tokens: int) -> float:
                             kv_tokens=math.inf if kv is None else float(kv), max_tokens=float(max_tokens))
         sol = solve_disaggregated(classes, pools, "min_gpus")
     except Exception:  # an LP without a solution gives no first guess; the bracket search still runs
-        return math.nan
+        return math.nan, math.nan
     if sol.status != "optimal" or not (sol.prefill_instances_total > 0 and sol.decode_instances_total > 0):
-        return math.nan
+        return math.nan, math.nan
+    return sol.prefill_instances_total, sol.decode_instances_total
+
+
+def _fluid_rate(sp: Split, n_p: float, n_d: float) -> float:
+    """The split's fluid bound (requests/s) from the LP's instances per request/s (NaN where it has none)."""
     if sp.layout == "colocated":
         # an instance that does both spends its time on each: the instance shares add (a first guess only)
-        return sp.prefill_instances / (sol.prefill_instances_total + sol.decode_instances_total)
-    return min(sp.prefill_instances / sol.prefill_instances_total, sp.decode_instances / sol.decode_instances_total)
+        return sp.prefill_instances / (n_p + n_d)
+    return min(sp.prefill_instances / n_p, sp.decode_instances / n_d)
 
 
 def _evaluator(sp: Split, get, unit, prompts, outputs, ttft, tpot, link, prefill_overhead,
