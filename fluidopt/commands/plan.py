@@ -146,6 +146,9 @@ def run(args: argparse.Namespace) -> int:
     if placement_requested(args):
         if args.day or cache_given(args):
             raise UsageError("--layout: not with --day, --hit-ratio or --from-trace")
+        if args.workers is not None or args.dask or args.scheduler is not None:
+            raise UsageError("--workers, --dask, --scheduler: not with --layout (the placement search replays in one "
+                             "process)")
         return run_placement(args)
     refuse_placement_flags(args)
     if args.day and cache_given(args):

@@ -132,6 +132,8 @@ BAD = [
     (["--layout", "disaggregated", "--profile", "{p}", "--model", "facebook/opt-13b", "--gpus", "4",
       "--link-gbps", "0"], "--link-gbps"),
     (["--profile", "{p}"], "--profile: only with --layout"),
+    (["--layout", "disaggregated", "--profile", "{p}", "--model", "facebook/opt-13b", "--gpus", "4",
+      "--workers", "2"], "--workers, --dask, --scheduler: not with --layout"),
 ]
 
 
