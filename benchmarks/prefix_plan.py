@@ -33,12 +33,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this tree's fluidopt, not another checkout's editable install
+from fluidopt.workloads.prefix import RULES  # noqa: E402
 TRACE = ROOT.parent / "shared" / "data" / "mooncake-traces" / "conversation_trace.jsonl"
 SCENARIO = ROOT / "examples" / "scenarios" / "mooncake-conversation.toml"
 KV_80GB = int((0.9 * 80e9 - 8.2e9 * 2) / (2 * 36 * 8 * 128 * 2))  # tokens per GPU, as prefix_headtohead.py
 BLOCK = 512
-POLICY = {"round-robin": "round-robin", "least-load": "least-requests", "sglang": "sglang", "llm-d": "llm-d",
-          "consistent-hash": "consistent-hash", "consistent-hash-bounded": "consistent-hash-bounded"}
 
 
 def _row(label: str, c, planned: int) -> str:
@@ -52,7 +51,7 @@ def _row(label: str, c, planned: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--trace", default=str(TRACE))
-    ap.add_argument("--rule", default="sglang", choices=sorted(POLICY))
+    ap.add_argument("--rule", default="sglang", choices=RULES)
     ap.add_argument("--kv", choices=("both", "unlimited", "80gb"), default="both")
     ap.add_argument("--served", type=float, default=0.99)
     ap.add_argument("--ttft", type=float, default=None)
@@ -64,14 +63,14 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     warnings.simplefilter("ignore")
-    from fluidopt.planning.prefix import TraceSLO, fluid_cache_plan, replay_check, smallest_fleet
+    from fluidopt.planning.prefix import RULE_POLICY, TraceSLO, fluid_cache_plan, replay_check, smallest_fleet
     from fluidopt.scenario import load_scenario
     from fluidopt.workloads.traces import replay
 
     t_start = time.perf_counter()
     base, wl = replay(trace, load_scenario(SCENARIO), speedup=1.0)
     slo = TraceSLO(served=args.served, ttft_mean=args.ttft)
-    pol = POLICY[args.rule]
+    pol = RULE_POLICY[args.rule]
     print(f"Mooncake conversation trace: {wl.n_requests} requests over {float(wl.frame['time'].max()):.0f} s; "
           f"SLO: {slo.describe()}; cache rule {args.rule}")
     kvs = {"both": [("unlimited", None), ("80gb", KV_80GB)], "unlimited": [("unlimited", None)],

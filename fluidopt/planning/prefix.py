@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,12 @@ import pandas as pd
 from fluidopt.core.errors import UsageError
 from fluidopt.core.model import Scenario
 
-__all__ = ["TraceSLO", "CachePlan", "ReplayCheck", "fluid_cache_plan", "replay_check", "smallest_fleet"]
+__all__ = ["RULE_POLICY", "TraceSLO", "CachePlan", "ReplayCheck", "fluid_cache_plan", "replay_check", "smallest_fleet"]
+
+
+# the registered routing policy of each hit-ratio rule (fluidopt.workloads.prefix.RULES)
+RULE_POLICY = {"round-robin": "round-robin", "least-load": "least-requests", "sglang": "sglang", "llm-d": "llm-d",
+               "consistent-hash": "consistent-hash", "consistent-hash-bounded": "consistent-hash-bounded"}
 
 
 @dataclass(frozen=True)
@@ -108,11 +114,12 @@ def _fluid_gpus(scenario: Scenario, h: float, served: float) -> tuple[float, int
 
 
 def fluid_cache_plan(scenario: Scenario, workload, rule: str | None, *, capacity_blocks: int | None = None,
-                     served: float = 1.0, max_steps: int = 8, **options: Any) -> CachePlan:
+                     served: float = 1.0, instances: int | None = None, max_steps: int = 8,
+                     **options: Any) -> CachePlan:
     """The fluid fleet for ``workload`` (a trace with block hashes) on ``scenario``'s GPU, with h kept by
     routing ``rule`` over the planned fleet's instances (``capacity_blocks`` blocks each; None:
-    unlimited), or without a cache (``rule=None``). ``options``: the rule's parameters. See the module
-    docstring for the iteration."""
+    unlimited), or without a cache (``rule=None``). ``instances``: estimate h once over that many
+    instances instead of iterating. ``options``: the rule's parameters. See the module docstring."""
     from fluidopt.workloads.prefix import hit_ratio
 
     sc = _plan_scenario(scenario, workload)
@@ -124,8 +131,8 @@ def fluid_cache_plan(scenario: Scenario, workload, rule: str | None, *, capacity
     law = dict(prefill_time_per_token=g.tau_mix / g.chunk, decode_time_per_token=g.tau_mix)
     seen: dict[int, tuple[float, float]] = {}
     h, ideal = 0.0, math.nan
-    for _ in range(max_steps):
-        inst = max(1, n_int)
+    for _ in range(1 if instances else max_steps):
+        inst = instances or max(1, n_int)
         if inst in seen:
             break
         est = hit_ratio(workload, rule, inst, capacity_blocks, **law, **options)
@@ -143,6 +150,7 @@ def replay_check(scenario: Scenario, workload, gpus: int, policy: str, slo: Trac
     cache on or off, for the trace's span and at most ``drain`` seconds more, and judge ``slo``. Requests
     unresolved at the end count as not served, and their TTFT as the time they waited (a lower bound)."""
     from fluidopt.sim.api import simulate
+    from fluidopt.workloads import TraceWarning
 
     if not isinstance(gpus, int) or gpus < 1:
         raise UsageError(f"replay_check: gpus: expected an integer >= 1, got {gpus!r}")
@@ -151,8 +159,11 @@ def replay_check(scenario: Scenario, workload, gpus: int, policy: str, slo: Trac
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "records.csv"
-        simulate(sc, policy, horizon=span + drain, service="tokens", workload=workload, records=path,
-                 progress=False, seed=seed, controller_options=options or None, prefix_cache=prefix_cache)
+        with warnings.catch_warnings():
+            # "the trace ends before the horizon": intended, the run goes on to resolve the last requests
+            warnings.simplefilter("ignore", TraceWarning)
+            simulate(sc, policy, horizon=span + drain, service="tokens", workload=workload, records=path,
+                     progress=False, seed=seed, controller_options=options or None, prefix_cache=prefix_cache)
         rec = pd.read_csv(path)
     wall = time.perf_counter() - t0
     n = int(workload.n_requests)
