@@ -34,6 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this tree's fluidopt, not another checkout's editable install
 from fluidopt.workloads.prefix import RULES  # noqa: E402
+
 TRACE = ROOT.parent / "shared" / "data" / "mooncake-traces" / "conversation_trace.jsonl"
 SCENARIO = ROOT / "examples" / "scenarios" / "mooncake-conversation.toml"
 KV_80GB = int((0.9 * 80e9 - 8.2e9 * 2) / (2 * 36 * 8 * 128 * 2))  # tokens per GPU, as prefix_headtohead.py

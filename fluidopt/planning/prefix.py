@@ -51,11 +51,12 @@ class TraceSLO:
     ttft_p99: float | None = None
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.served, (int, float)) and 0.0 < float(self.served) <= 1.0):
+        if isinstance(self.served, bool) or not (isinstance(self.served, (int, float)) and 0.0 < self.served <= 1.0):
             raise UsageError(f"TraceSLO.served: expected a share in (0, 1], got {self.served!r}")
         for name in ("ttft_mean", "ttft_p99"):
             v = getattr(self, name)
-            if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+            bad = isinstance(v, bool) or not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0)
+            if v is not None and bad:
                 raise UsageError(f"TraceSLO.{name}: expected seconds > 0, got {v!r}")
 
     def describe(self) -> str:
@@ -205,8 +206,8 @@ def smallest_fleet(scenario: Scenario, workload, start: int, policy: str, slo: T
             break
         n += 1
     else:
-        raise UsageError(f"smallest_fleet: {policy} misses the SLO ({slo.describe()}) on every fleet of {start} to "
-                         f"{top} GPUs")
+        raise UsageError(f"plan: {policy} misses the SLO ({slo.describe()}) on every fleet of {start} to {top} GPUs; "
+                         "try another --policy or a looser SLO")
     if n == start and n > 1:
         checks.insert(0, replay_check(scenario, workload, n - 1, policy, slo, prefix_cache=prefix_cache, **kw))
     return n, checks

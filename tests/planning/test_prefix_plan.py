@@ -68,7 +68,7 @@ def test_the_search_finds_the_smallest_fleet_and_replays_the_one_below():
     assert checks[1].metrics["ttft_mean"] == pytest.approx(0.05, abs=1e-9)
     n, checks = smallest_fleet(sc, wl, 2, "round-robin", slo, prefix_cache=False)
     assert n == 2 and [(c.gpus, c.met) for c in checks] == [(1, False), (2, True)]
-    with pytest.raises(UsageError, match="misses the SLO"):
+    with pytest.raises(UsageError, match="plan: round-robin misses the SLO"):
         smallest_fleet(sc, wl, 1, "round-robin", TraceSLO(served=0.75, ttft_mean=0.01), prefix_cache=False)
 
 
