@@ -25,7 +25,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
         description="For the class arrival rates of SCENARIO (whole fleet; default: the built-in paper instance) "
         "and the SLIs given, find per GPU profile the fluid lower bound on the fleet size (one LP, binding "
         "constraint named) and the smallest fleet on which the policy meets every SLI in simulation with 95%% "
-        "confidence, with cost per hour and per million output tokens.",
+        "confidence, with cost per hour and per million output tokens. With --from-trace TRACE and no --fluid-only: "
+        "the fleet for TRACE's own demand with and without a prefix cache, each verified by replaying TRACE.",
     )
     p.add_argument("scenario", nargs="?", default=None, metavar="SCENARIO", help="scenario TOML (default: built-in)")
     p.add_argument("--served", type=float, default=0.99,
