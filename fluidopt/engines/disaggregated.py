@@ -37,6 +37,7 @@ import numpy as np
 
 from fluidopt.calibration.timemodels import IterationLaw
 from fluidopt.core.errors import UsageError
+from fluidopt.engines.disagg_policies import DecodePolicy, DisaggTargets, PoolsView, PrefillPolicy, make_policy
 from fluidopt.engines.stepper import Replay, checked_requests
 
 # Geometry of the models DistServe profiled (config.json: num_hidden_layers, num_attention_heads,
@@ -96,23 +97,53 @@ class Pool:
 class DisaggReplay(Replay):
     """:class:`Replay` plus the transfer, per request in input order (s): ``transfer_start``,
     ``transfer_end`` (NaN for one-token requests, which never leave the prefill pool), the instances
-    that served it, the swaps on the decode side, and counts of requests through each stage."""
+    that served it, the swaps on the decode side, and counts of requests through each stage.
+    ``prefill_start``: the start of its prefill batch; ``decode_start``: the start of its first decode
+    step (NaN where none); ``cls``: its class. ``events`` (``check=True`` only): after every event, a
+    row ``(time, *STAGES counts)``, the engine's own census of where the requests are."""
 
     transfer_start: np.ndarray
     transfer_end: np.ndarray
     prefill_instance: np.ndarray
     decode_instance: np.ndarray
     counts: dict
+    prefill_start: np.ndarray
+    decode_start: np.ndarray
+    cls: np.ndarray
+    policy: str = "distserve-fcfs"
+    events: np.ndarray | None = None
 
     @property
     def transfer(self) -> np.ndarray:
         """Transfer time per request, s (NaN where none)."""
         return self.transfer_end - self.transfer_start
 
+    @property
+    def prefill_wait(self) -> np.ndarray:
+        """Queueing in the prefill pool (gate or instance queue), s: prefill start - arrival."""
+        return self.prefill_start - self.arrival
+
+    @property
+    def decode_wait(self) -> np.ndarray:
+        """Queueing for decode, s: first token -> first decode step, less the transfer (NaN where none)."""
+        return self.decode_start - self.first_token - self.transfer
+
+
+# the census of check=True, in the order of DisaggReplay.events' columns after the time
+STAGES = ("arrived", "wait_prefill", "prefilling", "wait_transfer", "transferring", "decoding", "done")
+
 
 def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *, kv_bytes_per_token: float,
-                         link_bandwidth: float = NVLINK_A100, link_latency: float = 0.0) -> DisaggReplay:
-    """Run the requests through the two pools and the links; see the module docstring for the rules."""
+                         link_bandwidth: float = NVLINK_A100, link_latency: float = 0.0, cls=None,
+                         policy: str | tuple[PrefillPolicy, DecodePolicy] = "distserve-fcfs",
+                         targets: DisaggTargets | None = None, check: bool = False) -> DisaggReplay:
+    """Run the requests through the two pools and the links; see the module docstring for the rules.
+
+    ``cls``: each request's class, 0..k-1 (default: all 0). ``policy``: a name of
+    :mod:`fluidopt.engines.disagg_policies` (``"X"`` or ``"PREFILL/DECODE"``; gate-and-route needs the
+    LP's ``targets``) or a (prefill, decode) pair of policy objects. ``check``: verify after every event
+    that arrived = waiting for prefill + prefilling + waiting for transfer + transferring + decoding +
+    done (AssertionError otherwise) and return the census (``events``)."""
     if not link_bandwidth > 0:
         raise UsageError(f"link bandwidth: expected bytes/s > 0, got {link_bandwidth}")
     if not link_latency >= 0:
@@ -122,38 +153,64 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
                          f"{prefill.instances} and {decode.instances}")
     arr, P, O = checked_requests(arrival, prompt, output)
     n = len(arr)
+    C = [0] * n if cls is None else [int(c) for c in cls]
+    if len(C) != n or any(c < 0 for c in C):
+        raise ValueError("replay: expected one class index >= 0 per request")
+    if isinstance(policy, str):
+        pre_pol, dec_pol = make_policy(policy, targets=targets)
+        policy_name = policy
+    else:
+        pre_pol, dec_pol = policy
+        policy_name = f"{pre_pol.name}/{dec_pol.name}"
     bs = decode.block_size
     nP, nD = prefill.instances, decode.instances
+    view = PoolsView(nP, nD, max(C, default=0) + 1, P, O, C, max_tokens=prefill.max_tokens,
+                     max_batch=prefill.max_batch, block_size=bs)
+    pre_pol.setup(view)
+    dec_pol.setup(view)
+    gated = pre_pol.gate
+    admit, pull, route = pre_pol.admit, pre_pol.pull, dec_pol.route
 
     first = np.full(n, np.nan)
     done = np.full(n, np.nan)
     xs = np.full(n, np.nan)
     xe = np.full(n, np.nan)
+    ps = np.full(n, np.nan)
+    ds = np.full(n, np.nan)
     swaps = np.zeros(n, dtype=np.int64)
     p_of = np.full(n, -1, dtype=np.int64)
     d_of = np.full(n, -1, dtype=np.int64)
     gen = [0] * n
     counts = dict(arrived=0, prefilled=0, transferred=0, finished=0, rejected=0)
 
-    # prefill instances
-    pq = [deque() for _ in range(nP)]
-    pq_tokens = [0] * nP
-    p_busy = [False] * nP
-    p_free = [math.inf if prefill.kv_tokens is None else float(prefill.kv_tokens) for _ in range(nP)]
+    # prefill instances (the view's lists are the engine's own state)
+    pq = view.prefill_queue
+    pq_tokens = view.prefill_queued_tokens
+    pb_tokens = view.prefill_batch_tokens
+    p_busy = view.prefill_busy
+    p_free = view.prefill_free_kv
+    if prefill.kv_tokens is not None:
+        p_free[:] = [float(prefill.kv_tokens)] * nP
+    gate = view.gate
+    share = view.prefill_share
+    p_batch: list = [None] * nP
     # decode instances: migration queue (prefilled, waiting for blocks), ready (transferred), running
     mq = [deque() for _ in range(nD)]
     ready = [deque() for _ in range(nD)]
     swapped = [deque() for _ in range(nD)]
     running: list[list[int]] = [[] for _ in range(nD)]
     d_busy = [False] * nD
-    d_free = [math.inf if decode.kv_tokens is None else float(decode.kv_tokens // bs) for _ in range(nD)]
+    d_free = view.decode_free_blocks
+    if decode.kv_tokens is not None:
+        d_free[:] = [float(decode.kv_tokens // bs)] * nD
+    d_load, d_load_tok, d_class = view.decode_assigned, view.decode_assigned_tokens, view.decode_class
     # links (p, d): FCFS queue and busy flag
     lq = {}
     l_busy = {}
-    rr = 0
     iters = pre_iters = 0
     ev: list = []
     seq = 0
+    log: list = []
 
     def push(t: float, kind: str, data) -> None:
         nonlocal seq
@@ -162,22 +219,44 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
 
     def start_prefill(p: int, now: float) -> None:
         nonlocal pre_iters, iters
-        if p_busy[p] or not pq[p]:
+        if p_busy[p]:
             return
-        batch, tok, s2 = [], 0, 0
-        while pq[p] and len(batch) < prefill.max_batch:
-            r = pq[p][0]
-            if (batch and tok + P[r] > prefill.max_tokens) or P[r] > p_free[p]:
-                break
-            pq[p].popleft()
-            batch.append(r)
-            tok += P[r]
-            s2 += P[r] * P[r]
-        if not batch:
-            return
-        pq_tokens[p] -= tok
+        if gated:
+            batch = pull(view, p)
+            if not batch:
+                return
+            tok = s2 = 0
+            for r in batch:
+                head = gate[C[r]].popleft()
+                if head != r:
+                    raise RuntimeError(f"policy {pre_pol.name}: pulled request {r}, not the head of class "
+                                       f"{C[r]}'s gate ({head})")
+                p_of[r] = p
+                tok += P[r]
+                s2 += P[r] * P[r]
+            for r in batch:
+                share[C[r]] += P[r] / tok
+        else:
+            if not pq[p]:
+                return
+            batch, tok, s2 = [], 0, 0
+            while pq[p] and len(batch) < prefill.max_batch:
+                r = pq[p][0]
+                if (batch and tok + P[r] > prefill.max_tokens) or P[r] > p_free[p]:
+                    break
+                pq[p].popleft()
+                batch.append(r)
+                tok += P[r]
+                s2 += P[r] * P[r]
+            if not batch:
+                return
+            pq_tokens[p] -= tok
         p_free[p] -= tok
         p_busy[p] = True
+        pb_tokens[p] = tok
+        p_batch[p] = batch
+        for r in batch:
+            ps[r] = now
         pre_iters += 1
         iters += 1
         pf = prefill.law.prefill
@@ -248,7 +327,10 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
             d_free[d] -= held
             join(swapped[d].popleft(), d)
         while ready[d] and len(run) < decode.max_batch:
-            join(ready[d].popleft(), d)
+            r = ready[d].popleft()
+            if ds[r] != ds[r]:  # NaN: its first step
+                ds[r] = now
+            join(r, d)
         if not run:
             return
         # one more block for each request whose newest token starts one; swap out the last-joined on shortage
@@ -266,6 +348,18 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
         iters += 1
         push(now + decode.overhead + decode.request_overhead * B + decode.law.decode_time(Tctx[d], B), "ddone", d)
 
+    def census(now: float) -> None:
+        wait_p = sum(map(len, pq)) + sum(map(len, gate))
+        prefilling = sum(len(b) for b in p_batch if b is not None)
+        wait_x = sum(map(len, mq)) + sum(map(len, lq.values()))
+        moving = sum(1 for v in l_busy.values() if v)
+        decoding = sum(map(len, ready)) + sum(map(len, running)) + sum(map(len, swapped))
+        fin_ = counts["finished"] + counts["rejected"]
+        row = (now, counts["arrived"], wait_p, prefilling, wait_x, moving, decoding, fin_)
+        if sum(row[2:]) != counts["arrived"]:
+            raise AssertionError(f"disaggregated replay at t = {now}: {dict(zip(STAGES, row[1:]))} do not add up")
+        log.append(row)
+
     nxt = 0
     while nxt < n or ev:
         if nxt < n and (not ev or arr[nxt] <= ev[0][0]):
@@ -279,18 +373,31 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
                 if prefill.kv_tokens is not None and P[r] > prefill.kv_tokens:
                     counts["rejected"] += 1  # could never be prefilled
                     continue
-                p = min(range(nP), key=lambda i: (pq_tokens[i], i))
+                if gated:
+                    gate[C[r]].append(r)
+                    continue
+                p = admit(view, r)
+                if not 0 <= p < nP:
+                    raise RuntimeError(f"policy {pre_pol.name}: prefill instance {p!r} for request {r}; expected 0..{nP - 1}")
                 p_of[r] = p
                 pq[p].append(r)
                 pq_tokens[p] += P[r]
                 touched_p.add(p)
-            for p in sorted(touched_p):
+            for p in (range(nP) if gated else sorted(touched_p)):
                 start_prefill(p, now)
+            if check:
+                census(now)
             continue
         now, _, kind, data = heapq.heappop(ev)
         if kind == "pdone":
             p, batch = data
             p_busy[p] = False
+            pb_tokens[p] = 0
+            p_batch[p] = None
+            if gated:
+                tok = sum(P[r] for r in batch)
+                for r in batch:
+                    share[C[r]] -= P[r] / tok
             touched = set()
             for r in batch:
                 counts["prefilled"] += 1
@@ -301,9 +408,13 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
                     p_free[p] += P[r]
                     counts["finished"] += 1
                     continue
-                d = rr % nD
-                rr += 1
+                d = route(view, r)
+                if not 0 <= d < nD:
+                    raise RuntimeError(f"policy {dec_pol.name}: decode instance {d!r} for request {r}; expected 0..{nD - 1}")
                 d_of[r] = d
+                d_load[d] += 1
+                d_load_tok[d] += P[r]
+                d_class[d][C[r]] += 1
                 mq[d].append(r)
                 touched.add(d)
             for d in sorted(touched):
@@ -334,10 +445,16 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
                 running[d].remove(r)
                 done[r] = now
                 counts["finished"] += 1
+                d_load[d] -= 1
+                d_load_tok[d] -= P[r]
+                d_class[d][C[r]] -= 1
             start_decode(d, now)
             try_migrate(d, now)
+        if check:
+            census(now)
+    events = np.array(log, dtype=float).reshape(-1, 1 + len(STAGES)) if check else None
     return DisaggReplay(arr, first, done, swaps, np.asarray(O, dtype=np.int64), iters, pre_iters,
-                        xs, xe, p_of, d_of, counts)
+                        xs, xe, p_of, d_of, counts, ps, ds, np.asarray(C, dtype=np.int64), policy_name, events)
 
 
 def fit_costs(runs, prefill: Pool, decode: Pool, *, kv_bytes_per_token: float, link_bandwidth: float = NVLINK_A100,
