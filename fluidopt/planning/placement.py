@@ -117,10 +117,11 @@ class PlacementResult:
 
 
 def _attained(ttft: np.ndarray, tpot: np.ndarray, slo_ttft: float, slo_tpot: float) -> tuple[float, float, float]:
-    # a one-token request has no TPOT (NaN): it attains on TTFT alone, as DistServe counts it
-    ok_t = ttft < slo_ttft
-    ok_d = ~(tpot >= slo_tpot)
-    return float(np.mean(ok_t & ok_d)), float(np.mean(ok_t)), float(np.mean(ok_d))
+    # one definition with Replay.attainment (DistServe's: a one-token request has TPOT 0 and attains on
+    # TTFT alone; a rejected request, NaN TTFT and TPOT, misses both, the TPOT share included)
+    from fluidopt.engines.stepper import attained
+
+    return attained(ttft, tpot, slo_ttft, slo_tpot)
 
 
 def search_placement(law_of: Callable[[int], IterationLaw], kv_of: Callable[[int], float | None], prompt, output, *,
