@@ -160,7 +160,11 @@ class FewestQueuedTokens(PrefillPolicy):
 
     def admit(self, view: PoolsView, r: int) -> int:
         q = view.prefill_queued_tokens
-        return min(range(view.n_prefill), key=lambda i: (q[i], i))
+        best = 0
+        for i in range(1, view.n_prefill):
+            if q[i] < q[best]:  # strictly: a tie keeps the lower index
+                best = i
+        return best
 
 
 class PrefillRoundRobin(PrefillPolicy):

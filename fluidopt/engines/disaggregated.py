@@ -29,6 +29,7 @@ Times in seconds, lengths in tokens, KV capacities in tokens, bandwidth in bytes
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -171,15 +172,12 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
     gated = pre_pol.gate
     admit, pull, route = pre_pol.admit, pre_pol.pull, dec_pol.route
 
-    first = np.full(n, np.nan)
-    done = np.full(n, np.nan)
-    xs = np.full(n, np.nan)
-    xe = np.full(n, np.nan)
-    ps = np.full(n, np.nan)
-    ds = np.full(n, np.nan)
-    swaps = np.zeros(n, dtype=np.int64)
-    p_of = np.full(n, -1, dtype=np.int64)
-    d_of = np.full(n, -1, dtype=np.int64)
+    # per-request records as Python lists (an item set costs a third of a numpy one), arrays at the end
+    nan = math.nan
+    first, done, xs, xe, ps, ds = ([nan] * n for _ in range(6))
+    swaps = [0] * n
+    p_of = [-1] * n
+    d_of = [-1] * n
     gen = [0] * n
     counts = dict(arrived=0, prefilled=0, transferred=0, finished=0, rejected=0)
 
@@ -204,18 +202,15 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
     if decode.kv_tokens is not None:
         d_free[:] = [float(decode.kv_tokens // bs)] * nD
     d_load, d_load_tok, d_class = view.decode_assigned, view.decode_assigned_tokens, view.decode_class
-    # links (p, d): FCFS queue and busy flag
-    lq = {}
-    l_busy = {}
+    # links, one per (p, d), at p * nD + d: FCFS queue and busy flag
+    lq = [deque() for _ in range(nP * nD)]
+    l_busy = [False] * (nP * nD)
     iters = pre_iters = 0
     ev: list = []
-    seq = 0
+    seq = itertools.count()  # ties in time: the event pushed first goes first
     log: list = []
 
-    def push(t: float, kind: str, data) -> None:
-        nonlocal seq
-        heapq.heappush(ev, (t, seq, kind, data))
-        seq += 1
+    heappush, heappop = heapq.heappush, heapq.heappop
 
     def start_prefill(p: int, now: float) -> None:
         nonlocal pre_iters, iters
@@ -260,7 +255,7 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
         pre_iters += 1
         iters += 1
         pf = prefill.law.prefill
-        push(now + prefill.overhead + pf.a + pf.b * tok + pf.c * s2, "pdone", (p, batch))
+        heappush(ev, (now + prefill.overhead + pf.a + pf.b * tok + pf.c * s2, next(seq), "pdone", (p, batch)))
 
     def try_migrate(d: int, now: float) -> None:
         q = mq[d]
@@ -271,17 +266,18 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
                 return
             q.popleft()
             d_free[d] -= need
-            link = (int(p_of[r]), d)
-            lq.setdefault(link, deque()).append(r)
-            start_link(link, now)
+            link = p_of[r] * nD + d
+            lq[link].append(r)
+            if not l_busy[link]:
+                start_link(link, now)
 
-    def start_link(link, now: float) -> None:
-        if l_busy.get(link) or not lq[link]:
+    def start_link(link: int, now: float) -> None:
+        if l_busy[link] or not lq[link]:
             return
         r = lq[link].popleft()
         l_busy[link] = True
         xs[r] = now
-        push(now + link_latency + P[r] * kv_bytes_per_token / link_bandwidth, "xdone", (link, r))
+        heappush(ev, (now + link_latency + P[r] * kv_bytes_per_token / link_bandwidth, next(seq), "xdone", (link, r)))
 
     # decode steps in O(1) but for joins, finishes and swaps (as in the stepper): per instance the step
     # count g, the context tokens T, the running requests bucketed by (L - g) mod block (which of them start
@@ -314,45 +310,54 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
         version[r] += 1
         return -(-(L - 1) // bs)
 
-    def start_decode(d: int, now: float) -> None:
+    # the decode law inlined (the same float operations as IterationLaw.decode_time, so the same times)
+    d_small, d_large, d_thr = decode.law.decode.small, decode.law.decode.large, decode.law.decode.threshold
+    d_over, d_req, d_maxb = decode.overhead, decode.request_overhead, decode.max_batch
+
+    def start_decode(d: int, now: float) -> float | None:
+        """Start instance ``d``'s next step if it is idle and has work; returns when the step ends."""
         nonlocal iters
         if d_busy[d]:
-            return
+            return None
         run = running[d]
-        while swapped[d] and len(run) < decode.max_batch:
-            r = swapped[d][0]
+        sw = swapped[d]
+        while sw and len(run) < d_maxb:
+            r = sw[0]
             held = -(-(P[r] + gen[r] - 1) // bs)
             if held > d_free[d]:
                 break
             d_free[d] -= held
-            join(swapped[d].popleft(), d)
-        while ready[d] and len(run) < decode.max_batch:
-            r = ready[d].popleft()
+            join(sw.popleft(), d)
+        rd = ready[d]
+        while rd and len(run) < d_maxb:
+            r = rd.popleft()
             if ds[r] != ds[r]:  # NaN: its first step
                 ds[r] = now
             join(r, d)
         if not run:
-            return
+            return None
         # one more block for each request whose newest token starts one; swap out the last-joined on shortage
         key = (1 - g[d]) % bs
-        while bucket[d][key] > d_free[d] and run:
+        bk = bucket[d]
+        while bk[key] > d_free[d] and run:
             r = run.pop()
             d_free[d] += leave(r, d)
             swaps[r] += 1
-            swapped[d].appendleft(r)
+            sw.appendleft(r)
         if not run:
-            return  # a lone request larger than the cache: never happens when a prompt fits
-        d_free[d] -= bucket[d][key]
+            return None  # a lone request larger than the cache: never happens when a prompt fits
+        d_free[d] -= bk[key]
         B = len(run)
         d_busy[d] = True
         iters += 1
-        push(now + decode.overhead + decode.request_overhead * B + decode.law.decode_time(Tctx[d], B), "ddone", d)
+        a, b, c = d_large if (d_large is not None and B >= d_thr) else d_small
+        return now + d_over + d_req * B + (a + b * Tctx[d] + c * B)
 
     def census(now: float) -> None:
         wait_p = sum(map(len, pq)) + sum(map(len, gate))
         prefilling = sum(len(b) for b in p_batch if b is not None)
-        wait_x = sum(map(len, mq)) + sum(map(len, lq.values()))
-        moving = sum(1 for v in l_busy.values() if v)
+        wait_x = sum(map(len, mq)) + sum(map(len, lq))
+        moving = sum(l_busy)
         decoding = sum(map(len, ready)) + sum(map(len, running)) + sum(map(len, swapped))
         fin_ = counts["finished"] + counts["rejected"]
         row = (now, counts["arrived"], wait_p, prefilling, wait_x, moving, decoding, fin_)
@@ -360,13 +365,14 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
             raise AssertionError(f"disaggregated replay at t = {now}: {dict(zip(STAGES, row[1:]))} do not add up")
         log.append(row)
 
+    A = arr.tolist()  # Python floats: the same values, faster to compare than numpy scalars
     nxt = 0
     while nxt < n or ev:
-        if nxt < n and (not ev or arr[nxt] <= ev[0][0]):
+        if nxt < n and (not ev or A[nxt] <= ev[0][0]):
             # arrivals at one instant are queued together, so they can share a batch
-            now = float(arr[nxt])
-            touched_p = set()
-            while nxt < n and arr[nxt] == now:
+            now = A[nxt]
+            touched_p = []
+            while nxt < n and A[nxt] == now:
                 r = nxt
                 nxt += 1
                 counts["arrived"] += 1
@@ -382,13 +388,20 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
                 p_of[r] = p
                 pq[p].append(r)
                 pq_tokens[p] += P[r]
-                touched_p.add(p)
-            for p in (range(nP) if gated else sorted(touched_p)):
-                start_prefill(p, now)
+                touched_p.append(p)
+            if gated:
+                for p in range(nP):
+                    start_prefill(p, now)
+            elif len(touched_p) == 1:
+                if not p_busy[touched_p[0]]:
+                    start_prefill(touched_p[0], now)
+            else:
+                for p in sorted(set(touched_p)):
+                    start_prefill(p, now)
             if check:
                 census(now)
             continue
-        now, _, kind, data = heapq.heappop(ev)
+        now, _, kind, data = heappop(ev)
         if kind == "pdone":
             p, batch = data
             p_busy[p] = False
@@ -398,7 +411,7 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
                 tok = sum(P[r] for r in batch)
                 for r in batch:
                     share[C[r]] -= P[r] / tok
-            touched = set()
+            touched = []
             for r in batch:
                 counts["prefilled"] += 1
                 first[r] = now
@@ -416,45 +429,75 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
                 d_load_tok[d] += P[r]
                 d_class[d][C[r]] += 1
                 mq[d].append(r)
-                touched.add(d)
-            for d in sorted(touched):
+                touched.append(d)
+            for d in (touched if len(touched) == 1 else sorted(set(touched))):
                 try_migrate(d, now)
             start_prefill(p, now)
         elif kind == "xdone":
             link, r = data
-            p, d = link
+            p, d = divmod(link, nD)
             l_busy[link] = False
             xe[r] = now
             counts["transferred"] += 1
             p_free[p] += P[r]
             ready[d].append(r)
-            start_link(link, now)
-            start_decode(d, now)
-            start_prefill(p, now)
+            if lq[link]:
+                start_link(link, now)
+            if not d_busy[d]:
+                t = start_decode(d, now)
+                if t is not None:
+                    heappush(ev, (t, next(seq), "ddone", d))
+            if not p_busy[p]:
+                start_prefill(p, now)
         else:
             d = data
-            d_busy[d] = False
-            Tctx[d] += len(running[d])
-            g[d] += 1
-            h = fin[d]
-            while h and h[0][0] <= g[d]:
-                _, r, v = heapq.heappop(h)
-                if v != version[r]:
-                    continue  # swapped out since
-                d_free[d] += leave(r, d)
-                running[d].remove(r)
-                done[r] = now
-                counts["finished"] += 1
-                d_load[d] -= 1
-                d_load_tok[d] -= P[r]
-                d_class[d][C[r]] -= 1
-            start_decode(d, now)
-            try_migrate(d, now)
+            h, run, sw, rd, q, bk = fin[d], running[d], swapped[d], ready[d], mq[d], bucket[d]
+            while True:
+                d_busy[d] = False
+                Tctx[d] += len(run)
+                gd = g[d] + 1
+                g[d] = gd
+                while h and h[0][0] <= gd:
+                    _, r, v = heapq.heappop(h)
+                    if v != version[r]:
+                        continue  # swapped out since
+                    d_free[d] += leave(r, d)
+                    run.remove(r)
+                    done[r] = now
+                    counts["finished"] += 1
+                    d_load[d] -= 1
+                    d_load_tok[d] -= P[r]
+                    d_class[d][C[r]] -= 1
+                key = (1 - gd) % bs
+                if sw or rd or not run or bk[key] > d_free[d]:
+                    t = start_decode(d, now)
+                else:  # start_decode's common case, inlined: nothing joins, no block is short
+                    d_free[d] -= bk[key]
+                    B = len(run)
+                    d_busy[d] = True
+                    iters += 1
+                    a, b, c = d_large if (d_large is not None and B >= d_thr) else d_small
+                    t = now + d_over + d_req * B + (a + b * Tctx[d] + c * B)
+                s0 = next(seq)  # the step's place in the event order is taken before the transfers it starts
+                if q:
+                    try_migrate(d, now)
+                if t is None:
+                    break
+                if (ev and t >= ev[0][0]) or (nxt < n and t >= A[nxt]):
+                    heappush(ev, (t, s0, "ddone", d))
+                    break
+                # nothing else happens before this step ends: run it here rather than through the heap
+                # (the order of events, hence every result, is the heap's)
+                if check:
+                    census(now)
+                now = t
         if check:
             census(now)
     events = np.array(log, dtype=float).reshape(-1, 1 + len(STAGES)) if check else None
-    return DisaggReplay(arr, first, done, swaps, np.asarray(O, dtype=np.int64), iters, pre_iters,
-                        xs, xe, p_of, d_of, counts, ps, ds, np.asarray(C, dtype=np.int64), policy_name, events)
+    f, i = np.float64, np.int64
+    return DisaggReplay(arr, np.array(first, f), np.array(done, f), np.array(swaps, i), np.asarray(O, dtype=i), iters,
+                        pre_iters, np.array(xs, f), np.array(xe, f), np.array(p_of, i), np.array(d_of, i), counts,
+                        np.array(ps, f), np.array(ds, f), np.asarray(C, dtype=i), policy_name, events)
 
 
 def fit_costs(runs, prefill: Pool, decode: Pool, *, kv_bytes_per_token: float, link_bandwidth: float = NVLINK_A100,
