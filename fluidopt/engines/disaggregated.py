@@ -211,6 +211,9 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
     log: list = []
 
     heappush, heappop = heapq.heappush, heapq.heappop
+    pf = prefill.law.prefill
+    pf_a, pf_b, pf_c, pf_over = pf.a, pf.b, pf.c, prefill.overhead
+    p_maxb, p_maxt, p_kv = prefill.max_batch, prefill.max_tokens, prefill.kv_tokens
 
     def start_prefill(p: int, now: float) -> None:
         nonlocal pre_iters, iters
@@ -232,14 +235,15 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
             for r in batch:
                 share[C[r]] += P[r] / tok
         else:
-            if not pq[p]:
+            q = pq[p]
+            if not q:
                 return
             batch, tok, s2 = [], 0, 0
-            while pq[p] and len(batch) < prefill.max_batch:
-                r = pq[p][0]
-                if (batch and tok + P[r] > prefill.max_tokens) or P[r] > p_free[p]:
+            while q and len(batch) < p_maxb:
+                r = q[0]
+                if (batch and tok + P[r] > p_maxt) or P[r] > p_free[p]:
                     break
-                pq[p].popleft()
+                q.popleft()
                 batch.append(r)
                 tok += P[r]
                 s2 += P[r] * P[r]
@@ -254,8 +258,7 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
             ps[r] = now
         pre_iters += 1
         iters += 1
-        pf = prefill.law.prefill
-        heappush(ev, (now + prefill.overhead + pf.a + pf.b * tok + pf.c * s2, next(seq), "pdone", (p, batch)))
+        heappush(ev, (now + pf_over + pf_a + pf_b * tok + pf_c * s2, next(seq), "pdone", (p, batch)))
 
     def try_migrate(d: int, now: float) -> None:
         q = mq[d]
@@ -266,18 +269,19 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
                 return
             q.popleft()
             d_free[d] -= need
-            link = p_of[r] * nD + d
+            p = p_of[r]
+            link = p * nD + d
             lq[link].append(r)
             if not l_busy[link]:
-                start_link(link, now)
+                start_link(link, p, d, now)
 
-    def start_link(link: int, now: float) -> None:
+    def start_link(link: int, p: int, d: int, now: float) -> None:
         if l_busy[link] or not lq[link]:
             return
         r = lq[link].popleft()
         l_busy[link] = True
         xs[r] = now
-        heappush(ev, (now + link_latency + P[r] * kv_bytes_per_token / link_bandwidth, next(seq), "xdone", (link, r)))
+        heappush(ev, (now + link_latency + P[r] * kv_bytes_per_token / link_bandwidth, next(seq), "xdone", (link, p, d, r)))
 
     # decode steps in O(1) but for joins, finishes and swaps (as in the stepper): per instance the step
     # count g, the context tokens T, the running requests bucketed by (L - g) mod block (which of them start
@@ -376,13 +380,13 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
                 r = nxt
                 nxt += 1
                 counts["arrived"] += 1
-                if prefill.kv_tokens is not None and P[r] > prefill.kv_tokens:
+                if p_kv is not None and P[r] > p_kv:
                     counts["rejected"] += 1  # could never be prefilled
                     continue
                 if gated:
                     gate[C[r]].append(r)
                     continue
-                p = admit(view, r)
+                p = admit(view, r) if nP > 1 else 0  # one instance: no choice to ask about
                 if not 0 <= p < nP:
                     raise RuntimeError(f"policy {pre_pol.name}: prefill instance {p!r} for request {r}; expected 0..{nP - 1}")
                 p_of[r] = p
@@ -421,7 +425,7 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
                     p_free[p] += P[r]
                     counts["finished"] += 1
                     continue
-                d = route(view, r)
+                d = route(view, r) if nD > 1 else 0
                 if not 0 <= d < nD:
                     raise RuntimeError(f"policy {dec_pol.name}: decode instance {d!r} for request {r}; expected 0..{nD - 1}")
                 d_of[r] = d
@@ -434,15 +438,14 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
                 try_migrate(d, now)
             start_prefill(p, now)
         elif kind == "xdone":
-            link, r = data
-            p, d = divmod(link, nD)
+            link, p, d, r = data
             l_busy[link] = False
             xe[r] = now
             counts["transferred"] += 1
             p_free[p] += P[r]
             ready[d].append(r)
             if lq[link]:
-                start_link(link, now)
+                start_link(link, p, d, now)
             if not d_busy[d]:
                 t = start_decode(d, now)
                 if t is not None:
