@@ -5,6 +5,9 @@ transfer between them, as DistServe (Zhong et al., OSDI 2024) serves them (docs/
 Rules (each pool has its own :class:`~fluidopt.calibration.timemodels.IterationLaw`, usually one TP
 degree of DistServe's profile, and its own KV capacity):
 
+Where an arrival goes and which decode instance takes a prefilled request are decided by a policy per
+pool (:mod:`fluidopt.engines.disagg_policies`); the rules below are the default, ``distserve-fcfs``.
+
 * **Prefill instance**: an arrival joins the prefill instance with the fewest queued prompt tokens
   (ties: the lowest index). An idle instance runs one batch of whole prompts from the head of its
   FCFS queue, as many as fit ``prefill_max_tokens`` tokens and ``prefill_max_batch`` prompts and the
@@ -22,6 +25,10 @@ degree of DistServe's profile, and its own KV capacity):
   needs one more when ``L - 1`` is a multiple of the block; a step short of blocks swaps out the
   last-joined running request (its blocks freed; it goes back to the head of the instance's queue and
   rejoins when its blocks fit again; the swap itself costs no time).
+
+Speed: a decode step that ends before any other event runs in place, without the heap, so a step costs
+what the colocated stepper's does; each request is four events (arrival, prefill end, transfer end, its
+first decode step) through the heap (docs/fidelity.md, "Speed of the disaggregated replay").
 
 Times in seconds, lengths in tokens, KV capacities in tokens, bandwidth in bytes/s.
 """
