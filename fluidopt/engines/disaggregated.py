@@ -5,6 +5,9 @@ transfer between them, as DistServe (Zhong et al., OSDI 2024) serves them (docs/
 Rules (each pool has its own :class:`~fluidopt.calibration.timemodels.IterationLaw`, usually one TP
 degree of DistServe's profile, and its own KV capacity):
 
+Where an arrival goes and which decode instance takes a prefilled request are decided by a policy per
+pool (:mod:`fluidopt.engines.disagg_policies`); the rules below are the default, ``distserve-fcfs``.
+
 * **Prefill instance**: an arrival joins the prefill instance with the fewest queued prompt tokens
   (ties: the lowest index). An idle instance runs one batch of whole prompts from the head of its
   FCFS queue, as many as fit ``prefill_max_tokens`` tokens and ``prefill_max_batch`` prompts and the
@@ -23,12 +26,17 @@ degree of DistServe's profile, and its own KV capacity):
   last-joined running request (its blocks freed; it goes back to the head of the instance's queue and
   rejoins when its blocks fit again; the swap itself costs no time).
 
+Speed: a decode step that ends before any other event runs in place, without the heap, so a step costs
+what the colocated stepper's does; each request is four events (arrival, prefill end, transfer end, its
+first decode step) through the heap (docs/fidelity.md, "Speed of the disaggregated replay").
+
 Times in seconds, lengths in tokens, KV capacities in tokens, bandwidth in bytes/s.
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -37,6 +45,7 @@ import numpy as np
 
 from fluidopt.calibration.timemodels import IterationLaw
 from fluidopt.core.errors import UsageError
+from fluidopt.engines.disagg_policies import DecodePolicy, DisaggTargets, PoolsView, PrefillPolicy, make_policy
 from fluidopt.engines.stepper import Replay, checked_requests
 
 # Geometry of the models DistServe profiled (config.json: num_hidden_layers, num_attention_heads,
@@ -96,23 +105,53 @@ class Pool:
 class DisaggReplay(Replay):
     """:class:`Replay` plus the transfer, per request in input order (s): ``transfer_start``,
     ``transfer_end`` (NaN for one-token requests, which never leave the prefill pool), the instances
-    that served it, the swaps on the decode side, and counts of requests through each stage."""
+    that served it, the swaps on the decode side, and counts of requests through each stage.
+    ``prefill_start``: the start of its prefill batch; ``decode_start``: the start of its first decode
+    step (NaN where none); ``cls``: its class. ``events`` (``check=True`` only): after every event, a
+    row ``(time, *STAGES counts)``, the engine's own census of where the requests are."""
 
     transfer_start: np.ndarray
     transfer_end: np.ndarray
     prefill_instance: np.ndarray
     decode_instance: np.ndarray
     counts: dict
+    prefill_start: np.ndarray
+    decode_start: np.ndarray
+    cls: np.ndarray
+    policy: str = "distserve-fcfs"
+    events: np.ndarray | None = None
 
     @property
     def transfer(self) -> np.ndarray:
         """Transfer time per request, s (NaN where none)."""
         return self.transfer_end - self.transfer_start
 
+    @property
+    def prefill_wait(self) -> np.ndarray:
+        """Queueing in the prefill pool (gate or instance queue), s: prefill start - arrival."""
+        return self.prefill_start - self.arrival
+
+    @property
+    def decode_wait(self) -> np.ndarray:
+        """Queueing for decode, s: first token -> first decode step, less the transfer (NaN where none)."""
+        return self.decode_start - self.first_token - self.transfer
+
+
+# the census of check=True, in the order of DisaggReplay.events' columns after the time
+STAGES = ("arrived", "wait_prefill", "prefilling", "wait_transfer", "transferring", "decoding", "done")
+
 
 def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *, kv_bytes_per_token: float,
-                         link_bandwidth: float = NVLINK_A100, link_latency: float = 0.0) -> DisaggReplay:
-    """Run the requests through the two pools and the links; see the module docstring for the rules."""
+                         link_bandwidth: float = NVLINK_A100, link_latency: float = 0.0, cls=None,
+                         policy: str | tuple[PrefillPolicy, DecodePolicy] = "distserve-fcfs",
+                         targets: DisaggTargets | None = None, check: bool = False) -> DisaggReplay:
+    """Run the requests through the two pools and the links; see the module docstring for the rules.
+
+    ``cls``: each request's class, 0..k-1 (default: all 0). ``policy``: a name of
+    :mod:`fluidopt.engines.disagg_policies` (``"X"`` or ``"PREFILL/DECODE"``; gate-and-route needs the
+    LP's ``targets``) or a (prefill, decode) pair of policy objects. ``check``: verify after every event
+    that arrived = waiting for prefill + prefilling + waiting for transfer + transferring + decoding +
+    done (AssertionError otherwise) and return the census (``events``)."""
     if not link_bandwidth > 0:
         raise UsageError(f"link bandwidth: expected bytes/s > 0, got {link_bandwidth}")
     if not link_latency >= 0:
@@ -122,66 +161,111 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
                          f"{prefill.instances} and {decode.instances}")
     arr, P, O = checked_requests(arrival, prompt, output)
     n = len(arr)
+    C = [0] * n if cls is None else [int(c) for c in cls]
+    if len(C) != n or any(c < 0 for c in C):
+        raise ValueError("replay: expected one class index >= 0 per request")
+    if isinstance(policy, str):
+        pre_pol, dec_pol = make_policy(policy, targets=targets)
+        policy_name = policy
+    else:
+        pre_pol, dec_pol = policy
+        policy_name = f"{pre_pol.name}/{dec_pol.name}"
     bs = decode.block_size
     nP, nD = prefill.instances, decode.instances
+    view = PoolsView(nP, nD, max(C, default=0) + 1, P, O, C, max_tokens=prefill.max_tokens,
+                     max_batch=prefill.max_batch, block_size=bs)
+    pre_pol.setup(view)
+    dec_pol.setup(view)
+    gated = pre_pol.gate
+    admit, pull, route = pre_pol.admit, pre_pol.pull, dec_pol.route
 
-    first = np.full(n, np.nan)
-    done = np.full(n, np.nan)
-    xs = np.full(n, np.nan)
-    xe = np.full(n, np.nan)
-    swaps = np.zeros(n, dtype=np.int64)
-    p_of = np.full(n, -1, dtype=np.int64)
-    d_of = np.full(n, -1, dtype=np.int64)
+    # per-request records as Python lists (an item set costs a third of a numpy one), arrays at the end
+    nan = math.nan
+    first, done, xs, xe, ps, ds = ([nan] * n for _ in range(6))
+    swaps = [0] * n
+    p_of = [-1] * n
+    d_of = [-1] * n
     gen = [0] * n
     counts = dict(arrived=0, prefilled=0, transferred=0, finished=0, rejected=0)
 
-    # prefill instances
-    pq = [deque() for _ in range(nP)]
-    pq_tokens = [0] * nP
-    p_busy = [False] * nP
-    p_free = [math.inf if prefill.kv_tokens is None else float(prefill.kv_tokens) for _ in range(nP)]
+    # prefill instances (the view's lists are the engine's own state)
+    pq = view.prefill_queue
+    pq_tokens = view.prefill_queued_tokens
+    pb_tokens = view.prefill_batch_tokens
+    p_busy = view.prefill_busy
+    p_free = view.prefill_free_kv
+    if prefill.kv_tokens is not None:
+        p_free[:] = [float(prefill.kv_tokens)] * nP
+    gate = view.gate
+    share = view.prefill_share
+    p_batch: list = [None] * nP
     # decode instances: migration queue (prefilled, waiting for blocks), ready (transferred), running
     mq = [deque() for _ in range(nD)]
     ready = [deque() for _ in range(nD)]
     swapped = [deque() for _ in range(nD)]
     running: list[list[int]] = [[] for _ in range(nD)]
     d_busy = [False] * nD
-    d_free = [math.inf if decode.kv_tokens is None else float(decode.kv_tokens // bs) for _ in range(nD)]
-    # links (p, d): FCFS queue and busy flag
-    lq = {}
-    l_busy = {}
-    rr = 0
+    d_free = view.decode_free_blocks
+    if decode.kv_tokens is not None:
+        d_free[:] = [float(decode.kv_tokens // bs)] * nD
+    d_load, d_load_tok, d_class = view.decode_assigned, view.decode_assigned_tokens, view.decode_class
+    # links, one per (p, d), at p * nD + d: FCFS queue and busy flag
+    lq = [deque() for _ in range(nP * nD)]
+    l_busy = [False] * (nP * nD)
     iters = pre_iters = 0
     ev: list = []
-    seq = 0
+    seq = itertools.count()  # ties in time: the event pushed first goes first
+    log: list = []
 
-    def push(t: float, kind: str, data) -> None:
-        nonlocal seq
-        heapq.heappush(ev, (t, seq, kind, data))
-        seq += 1
+    heappush, heappop = heapq.heappush, heapq.heappop
+    pf = prefill.law.prefill
+    pf_a, pf_b, pf_c, pf_over = pf.a, pf.b, pf.c, prefill.overhead
+    p_maxb, p_maxt, p_kv = prefill.max_batch, prefill.max_tokens, prefill.kv_tokens
 
     def start_prefill(p: int, now: float) -> None:
         nonlocal pre_iters, iters
-        if p_busy[p] or not pq[p]:
+        if p_busy[p]:
             return
-        batch, tok, s2 = [], 0, 0
-        while pq[p] and len(batch) < prefill.max_batch:
-            r = pq[p][0]
-            if (batch and tok + P[r] > prefill.max_tokens) or P[r] > p_free[p]:
-                break
-            pq[p].popleft()
-            batch.append(r)
-            tok += P[r]
-            s2 += P[r] * P[r]
-        if not batch:
-            return
-        pq_tokens[p] -= tok
+        if gated:
+            batch = pull(view, p)
+            if not batch:
+                return
+            tok = s2 = 0
+            for r in batch:
+                head = gate[C[r]].popleft()
+                if head != r:
+                    raise RuntimeError(f"policy {pre_pol.name}: pulled request {r}, not the head of class "
+                                       f"{C[r]}'s gate ({head})")
+                p_of[r] = p
+                tok += P[r]
+                s2 += P[r] * P[r]
+            for r in batch:
+                share[C[r]] += P[r] / tok
+        else:
+            q = pq[p]
+            if not q:
+                return
+            batch, tok, s2 = [], 0, 0
+            while q and len(batch) < p_maxb:
+                r = q[0]
+                if (batch and tok + P[r] > p_maxt) or P[r] > p_free[p]:
+                    break
+                q.popleft()
+                batch.append(r)
+                tok += P[r]
+                s2 += P[r] * P[r]
+            if not batch:
+                return
+            pq_tokens[p] -= tok
         p_free[p] -= tok
         p_busy[p] = True
+        pb_tokens[p] = tok
+        p_batch[p] = batch
+        for r in batch:
+            ps[r] = now
         pre_iters += 1
         iters += 1
-        pf = prefill.law.prefill
-        push(now + prefill.overhead + pf.a + pf.b * tok + pf.c * s2, "pdone", (p, batch))
+        heappush(ev, (now + pf_over + pf_a + pf_b * tok + pf_c * s2, next(seq), "pdone", (p, batch)))
 
     def try_migrate(d: int, now: float) -> None:
         q = mq[d]
@@ -192,17 +276,19 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
                 return
             q.popleft()
             d_free[d] -= need
-            link = (int(p_of[r]), d)
-            lq.setdefault(link, deque()).append(r)
-            start_link(link, now)
+            p = p_of[r]
+            link = p * nD + d
+            lq[link].append(r)
+            if not l_busy[link]:
+                start_link(link, p, d, now)
 
-    def start_link(link, now: float) -> None:
-        if l_busy.get(link) or not lq[link]:
+    def start_link(link: int, p: int, d: int, now: float) -> None:
+        if l_busy[link] or not lq[link]:
             return
         r = lq[link].popleft()
         l_busy[link] = True
         xs[r] = now
-        push(now + link_latency + P[r] * kv_bytes_per_token / link_bandwidth, "xdone", (link, r))
+        heappush(ev, (now + link_latency + P[r] * kv_bytes_per_token / link_bandwidth, next(seq), "xdone", (link, p, d, r)))
 
     # decode steps in O(1) but for joins, finishes and swaps (as in the stepper): per instance the step
     # count g, the context tokens T, the running requests bucketed by (L - g) mod block (which of them start
@@ -235,63 +321,108 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
         version[r] += 1
         return -(-(L - 1) // bs)
 
-    def start_decode(d: int, now: float) -> None:
+    # the decode law inlined (the same float operations as IterationLaw.decode_time, so the same times)
+    d_small, d_large, d_thr = decode.law.decode.small, decode.law.decode.large, decode.law.decode.threshold
+    d_over, d_req, d_maxb = decode.overhead, decode.request_overhead, decode.max_batch
+
+    def start_decode(d: int, now: float) -> float | None:
+        """Start instance ``d``'s next step if it is idle and has work; returns when the step ends."""
         nonlocal iters
         if d_busy[d]:
-            return
+            return None
         run = running[d]
-        while swapped[d] and len(run) < decode.max_batch:
-            r = swapped[d][0]
+        sw = swapped[d]
+        while sw and len(run) < d_maxb:
+            r = sw[0]
             held = -(-(P[r] + gen[r] - 1) // bs)
             if held > d_free[d]:
                 break
             d_free[d] -= held
-            join(swapped[d].popleft(), d)
-        while ready[d] and len(run) < decode.max_batch:
-            join(ready[d].popleft(), d)
+            join(sw.popleft(), d)
+        rd = ready[d]
+        while rd and len(run) < d_maxb:
+            r = rd.popleft()
+            if ds[r] != ds[r]:  # NaN: its first step
+                ds[r] = now
+            join(r, d)
         if not run:
-            return
+            return None
         # one more block for each request whose newest token starts one; swap out the last-joined on shortage
         key = (1 - g[d]) % bs
-        while bucket[d][key] > d_free[d] and run:
+        bk = bucket[d]
+        while bk[key] > d_free[d] and run:
             r = run.pop()
             d_free[d] += leave(r, d)
             swaps[r] += 1
-            swapped[d].appendleft(r)
+            sw.appendleft(r)
         if not run:
-            return  # a lone request larger than the cache: never happens when a prompt fits
-        d_free[d] -= bucket[d][key]
+            return None  # a lone request larger than the cache: never happens when a prompt fits
+        d_free[d] -= bk[key]
         B = len(run)
         d_busy[d] = True
         iters += 1
-        push(now + decode.overhead + decode.request_overhead * B + decode.law.decode_time(Tctx[d], B), "ddone", d)
+        a, b, c = d_large if (d_large is not None and B >= d_thr) else d_small
+        return now + d_over + d_req * B + (a + b * Tctx[d] + c * B)
 
+    def census(now: float) -> None:
+        wait_p = sum(map(len, pq)) + sum(map(len, gate))
+        prefilling = sum(len(b) for b in p_batch if b is not None)
+        wait_x = sum(map(len, mq)) + sum(map(len, lq))
+        moving = sum(l_busy)
+        decoding = sum(map(len, ready)) + sum(map(len, running)) + sum(map(len, swapped))
+        fin_ = counts["finished"] + counts["rejected"]
+        row = (now, counts["arrived"], wait_p, prefilling, wait_x, moving, decoding, fin_)
+        if sum(row[2:]) != counts["arrived"]:
+            raise AssertionError(f"disaggregated replay at t = {now}: {dict(zip(STAGES, row[1:]))} do not add up")
+        log.append(row)
+
+    A = arr.tolist()  # Python floats: the same values, faster to compare than numpy scalars
     nxt = 0
     while nxt < n or ev:
-        if nxt < n and (not ev or arr[nxt] <= ev[0][0]):
+        if nxt < n and (not ev or A[nxt] <= ev[0][0]):
             # arrivals at one instant are queued together, so they can share a batch
-            now = float(arr[nxt])
-            touched_p = set()
-            while nxt < n and arr[nxt] == now:
+            now = A[nxt]
+            touched_p = []
+            while nxt < n and A[nxt] == now:
                 r = nxt
                 nxt += 1
                 counts["arrived"] += 1
-                if prefill.kv_tokens is not None and P[r] > prefill.kv_tokens:
+                if p_kv is not None and P[r] > p_kv:
                     counts["rejected"] += 1  # could never be prefilled
                     continue
-                p = min(range(nP), key=lambda i: (pq_tokens[i], i))
+                if gated:
+                    gate[C[r]].append(r)
+                    continue
+                p = admit(view, r) if nP > 1 else 0  # one instance: no choice to ask about
+                if not 0 <= p < nP:
+                    raise RuntimeError(f"policy {pre_pol.name}: prefill instance {p!r} for request {r}; expected 0..{nP - 1}")
                 p_of[r] = p
                 pq[p].append(r)
                 pq_tokens[p] += P[r]
-                touched_p.add(p)
-            for p in sorted(touched_p):
-                start_prefill(p, now)
+                touched_p.append(p)
+            if gated:
+                for p in range(nP):
+                    start_prefill(p, now)
+            elif len(touched_p) == 1:
+                if not p_busy[touched_p[0]]:
+                    start_prefill(touched_p[0], now)
+            else:
+                for p in sorted(set(touched_p)):
+                    start_prefill(p, now)
+            if check:
+                census(now)
             continue
-        now, _, kind, data = heapq.heappop(ev)
+        now, _, kind, data = heappop(ev)
         if kind == "pdone":
             p, batch = data
             p_busy[p] = False
-            touched = set()
+            pb_tokens[p] = 0
+            p_batch[p] = None
+            if gated:
+                tok = sum(P[r] for r in batch)
+                for r in batch:
+                    share[C[r]] -= P[r] / tok
+            touched = []
             for r in batch:
                 counts["prefilled"] += 1
                 first[r] = now
@@ -301,43 +432,82 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
                     p_free[p] += P[r]
                     counts["finished"] += 1
                     continue
-                d = rr % nD
-                rr += 1
+                d = route(view, r) if nD > 1 else 0
+                if not 0 <= d < nD:
+                    raise RuntimeError(f"policy {dec_pol.name}: decode instance {d!r} for request {r}; expected 0..{nD - 1}")
                 d_of[r] = d
+                d_load[d] += 1
+                d_load_tok[d] += P[r]
+                d_class[d][C[r]] += 1
                 mq[d].append(r)
-                touched.add(d)
-            for d in sorted(touched):
+                touched.append(d)
+            for d in (touched if len(touched) == 1 else sorted(set(touched))):
                 try_migrate(d, now)
             start_prefill(p, now)
         elif kind == "xdone":
-            link, r = data
-            p, d = link
+            link, p, d, r = data
             l_busy[link] = False
             xe[r] = now
             counts["transferred"] += 1
             p_free[p] += P[r]
             ready[d].append(r)
-            start_link(link, now)
-            start_decode(d, now)
-            start_prefill(p, now)
+            if lq[link]:
+                start_link(link, p, d, now)
+            if not d_busy[d]:
+                t = start_decode(d, now)
+                if t is not None:
+                    heappush(ev, (t, next(seq), "ddone", d))
+            if not p_busy[p]:
+                start_prefill(p, now)
         else:
             d = data
-            d_busy[d] = False
-            Tctx[d] += len(running[d])
-            g[d] += 1
-            h = fin[d]
-            while h and h[0][0] <= g[d]:
-                _, r, v = heapq.heappop(h)
-                if v != version[r]:
-                    continue  # swapped out since
-                d_free[d] += leave(r, d)
-                running[d].remove(r)
-                done[r] = now
-                counts["finished"] += 1
-            start_decode(d, now)
-            try_migrate(d, now)
-    return DisaggReplay(arr, first, done, swaps, np.asarray(O, dtype=np.int64), iters, pre_iters,
-                        xs, xe, p_of, d_of, counts)
+            h, run, sw, rd, q, bk = fin[d], running[d], swapped[d], ready[d], mq[d], bucket[d]
+            while True:
+                d_busy[d] = False
+                Tctx[d] += len(run)
+                gd = g[d] + 1
+                g[d] = gd
+                while h and h[0][0] <= gd:
+                    _, r, v = heapq.heappop(h)
+                    if v != version[r]:
+                        continue  # swapped out since
+                    d_free[d] += leave(r, d)
+                    run.remove(r)
+                    done[r] = now
+                    counts["finished"] += 1
+                    d_load[d] -= 1
+                    d_load_tok[d] -= P[r]
+                    d_class[d][C[r]] -= 1
+                key = (1 - gd) % bs
+                if sw or rd or not run or bk[key] > d_free[d]:
+                    t = start_decode(d, now)
+                else:  # start_decode's common case, inlined: nothing joins, no block is short
+                    d_free[d] -= bk[key]
+                    B = len(run)
+                    d_busy[d] = True
+                    iters += 1
+                    a, b, c = d_large if (d_large is not None and B >= d_thr) else d_small
+                    t = now + d_over + d_req * B + (a + b * Tctx[d] + c * B)
+                s0 = next(seq)  # the step's place in the event order is taken before the transfers it starts
+                if q:
+                    try_migrate(d, now)
+                if t is None:
+                    break
+                if (ev and t >= ev[0][0]) or (nxt < n and t >= A[nxt]):
+                    heappush(ev, (t, s0, "ddone", d))
+                    break
+                # nothing else happens before this step ends: run it here rather than through the heap
+                # (the order of events, hence every result, is the heap's)
+                if check:
+                    census(now)
+                now = t
+        if check:
+            census(now)
+    events = np.array(log, dtype=float).reshape(-1, 1 + len(STAGES)) if check else None
+    f, i = np.float64, np.int64
+    return DisaggReplay(arr, np.array(first, f), np.array(done, f), np.array(swaps, i), np.asarray(O, dtype=i), iters,
+                        pre_iters, np.array(xs, f), np.array(xe, f), np.array(p_of, i), np.array(d_of, i), counts,
+                        np.array(ps, f), np.array(ds, f), np.asarray(C, dtype=i), policy_name, events)
 
 
 def fit_costs(runs, prefill: Pool, decode: Pool, *, kv_bytes_per_token: float, link_bandwidth: float = NVLINK_A100,
