@@ -19,7 +19,8 @@ output token) per GPU-second of the trace's span, over the bundled fluid LP's R*
 rate and mean lengths (cache-blind: the bound of a fleet that prefills every token).
 
 Confidence intervals. The replay is deterministic and so are most policies (round robin, the balancers,
-the cache-aware routers: ties to the lowest index), so seeds would not vary them. The CIs are a paired
+the cache-aware routers, ``dynamo-kv`` at its default temperature 0: ties to the least loaded, then the lowest
+index), so seeds would not vary them. The CIs are a paired
 block bootstrap over time: the trace is cut into ``WINDOWS`` windows of equal length by arrival time; a
 replicate draws that many windows with replacement, the same draw for every policy, and computes each
 statistic on the pooled requests of the drawn windows, for the policy and for least-load
@@ -61,11 +62,12 @@ BASELINE = "least-requests"
 # row without h (a pilot run: the h this very routing reaches, not another rule's)
 POLICIES = [
     ("round-robin", "round-robin", {}), ("least-requests", "least-requests", {}), ("jsq", "jsq", {}),
-    ("min-min", "min-min", {}), ("sglang", "sglang", {}), ("llm-d", "llm-d", {}),
+    ("min-min", "min-min", {}), ("sglang", "sglang", {}), ("llm-d", "llm-d", {}), ("dynamo-kv", "dynamo-kv", {}),
     ("consistent-hash", "consistent-hash", {}), ("consistent-hash-bounded", "consistent-hash-bounded", {}),
     # the instance policies with chunked prefill: the time law gate-and-route runs (chunk C per iteration)
     ("least-requests-chunked", "least-requests-chunked", {}), ("jsq-chunked", "jsq-chunked", {}),
     ("sglang-chunked", "sglang-chunked", {}), ("llm-d-chunked", "llm-d-chunked", {}),
+    ("dynamo-kv-chunked", "dynamo-kv-chunked", {}),
     ("gate-and-route", "gate-and-route", {}), ("backpressure-gate-and-route", "backpressure-gate-and-route", {}),
     ("gate-and-route-prefix", "gate-and-route-prefix", {}),
     ("backpressure-gate-and-route-prefix", "backpressure-gate-and-route-prefix", {}),

@@ -6,8 +6,8 @@
 For every (fluid load, KV capacity per GPU) cell: replay the whole trace on 8 GPUs of
 examples/scenarios/mooncake-conversation.toml with time compressed to that load (cache-blind fluid load, as
 benchmarks/prefix_headtohead.py), tokens mode, the cache on, under ``least-requests`` (least-load), ``jsq``
-(the best cache-blind balancer of the head-to-head), and the cache-aware routers ``sglang`` and ``llm-d`` with
-their defaults (all prefill first, no chunking, as the head-to-head's main rows). The gain is the best
+(the best cache-blind balancer of the head-to-head), and the cache-aware routers ``sglang``, ``llm-d`` and
+``dynamo-kv`` with their defaults (all prefill first, no chunking, as the head-to-head's main rows). The gain is the best
 cache-aware router's change in mean TTFT (and mean E2E) against least-load, with the paired block bootstrap
 interval of prefix_headtohead.py (10 arrival windows, ``--boot`` replicates), and its token hit ratio beside
 least-load's and the ideal (one global unlimited cache, 0.3736). KV capacities: an 80 GB and a 40 GB GPU's,
@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from prefix_headtohead import GPUS, ROOT, SCENARIO, TRACE, _boot, _run, _speedup_for, _stats  # noqa: E402
 
 KV = {"unlimited": None, **{f"{gb}gb": int((0.9 * gb * 1e9 - 8.2e9 * 2) / (2 * 36 * 8 * 128 * 2)) for gb in (40, 80)}}
-POLICIES = ("least-requests", "jsq", "sglang", "llm-d")
-CACHE_AWARE = ("sglang", "llm-d")
+POLICIES = ("least-requests", "jsq", "sglang", "llm-d", "dynamo-kv")
+CACHE_AWARE = ("sglang", "llm-d", "dynamo-kv")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,14 +93,16 @@ def main(argv: list[str] | None = None) -> int:
         return f"{100 * (c['rows'][p][m] / c['rows']['least-requests'][m] - 1):+.0f}% [{100 * lo:+.0f}, {100 * hi:+.0f}]"
 
     print("\n| fluid load | KV per GPU | least-load: hit ratio, mean TTFT (s) | best cache-aware | its hit ratio | "
-          "mean TTFT vs least-load | mean E2E vs least-load | jsq: mean TTFT vs least-load |")
-    print("|---|---|---|---|---|---|---|---|")
+          "mean TTFT vs least-load | mean E2E vs least-load | jsq: mean TTFT vs least-load | "
+          "`dynamo-kv`: hit ratio, mean TTFT vs least-load |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for c in cells:
         ll, b = c["rows"]["least-requests"], c["rows"][c["best"]]
         kvname = "unlimited" if c["kv_tokens"] is None else f"{c['kv']} ({c['kv_tokens']:,})"
         print(f"| {c['load']:.2f} | {kvname} | {ll['hit_ratio']:.3f}, {ll['ttft_mean']:.2f} | `{c['best']}` | "
               f"{b['hit_ratio']:.3f} | {pct(c, c['best'], 'ttft_mean')} | {pct(c, c['best'], 'e2e_mean')} | "
-              f"{pct(c, 'jsq', 'ttft_mean')} |")
+              f"{pct(c, 'jsq', 'ttft_mean')} | {c['rows']['dynamo-kv']['hit_ratio']:.3f}, "
+              f"{pct(c, 'dynamo-kv', 'ttft_mean')} |")
     total = time.perf_counter() - t_start
     print(f"\ntotal {total:.0f} s wall")
     if args.figure:
