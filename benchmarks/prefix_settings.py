@@ -1,7 +1,7 @@
 """The cache-aware routers at their documented settings on the Mooncake trace, 0.75 fluid load, 8 GPUs (issue 42).
 
     python benchmarks/prefix_settings.py [--trace PATH] [--load 0.75] [--kv both|unlimited|80gb] [--boot 1000]
-                                         [--out OUT.json]
+                                         [--other-weights] [--out OUT.json]
 
 Issue 42 asks the best cache-aware router to cut mean TTFT by at least 25% against least-load at 0.75 fluid
 load on 8 instances. The head-to-head (benchmarks/prefix_headtohead.py) runs ``sglang`` and ``llm-d`` with
@@ -21,6 +21,16 @@ Inference Extension ship (``prefix-cache-scorer``, ``queue-scorer``, ``kv-cache-
   * 3, 2, 2: llm-d's inference-scheduling profile (fluidopt's default);
   * 3, 1, 1 and 2, 1, 1: the inference extension's prefix-aware sample profiles;
   * 2, 1, 0: llm-d-inference-scheduler's sample with a prefix scorer (2) and one load scorer (1).
+
+``dynamo-kv`` (overlap_score_weight, router_temperature), NVIDIA Dynamo's KV router
+(ai-dynamo/dynamo ``lib/llm/src/kv_router/config.rs``, ``KvRouterConfig::default``; the frontend's
+``--kv-overlap-score-weight`` and ``--router-temperature``):
+  * 1.0, 0.0: Dynamo's defaults;
+  * 0.0, 0.0: the weight Dynamo's disaggregated examples give the decode router ("pure load balancing":
+    the cost is the decode blocks alone).
+
+``--other-weights`` adds ``dynamo-kv`` at overlap weights 2 and 4 (temperature 0), as rows marked "not published". No
+project publishes these: they show the weight's effect, and were chosen after seeing the trace.
 """
 
 from __future__ import annotations
@@ -61,6 +71,13 @@ SETTINGS = [
     ("llm-d 3/1/1 (inference extension)", "llm-d", {"prefix_weight": 3, "queue_weight": 1, "kv_weight": 1}),
     ("llm-d 2/1/1 (inference extension)", "llm-d", {"prefix_weight": 2, "queue_weight": 1, "kv_weight": 1}),
     ("llm-d 2/1/0 (scheduler sample)", "llm-d", {"prefix_weight": 2, "queue_weight": 1, "kv_weight": 0}),
+    ("dynamo-kv 1/0 (Dynamo's defaults)", "dynamo-kv", {"overlap_score_weight": 1.0, "router_temperature": 0.0}),
+    ("dynamo-kv 0/0 (load balancing: Dynamo's disaggregated decode router)", "dynamo-kv",
+     {"overlap_score_weight": 0.0, "router_temperature": 0.0}),
+]
+OTHER = [  # --other-weights: not published settings (module docstring)
+    ("dynamo-kv 2/0 (not published)", "dynamo-kv", {"overlap_score_weight": 2.0, "router_temperature": 0.0}),
+    ("dynamo-kv 4/0 (not published)", "dynamo-kv", {"overlap_score_weight": 4.0, "router_temperature": 0.0}),
 ]
 
 
@@ -77,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--load", type=float, default=0.75)
     ap.add_argument("--kv", choices=("both", "unlimited", "80gb"), default="both")
     ap.add_argument("--boot", type=int, default=1000)
+    ap.add_argument("--other-weights", action="store_true")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     trace = Path(args.trace)
@@ -97,12 +115,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Mooncake conversation trace, speedup {k:.4f}, fluid load {load:.4f}, {GPUS} GPUs")
     kvs = {"both": [("unlimited", None), ("80gb", KV_80GB)], "unlimited": [("unlimited", None)],
            "80gb": [("80gb", KV_80GB)]}[args.kv]
+    settings = SETTINGS + (OTHER if args.other_weights else [])
     out: dict = {"speedup": k, "fluid_load": load, "kv": {}}
     for label, cap in kvs:
         sc = replace(base, gpu=replace(base.gpu, kv_capacity=None if cap is None else float(cap)))
         recs, rows = {}, {}
         with tempfile.TemporaryDirectory() as tmp:
-            for name, policy, opts in SETTINGS:
+            for name, policy, opts in settings:
                 recs[name], sec = _run(sc, wl, policy, opts, Path(tmp))
                 rows[name] = {**_stats(recs[name], span, prices), "wall_s": sec, "options": opts,
                               "prefill_own": _prefill_own(recs[name], sc.gpu)}
@@ -111,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         print("| router, setting | hit ratio | mean TTFT (s) | vs least-load | prefill alone (s) | waiting (s) | p99 TTFT (s) | "
               "mean E2E (s) | vs least-load |")
         print("|---|---|---|---|---|---|---|---|---|")
-        for name, _, _ in SETTINGS:
+        for name, _, _ in settings:
             r = rows[name]
             print(f"| `{name}` | {r['hit_ratio']:.4f} | {r['ttft_mean']:.3f} | {_rel(r, rows[BASELINE], ci[name], 'ttft_mean')} | "
                   f"{r['prefill_own']:.3f} | {r['ttft_mean'] - r['prefill_own']:.3f} | {r['ttft_p99']:.2f} | {r['e2e_mean']:.2f} | {_rel(r, rows[BASELINE], ci[name], 'e2e_mean')} |")
