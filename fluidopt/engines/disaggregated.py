@@ -204,7 +204,9 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
     mq = [deque() for _ in range(nD)]
     ready = [deque() for _ in range(nD)]
     swapped = [deque() for _ in range(nD)]
-    running: list[list[int]] = [[] for _ in range(nD)]
+    # running requests in the order they joined, as dict keys: a finished one leaves in O(1) (a list's
+    # remove scans the batch) and popitem() gives the last-joined, the one a step short of blocks swaps out
+    running: list[dict[int, None]] = [{} for _ in range(nD)]
     d_busy = [False] * nD
     d_free = view.decode_free_blocks
     if decode.kv_tokens is not None:
@@ -300,6 +302,7 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
     Tctx = [0] * nD
     bucket = [[0] * bs for _ in range(nD)]
     fin: list[list] = [[(inf, -1, -1)] for _ in range(nD)]
+    d_state = list(zip(fin, running, swapped, ready, mq, bucket))  # an instance's containers, in one tuple
     ljoin = [0] * n
     gjoin = [0] * n
     version = [0] * n
@@ -309,7 +312,7 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
         ljoin[r], gjoin[r] = L, g[d]
         Tctx[d] += L
         bucket[d][(L - g[d]) % bs] += 1
-        running[d].append(r)
+        running[d][r] = None
         heappush(fin[d], (g[d] + O[r] - gen[r], r, version[r]))
 
     def leave(r: int, d: int) -> int:
@@ -352,7 +355,7 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
         key = (1 - g[d]) % bs
         bk = bucket[d]
         while bk[key] > d_free[d] and run:
-            r = run.pop()
+            r = run.popitem()[0]
             d_free[d] += leave(r, d)
             swaps[r] += 1
             sw.appendleft(r)
@@ -467,7 +470,8 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
                     try_migrate(d, now)
             elif d0 >= 0:
                 try_migrate(d0, now)
-            start_prefill(p, now)
+            if gated or pq[p]:  # (start_prefill's own first test, saving the call)
+                start_prefill(p, now)
         elif kind == XDONE:
             r = x
             p, d = p_of[r], d_of[r]
@@ -487,13 +491,13 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
                 t = start_decode(d, now)
                 if t is not None:
                     heappush(ev, (t, next(seq), DDONE, d))
-            if not p_busy[p]:
+            if not p_busy[p] and (gated or pq[p]):
                 start_prefill(p, now)
         else:
             # instance d's step ended; its next steps run here, in place, while each ends before any other
             # event (arrival or heap), with the instance's counters in locals
             d = x
-            h, run, sw, rd, q, bk = fin[d], running[d], swapped[d], ready[d], mq[d], bucket[d]
+            h, run, sw, rd, q, bk = d_state[d]
             d_busy[d] = False  # only start_decode reads it before this handler ends
             gd, T, free = g[d], Tctx[d], d_free[d]
             horizon = min(ev[0][0], A[nxt])  # the next other event
@@ -511,12 +515,24 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
                     bk[(lj - gj) % bs] -= 1
                     version[r] += 1
                     free += -(-(L - 1) // bs)
-                    run.remove(r)
+                    del run[r]
                     done[r] = now
                     n_finished += 1
                     d_load[d] -= 1
                     d_load_tok[d] -= P[r]
                     d_class[d][C[r]] -= 1
+                if rd and not sw:
+                    # transferred requests join at this step boundary (join() and start_decode's common case,
+                    # on the locals; with nothing swapped out, nothing else comes before them)
+                    while rd and len(run) < d_maxb:
+                        r = rd.popleft()
+                        ds[r] = now  # its first step: a request is transferred, so made ready, once
+                        L = P[r] + gen[r]
+                        ljoin[r], gjoin[r] = L, gd
+                        T += L
+                        bk[(L - gd) % bs] += 1
+                        run[r] = None
+                        heappush(h, (gd + O[r] - gen[r], r, version[r]))
                 key = (1 - gd) % bs
                 if sw or rd or not run or bk[key] > free:
                     g[d], Tctx[d], d_free[d] = gd, T, free
