@@ -547,7 +547,7 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
                     a, b, c = d_large if B >= d_thr else d_small
                     t = now + d_over + d_req * B + (a + b * T + c * B)
                 s0 = -1
-                if q:
+                if q and not sw and -(-P[q[0]] // bs) <= free:  # try_migrate's first test: can the head move?
                     s0 = next(seq)  # the step's place in the event order comes before the transfers it starts
                     d_free[d] = free
                     try_migrate(d, now)
@@ -565,11 +565,13 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
                     g[d], Tctx[d], d_free[d] = gd, T, free
                     census(now, n_arrived, n_finished + n_rejected)
                 now = t
-                if check or sw or rd or q:
+                if check or sw or rd:
                     continue
                 # A quiet stretch: no other event comes, so nothing joins, and the running set stays as it is
                 # until the step at which its first request finishes (hn): B and its terms are fixed and each
-                # step is its block check and its time (the same float operations as above, so the same times)
+                # step is its block check and its time (the same float operations as above, so the same times).
+                # The migration queue's head stays where it is: it did not fit, and free blocks only shrink
+                # until someone finishes.
                 hn = h[0][0]
                 reqB, cB = d_req * B, c * B
                 while True:
