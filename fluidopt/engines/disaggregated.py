@@ -26,9 +26,11 @@ pool (:mod:`fluidopt.engines.disagg_policies`); the rules below are the default,
   last-joined running request (its blocks freed; it goes back to the head of the instance's queue and
   rejoins when its blocks fit again; the swap itself costs no time).
 
-Speed: a decode step that ends before any other event runs in place, without the heap, so a step costs
-what the colocated stepper's does; each request is four events (arrival, prefill end, transfer end, its
-first decode step) through the heap (docs/fidelity.md, "Speed of the disaggregated replay").
+Speed (docs/fidelity.md, "Speed of the disaggregated replay"): arrivals are read from the sorted array,
+and the heap holds the ends of prefill batches, transfers and decode steps. A decode step that ends
+before any other event runs in place, without the heap, on the instance's counters held in locals; a
+run of such steps with nothing joining or finishing (a quiet stretch) is a tight loop of block checks
+and step times. Every result is the heap's order of events, bit for bit (tests/engines hold digests).
 
 Times in seconds, lengths in tokens, KV capacities in tokens, bandwidth in bytes/s.
 """
