@@ -299,30 +299,31 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
     # decode steps in O(1) but for joins, finishes and swaps (as in the stepper): per instance the step
     # count g, the context tokens T, the running requests bucketed by (L - g) mod block (which of them start
     # a block this step) and a heap of the steps at which each finishes (a sentinel at step inf at its root
-    # when empty)
+    # when empty); per request its offset L - g, fixed while it runs (so its length is off + g), and the
+    # version of its heap entry (a swap-out makes the entry stale)
     g = [0] * nD
     Tctx = [0] * nD
     bucket = [[0] * bs for _ in range(nD)]
     fin: list[list] = [[(inf, -1, -1)] for _ in range(nD)]
     d_state = list(zip(fin, running, swapped, ready, mq, bucket))  # an instance's containers, in one tuple
-    ljoin = [0] * n
-    gjoin = [0] * n
+    off = [0] * n
     version = [0] * n
 
     def join(r: int, d: int) -> None:
         L = P[r] + gen[r]
-        ljoin[r], gjoin[r] = L, g[d]
+        off[r] = ofs = L - g[d]
         Tctx[d] += L
-        bucket[d][(L - g[d]) % bs] += 1
+        bucket[d][ofs % bs] += 1
         running[d][r] = None
         heappush(fin[d], (g[d] + O[r] - gen[r], r, version[r]))
 
     def leave(r: int, d: int) -> int:
         """Take ``r`` off the running set; returns the blocks it held."""
-        L = ljoin[r] + (g[d] - gjoin[r])
+        ofs = off[r]
+        L = ofs + g[d]
         gen[r] = L - P[r]
         Tctx[d] -= L
-        bucket[d][(ljoin[r] - gjoin[r]) % bs] -= 1
+        bucket[d][ofs % bs] -= 1
         version[r] += 1
         return -(-(L - 1) // bs)
 
@@ -510,12 +511,11 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
                     _, r, v = heappop(h)
                     if v != version[r]:
                         continue  # swapped out since
-                    lj, gj = ljoin[r], gjoin[r]
-                    L = lj + (gd - gj)
-                    gen[r] = L - P[r]
+                    # (its gen and version stay: it never runs again, and older heap entries are stale)
+                    ofs = off[r]
+                    L = ofs + gd
                     T -= L
-                    bk[(lj - gj) % bs] -= 1
-                    version[r] += 1
+                    bk[ofs % bs] -= 1
                     free += -(-(L - 1) // bs)
                     del run[r]
                     done[r] = now
@@ -530,9 +530,9 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
                         r = rd.popleft()
                         ds[r] = now  # its first step: a request is transferred, so made ready, once
                         L = P[r] + gen[r]
-                        ljoin[r], gjoin[r] = L, gd
+                        off[r] = ofs = L - gd
                         T += L
-                        bk[(L - gd) % bs] += 1
+                        bk[ofs % bs] += 1
                         run[r] = None
                         heappush(h, (gd + O[r] - gen[r], r, version[r]))
                 key = (1 - gd) % bs
