@@ -26,9 +26,11 @@ pool (:mod:`fluidopt.engines.disagg_policies`); the rules below are the default,
   last-joined running request (its blocks freed; it goes back to the head of the instance's queue and
   rejoins when its blocks fit again; the swap itself costs no time).
 
-Speed: a decode step that ends before any other event runs in place, without the heap, so a step costs
-what the colocated stepper's does; each request is four events (arrival, prefill end, transfer end, its
-first decode step) through the heap (docs/fidelity.md, "Speed of the disaggregated replay").
+Speed (docs/fidelity.md, "Speed of the disaggregated replay"): arrivals are read from the sorted array,
+and the heap holds the ends of prefill batches, transfers and decode steps. A decode step that ends
+before any other event runs in place, without the heap, on the instance's counters held in locals; a
+run of such steps with nothing joining or finishing (a quiet stretch) is a tight loop of block checks
+and step times. Every result is the heap's order of events, bit for bit (tests/engines hold digests).
 
 Times in seconds, lengths in tokens, KV capacities in tokens, bandwidth in bytes/s.
 """
@@ -180,13 +182,14 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
     admit, pull, route = pre_pol.admit, pre_pol.pull, dec_pol.route
 
     # per-request records as Python lists (an item set costs a third of a numpy one), arrays at the end
-    nan = math.nan
+    nan, inf = math.nan, math.inf
     first, done, xs, xe, ps, ds = ([nan] * n for _ in range(6))
     swaps = [0] * n
     p_of = [-1] * n
     d_of = [-1] * n
     gen = [0] * n
-    counts = dict(arrived=0, prefilled=0, transferred=0, finished=0, rejected=0)
+    # counts through each stage, as locals (a dict item costs twice as much); the census reads them
+    n_arrived = n_prefilled = n_transferred = n_finished = n_rejected = 0
 
     # prefill instances (the view's lists are the engine's own state)
     pq = view.prefill_queue
@@ -203,27 +206,35 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
     mq = [deque() for _ in range(nD)]
     ready = [deque() for _ in range(nD)]
     swapped = [deque() for _ in range(nD)]
-    running: list[list[int]] = [[] for _ in range(nD)]
+    # running requests in the order they joined, as dict keys: a finished one leaves in O(1) (a list's
+    # remove scans the batch) and popitem() gives the last-joined, the one a step short of blocks swaps out
+    running: list[dict[int, None]] = [{} for _ in range(nD)]
     d_busy = [False] * nD
     d_free = view.decode_free_blocks
     if decode.kv_tokens is not None:
         d_free[:] = [float(decode.kv_tokens // bs)] * nD
     d_load, d_load_tok, d_class = view.decode_assigned, view.decode_assigned_tokens, view.decode_class
-    # links, one per (p, d), at p * nD + d: FCFS queue and busy flag
+    # links, one per (p, d), at p * nD + d: FCFS queue (of transfers waiting for the link) and busy flag;
+    # an idle link's queue is empty
     lq = [deque() for _ in range(nP * nD)]
     l_busy = [False] * (nP * nD)
-    iters = pre_iters = 0
-    ev: list = []
+    pre_iters = 0  # prefill batches; the iterations are these and the decode steps, sum(g)
+    # events (time, seq, kind, index): a batch's end (index: the prefill instance), a transfer's end (the
+    # request), a decode step's end (the decode instance); the sentinel at time inf is never popped, so
+    # the loop needs no emptiness test
+    PDONE, XDONE, DDONE = 0, 1, 2
+    ev: list = [(inf, inf, -1, -1)]
     seq = itertools.count()  # ties in time: the event pushed first goes first
     log: list = []
 
     heappush, heappop = heapq.heappush, heapq.heappop
     pf = prefill.law.prefill
     pf_a, pf_b, pf_c, pf_over = pf.a, pf.b, pf.c, prefill.overhead
-    p_maxb, p_maxt, p_kv = prefill.max_batch, prefill.max_tokens, prefill.kv_tokens
+    p_maxb, p_maxt = prefill.max_batch, prefill.max_tokens
+    p_kv = inf if prefill.kv_tokens is None else prefill.kv_tokens
 
     def start_prefill(p: int, now: float) -> None:
-        nonlocal pre_iters, iters
+        nonlocal pre_iters
         if p_busy[p]:
             return
         if gated:
@@ -248,12 +259,13 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
             batch, tok, s2 = [], 0, 0
             while q and len(batch) < p_maxb:
                 r = q[0]
-                if (batch and tok + P[r] > p_maxt) or P[r] > p_free[p]:
+                Pr = P[r]
+                if (batch and tok + Pr > p_maxt) or Pr > p_free[p]:
                     break
                 q.popleft()
                 batch.append(r)
-                tok += P[r]
-                s2 += P[r] * P[r]
+                tok += Pr
+                s2 += Pr * Pr
             if not batch:
                 return
             pq_tokens[p] -= tok
@@ -264,10 +276,10 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
         for r in batch:
             ps[r] = now
         pre_iters += 1
-        iters += 1
-        heappush(ev, (now + pf_over + pf_a + pf_b * tok + pf_c * s2, next(seq), "pdone", (p, batch)))
+        heappush(ev, (now + pf_over + pf_a + pf_b * tok + pf_c * s2, next(seq), PDONE, p))
 
     def try_migrate(d: int, now: float) -> None:
+        """Move the head of ``d``'s migration queue onto its link while ``d`` has blocks for it."""
         q = mq[d]
         while q and not swapped[d]:  # swapped-out requests come back before new KV comes in
             r = q[0]
@@ -276,58 +288,53 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
                 return
             q.popleft()
             d_free[d] -= need
-            p = p_of[r]
-            link = p * nD + d
-            lq[link].append(r)
-            if not l_busy[link]:
-                start_link(link, p, d, now)
-
-    def start_link(link: int, p: int, d: int, now: float) -> None:
-        if l_busy[link] or not lq[link]:
-            return
-        r = lq[link].popleft()
-        l_busy[link] = True
-        xs[r] = now
-        heappush(ev, (now + link_latency + P[r] * kv_bytes_per_token / link_bandwidth, next(seq), "xdone", (link, p, d, r)))
+            link = p_of[r] * nD + d
+            if l_busy[link]:
+                lq[link].append(r)
+            else:  # the link is idle, so its queue is empty: the transfer starts now
+                l_busy[link] = True
+                xs[r] = now
+                heappush(ev, (now + link_latency + P[r] * kv_bytes_per_token / link_bandwidth, next(seq), XDONE, r))
 
     # decode steps in O(1) but for joins, finishes and swaps (as in the stepper): per instance the step
     # count g, the context tokens T, the running requests bucketed by (L - g) mod block (which of them start
-    # a block this step) and a heap of the steps at which each finishes
+    # a block this step) and a heap of the steps at which each finishes (a sentinel at step inf at its root
+    # when empty); per request its offset L - g, fixed while it runs (so its length is off + g), and the
+    # version of its heap entry (a swap-out makes the entry stale)
     g = [0] * nD
     Tctx = [0] * nD
     bucket = [[0] * bs for _ in range(nD)]
-    fin: list[list] = [[] for _ in range(nD)]
-    ljoin = [0] * n
-    gjoin = [0] * n
+    fin: list[list] = [[(inf, -1, -1)] for _ in range(nD)]
+    d_state = list(zip(fin, running, swapped, ready, mq, bucket))  # an instance's containers, in one tuple
+    off = [0] * n
     version = [0] * n
-
-    def length(r: int, d: int) -> int:
-        return ljoin[r] + (g[d] - gjoin[r])
 
     def join(r: int, d: int) -> None:
         L = P[r] + gen[r]
-        ljoin[r], gjoin[r] = L, g[d]
+        off[r] = ofs = L - g[d]
         Tctx[d] += L
-        bucket[d][(L - g[d]) % bs] += 1
-        running[d].append(r)
-        heapq.heappush(fin[d], (g[d] + O[r] - gen[r], r, version[r]))
+        bucket[d][ofs % bs] += 1
+        running[d][r] = None
+        heappush(fin[d], (g[d] + O[r] - gen[r], r, version[r]))
 
     def leave(r: int, d: int) -> int:
         """Take ``r`` off the running set; returns the blocks it held."""
-        L = length(r, d)
+        ofs = off[r]
+        L = ofs + g[d]
         gen[r] = L - P[r]
         Tctx[d] -= L
-        bucket[d][(ljoin[r] - gjoin[r]) % bs] -= 1
+        bucket[d][ofs % bs] -= 1
         version[r] += 1
         return -(-(L - 1) // bs)
 
     # the decode law inlined (the same float operations as IterationLaw.decode_time, so the same times)
     d_small, d_large, d_thr = decode.law.decode.small, decode.law.decode.large, decode.law.decode.threshold
+    if d_large is None:
+        d_thr = inf  # one law for every batch
     d_over, d_req, d_maxb = decode.overhead, decode.request_overhead, decode.max_batch
 
     def start_decode(d: int, now: float) -> float | None:
         """Start instance ``d``'s next step if it is idle and has work; returns when the step ends."""
-        nonlocal iters
         if d_busy[d]:
             return None
         run = running[d]
@@ -351,7 +358,7 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
         key = (1 - g[d]) % bs
         bk = bucket[d]
         while bk[key] > d_free[d] and run:
-            r = run.pop()
+            r = run.popitem()[0]
             d_free[d] += leave(r, d)
             swaps[r] += 1
             sw.appendleft(r)
@@ -360,61 +367,72 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
         d_free[d] -= bk[key]
         B = len(run)
         d_busy[d] = True
-        iters += 1
-        a, b, c = d_large if (d_large is not None and B >= d_thr) else d_small
+        a, b, c = d_large if B >= d_thr else d_small
         return now + d_over + d_req * B + (a + b * Tctx[d] + c * B)
 
-    def census(now: float) -> None:
+    def census(now: float, arrived: int, out: int) -> None:
+        """Log where the requests are (``out``: finished or rejected); AssertionError unless they add up."""
         wait_p = sum(map(len, pq)) + sum(map(len, gate))
         prefilling = sum(len(b) for b in p_batch if b is not None)
         wait_x = sum(map(len, mq)) + sum(map(len, lq))
         moving = sum(l_busy)
         decoding = sum(map(len, ready)) + sum(map(len, running)) + sum(map(len, swapped))
-        fin_ = counts["finished"] + counts["rejected"]
-        row = (now, counts["arrived"], wait_p, prefilling, wait_x, moving, decoding, fin_)
-        if sum(row[2:]) != counts["arrived"]:
+        row = (now, arrived, wait_p, prefilling, wait_x, moving, decoding, out)
+        if sum(row[2:]) != arrived:
             raise AssertionError(f"disaggregated replay at t = {now}: {dict(zip(STAGES, row[1:]))} do not add up")
         log.append(row)
 
-    A = arr.tolist()  # Python floats: the same values, faster to compare than numpy scalars
+    # Python floats (the same values, faster to compare than numpy scalars), and a sentinel at inf
+    A = arr.tolist() + [inf]
     nxt = 0
-    while nxt < n or ev:
-        if nxt < n and (not ev or A[nxt] <= ev[0][0]):
+    while True:
+        now = A[nxt]
+        if now <= ev[0][0]:
+            if nxt == n:
+                break  # no arrival left and only the sentinel in the heap
             # arrivals at one instant are queued together, so they can share a batch
-            now = A[nxt]
-            touched_p = []
-            while nxt < n and A[nxt] == now:
+            p0, touched = -1, None
+            while A[nxt] == now:
                 r = nxt
                 nxt += 1
-                counts["arrived"] += 1
-                if p_kv is not None and P[r] > p_kv:
-                    counts["rejected"] += 1  # could never be prefilled
+                n_arrived += 1
+                if P[r] > p_kv:
+                    n_rejected += 1  # could never be prefilled
                     continue
                 if gated:
                     gate[C[r]].append(r)
                     continue
-                p = admit(view, r) if nP > 1 else 0  # one instance: no choice to ask about
-                if not 0 <= p < nP:
-                    raise RuntimeError(f"policy {pre_pol.name}: prefill instance {p!r} for request {r}; expected 0..{nP - 1}")
+                if nP > 1:  # one instance: no choice to ask about
+                    p = admit(view, r)
+                    if not 0 <= p < nP:
+                        raise RuntimeError(f"policy {pre_pol.name}: prefill instance {p!r} for request {r}; "
+                                           f"expected 0..{nP - 1}")
+                else:
+                    p = 0
                 p_of[r] = p
                 pq[p].append(r)
                 pq_tokens[p] += P[r]
-                touched_p.append(p)
+                if p0 < 0:
+                    p0 = p
+                elif touched is None:
+                    touched = [p0, p]
+                else:
+                    touched.append(p)
             if gated:
                 for p in range(nP):
                     start_prefill(p, now)
-            elif len(touched_p) == 1:
-                if not p_busy[touched_p[0]]:
-                    start_prefill(touched_p[0], now)
-            else:
-                for p in sorted(set(touched_p)):
+            elif touched is not None:
+                for p in sorted(set(touched)):
                     start_prefill(p, now)
+            elif p0 >= 0 and not p_busy[p0]:
+                start_prefill(p0, now)
             if check:
-                census(now)
+                census(now, n_arrived, n_finished + n_rejected)
             continue
-        now, _, kind, data = heappop(ev)
-        if kind == "pdone":
-            p, batch = data
+        now, _, kind, x = heappop(ev)
+        if kind == PDONE:
+            p = x
+            batch = p_batch[p]
             p_busy[p] = False
             pb_tokens[p] = 0
             p_batch[p] = None
@@ -422,87 +440,167 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
                 tok = sum(P[r] for r in batch)
                 for r in batch:
                     share[C[r]] -= P[r] / tok
-            touched = []
+            d0, touched = -1, None
             for r in batch:
-                counts["prefilled"] += 1
+                n_prefilled += 1
                 first[r] = now
                 gen[r] = 1
                 if O[r] == 1:
                     done[r] = now
                     p_free[p] += P[r]
-                    counts["finished"] += 1
+                    n_finished += 1
                     continue
-                d = route(view, r) if nD > 1 else 0
-                if not 0 <= d < nD:
-                    raise RuntimeError(f"policy {dec_pol.name}: decode instance {d!r} for request {r}; expected 0..{nD - 1}")
+                if nD > 1:
+                    d = route(view, r)
+                    if not 0 <= d < nD:
+                        raise RuntimeError(f"policy {dec_pol.name}: decode instance {d!r} for request {r}; "
+                                           f"expected 0..{nD - 1}")
+                else:
+                    d = 0
                 d_of[r] = d
                 d_load[d] += 1
                 d_load_tok[d] += P[r]
                 d_class[d][C[r]] += 1
                 mq[d].append(r)
-                touched.append(d)
-            for d in (touched if len(touched) == 1 else sorted(set(touched))):
-                try_migrate(d, now)
-            start_prefill(p, now)
-        elif kind == "xdone":
-            link, p, d, r = data
-            l_busy[link] = False
+                if d0 < 0:
+                    d0 = d
+                elif touched is None:
+                    touched = [d0, d]
+                else:
+                    touched.append(d)
+            if touched is not None:
+                for d in sorted(set(touched)):
+                    try_migrate(d, now)
+            elif d0 >= 0:
+                try_migrate(d0, now)
+            if gated or pq[p]:  # (start_prefill's own first test, saving the call)
+                start_prefill(p, now)
+        elif kind == XDONE:
+            r = x
+            p, d = p_of[r], d_of[r]
+            link = p * nD + d
             xe[r] = now
-            counts["transferred"] += 1
+            n_transferred += 1
             p_free[p] += P[r]
             ready[d].append(r)
-            if lq[link]:
-                start_link(link, p, d, now)
+            q = lq[link]
+            if q:  # the next transfer on this link starts now
+                r2 = q.popleft()
+                xs[r2] = now
+                heappush(ev, (now + link_latency + P[r2] * kv_bytes_per_token / link_bandwidth, next(seq), XDONE, r2))
+            else:
+                l_busy[link] = False
             if not d_busy[d]:
                 t = start_decode(d, now)
                 if t is not None:
-                    heappush(ev, (t, next(seq), "ddone", d))
-            if not p_busy[p]:
+                    heappush(ev, (t, next(seq), DDONE, d))
+            if not p_busy[p] and (gated or pq[p]):
                 start_prefill(p, now)
         else:
-            d = data
-            h, run, sw, rd, q, bk = fin[d], running[d], swapped[d], ready[d], mq[d], bucket[d]
+            # instance d's step ended; its next steps run here, in place, while each ends before any other
+            # event (arrival or heap), with the instance's counters in locals
+            d = x
+            h, run, sw, rd, q, bk = d_state[d]
+            d_busy[d] = False  # only start_decode reads it before this handler ends
+            gd, T, free = g[d], Tctx[d], d_free[d]
+            horizon = min(ev[0][0], A[nxt])  # the next other event
             while True:
-                d_busy[d] = False
-                Tctx[d] += len(run)
-                gd = g[d] + 1
-                g[d] = gd
-                while h and h[0][0] <= gd:
-                    _, r, v = heapq.heappop(h)
+                T += len(run)  # every running request has one more token
+                gd += 1
+                while h[0][0] <= gd:  # finished requests leave (the leave() above, on the locals)
+                    _, r, v = heappop(h)
                     if v != version[r]:
                         continue  # swapped out since
-                    d_free[d] += leave(r, d)
-                    run.remove(r)
+                    # (its gen and version stay: it never runs again, and older heap entries are stale)
+                    ofs = off[r]
+                    L = ofs + gd
+                    T -= L
+                    bk[ofs % bs] -= 1
+                    free += -(-(L - 1) // bs)
+                    del run[r]
                     done[r] = now
-                    counts["finished"] += 1
+                    n_finished += 1
                     d_load[d] -= 1
                     d_load_tok[d] -= P[r]
                     d_class[d][C[r]] -= 1
+                if rd and not sw:
+                    # transferred requests join at this step boundary (join() and start_decode's common case,
+                    # on the locals; with nothing swapped out, nothing else comes before them)
+                    while rd and len(run) < d_maxb:
+                        r = rd.popleft()
+                        ds[r] = now  # its first step: a request is transferred, so made ready, once
+                        L = P[r] + gen[r]
+                        off[r] = ofs = L - gd
+                        T += L
+                        bk[ofs % bs] += 1
+                        run[r] = None
+                        heappush(h, (gd + O[r] - gen[r], r, version[r]))
                 key = (1 - gd) % bs
-                if sw or rd or not run or bk[key] > d_free[d]:
+                if sw or rd or not run or bk[key] > free:
+                    g[d], Tctx[d], d_free[d] = gd, T, free
+                    d_busy[d] = False  # the step just run in place set it
                     t = start_decode(d, now)
-                else:  # start_decode's common case, inlined: nothing joins, no block is short
-                    d_free[d] -= bk[key]
+                    T, free = Tctx[d], d_free[d]
                     B = len(run)
-                    d_busy[d] = True
-                    iters += 1
-                    a, b, c = d_large if (d_large is not None and B >= d_thr) else d_small
-                    t = now + d_over + d_req * B + (a + b * Tctx[d] + c * B)
-                s0 = next(seq)  # the step's place in the event order is taken before the transfers it starts
-                if q:
+                    a, b, c = d_large if B >= d_thr else d_small
+                else:  # start_decode's common case, inlined: nothing joins, no block is short
+                    free -= bk[key]
+                    B = len(run)
+                    a, b, c = d_large if B >= d_thr else d_small
+                    t = now + d_over + d_req * B + (a + b * T + c * B)
+                s0 = -1
+                if q and not sw and -(-P[q[0]] // bs) <= free:  # try_migrate's first test: can the head move?
+                    s0 = next(seq)  # the step's place in the event order comes before the transfers it starts
+                    d_free[d] = free
                     try_migrate(d, now)
+                    free = d_free[d]
+                    horizon = min(ev[0][0], A[nxt])
                 if t is None:
                     break
-                if (ev and t >= ev[0][0]) or (nxt < n and t >= A[nxt]):
-                    heappush(ev, (t, s0, "ddone", d))
+                if t >= horizon:
+                    heappush(ev, (t, s0 if s0 >= 0 else next(seq), DDONE, d))
+                    d_busy[d] = True
                     break
                 # nothing else happens before this step ends: run it here rather than through the heap
                 # (the order of events, hence every result, is the heap's)
                 if check:
-                    census(now)
+                    g[d], Tctx[d], d_free[d] = gd, T, free
+                    census(now, n_arrived, n_finished + n_rejected)
                 now = t
+                if check or sw or rd:
+                    continue
+                # A quiet stretch: no other event comes, so nothing joins, and the running set stays as it is
+                # until the step at which its first request finishes (hn): B and its terms are fixed and each
+                # step is its block check and its time (the same float operations as above, so the same times).
+                # The migration queue's head stays where it is: it did not fit, and free blocks only shrink
+                # until someone finishes.
+                hn = h[0][0]
+                reqB, cB = d_req * B, c * B
+                while True:
+                    gd1 = gd + 1
+                    if gd1 >= hn:
+                        break  # someone finishes at this step's end: the loop above handles it
+                    key = (1 - gd1) % bs
+                    need = bk[key]
+                    if need > free:
+                        break  # short of blocks: start_decode swaps
+                    gd = gd1
+                    T += B
+                    free -= need
+                    t = now + d_over + reqB + (a + b * T + cB)
+                    if t >= horizon:
+                        break
+                    now = t
+                if t >= horizon:
+                    heappush(ev, (t, next(seq), DDONE, d))
+                    d_busy[d] = True
+                    break
+            g[d], Tctx[d], d_free[d] = gd, T, free
         if check:
-            census(now)
+            census(now, n_arrived, n_finished + n_rejected)
+    iters = pre_iters + sum(g)  # every step started has ended once, and g counts the ends
+    counts = dict(arrived=n_arrived, prefilled=n_prefilled, transferred=n_transferred, finished=n_finished,
+                  rejected=n_rejected)
     events = np.array(log, dtype=float).reshape(-1, 1 + len(STAGES)) if check else None
     f, i = np.float64, np.int64
     return DisaggReplay(arr, np.array(first, f), np.array(done, f), np.array(swaps, i), np.asarray(O, dtype=i), iters,

@@ -237,6 +237,48 @@ def test_distserve_fcfs_reproduces_the_engine_before_policies():
             assert _fingerprint(replay_disaggregated(pre, dec, arr, P, O, policy=policy, **LINK)) == digest
 
 
+# every time a multiple of 2^-10 s: events tie in time (the heap's insertion order decides), on purpose
+LATTICE = IterationLaw(PrefillLaw(0.125, 2.0 ** -10, 0.0), DecodeLaw((0.0625, 0.0, 2.0 ** -6), None, 10**9))
+
+
+def _full_fingerprint(s) -> str:
+    """:func:`_fingerprint` plus the prefill and decode start times and the census (``check=True``)."""
+    h = hashlib.sha256(_fingerprint(s).encode())
+    for a in (s.prefill_start, s.decode_start) + (() if s.events is None else (s.events,)):
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()[:16]
+
+
+def test_every_policy_reproduces_the_engine_before_its_speed_work():
+    """Digests recorded from the engine at main a14d418, before the event loop was made faster (issue 44,
+    "Speed"), for every policy on two layouts that swap: the identity test's requests on 2 + 3 instances,
+    and a lattice of times (ties between events everywhere) on 2 + 2 instances with batch limits, with the
+    census. The swaps are counted too, so a digest cannot pass on a run that never swaps."""
+    arr, P, O, C = _requests()
+    rng = np.random.default_rng(5)
+    arr2 = np.cumsum(rng.integers(0, 4, 160) / 8.0)
+    P2, O2 = rng.integers(1, 100, 160), rng.integers(1, 30, 160)
+    expected = {
+        "distserve-fcfs": ("803a1310f81d6ea9", "2d6e1d05a35a5578", 25, 13),
+        "round-robin": ("28cbeeee2d4d50af", "2600bb28db40b907", 23, 10),
+        "least-load": ("f28cf74679ecf11f", "0d958daaa4175002", 8, 5),
+        "gate-and-route": ("dae84ef049f26162", "12fbba4ebd0bc65b", 25, 6),
+        "least-load/gate-and-route": ("98fe4e1de6a88f08", "54ab6fc440a09795", 3, 6),
+        "gate-and-route/round-robin": ("50e080e952d62287", "ef4b1f7ef5f92dfb", 9, 12),
+    }
+    assert set(expected) == set(POLICY_NAMES)
+    for policy, want in expected.items():
+        s = replay_disaggregated(Pool(LAW, instances=2, kv_tokens=1500, max_tokens=600),
+                                 Pool(LAW, instances=3, kv_tokens=600), arr, P, O, cls=C, policy=policy,
+                                 targets=TARGETS, **LINK)
+        t = replay_disaggregated(Pool(LATTICE, instances=2, kv_tokens=800, max_batch=4),
+                                 Pool(LATTICE, instances=2, kv_tokens=500, max_batch=5), arr2, P2, O2,
+                                 cls=(P2 > 50).astype(int), policy=policy, targets=TARGETS, check=True,
+                                 kv_bytes_per_token=1, link_bandwidth=1024.0, link_latency=0.125)
+        got = (_full_fingerprint(s), _full_fingerprint(t), int(s.preemptions.sum()), int(t.preemptions.sum()))
+        assert got == want, policy
+
+
 # ------------------------------------------------------------------------------------------------ attainment
 
 
