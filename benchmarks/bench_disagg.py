@@ -121,11 +121,11 @@ def main() -> int:
     for k, (name, m) in enumerate(scenarios):
         a, p, o = (m.arrival, m.prompt, m.output) if hasattr(m, "arrival") else m
         n = len(a)
-        fns = [lambda pol=pol: replay_disaggregated(pre, dec, a, p, o, policy=pol, targets=one, **link)
+        fns = [lambda pol=pol, a=a, p=p, o=o: replay_disaggregated(pre, dec, a, p, o, policy=pol, targets=one, **link)
                for pol in policies]
-        fns += [lambda: replay(ld, cfg, a, p, o), lambda: replay(lp, cfg2, a, p, o),
+        fns += [lambda a=a, p=p, o=o: replay(ld, cfg, a, p, o), lambda a=a, p=p, o=o: replay(lp, cfg2, a, p, o),
                 # a Poisson stream split at random over 3 instances: each sees rate/3 (the placement search's rule)
-                lambda: replay(ld, cfg, np.asarray(a) * 3, p, o)]
+                lambda a=a, p=p, o=o: replay(ld, cfg, np.asarray(a) * 3, p, o)]
         t = best_of(fns)
         cells = [f"{x / n * 1e3:.4f}" for x in t[: len(policies)]]
         cells += [f"{x / n * 1e3:.4f} ({t[0] / x:.2f}x)" for x in t[len(policies):]]

@@ -28,7 +28,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["Interrupted", "note", "pending", "clear", "exit_status", "handle_sigterm", "script_guard", "script_main"]
+__all__ = ["Interrupted", "raise_if_cut", "note", "pending", "clear", "exit_status", "handle_sigterm", "script_guard", "script_main"]
 
 _pending: int | None = None  # the last signal noted and not yet acted on
 
@@ -76,6 +76,16 @@ def exit_status(exc: BaseException) -> int:
 def interrupted_from(exc: BaseException, kept: str = "", partial: Any = None) -> Interrupted:
     """``exc`` (any KeyboardInterrupt) as an :class:`Interrupted` with what was kept."""
     return Interrupted(signum_of(exc), kept or getattr(exc, "kept", ""), partial)
+
+
+def raise_if_cut(result: Any, kept: str = "") -> None:
+    """Raise :class:`Interrupted` when ``result`` (a simulation's result) was cut short by a signal.
+
+    The simulator stops at Ctrl-C or SIGTERM and returns what it has, flagged ``interrupted``, so that
+    ``fluidopt simulate`` can keep a cut run's records. A caller that builds on whole runs (a search, a
+    plan, a prediction) must stop there: going on would report a partial run as a whole one."""
+    if getattr(result, "interrupted", False):
+        raise Interrupted(_pending if _pending is not None else signal.SIGINT, kept)
 
 
 def _quiet_threads() -> None:

@@ -23,10 +23,12 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
 # Student's t quantile from scipy.special, bit for bit what scipy's t.ppf gives: importing scipy.stats
 # costs about 1 s in every process that reports a confidence interval
 from scipy.special import stdtrit
 
+import fluidopt.core.interrupt as interrupt
 from fluidopt.core.errors import ScenarioError, did_you_mean
 from fluidopt.core.files import atomic_path
 from fluidopt.core.model import Scenario
@@ -308,6 +310,7 @@ def _run_one(job: dict[str, Any]) -> dict[str, Any]:
     ctrl = make_controller(job["policy"], job["scenario"], plan=job.get("plan"), **(job["options"] or {}))
     win = job["window"]  # checked once by compare (fluidopt.sim.window.RunWindow)
     res = simulate(job["scenario"], ctrl, window=win, seed=job["seed"], progress=False, workload=job.get("workload"))
+    interrupt.raise_if_cut(res)  # (run in this process: never store a cut run as a whole one)
     summ = res.summary()
     row = {k: summ.get(k, math.nan) for k in RUN_COLUMNS}
     if win.drain is not None:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pandas as pd
 
+import fluidopt.core.interrupt as interrupt
 from fluidopt.core.errors import InfeasibleError, ScenarioError, UsageError
 from fluidopt.core.model import Fleet, Scenario
 from fluidopt.fluid.multiperiod import BacklogJob, FleetPlan, MixPlan, plan_fleet
@@ -531,6 +532,7 @@ def simulate_mix(scenario: Scenario, plan: MixPlan, *, seed: int, horizon: float
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", WorkflowWarning)  # (the other role's classes never arrive here)
             res = simulate(sub, policy, horizon=horizon, seed=seed, service=service, controller_options=opts)
+        interrupt.raise_if_cut(res)
         pc = res.per_class
         served = [c for c in pc.index if pc.loc[c, "slo_requests"] > 0]
         log = res.meta.get("fleet_log")

@@ -36,10 +36,12 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
 # Student's t quantile from scipy.special, bit for bit what scipy's t.ppf gives: importing scipy.stats
 # costs about 1 s in every process that reports a confidence interval
 from scipy.special import stdtrit
 
+import fluidopt.core.interrupt as interrupt
 from fluidopt.core.errors import ScenarioError, UsageError, did_you_mean
 from fluidopt.core.model import GPUProfile, Scenario
 from fluidopt.fluid.sli import SLI, TPOT, MaxPrefillWait, MinServedFraction, PrefillFairness, sli_spec
@@ -164,6 +166,7 @@ def _sim_job(job: dict[str, Any]) -> dict[str, Any]:
         options["mixed_gpus"] = min(sc.gpus, max(1, math.ceil(sc.gpus * share - 1e-9)))
     ctrl = make_controller(job["policy"], sc, plan=plan, **options)
     res = simulate(sc, ctrl, window=job["window"], seed=job["seed"], progress=False)
+    interrupt.raise_if_cut(res)  # (run in this process: never store a cut run as a whole one)
     pc = res.per_class
     arrived = pc["arrived"].to_numpy(dtype=float)
     completed = pc["completed"].to_numpy(dtype=float)

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+import fluidopt.core.interrupt as interrupt
 from fluidopt.core.errors import UsageError
 from fluidopt.core.model import Scenario
 
@@ -163,8 +164,10 @@ def replay_check(scenario: Scenario, workload, gpus: int, policy: str, slo: Trac
         with warnings.catch_warnings():
             # "the trace ends before the horizon": intended, the run goes on to resolve the last requests
             warnings.simplefilter("ignore", TraceWarning)
-            simulate(sc, policy, horizon=span + drain, service="tokens", workload=workload, records=path,
-                     progress=False, seed=seed, controller_options=options or None, prefix_cache=prefix_cache)
+            res = simulate(sc, policy, horizon=span + drain, service="tokens", workload=workload, records=path,
+                           progress=False, seed=seed, controller_options=options or None,
+                           prefix_cache=prefix_cache)
+        interrupt.raise_if_cut(res)
         rec = pd.read_csv(path)
     wall = time.perf_counter() - t0
     n = int(workload.n_requests)

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+import fluidopt.core.interrupt as interrupt
 from fluidopt.core.errors import UsageError
 
 BUILTIN_TWINS = {"simple-shuffle": "random", "least-busy": "least-requests"}
@@ -244,8 +245,9 @@ def simulate_trace(frame, scenario, policy: str, engine: str) -> dict:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             sc, work = replay(path, scenario)
-            simulate(sc, policy, workload=work, service="tokens", horizon=work.duration + 1e-6,
-                     drain=1e5, progress=False, records=Path(d) / "records.csv")
+            res = simulate(sc, policy, workload=work, service="tokens", horizon=work.duration + 1e-6,
+                           drain=1e5, progress=False, records=Path(d) / "records.csv")
+        interrupt.raise_if_cut(res)
         rec = pd.read_csv(Path(d) / "records.csv")
     done = rec[rec["outcome"] == "completed"]
     ttft = done["ttft"].to_numpy(float)

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
 # Student's t quantile from scipy.special, bit for bit what scipy's t.ppf gives: importing scipy.stats
 # costs about 1 s in every process that reports a confidence interval
 from scipy.special import stdtrit

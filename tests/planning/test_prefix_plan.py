@@ -105,3 +105,42 @@ def test_the_fluid_plan_with_h_is_the_blind_plan_scaled_by_one_minus_h_when_pref
     assert "prefill" in p.binding
     assert p.n_fluid == pytest.approx(blind.n_fluid * (1 - p.hit_ratio), rel=1e-6)
     assert p.gpus < blind.gpus
+
+
+def test_a_replay_cut_short_by_a_signal_stops_the_plan_instead_of_judging_a_partial_run(monkeypatch):
+    """The simulator returns a run cut by Ctrl-C or SIGTERM flagged ``interrupted`` (so that ``simulate`` can
+    keep its records); a plan built on it would call a fleet short of the SLO. replay_check stops instead,
+    as the loop's prediction does (``fluidopt plan --from-trace`` then exits 130: drilled by hand)."""
+    import dataclasses
+    import signal
+
+    import fluidopt.core.interrupt as interrupt
+    import fluidopt.serving.loop as loop
+    import fluidopt.sim.api as api
+
+    real = api.simulate
+
+    def cut(*a, **kw):
+        return dataclasses.replace(real(*a, **kw), interrupted=True)
+
+    monkeypatch.setattr(api, "simulate", cut)
+    interrupt.note(signal.SIGTERM)
+    try:
+        with pytest.raises(interrupt.Interrupted) as e:
+            replay_check(_scenario(), _workload(ROWS), 1, "round-robin", TraceSLO(served=0.99))
+        assert e.value.signum == signal.SIGTERM
+        frame = pd.DataFrame({"time": [0.0, 1.0], "prompt": [40, 40], "output": [3, 3], "cls": [0, 0]})
+        with pytest.raises(interrupt.Interrupted):
+            loop.simulate_trace(frame, _scenario(), "round-robin", "paper")
+    finally:
+        interrupt.clear()
+    with pytest.raises(interrupt.Interrupted) as e:  # nothing noted: Ctrl-C
+        interrupt.raise_if_cut(types_ns(interrupted=True))
+    assert e.value.signum == signal.SIGINT
+    interrupt.raise_if_cut(types_ns(interrupted=False))  # a whole run passes
+
+
+def types_ns(**kw):
+    import types
+
+    return types.SimpleNamespace(**kw)
