@@ -46,7 +46,21 @@ def compiled_status() -> tuple[bool, str]:
             "the compiled core was built from another version of fluidopt/sim/engine.py or engine.pxd; "
             "reinstall (pip install -e .) to rebuild it"
         )
-    return True, "compiled core built from the current engine.py and engine.pxd"
+    # the core calls the compiled prefix cache at C level (engine.pxd types it): the two run together, both
+    # built from the sources on disk, or the Python engine runs (with the Python cache)
+    from fluidopt.sim.prefix_cache import compiled_class
+
+    try:
+        types = hashlib.sha256((here / "prefix_cache.pxd").read_bytes()).hexdigest()
+    except OSError:
+        types = getattr(_cengine, "PREFIX_CACHE_TYPES_SHA256", None)
+    cache, why = compiled_class()
+    if cache is not None and types != getattr(_cengine, "PREFIX_CACHE_TYPES_SHA256", None):
+        cache, why = None, "built from another version of prefix_cache.pxd than the core"
+    if cache is None:
+        return False, (f"the compiled core's prefix cache (fluidopt.sim._c_prefix_cache) was {why}; "
+                       "reinstall (pip install -e .) to rebuild it")
+    return True, "compiled core built from the current engine.py and engine.pxd, with its prefix cache"
 
 
 @functools.cache
