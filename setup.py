@@ -134,13 +134,7 @@ def _extensions() -> list[Extension]:
         return []
     py = pkg / "_cengine.py"
     digest = hashlib.sha256(src + b"\0" + TYPES.read_bytes()).hexdigest()  # as fluidopt.sim.backend checks it
-    text = src.decode("utf-8") + (
-        "\n\n# Added by setup.py: the engine.py and engine.pxd this compiled core was built from, and the\n"
-        "# prefix_cache.pxd whose class it calls (part of its build key; fluidopt.sim.backend checks both).\n"
-        f'SOURCE_SHA256 = "{digest}"\n'
-        f'PREFIX_CACHE_TYPES_SHA256 = "{hashlib.sha256(CACHE_TYPES.read_bytes()).hexdigest()}"\n'
-        "_COMPILED = True  # typed arrays for the state (engine._ints)\n"
-    )
+    text = core_source(src, TYPES.read_bytes(), CACHE_TYPES.read_bytes())
     if not py.exists() or py.read_text(encoding="utf-8") != text:
         py.write_text(text, encoding="utf-8")
     pxd = pkg / "_cengine.pxd"  # Cython finds a module's .pxd by its dotted name: fluidopt/sim/_cengine.pxd
@@ -168,6 +162,20 @@ def _extensions() -> list[Extension]:
         _notice(f"Cython could not translate the simulator core ({exc})")
         return []
     return exts + _single_sourced_extensions(cythonize, digest) + cache
+
+
+def core_source(src: bytes, types: bytes, cache_types: bytes) -> str:
+    """The text compiled as fluidopt.sim._cengine: engine.py (``src``) plus the digest of it and engine.pxd
+    (``types``) that fluidopt.sim.backend checks, and the digest of the prefix_cache.pxd (``cache_types``)
+    whose class the core calls at C level: so the core's build key changes with that .pxd too."""
+    digest = hashlib.sha256(src + b"\0" + types).hexdigest()
+    return src.decode("utf-8") + (
+        "\n\n# Added by setup.py: the engine.py and engine.pxd this compiled core was built from, and the\n"
+        "# prefix_cache.pxd whose class it calls (part of its build key; fluidopt.sim.backend checks both).\n"
+        f'SOURCE_SHA256 = "{digest}"\n'
+        f'PREFIX_CACHE_TYPES_SHA256 = "{hashlib.sha256(cache_types).hexdigest()}"\n'
+        "_COMPILED = True  # typed arrays for the state (engine._ints)\n"
+    )
 
 
 def _prefix_cache_extension(cythonize) -> list[Extension]:

@@ -48,6 +48,7 @@ _DENSE_BYTES = 1 << 26  # the most memory a never-evicting cache keeps as bytes 
 _LRU_BYTES = 1 << 28  # the most memory a cache with a KV capacity starts its typed table with, before dicts
 _HASH = 0x45D9F3B  # the index's multiplier: a key's low 32 bits (_LOW) times this stay below 2**59 (C integers)
 _LOW = 0xFFFFFFFF
+_SLACK = 64  # nodes per GPU the pool starts with beyond its capacity's blocks (for held blocks)
 
 
 class PrefixCache:
@@ -95,8 +96,8 @@ class PrefixCache:
         # (linear probing; at 2 i the node in slot i, -1 if empty, at 2 i + 1 its key g * U + id), twice
         # the pool so at most half full. A node's fields share a cache line, as do a slot's node and key.
         # The pool starts with room for the blocks that fit every GPU's capacity and doubles when full.
-        nodes = 64
-        while nodes < min(n_gpus * (max(self.lim, 0) // max(self.bs, 1) + 64), n_gpus * self.U):
+        nodes = 4
+        while nodes < min(n_gpus * (max(self.lim, 0) // max(self.bs, 1) + _SLACK), n_gpus * self.U):
             nodes *= 2
         self.lru = kvcap >= 0 and 48 * nodes + 4 * total <= _LRU_BYTES
         m = nodes if self.lru else 0
