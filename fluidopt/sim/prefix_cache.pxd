@@ -34,7 +34,7 @@ cdef class PrefixCache:
     @cython.locals(i=Py_ssize_t, o=Py_ssize_t, n_ids=Py_ssize_t, k=Py_ssize_t, cached=Py_ssize_t, prompt=Py_ssize_t,
                    done=Py_ssize_t, chunks=Py_ssize_t, tok=Py_ssize_t, h=list, blocks=object, free=object,
                    j=Py_ssize_t, b=object, n=object, ids="long long[::1]", pres="unsigned char[::1]", base=Py_ssize_t,
-                   nd="int[::1]", hn="int[::1]", x=Py_ssize_t)
+                   x=Py_ssize_t)
     cpdef leave(self, Py_ssize_t s, Py_ssize_t g, Py_ssize_t remaining, Py_ssize_t c)
 
     @cython.locals(h=list, k=Py_ssize_t, i=Py_ssize_t)
@@ -69,11 +69,10 @@ cdef class PrefixCache:
     @cython.locals(ids="long long[::1]", base=Py_ssize_t, o=Py_ssize_t, e=Py_ssize_t, j=Py_ssize_t)
     cpdef Py_ssize_t _lru_run(self, Py_ssize_t s, Py_ssize_t g) except? -1
 
-    @cython.locals(ids="long long[::1]", hn="int[::1]", base=Py_ssize_t, o=Py_ssize_t, e=Py_ssize_t, j=Py_ssize_t,
-                   x=Py_ssize_t)
+    @cython.locals(base=Py_ssize_t, o=Py_ssize_t, e=Py_ssize_t, j=Py_ssize_t, x=Py_ssize_t)
     cdef Py_ssize_t _lru_take(self, Py_ssize_t s, Py_ssize_t g) except -1
 
-    @cython.locals(nd="int[::1]", hn="int[::1]", o=Py_ssize_t, j=Py_ssize_t, x=Py_ssize_t)
+    @cython.locals(o=Py_ssize_t, j=Py_ssize_t, x=Py_ssize_t)
     cdef _lru_release(self, Py_ssize_t s, Py_ssize_t g, Py_ssize_t k)
 
     @cython.locals(room=Py_ssize_t, x=Py_ssize_t)

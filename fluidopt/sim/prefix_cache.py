@@ -76,10 +76,18 @@ class PrefixCache:
         # non-negative integers (Mooncake's) as they are, others through np.unique
         n = len(hashes)
         off = np.zeros(n + 1, np.int64)
-        np.cumsum(np.fromiter((len(x) for x in hashes), np.int64, n), out=off[1:])
+        np.cumsum(np.fromiter(map(len, hashes), np.int64, n), out=off[1:])
         self.off = array("q", off.tobytes())
         total = int(off[n])
-        allids = np.concatenate(hashes).astype(np.int64, copy=False) if n and total else np.zeros(0, np.int64)
+        if not (n and total):
+            allids = np.zeros(0, np.int64)
+        elif set(map(type, hashes)) == {np.ndarray} and {x.dtype for x in hashes} == {np.dtype(np.int64)}:
+            try:  # (a trace's rows, joined as bytes: a fifth of np.concatenate's time)
+                allids = np.frombuffer(b"".join(hashes), np.int64)
+            except (TypeError, BufferError):  # a strided view among them
+                allids = np.concatenate(hashes)
+        else:
+            allids = np.concatenate(hashes).astype(np.int64, copy=False)
         if total and allids.min() >= 0 and allids.max() < max(4 * total, 1 << 16):
             self.U = int(allids.max()) + 1
         else:
@@ -208,22 +216,20 @@ class PrefixCache:
                 for j in range(o + k, o + done):
                     blocks.add(ids[j])
             return
-        if self.lru:
-            nd, hn = self.nd, self.hnode
+        if self.lru:  # (self's arrays directly, as in the per-block methods below)
             base = g * self.U
             for j in range(max(k, done) - 1, -1, -1):  # deepest first: the first block is the most recent
                 if j < k:
-                    x = hn[o + j]
-                    nd[4 * x + 1] -= 1
-                    if nd[4 * x + 1] == 0:
+                    x = self.hnode[o + j]
+                    self.nd[4 * x + 1] -= 1
+                    if self.nd[4 * x + 1] == 0:
                         self._link(g, x)
                     continue
-                x = self._find(base + ids[o + j])
+                x = self._find(base + self.ids[o + j])
                 if x < 0:
-                    x = self._insert(base + ids[o + j])
-                    nd = self.nd  # (the pool may have grown)
+                    x = self._insert(base + self.ids[o + j])
                     self._link(g, x)
-                elif nd[4 * x + 1] == 0:
+                elif self.nd[4 * x + 1] == 0:
                     self._unlink(g, x)
                     self._link(g, x)
             return
@@ -283,8 +289,8 @@ class PrefixCache:
             self._trim(g, kv)
 
     # -- internals: the typed LRU ------------------------------------------------------------------
-    # (the per-block methods index self's arrays directly: in the compiled class a local view of one costs
-    # two atomic reference-count updates, more than a lookup)
+    # (the typed LRU's methods index self's arrays directly: in the compiled class a local view of one costs
+    # two atomic reference-count updates, more than a lookup; they run per block or per request)
     def _find(self, key: int) -> int:
         """The node of key (g * U + block id), or -1 when that block is not cached on g."""
         mask = self.mask
@@ -396,29 +402,27 @@ class PrefixCache:
 
     def _lru_take(self, s: int, g: int) -> int:
         """Request s holds its cached run on g (its nodes in hnode); returns its length in blocks."""
-        ids, hn = self.ids, self.hnode
         base = g * self.U
         o = self.off[s - 1]
         e = self.off[s]
         j = o
         while j < e:
-            x = self._find(base + ids[j])
+            x = self._find(base + self.ids[j])
             if x < 0:
                 break
             if self.nd[4 * x + 1] == 0:
                 self._unlink(g, x)
             self.nd[4 * x + 1] += 1
-            hn[j] = x
+            self.hnode[j] = x
             j += 1
         return j - o
 
     def _lru_release(self, s: int, g: int, k: int) -> None:
-        nd, hn = self.nd, self.hnode
         o = self.off[s - 1]
         for j in range(o + k - 1, o - 1, -1):
-            x = hn[j]
-            nd[4 * x + 1] -= 1
-            if nd[4 * x + 1] == 0:
+            x = self.hnode[j]
+            self.nd[4 * x + 1] -= 1
+            if self.nd[4 * x + 1] == 0:
                 self._link(g, x)
 
     def _lru_trim(self, g: int, used: int) -> None:
@@ -518,16 +522,18 @@ class PrefixCache:
         cached = np.asarray(self.cached, dtype=np.int64)
         done = cached >= 0
 
-        def frame(key: list, size: int, index: pd.Index) -> pd.DataFrame:
+        def frame(key, size: int, index: pd.Index) -> pd.DataFrame:
             kk = np.asarray(key, dtype=np.int64)[done]
             a = np.stack([np.bincount(kk, minlength=size),
                           np.bincount(kk, np.asarray(self.prompt_of, dtype=np.float64)[done], minlength=size),
                           np.bincount(kk, cached[done].astype(np.float64), minlength=size)], axis=1)
-            df = pd.DataFrame(np.rint(a).astype(np.int64)[:size], index=index,
-                              columns=["prefilled", "prompt_tokens", "cached_prompt_tokens"])
-            df["hit_ratio"] = np.where(df.prompt_tokens > 0, df.cached_prompt_tokens / df.prompt_tokens.clip(lower=1),
-                                       np.nan)
-            return df
+            a = np.rint(a).astype(np.int64)[:size]
+            hit = np.full(size, np.nan)
+            some = a[:, 1] > 0
+            hit[some] = a[some, 2] / a[some, 1]
+            # (one frame from numpy columns: pandas' column arithmetic cost more than the rest of the run's end)
+            return pd.DataFrame({"prefilled": a[:, 0], "prompt_tokens": a[:, 1], "cached_prompt_tokens": a[:, 2],
+                                 "hit_ratio": hit}, index=index)
         self.grow(n_gpus)
         return (frame(self.cls_of, self.n_classes, pd.Index(list(class_names), name="class")),
                 frame(self.gpu_of, n_gpus, pd.Index(range(n_gpus), name="instance")))

@@ -243,3 +243,15 @@ def test_the_cores_build_key_follows_the_prefix_caches_types():
     assert a != b and a.startswith("x = 1\n")
     keys = {setup_py.build_key("fluidopt.sim._cengine", t, b"cdef int x", "r") for t in (a, b)}
     assert len(keys) == 2
+
+
+def test_block_ids_read_alike_from_arrays_views_and_lists():
+    # a trace's rows (int64 arrays) are joined as bytes; strided views, other dtypes and lists go through
+    # numpy's concatenation: the same ids either way
+    import numpy as np
+
+    rows = [[5, 7, 9], [5, 7], [], [11]]
+    forms = [[np.asarray(r, dtype=np.int64) for r in rows], rows, [np.asarray(r, dtype=np.int32) for r in rows],
+             [np.repeat(np.asarray(r, dtype=np.int64), 2)[::2] for r in rows]]
+    got = [(list(c.ids), list(c.off)) for c in (PC.PrefixCache(f, 4, 1, 1, -1, 4, False) for f in forms)]
+    assert got == [([5, 7, 9, 5, 7, 11], [0, 3, 5, 5, 6])] * 4
