@@ -4,8 +4,10 @@ Both are the same code: ``fluidopt/sim/engine.py`` is the engine, and at install
 a copy of it, with the static types declared in ``fluidopt/sim/engine.pxd``, into the extension
 ``fluidopt.sim._cengine`` (see setup.py). Results are identical bit for bit (tested); the compiled
 core is about 4x faster. The compiled core is used only when it was built from the engine.py that
-is on disk now (it carries the SHA-256 of engine.py and engine.pxd), so editing either never runs a
-stale build: the pure-Python engine runs instead, with one warning, until the package is reinstalled.
+is on disk now (it carries the SHA-256 of engine.py and engine.pxd), and with a compiled prefix cache
+built from the prefix_cache.py and prefix_cache.pxd on disk (the core calls it at C level, and records
+the .pxd it was built against), so editing any of them never runs a stale build: the pure-Python engine
+runs instead, with one warning, until the package is reinstalled.
 
 ``backend``: ``"auto"`` (default: the compiled core when usable, else Python), ``"compiled"`` (an
 error if it is not usable) or ``"python"``. The environment variable ``FLUIDOPT_ENGINE`` sets the
