@@ -2,6 +2,7 @@
 
     python benchmarks/prefix_headtohead.py [--load 0.75] [--kv both|unlimited|80gb] [--boot 1000] [--out OUT.json]
                                            [--trace PATH]   # default ../shared/data/mooncake-traces/conversation_trace.jsonl
+                                           [--only ROW,ROW]  # these rows (and least-requests) only
 
 Replays ../shared/data/mooncake-traces/conversation_trace.jsonl (12,031 requests, 512-token block hashes) on
 examples/scenarios/mooncake-conversation.toml with 8 GPUs, tokens mode, the prefix cache on, time compressed
@@ -19,7 +20,8 @@ output token) per GPU-second of the trace's span, over the bundled fluid LP's R*
 rate and mean lengths (cache-blind: the bound of a fleet that prefills every token).
 
 Confidence intervals. The replay is deterministic and so are most policies (round robin, the balancers,
-the cache-aware routers: ties to the lowest index), so seeds would not vary them. The CIs are a paired
+the cache-aware routers, ``dynamo-kv`` at its default temperature 0: ties to the least loaded, then the lowest
+index), so seeds would not vary them. The CIs are a paired
 block bootstrap over time: the trace is cut into ``WINDOWS`` windows of equal length by arrival time; a
 replicate draws that many windows with replacement, the same draw for every policy, and computes each
 statistic on the pooled requests of the drawn windows, for the policy and for least-load
@@ -61,11 +63,12 @@ BASELINE = "least-requests"
 # row without h (a pilot run: the h this very routing reaches, not another rule's)
 POLICIES = [
     ("round-robin", "round-robin", {}), ("least-requests", "least-requests", {}), ("jsq", "jsq", {}),
-    ("min-min", "min-min", {}), ("sglang", "sglang", {}), ("llm-d", "llm-d", {}),
+    ("min-min", "min-min", {}), ("sglang", "sglang", {}), ("llm-d", "llm-d", {}), ("dynamo-kv", "dynamo-kv", {}),
     ("consistent-hash", "consistent-hash", {}), ("consistent-hash-bounded", "consistent-hash-bounded", {}),
     # the instance policies with chunked prefill: the time law gate-and-route runs (chunk C per iteration)
     ("least-requests-chunked", "least-requests-chunked", {}), ("jsq-chunked", "jsq-chunked", {}),
     ("sglang-chunked", "sglang-chunked", {}), ("llm-d-chunked", "llm-d-chunked", {}),
+    ("dynamo-kv-chunked", "dynamo-kv-chunked", {}),
     ("gate-and-route", "gate-and-route", {}), ("backpressure-gate-and-route", "backpressure-gate-and-route", {}),
     ("gate-and-route-prefix", "gate-and-route-prefix", {}),
     ("backpressure-gate-and-route-prefix", "backpressure-gate-and-route-prefix", {}),
@@ -148,7 +151,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--boot", type=int, default=1000)
     ap.add_argument("--out", default=None)
     ap.add_argument("--trace", default=str(TRACE))
+    ap.add_argument("--only", default=None)
     args = ap.parse_args(argv)
+    policies = POLICIES
+    if args.only:
+        want = {BASELINE, *(x.strip() for x in args.only.split(","))}
+        unknown = sorted(want - {p for p, _, _ in POLICIES})
+        if unknown:
+            print(f"prefix_headtohead: --only {unknown[0]!r}: no such row; rows: {', '.join(p for p, _, _ in POLICIES)}",
+                  file=sys.stderr)
+            return 2
+        want |= {p.split(" ")[0] for p, _, o in POLICIES if p in want and "H" in o.values()}  # h=own needs its pilot
+        policies = [row for row in POLICIES if row[0] in want]
     trace = Path(args.trace)
     if not trace.is_file():
         print(f"prefix_headtohead: --trace {str(trace)!r}: no such file (the Mooncake trace lives in ../shared/data)",
@@ -186,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         sc = replace(base, gpu=replace(base.gpu, kv_capacity=None if cap is None else float(cap)))
         recs, rows = {}, {}
         with tempfile.TemporaryDirectory() as tmp:
-            for p, name, opts in POLICIES:
+            for p, name, opts in policies:
                 plain = p.split(" ")[0]
                 opts = {k: (rows[plain]["hit_ratio"] if v == "H" else h if v == "SGLANG" else v)
                         for k, v in opts.items()}
@@ -202,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         print("| policy | hit ratio | mean TTFT (s) | vs least-load | p99 TTFT (s) | vs least-load | mean E2E (s) | "
               "vs least-load | p99 E2E (s) | vs least-load | revenue / bound | completed |")
         print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-        for p, _, _ in POLICIES:
+        for p, _, _ in policies:
             r, c = rows[p], ci[p]
 
             h_opt = f" ({r['options']['hit_ratio']:.4f})" if "hit_ratio" in r["options"] else ""

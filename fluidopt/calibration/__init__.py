@@ -11,16 +11,6 @@ The names below are this package's public API (``from fluidopt.calibration impor
 ``fluidopt.calibrate``, the module's former name, still imports them.
 """
 
-from fluidopt.calibration.fit import (
-    CalibrationFit,
-    fit_iteration_time,
-    read_measurements,
-    synthetic_measurements,
-    write_measurements,
-)
-from fluidopt.calibration.profiles import list_profiles, load_profile, profile_info, profile_names
-from fluidopt.calibration.vidur import from_vidur
-
 __all__ = [
     "CalibrationFit",
     "fit_iteration_time",
@@ -33,3 +23,18 @@ __all__ = [
     "synthetic_measurements",
     "write_measurements",
 ]
+
+# Loaded on first use: the time models (fluidopt.calibration.timemodels), which every engine and server
+# imports, would otherwise bring the fit's pandas and statsmodels into each process.
+_WHERE = {"CalibrationFit": "fit", "fit_iteration_time": "fit", "read_measurements": "fit",
+          "synthetic_measurements": "fit", "write_measurements": "fit", "list_profiles": "profiles",
+          "load_profile": "profiles", "profile_info": "profiles", "profile_names": "profiles",
+          "from_vidur": "vidur"}
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        import importlib
+
+        return getattr(importlib.import_module(f"fluidopt.calibration.{_WHERE[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -99,7 +99,7 @@ def run_placement(args: argparse.Namespace) -> int:
     from fluidopt.commands.validate import _kv_beside
     from fluidopt.core.errors import CalibrationError, UsageError
     from fluidopt.engines.disaggregated import check_fits, model_kv_bytes
-    from fluidopt.planning.placement import search_placement
+    from fluidopt.planning.placement import checked_splits, search_placement
 
     if args.profile is None or args.model is None or args.gpus is None:
         raise UsageError("--layout needs --profile JSON --model NAME --gpus N (e.g. --profile "
@@ -145,8 +145,9 @@ def run_placement(args: argparse.Namespace) -> int:
             lw = with_overheads(lw, per_request=per_request)
         return lw
 
-    prompt, output, source = _lengths(args, np)
     layouts = ("colocated", "disaggregated") if args.layout == "best" else (args.layout,)
+    checked_splits(args.gpus, fits, layouts)  # a fleet with room for no split (no decode pool): before any output
+    prompt, output, source = _lengths(args, np)
     out = Path(args.out) if args.out else None
     if out is not None:
         from fluidopt.commands._checks import check_output_dir

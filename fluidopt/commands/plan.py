@@ -25,7 +25,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
         description="For the class arrival rates of SCENARIO (whole fleet; default: the built-in paper instance) "
         "and the SLIs given, find per GPU profile the fluid lower bound on the fleet size (one LP, binding "
         "constraint named) and the smallest fleet on which the policy meets every SLI in simulation with 95%% "
-        "confidence, with cost per hour and per million output tokens.",
+        "confidence, with cost per hour and per million output tokens. With --from-trace TRACE and no --fluid-only: "
+        "the fleet for TRACE's own demand with and without a prefix cache, each verified by replaying TRACE.",
     )
     p.add_argument("scenario", nargs="?", default=None, metavar="SCENARIO", help="scenario TOML (default: built-in)")
     p.add_argument("--served", type=float, default=0.99,
@@ -42,8 +43,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="price per GPU-hour for the --profiles whose name is KEY or starts with 'KEY-' (e.g. "
                         "h100=2.5); a profile of a multi-GPU replica costs gpus x DOLLARS per hour (repeatable)")
     p.add_argument("--growth", default="1", help="comma-separated demand growth factors (default 1)")
-    p.add_argument("--policy", default="gate-and-route", help="controller verified in simulation "
-                   "(default gate-and-route)")
+    p.add_argument("--policy", default=None, help="controller verified in simulation (default gate-and-route; "
+                   "with --from-trace and no --fluid-only: the --cache-rule's router with chunked prefill)")
     p.add_argument("--fluid-only", action="store_true", help="the fluid bound only, no simulation")
     p.add_argument("--horizon", type=float, default=None, help="simulated seconds per run (default: 3 T warm-up "
                    "+ 10 T, T the slowest mean decode)")
@@ -158,6 +159,9 @@ def run(args: argparse.Namespace) -> int:
     for flag in ("rates", "trace", "backlog", "fluid_throughputs"):
         if getattr(args, flag):
             raise UsageError(f"--{flag.replace('_', '-')}: only with --day (GPU-hours for a day)")
+    if args.from_trace is not None and not args.fluid_only:
+        return _run_trace_plan(args)
+    args.policy = args.policy or "gate-and-route"
     options = parse_options(args.option)
     check_workers(args)
     slis = PlanSLIs(served=args.served, tpot=args.tpot, ttft=args.ttft, ttft_p99=args.ttft_p99,
@@ -253,6 +257,78 @@ def _run_plan(args, scenario, slis, growth, profiles, options, out) -> int:
         print(study[["batch", "chunk", "status", "revenue_per_gpu", "tpot"]].to_string(index=False))
     if files:
         print(f"\nsaved: {', '.join(files)}")
+    return 0
+
+
+def _run_trace_plan(args: argparse.Namespace) -> int:
+    """``plan --from-trace TRACE`` without ``--fluid-only``: the fluid fleet for the trace's own demand with
+    h = 0 and with the hit ratio ``--cache-rule`` keeps over the planned fleet, each verified by replaying
+    the trace (fluidopt.planning.prefix; docs/prefix-cache.md, "The capacity plan")."""
+    from fluidopt.commands._cache import check_cache_args
+    from fluidopt.core.errors import UsageError
+
+    check_cache_args(args)
+    for flag, given in (("--hit-ratio", args.hit_ratio is not None), ("--profiles", args.profiles),
+                        ("--price", args.price), ("--growth", str(args.growth).strip() != "1"),
+                        ("--tpot", args.tpot is not None), ("--fairness", args.fairness is not None),
+                        ("--study", args.study), ("--out", args.out), ("--horizon", args.horizon is not None),
+                        ("--warmup", args.warmup is not None), ("--workers", args.workers is not None),
+                        ("--dask", args.dask), ("--scheduler", args.scheduler is not None)):
+        if given:
+            raise UsageError(f"{flag}: not with --from-trace without --fluid-only (the plan replays the trace: its "
+                             "own demand, the scenario's GPU, tokens mode)")
+    served = args.served
+    if isinstance(served, bool) or not (0.0 < float(served) <= 1.0):
+        raise UsageError(f"--served: expected a completed fraction in (0, 1], got {served!r}")
+    options = parse_options(args.option)
+    from fluidopt.control.registry import available
+
+    if args.policy is not None and args.policy.strip().lower().replace("_", "-") not in available():
+        raise UsageError(f"--policy: unknown policy {args.policy!r}; see fluidopt simulate --list-policies")
+    from fluidopt.planning.prefix import RULE_POLICY, TraceSLO, fluid_cache_plan, smallest_fleet
+    from fluidopt.scenario import load_scenario
+    from fluidopt.workloads.traces import replay
+
+    slo = TraceSLO(served=float(served), ttft_mean=args.ttft, ttft_p99=args.ttft_p99)
+    scenario, wl = replay(args.from_trace, load_scenario(args.scenario))
+    if wl.hashes is None:
+        raise UsageError(f"--from-trace: {args.from_trace!r} has no block hashes (expected JSON lines with hash_ids)")
+    rule = args.cache_rule or "round-robin"
+    kv = scenario.gpu.kv_capacity
+    # the estimate's cache is the replay's: the GPU's KV in blocks unless --cache-blocks says otherwise
+    blocks = args.cache_blocks or (None if kv is None else max(1, int(kv // wl.block_size)))
+    seed = seed_list(args)[0]
+    rows, out = [], {"trace": str(args.from_trace), "requests": int(wl.n_requests), "slo": slo.describe(),
+                     "cache_rule": rule, "cache_blocks": blocks, "plans": []}
+    for cached in (False, True):
+        p = fluid_cache_plan(scenario, wl, rule if cached else None, capacity_blocks=blocks, served=float(served),
+                             instances=args.cache_instances)
+        policy = args.policy or (f"{RULE_POLICY[rule]}-chunked" if cached else "least-requests-chunked")
+        n_sim, checks = smallest_fleet(scenario, wl, p.gpus, policy, slo, prefix_cache=cached,
+                                       options=options or None, seed=seed)
+        out["plans"].append({"cache": cached, "hit_ratio": p.hit_ratio, "ideal": p.ideal, "n_fluid": p.n_fluid,
+                             "n_fluid_int": p.gpus, "binding": p.binding, "policy": policy, "n_sim": n_sim,
+                             "replays": [{"gpus": c.gpus, "met": c.met, **c.metrics} for c in checks]})
+        for c in checks:
+            m = c.metrics
+            rows.append({"plan": "cache" if cached else "no cache", "h": f"{p.hit_ratio:.4f}",
+                         "n fluid": f"{p.n_fluid:.2f}", "ceil": p.gpus, "router": policy,
+                         "cache": "on" if cached else "off", "GPUs": c.gpus, "hit ratio": f"{m['hit_ratio']:.3f}",
+                         "served": f"{m['served']:.4f}", "mean TTFT": f"{m['ttft_mean']:.2f}",
+                         "p99 TTFT": f"{m['ttft_p99']:.2f}", "SLO": "meets" if c.met else "misses"})
+    if args.json:
+        print(json.dumps(out, indent=2, default=str))
+        return 0
+    import pandas as pd
+
+    no, yes = out["plans"]
+    print(f"fluidopt plan --from-trace: {Path(args.from_trace).name} ({wl.n_requests:,} requests over "
+          f"{float(wl.frame['time'].max()):,.0f} s) on {scenario.name}'s GPU; SLO: {slo.describe()}; cache rule "
+          f"{rule}, {'unlimited' if blocks is None else f'{blocks:,}'} blocks per instance")
+    print()
+    print(pd.DataFrame(rows).to_string(index=False))
+    print(f"\nplanned and verified: {no['n_sim']} GPUs without the cache, {yes['n_sim']} with it ({rule}, h "
+          f"{yes['hit_ratio']:.4f}; one global cache {yes['ideal']:.4f})")
     return 0
 
 

@@ -21,11 +21,17 @@ from its own index (``ClusterSnapshot``). An instance's load is its outstanding 
   request without block ids goes to the least loaded. ``consistent-hash-bounded`` walks the ring past
   instances whose load reaches ``ceil((1 + epsilon) * (total load + 1) / n)`` (consistent hashing with
   bounded loads). Defaults k = 2, vnodes = 64, epsilon = 0.25.
+* ``dynamo-kv``: NVIDIA Dynamo's KV router (:class:`DynamoKV`): the lowest cost
+  ``overlap_score_weight * prefill_blocks + decode_blocks``, where ``prefill_blocks`` is the prompt
+  tokens the instance would have to prefill, its routed prefills not yet done plus this request's
+  uncached tokens, over the block size, and ``decode_blocks`` the distinct KV blocks of the requests
+  routed to it and not finished, this request's included. Defaults 1.0 and temperature 0 (Dynamo's).
 """
 
 from __future__ import annotations
 
 import math
+import random
 
 from fluidopt.control.instance import InstanceScheduler
 from fluidopt.control.load_balancers import _registered
@@ -35,7 +41,7 @@ from fluidopt.core.errors import ScenarioError
 from fluidopt.core.model import Scenario
 from fluidopt.workloads.prefix import _h64, _ring
 
-__all__ = ["ConsistentHash", "ConsistentHashBounded", "LLMDScorer", "SGLangRouter"]
+__all__ = ["ConsistentHash", "ConsistentHashBounded", "DynamoKV", "LLMDScorer", "SGLangRouter"]
 
 
 def _number(owner: str, name: str, v: object, low: float = 0.0) -> float:
@@ -157,6 +163,147 @@ class ConsistentHashBounded(ConsistentHash):
         self.epsilon = _number("consistent-hash-bounded", "epsilon", epsilon)
 
 
+class DynamoKV(InstanceScheduler):
+    """NVIDIA Dynamo's KV router: the instance of lowest prefill-plus-decode cost, in KV blocks.
+
+    Formula and defaults from Dynamo's router (docs.nvidia.com/dynamo, "Routing Concepts", *Cost
+    Calculation*; ai-dynamo/dynamo ``lib/llm/src/kv_router/scheduler.rs``, ``DefaultWorkerSelector``
+    and ``softmax_sample``; ``sequence.rs``, the per-worker active blocks and prefill tokens;
+    ``config.rs``, ``KvRouterConfig::default``). For arrival r and instance g, with ``bs`` tokens a block:
+
+    * ``prefill_blocks(g) = (pending(g) + prompt - cached(r, g)) / bs``: ``pending(g)``, the uncached
+      prompt tokens of the requests routed to g whose prefill has not completed (each counted as it was
+      at its routing; cleared when its prefill completes), plus r's own uncached tokens
+      (``ctx.cached_prefix_tokens(r, g)``);
+    * ``decode_blocks(g) = active(g) + new(r, g)``: ``active(g)``, the distinct block ids of the
+      requests routed to g and not finished (a block two requests share counts once), and ``new``, r's
+      complete blocks (the first ``prompt // bs`` of ``ctx.req_blocks(r)``) not among them. A request
+      without block ids counts ``prompt // bs`` blocks of its own;
+    * ``cost(g) = overlap_score_weight * prefill_blocks(g) + decode_blocks(g)``; lower is better.
+
+    ``router_temperature`` 0 takes the lowest cost; ties go to the fewest outstanding requests
+    (``ctx.instance_requests``), then the lowest index (Dynamo breaks them by the smaller cached tree,
+    then at random; the view has no tree sizes). Above 0 it samples g with probability proportional to
+    ``exp(-(cost(g) - min cost) / ((max cost - min cost) * temperature))`` (uniform when all costs are
+    equal), drawing one number from ``random.Random(seed)`` or, with ``seed`` None, from ``ctx.rng``.
+
+    Like Dynamo's router it tracks what it routed itself, from the protocol's events, so it runs the same
+    over the simulator and over a router's :class:`~fluidopt.control.snapshot.ClusterSnapshot`. Like it,
+    it does not see preemptions: a preempted request stays active on its instance and its re-prefill is
+    not counted. ``block_size`` must be the workload's (Mooncake's 512): block ids and prefill tokens are
+    compared in those blocks.
+    """
+
+    name = "dynamo-kv"
+
+    def __init__(self, *, overlap_score_weight: float = 1.0, router_temperature: float = 0.0,
+                 block_size: int = 512, seed: int | None = None, **kw):
+        super().__init__(**kw)
+        _chunk_name(self)
+        self.overlap_score_weight = _number("dynamo-kv", "overlap_score_weight", overlap_score_weight)
+        self.router_temperature = _number("dynamo-kv", "router_temperature", router_temperature)
+        for nm, v, low in (("block_size", block_size, 1), ("seed", seed, 0)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < low):
+                raise ScenarioError(f"dynamo-kv: {nm} = {v!r}: expected an integer >= {low}")
+        if block_size is None:
+            raise ScenarioError("dynamo-kv: block_size = None: expected an integer >= 1 (tokens)")
+        self.block_size, self.seed = block_size, seed
+
+    def setup(self, ctx: Context) -> None:
+        super().setup(ctx)
+        n = self.n
+        self._rng = None if self.seed is None else random.Random(self.seed)
+        self._pending = [0] * n  # uncached prompt tokens of routed prefills not yet done (tokens)
+        self._active: list[dict[int, int]] = [{} for _ in range(n)]  # block id -> routed requests holding it
+        self._anon = [0] * n  # blocks of active requests without block ids
+        self._rec: dict[int, list] = {}  # r -> [g, pending tokens (0 once prefilled), block ids, own blocks]
+
+    def _blocks(self, ctx: Context, r: int) -> tuple[tuple[int, ...], int]:
+        """r's complete blocks: (their ids, or () without ids; their count)."""
+        full = ctx.req_prompt(r) // self.block_size
+        ids = tuple(int(b) for b in ctx.req_blocks(r)[:full])
+        return ids, (len(ids) if ids else full)
+
+    def costs(self, ctx: Context, r: int) -> list[float]:
+        """Dynamo's cost of routing r to each instance (blocks; the class docstring)."""
+        prompt, bs, w = ctx.req_prompt(r), self.block_size, self.overlap_score_weight
+        ids, own = self._blocks(ctx, r)
+        out = []
+        for g in range(self.n):
+            act = self._active[g]
+            new = sum(1 for b in ids if b not in act) if ids else own
+            prefill = (self._pending[g] + prompt - ctx.cached_prefix_tokens(r, g)) / bs
+            out.append(w * prefill + len(act) + self._anon[g] + new)
+        return out
+
+    def route(self, ctx: Context, r: int) -> int:
+        c = self.costs(ctx, r)
+        n = self.n
+        lo, hi = min(c), max(c)
+        t = self.router_temperature
+        if t == 0.0 or hi == lo:
+            if t > 0.0:  # equal costs: Dynamo samples uniformly
+                return min(int(self._draw(ctx) * n), n - 1)
+            return min((g for g in range(n) if c[g] == lo), key=lambda g: (ctx.instance_requests(g), g))
+        p = [math.exp(-(c[g] - lo) / ((hi - lo) * t)) for g in range(n)]
+        u = self._draw(ctx) * sum(p)
+        acc = 0.0
+        for g in range(n):
+            acc += p[g]
+            if u < acc:
+                return g
+        return n - 1  # (rounding: u at the very top)
+
+    def _draw(self, ctx: Context) -> float:
+        return (self._rng or ctx.rng).random()
+
+    # -- the router's own ledger, kept from the protocol's events ------------------------------------
+    def _free(self, r: int) -> None:
+        rec = self._rec.pop(r, None)
+        if rec is None:
+            return
+        g, pend, ids, own = rec
+        self._pending[g] -= pend
+        act = self._active[g]
+        for b in ids:
+            k = act[b] - 1
+            if k:
+                act[b] = k
+            else:
+                del act[b]
+        if not ids:
+            self._anon[g] -= own
+
+    def dispatch(self, ctx: Context, r: int, g: int) -> None:
+        self._free(r)  # r's id was recycled: its previous holder left without a callback
+        pend = max(0, ctx.req_prompt(r) - ctx.cached_prefix_tokens(r, g))
+        ids, own = self._blocks(ctx, r)
+        self._pending[g] += pend
+        act = self._active[g]
+        for b in ids:
+            act[b] = act.get(b, 0) + 1
+        if not ids:
+            self._anon[g] += own
+        self._rec[r] = [g, pend, ids, own]
+        super().dispatch(ctx, r, g)
+
+    def on_prefill_done(self, ctx: Context, r: int, g: int) -> None:
+        rec = self._rec.get(r)
+        if rec is not None and rec[1]:
+            self._pending[rec[0]] -= rec[1]
+            rec[1] = 0
+        super().on_prefill_done(ctx, r, g)
+
+    def on_decode_done(self, ctx: Context, r: int, g: int) -> None:
+        self._free(r)
+
+    def on_abandon(self, ctx: Context, r: int, q: int) -> None:
+        self._free(r)
+
+    def on_drop(self, ctx: Context, r: int, g: int) -> None:
+        self._free(r)
+
+
 def _build_sglang(scenario: Scenario, **kw) -> SGLangRouter:
     return SGLangRouter(**kw)
 
@@ -167,6 +314,10 @@ def _build_llmd(scenario: Scenario, **kw) -> LLMDScorer:
 
 def _build_ch(scenario: Scenario, **kw) -> ConsistentHash:
     return ConsistentHash(**kw)
+
+
+def _build_dynamo(scenario: Scenario, **kw) -> DynamoKV:
+    return DynamoKV(**kw)
 
 
 def _build_chb(scenario: Scenario, **kw) -> ConsistentHashBounded:
@@ -181,3 +332,5 @@ _registered("consistent-hash", (), "consistent hashing on a request's first k bl
             "(options k=2, vnodes=64)", _build_ch)
 _registered("consistent-hash-bounded", (), "consistent hashing with bounded loads on the first k block ids "
             "(options k=2, vnodes=64, epsilon=0.25)", _build_chb)
+_registered("dynamo-kv", (), "NVIDIA Dynamo's KV router: the lowest overlap_score_weight x prefill blocks + decode "
+            "blocks (options overlap_score_weight=1, router_temperature=0, block_size=512, seed=None)", _build_dynamo)

@@ -5,6 +5,9 @@ transfer between them, as DistServe (Zhong et al., OSDI 2024) serves them (docs/
 Rules (each pool has its own :class:`~fluidopt.calibration.timemodels.IterationLaw`, usually one TP
 degree of DistServe's profile, and its own KV capacity):
 
+Where an arrival goes and which decode instance takes a prefilled request are decided by a policy per
+pool (:mod:`fluidopt.engines.disagg_policies`); the rules below are the default, ``distserve-fcfs``.
+
 * **Prefill instance**: an arrival joins the prefill instance with the fewest queued prompt tokens
   (ties: the lowest index). An idle instance runs one batch of whole prompts from the head of its
   FCFS queue, as many as fit ``prefill_max_tokens`` tokens and ``prefill_max_batch`` prompts and the
@@ -23,12 +26,19 @@ degree of DistServe's profile, and its own KV capacity):
   last-joined running request (its blocks freed; it goes back to the head of the instance's queue and
   rejoins when its blocks fit again; the swap itself costs no time).
 
+Speed (docs/fidelity.md, "Speed of the disaggregated replay"): arrivals are read from the sorted array,
+and the heap holds the ends of prefill batches, transfers and decode steps. A decode step that ends
+before any other event runs in place, without the heap, on the instance's counters held in locals; a
+run of such steps with nothing joining or finishing (a quiet stretch) is a tight loop of block checks
+and step times. Every result is the heap's order of events, bit for bit (tests/engines hold digests).
+
 Times in seconds, lengths in tokens, KV capacities in tokens, bandwidth in bytes/s.
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -37,6 +47,7 @@ import numpy as np
 
 from fluidopt.calibration.timemodels import IterationLaw
 from fluidopt.core.errors import UsageError
+from fluidopt.engines.disagg_policies import DecodePolicy, DisaggTargets, PoolsView, PrefillPolicy, make_policy
 from fluidopt.engines.stepper import Replay, checked_requests
 
 # Geometry of the models DistServe profiled (config.json: num_hidden_layers, num_attention_heads,
@@ -96,23 +107,53 @@ class Pool:
 class DisaggReplay(Replay):
     """:class:`Replay` plus the transfer, per request in input order (s): ``transfer_start``,
     ``transfer_end`` (NaN for one-token requests, which never leave the prefill pool), the instances
-    that served it, the swaps on the decode side, and counts of requests through each stage."""
+    that served it, the swaps on the decode side, and counts of requests through each stage.
+    ``prefill_start``: the start of its prefill batch; ``decode_start``: the start of its first decode
+    step (NaN where none); ``cls``: its class. ``events`` (``check=True`` only): after every event, a
+    row ``(time, *STAGES counts)``, the engine's own census of where the requests are."""
 
     transfer_start: np.ndarray
     transfer_end: np.ndarray
     prefill_instance: np.ndarray
     decode_instance: np.ndarray
     counts: dict
+    prefill_start: np.ndarray
+    decode_start: np.ndarray
+    cls: np.ndarray
+    policy: str = "distserve-fcfs"
+    events: np.ndarray | None = None
 
     @property
     def transfer(self) -> np.ndarray:
         """Transfer time per request, s (NaN where none)."""
         return self.transfer_end - self.transfer_start
 
+    @property
+    def prefill_wait(self) -> np.ndarray:
+        """Queueing in the prefill pool (gate or instance queue), s: prefill start - arrival."""
+        return self.prefill_start - self.arrival
+
+    @property
+    def decode_wait(self) -> np.ndarray:
+        """Queueing for decode, s: first token -> first decode step, less the transfer (NaN where none)."""
+        return self.decode_start - self.first_token - self.transfer
+
+
+# the census of check=True, in the order of DisaggReplay.events' columns after the time
+STAGES = ("arrived", "wait_prefill", "prefilling", "wait_transfer", "transferring", "decoding", "done")
+
 
 def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *, kv_bytes_per_token: float,
-                         link_bandwidth: float = NVLINK_A100, link_latency: float = 0.0) -> DisaggReplay:
-    """Run the requests through the two pools and the links; see the module docstring for the rules."""
+                         link_bandwidth: float = NVLINK_A100, link_latency: float = 0.0, cls=None,
+                         policy: str | tuple[PrefillPolicy, DecodePolicy] = "distserve-fcfs",
+                         targets: DisaggTargets | None = None, check: bool = False) -> DisaggReplay:
+    """Run the requests through the two pools and the links; see the module docstring for the rules.
+
+    ``cls``: each request's class, 0..k-1 (default: all 0). ``policy``: a name of
+    :mod:`fluidopt.engines.disagg_policies` (``"X"`` or ``"PREFILL/DECODE"``; gate-and-route needs the
+    LP's ``targets``) or a (prefill, decode) pair of policy objects. ``check``: verify after every event
+    that arrived = waiting for prefill + prefilling + waiting for transfer + transferring + decoding +
+    done (AssertionError otherwise) and return the census (``events``)."""
     if not link_bandwidth > 0:
         raise UsageError(f"link bandwidth: expected bytes/s > 0, got {link_bandwidth}")
     if not link_latency >= 0:
@@ -122,68 +163,123 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
                          f"{prefill.instances} and {decode.instances}")
     arr, P, O = checked_requests(arrival, prompt, output)
     n = len(arr)
+    C = [0] * n if cls is None else [int(c) for c in cls]
+    if len(C) != n or any(c < 0 for c in C):
+        raise ValueError("replay: expected one class index >= 0 per request")
+    if isinstance(policy, str):
+        pre_pol, dec_pol = make_policy(policy, targets=targets)
+        policy_name = policy
+    else:
+        pre_pol, dec_pol = policy
+        policy_name = f"{pre_pol.name}/{dec_pol.name}"
     bs = decode.block_size
     nP, nD = prefill.instances, decode.instances
+    view = PoolsView(nP, nD, max(C, default=0) + 1, P, O, C, max_tokens=prefill.max_tokens,
+                     max_batch=prefill.max_batch, block_size=bs)
+    pre_pol.setup(view)
+    dec_pol.setup(view)
+    gated = pre_pol.gate
+    admit, pull, route = pre_pol.admit, pre_pol.pull, dec_pol.route
 
-    first = np.full(n, np.nan)
-    done = np.full(n, np.nan)
-    xs = np.full(n, np.nan)
-    xe = np.full(n, np.nan)
-    swaps = np.zeros(n, dtype=np.int64)
-    p_of = np.full(n, -1, dtype=np.int64)
-    d_of = np.full(n, -1, dtype=np.int64)
+    # per-request records as Python lists (an item set costs a third of a numpy one), arrays at the end
+    nan, inf = math.nan, math.inf
+    first, done, xs, xe, ps, ds = ([nan] * n for _ in range(6))
+    swaps = [0] * n
+    p_of = [-1] * n
+    d_of = [-1] * n
     gen = [0] * n
-    counts = dict(arrived=0, prefilled=0, transferred=0, finished=0, rejected=0)
+    # counts through each stage, as locals (a dict item costs twice as much); the census reads them
+    n_arrived = n_prefilled = n_transferred = n_finished = n_rejected = 0
 
-    # prefill instances
-    pq = [deque() for _ in range(nP)]
-    pq_tokens = [0] * nP
-    p_busy = [False] * nP
-    p_free = [math.inf if prefill.kv_tokens is None else float(prefill.kv_tokens) for _ in range(nP)]
+    # prefill instances (the view's lists are the engine's own state)
+    pq = view.prefill_queue
+    pq_tokens = view.prefill_queued_tokens
+    pb_tokens = view.prefill_batch_tokens
+    p_busy = view.prefill_busy
+    p_free = view.prefill_free_kv
+    if prefill.kv_tokens is not None:
+        p_free[:] = [float(prefill.kv_tokens)] * nP
+    gate = view.gate
+    share = view.prefill_share
+    p_batch: list = [None] * nP
     # decode instances: migration queue (prefilled, waiting for blocks), ready (transferred), running
     mq = [deque() for _ in range(nD)]
     ready = [deque() for _ in range(nD)]
     swapped = [deque() for _ in range(nD)]
-    running: list[list[int]] = [[] for _ in range(nD)]
+    # running requests in the order they joined, as dict keys: a finished one leaves in O(1) (a list's
+    # remove scans the batch) and popitem() gives the last-joined, the one a step short of blocks swaps out
+    running: list[dict[int, None]] = [{} for _ in range(nD)]
     d_busy = [False] * nD
-    d_free = [math.inf if decode.kv_tokens is None else float(decode.kv_tokens // bs) for _ in range(nD)]
-    # links (p, d): FCFS queue and busy flag
-    lq = {}
-    l_busy = {}
-    rr = 0
-    iters = pre_iters = 0
-    ev: list = []
-    seq = 0
+    d_free = view.decode_free_blocks
+    if decode.kv_tokens is not None:
+        d_free[:] = [float(decode.kv_tokens // bs)] * nD
+    d_load, d_load_tok, d_class = view.decode_assigned, view.decode_assigned_tokens, view.decode_class
+    # links, one per (p, d), at p * nD + d: FCFS queue (of transfers waiting for the link) and busy flag;
+    # an idle link's queue is empty
+    lq = [deque() for _ in range(nP * nD)]
+    l_busy = [False] * (nP * nD)
+    pre_iters = 0  # prefill batches; the iterations are these and the decode steps, sum(g)
+    # events (time, seq, kind, index): a batch's end (index: the prefill instance), a transfer's end (the
+    # request), a decode step's end (the decode instance); the sentinel at time inf is never popped, so
+    # the loop needs no emptiness test
+    PDONE, XDONE, DDONE = 0, 1, 2
+    ev: list = [(inf, inf, -1, -1)]
+    seq = itertools.count()  # ties in time: the event pushed first goes first
+    log: list = []
 
-    def push(t: float, kind: str, data) -> None:
-        nonlocal seq
-        heapq.heappush(ev, (t, seq, kind, data))
-        seq += 1
+    heappush, heappop = heapq.heappush, heapq.heappop
+    pf = prefill.law.prefill
+    pf_a, pf_b, pf_c, pf_over = pf.a, pf.b, pf.c, prefill.overhead
+    p_maxb, p_maxt = prefill.max_batch, prefill.max_tokens
+    p_kv = inf if prefill.kv_tokens is None else prefill.kv_tokens
 
     def start_prefill(p: int, now: float) -> None:
-        nonlocal pre_iters, iters
-        if p_busy[p] or not pq[p]:
+        nonlocal pre_iters
+        if p_busy[p]:
             return
-        batch, tok, s2 = [], 0, 0
-        while pq[p] and len(batch) < prefill.max_batch:
-            r = pq[p][0]
-            if (batch and tok + P[r] > prefill.max_tokens) or P[r] > p_free[p]:
-                break
-            pq[p].popleft()
-            batch.append(r)
-            tok += P[r]
-            s2 += P[r] * P[r]
-        if not batch:
-            return
-        pq_tokens[p] -= tok
+        if gated:
+            batch = pull(view, p)
+            if not batch:
+                return
+            tok = s2 = 0
+            for r in batch:
+                head = gate[C[r]].popleft()
+                if head != r:
+                    raise RuntimeError(f"policy {pre_pol.name}: pulled request {r}, not the head of class "
+                                       f"{C[r]}'s gate ({head})")
+                p_of[r] = p
+                tok += P[r]
+                s2 += P[r] * P[r]
+            for r in batch:
+                share[C[r]] += P[r] / tok
+        else:
+            q = pq[p]
+            if not q:
+                return
+            batch, tok, s2 = [], 0, 0
+            while q and len(batch) < p_maxb:
+                r = q[0]
+                Pr = P[r]
+                if (batch and tok + Pr > p_maxt) or Pr > p_free[p]:
+                    break
+                q.popleft()
+                batch.append(r)
+                tok += Pr
+                s2 += Pr * Pr
+            if not batch:
+                return
+            pq_tokens[p] -= tok
         p_free[p] -= tok
         p_busy[p] = True
+        pb_tokens[p] = tok
+        p_batch[p] = batch
+        for r in batch:
+            ps[r] = now
         pre_iters += 1
-        iters += 1
-        pf = prefill.law.prefill
-        push(now + prefill.overhead + pf.a + pf.b * tok + pf.c * s2, "pdone", (p, batch))
+        heappush(ev, (now + pf_over + pf_a + pf_b * tok + pf_c * s2, next(seq), PDONE, p))
 
     def try_migrate(d: int, now: float) -> None:
+        """Move the head of ``d``'s migration queue onto its link while ``d`` has blocks for it."""
         q = mq[d]
         while q and not swapped[d]:  # swapped-out requests come back before new KV comes in
             r = q[0]
@@ -192,152 +288,324 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
                 return
             q.popleft()
             d_free[d] -= need
-            link = (int(p_of[r]), d)
-            lq.setdefault(link, deque()).append(r)
-            start_link(link, now)
-
-    def start_link(link, now: float) -> None:
-        if l_busy.get(link) or not lq[link]:
-            return
-        r = lq[link].popleft()
-        l_busy[link] = True
-        xs[r] = now
-        push(now + link_latency + P[r] * kv_bytes_per_token / link_bandwidth, "xdone", (link, r))
+            link = p_of[r] * nD + d
+            if l_busy[link]:
+                lq[link].append(r)
+            else:  # the link is idle, so its queue is empty: the transfer starts now
+                l_busy[link] = True
+                xs[r] = now
+                heappush(ev, (now + link_latency + P[r] * kv_bytes_per_token / link_bandwidth, next(seq), XDONE, r))
 
     # decode steps in O(1) but for joins, finishes and swaps (as in the stepper): per instance the step
     # count g, the context tokens T, the running requests bucketed by (L - g) mod block (which of them start
-    # a block this step) and a heap of the steps at which each finishes
+    # a block this step) and a heap of the steps at which each finishes (a sentinel at step inf at its root
+    # when empty); per request its offset L - g, fixed while it runs (so its length is off + g), and the
+    # version of its heap entry (a swap-out makes the entry stale)
     g = [0] * nD
     Tctx = [0] * nD
     bucket = [[0] * bs for _ in range(nD)]
-    fin: list[list] = [[] for _ in range(nD)]
-    ljoin = [0] * n
-    gjoin = [0] * n
+    fin: list[list] = [[(inf, -1, -1)] for _ in range(nD)]
+    d_state = list(zip(fin, running, swapped, ready, mq, bucket))  # an instance's containers, in one tuple
+    off = [0] * n
     version = [0] * n
-
-    def length(r: int, d: int) -> int:
-        return ljoin[r] + (g[d] - gjoin[r])
 
     def join(r: int, d: int) -> None:
         L = P[r] + gen[r]
-        ljoin[r], gjoin[r] = L, g[d]
+        off[r] = ofs = L - g[d]
         Tctx[d] += L
-        bucket[d][(L - g[d]) % bs] += 1
-        running[d].append(r)
-        heapq.heappush(fin[d], (g[d] + O[r] - gen[r], r, version[r]))
+        bucket[d][ofs % bs] += 1
+        running[d][r] = None
+        heappush(fin[d], (g[d] + O[r] - gen[r], r, version[r]))
 
     def leave(r: int, d: int) -> int:
         """Take ``r`` off the running set; returns the blocks it held."""
-        L = length(r, d)
+        ofs = off[r]
+        L = ofs + g[d]
         gen[r] = L - P[r]
         Tctx[d] -= L
-        bucket[d][(ljoin[r] - gjoin[r]) % bs] -= 1
+        bucket[d][ofs % bs] -= 1
         version[r] += 1
         return -(-(L - 1) // bs)
 
-    def start_decode(d: int, now: float) -> None:
-        nonlocal iters
+    # the decode law inlined (the same float operations as IterationLaw.decode_time, so the same times)
+    d_small, d_large, d_thr = decode.law.decode.small, decode.law.decode.large, decode.law.decode.threshold
+    if d_large is None:
+        d_thr = inf  # one law for every batch
+    d_over, d_req, d_maxb = decode.overhead, decode.request_overhead, decode.max_batch
+
+    def start_decode(d: int, now: float) -> float | None:
+        """Start instance ``d``'s next step if it is idle and has work; returns when the step ends."""
         if d_busy[d]:
-            return
+            return None
         run = running[d]
-        while swapped[d] and len(run) < decode.max_batch:
-            r = swapped[d][0]
+        sw = swapped[d]
+        while sw and len(run) < d_maxb:
+            r = sw[0]
             held = -(-(P[r] + gen[r] - 1) // bs)
             if held > d_free[d]:
                 break
             d_free[d] -= held
-            join(swapped[d].popleft(), d)
-        while ready[d] and len(run) < decode.max_batch:
-            join(ready[d].popleft(), d)
+            join(sw.popleft(), d)
+        rd = ready[d]
+        while rd and len(run) < d_maxb:
+            r = rd.popleft()
+            if ds[r] != ds[r]:  # NaN: its first step
+                ds[r] = now
+            join(r, d)
         if not run:
-            return
+            return None
         # one more block for each request whose newest token starts one; swap out the last-joined on shortage
         key = (1 - g[d]) % bs
-        while bucket[d][key] > d_free[d] and run:
-            r = run.pop()
+        bk = bucket[d]
+        while bk[key] > d_free[d] and run:
+            r = run.popitem()[0]
             d_free[d] += leave(r, d)
             swaps[r] += 1
-            swapped[d].appendleft(r)
+            sw.appendleft(r)
         if not run:
-            return  # a lone request larger than the cache: never happens when a prompt fits
-        d_free[d] -= bucket[d][key]
+            return None  # a lone request larger than the cache: never happens when a prompt fits
+        d_free[d] -= bk[key]
         B = len(run)
         d_busy[d] = True
-        iters += 1
-        push(now + decode.overhead + decode.request_overhead * B + decode.law.decode_time(Tctx[d], B), "ddone", d)
+        a, b, c = d_large if B >= d_thr else d_small
+        return now + d_over + d_req * B + (a + b * Tctx[d] + c * B)
 
+    def census(now: float, arrived: int, out: int) -> None:
+        """Log where the requests are (``out``: finished or rejected); AssertionError unless they add up."""
+        wait_p = sum(map(len, pq)) + sum(map(len, gate))
+        prefilling = sum(len(b) for b in p_batch if b is not None)
+        wait_x = sum(map(len, mq)) + sum(map(len, lq))
+        moving = sum(l_busy)
+        decoding = sum(map(len, ready)) + sum(map(len, running)) + sum(map(len, swapped))
+        row = (now, arrived, wait_p, prefilling, wait_x, moving, decoding, out)
+        if sum(row[2:]) != arrived:
+            raise AssertionError(f"disaggregated replay at t = {now}: {dict(zip(STAGES, row[1:]))} do not add up")
+        log.append(row)
+
+    # Python floats (the same values, faster to compare than numpy scalars), and a sentinel at inf
+    A = arr.tolist() + [inf]
     nxt = 0
-    while nxt < n or ev:
-        if nxt < n and (not ev or arr[nxt] <= ev[0][0]):
+    while True:
+        now = A[nxt]
+        if now <= ev[0][0]:
+            if nxt == n:
+                break  # no arrival left and only the sentinel in the heap
             # arrivals at one instant are queued together, so they can share a batch
-            now = float(arr[nxt])
-            touched_p = set()
-            while nxt < n and arr[nxt] == now:
+            p0, touched = -1, None
+            while A[nxt] == now:
                 r = nxt
                 nxt += 1
-                counts["arrived"] += 1
-                if prefill.kv_tokens is not None and P[r] > prefill.kv_tokens:
-                    counts["rejected"] += 1  # could never be prefilled
+                n_arrived += 1
+                if P[r] > p_kv:
+                    n_rejected += 1  # could never be prefilled
                     continue
-                p = min(range(nP), key=lambda i: (pq_tokens[i], i))
+                if gated:
+                    gate[C[r]].append(r)
+                    continue
+                if nP > 1:  # one instance: no choice to ask about
+                    p = admit(view, r)
+                    if not 0 <= p < nP:
+                        raise RuntimeError(f"policy {pre_pol.name}: prefill instance {p!r} for request {r}; "
+                                           f"expected 0..{nP - 1}")
+                else:
+                    p = 0
                 p_of[r] = p
                 pq[p].append(r)
                 pq_tokens[p] += P[r]
-                touched_p.add(p)
-            for p in sorted(touched_p):
-                start_prefill(p, now)
+                if p0 < 0:
+                    p0 = p
+                elif touched is None:
+                    touched = [p0, p]
+                else:
+                    touched.append(p)
+            if gated:
+                for p in range(nP):
+                    start_prefill(p, now)
+            elif touched is not None:
+                for p in sorted(set(touched)):
+                    start_prefill(p, now)
+            elif p0 >= 0 and not p_busy[p0]:
+                start_prefill(p0, now)
+            if check:
+                census(now, n_arrived, n_finished + n_rejected)
             continue
-        now, _, kind, data = heapq.heappop(ev)
-        if kind == "pdone":
-            p, batch = data
+        now, _, kind, x = heappop(ev)
+        if kind == PDONE:
+            p = x
+            batch = p_batch[p]
             p_busy[p] = False
-            touched = set()
+            pb_tokens[p] = 0
+            p_batch[p] = None
+            if gated:
+                tok = sum(P[r] for r in batch)
+                for r in batch:
+                    share[C[r]] -= P[r] / tok
+            d0, touched = -1, None
             for r in batch:
-                counts["prefilled"] += 1
+                n_prefilled += 1
                 first[r] = now
                 gen[r] = 1
                 if O[r] == 1:
                     done[r] = now
                     p_free[p] += P[r]
-                    counts["finished"] += 1
+                    n_finished += 1
                     continue
-                d = rr % nD
-                rr += 1
+                if nD > 1:
+                    d = route(view, r)
+                    if not 0 <= d < nD:
+                        raise RuntimeError(f"policy {dec_pol.name}: decode instance {d!r} for request {r}; "
+                                           f"expected 0..{nD - 1}")
+                else:
+                    d = 0
                 d_of[r] = d
+                d_load[d] += 1
+                d_load_tok[d] += P[r]
+                d_class[d][C[r]] += 1
                 mq[d].append(r)
-                touched.add(d)
-            for d in sorted(touched):
-                try_migrate(d, now)
-            start_prefill(p, now)
-        elif kind == "xdone":
-            link, r = data
-            p, d = link
-            l_busy[link] = False
+                if d0 < 0:
+                    d0 = d
+                elif touched is None:
+                    touched = [d0, d]
+                else:
+                    touched.append(d)
+            if touched is not None:
+                for d in sorted(set(touched)):
+                    try_migrate(d, now)
+            elif d0 >= 0:
+                try_migrate(d0, now)
+            if gated or pq[p]:  # (start_prefill's own first test, saving the call)
+                start_prefill(p, now)
+        elif kind == XDONE:
+            r = x
+            p, d = p_of[r], d_of[r]
+            link = p * nD + d
             xe[r] = now
-            counts["transferred"] += 1
+            n_transferred += 1
             p_free[p] += P[r]
             ready[d].append(r)
-            start_link(link, now)
-            start_decode(d, now)
-            start_prefill(p, now)
+            q = lq[link]
+            if q:  # the next transfer on this link starts now
+                r2 = q.popleft()
+                xs[r2] = now
+                heappush(ev, (now + link_latency + P[r2] * kv_bytes_per_token / link_bandwidth, next(seq), XDONE, r2))
+            else:
+                l_busy[link] = False
+            if not d_busy[d]:
+                t = start_decode(d, now)
+                if t is not None:
+                    heappush(ev, (t, next(seq), DDONE, d))
+            if not p_busy[p] and (gated or pq[p]):
+                start_prefill(p, now)
         else:
-            d = data
-            d_busy[d] = False
-            Tctx[d] += len(running[d])
-            g[d] += 1
-            h = fin[d]
-            while h and h[0][0] <= g[d]:
-                _, r, v = heapq.heappop(h)
-                if v != version[r]:
-                    continue  # swapped out since
-                d_free[d] += leave(r, d)
-                running[d].remove(r)
-                done[r] = now
-                counts["finished"] += 1
-            start_decode(d, now)
-            try_migrate(d, now)
-    return DisaggReplay(arr, first, done, swaps, np.asarray(O, dtype=np.int64), iters, pre_iters,
-                        xs, xe, p_of, d_of, counts)
+            # instance d's step ended; its next steps run here, in place, while each ends before any other
+            # event (arrival or heap), with the instance's counters in locals
+            d = x
+            h, run, sw, rd, q, bk = d_state[d]
+            d_busy[d] = False  # only start_decode reads it before this handler ends
+            gd, T, free = g[d], Tctx[d], d_free[d]
+            horizon = min(ev[0][0], A[nxt])  # the next other event
+            while True:
+                T += len(run)  # every running request has one more token
+                gd += 1
+                while h[0][0] <= gd:  # finished requests leave (the leave() above, on the locals)
+                    _, r, v = heappop(h)
+                    if v != version[r]:
+                        continue  # swapped out since
+                    # (its gen and version stay: it never runs again, and older heap entries are stale)
+                    ofs = off[r]
+                    L = ofs + gd
+                    T -= L
+                    bk[ofs % bs] -= 1
+                    free += -(-(L - 1) // bs)
+                    del run[r]
+                    done[r] = now
+                    n_finished += 1
+                    d_load[d] -= 1
+                    d_load_tok[d] -= P[r]
+                    d_class[d][C[r]] -= 1
+                if rd and not sw:
+                    # transferred requests join at this step boundary (join() and start_decode's common case,
+                    # on the locals; with nothing swapped out, nothing else comes before them)
+                    while rd and len(run) < d_maxb:
+                        r = rd.popleft()
+                        ds[r] = now  # its first step: a request is transferred, so made ready, once
+                        L = P[r] + gen[r]
+                        off[r] = ofs = L - gd
+                        T += L
+                        bk[ofs % bs] += 1
+                        run[r] = None
+                        heappush(h, (gd + O[r] - gen[r], r, version[r]))
+                key = (1 - gd) % bs
+                if sw or rd or not run or bk[key] > free:
+                    g[d], Tctx[d], d_free[d] = gd, T, free
+                    d_busy[d] = False  # the step just run in place set it
+                    t = start_decode(d, now)
+                    T, free = Tctx[d], d_free[d]
+                    B = len(run)
+                    a, b, c = d_large if B >= d_thr else d_small
+                else:  # start_decode's common case, inlined: nothing joins, no block is short
+                    free -= bk[key]
+                    B = len(run)
+                    a, b, c = d_large if B >= d_thr else d_small
+                    t = now + d_over + d_req * B + (a + b * T + c * B)
+                s0 = -1
+                if q and not sw and -(-P[q[0]] // bs) <= free:  # try_migrate's first test: can the head move?
+                    s0 = next(seq)  # the step's place in the event order comes before the transfers it starts
+                    d_free[d] = free
+                    try_migrate(d, now)
+                    free = d_free[d]
+                    horizon = min(ev[0][0], A[nxt])
+                if t is None:
+                    break
+                if t >= horizon:
+                    heappush(ev, (t, s0 if s0 >= 0 else next(seq), DDONE, d))
+                    d_busy[d] = True
+                    break
+                # nothing else happens before this step ends: run it here rather than through the heap
+                # (the order of events, hence every result, is the heap's)
+                if check:
+                    g[d], Tctx[d], d_free[d] = gd, T, free
+                    census(now, n_arrived, n_finished + n_rejected)
+                now = t
+                if check or sw or rd:
+                    continue
+                # A quiet stretch: no other event comes, so nothing joins, and the running set stays as it is
+                # until the step at which its first request finishes (hn): B and its terms are fixed and each
+                # step is its block check and its time (the same float operations as above, so the same times).
+                # The migration queue's head stays where it is: it did not fit, and free blocks only shrink
+                # until someone finishes.
+                hn = h[0][0]
+                reqB, cB = d_req * B, c * B
+                while True:
+                    gd1 = gd + 1
+                    if gd1 >= hn:
+                        break  # someone finishes at this step's end: the loop above handles it
+                    key = (1 - gd1) % bs
+                    need = bk[key]
+                    if need > free:
+                        break  # short of blocks: start_decode swaps
+                    gd = gd1
+                    T += B
+                    free -= need
+                    t = now + d_over + reqB + (a + b * T + cB)
+                    if t >= horizon:
+                        break
+                    now = t
+                if t >= horizon:
+                    heappush(ev, (t, next(seq), DDONE, d))
+                    d_busy[d] = True
+                    break
+            g[d], Tctx[d], d_free[d] = gd, T, free
+        if check:
+            census(now, n_arrived, n_finished + n_rejected)
+    iters = pre_iters + sum(g)  # every step started has ended once, and g counts the ends
+    counts = dict(arrived=n_arrived, prefilled=n_prefilled, transferred=n_transferred, finished=n_finished,
+                  rejected=n_rejected)
+    events = np.array(log, dtype=float).reshape(-1, 1 + len(STAGES)) if check else None
+    f, i = np.float64, np.int64
+    return DisaggReplay(arr, np.array(first, f), np.array(done, f), np.array(swaps, i), np.asarray(O, dtype=i), iters,
+                        pre_iters, np.array(xs, f), np.array(xe, f), np.array(p_of, i), np.array(d_of, i), counts,
+                        np.array(ps, f), np.array(ds, f), np.asarray(C, dtype=i), policy_name, events)
 
 
 def fit_costs(runs, prefill: Pool, decode: Pool, *, kv_bytes_per_token: float, link_bandwidth: float = NVLINK_A100,

@@ -88,10 +88,22 @@ class Replay:
         return np.where(self.output > 1, (self.finish - self.first_token) / d, 0.0)
 
     def attainment(self, ttft_slo: float, tpot_slo: float) -> float:
-        """Share of requests with TTFT < ``ttft_slo`` and TPOT < ``tpot_slo`` (s), DistServe's criterion."""
-        with np.errstate(invalid="ignore"):
-            ok = (self.ttft < ttft_slo) & (self.tpot < tpot_slo)
-        return float(np.mean(ok))
+        """Share of requests with TTFT < ``ttft_slo`` and TPOT < ``tpot_slo`` (s), DistServe's criterion
+        (:func:`attained`)."""
+        return attained(self.ttft, self.tpot, ttft_slo, tpot_slo)[0]
+
+
+def attained(ttft: np.ndarray, tpot: np.ndarray, ttft_slo: float, tpot_slo: float) -> tuple[float, float, float]:
+    """DistServe's SLO attainment: the shares of requests with TTFT < ``ttft_slo`` and TPOT < ``tpot_slo``,
+    with TTFT alone, and with TPOT alone (s). A one-token request has TPOT 0 (DistServe's
+    ``tpot = 0 if output_len == 1``; :attr:`Replay.tpot` gives 0), so it attains on TTFT alone; a request
+    never served (rejected: NaN times) misses both."""
+    with np.errstate(invalid="ignore"):
+        ok_t = np.asarray(ttft) < ttft_slo  # NaN compares False: a rejected request misses
+        ok_d = np.asarray(tpot) < tpot_slo
+    if ok_t.size == 0:
+        return math.nan, math.nan, math.nan
+    return float(np.mean(ok_t & ok_d)), float(np.mean(ok_t)), float(np.mean(ok_d))
 
 
 def checked_requests(arrival, prompt, output) -> tuple[np.ndarray, list[int], list[int]]:

@@ -9,6 +9,14 @@
 ``fluidopt.executor`` and ``fluidopt.plots``, the former names, still import.
 """
 
-from fluidopt.harness.comparison import COHORT_RUN_COLUMNS, RUN_COLUMNS, Comparison, compare
-
 __all__ = ["COHORT_RUN_COLUMNS", "Comparison", "compare", "RUN_COLUMNS"]
+
+
+def __getattr__(name: str):
+    # Loaded on first use: the command line imports fluidopt.harness.executor for every command's options,
+    # and the comparison brings pandas and scipy.stats (about 1 s of imports) that most commands never use.
+    if name in __all__:
+        from fluidopt.harness import comparison
+
+        return getattr(comparison, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

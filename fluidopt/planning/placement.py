@@ -89,6 +89,18 @@ def splits(gpus: int, tps: Sequence[int], layouts: Sequence[str] = LAYOUTS) -> l
     return out
 
 
+def checked_splits(gpus: int, tps: Sequence[int], layouts: Sequence[str] = LAYOUTS) -> list[Split]:
+    """:func:`splits`, or :class:`UsageError` when there is none (a fleet too small for a decode pool
+    beside the prefill pool, or for one instance)."""
+    todo = splits(gpus, tps, layouts)
+    if not todo:
+        least = min(int(t) for t in tps)
+        need = (f"a disaggregated split needs a decode pool beside its prefill pool: at least {2 * least} GPUs at "
+                f"TP {least}") if "colocated" not in layouts else f"an instance needs at least {least} GPUs at TP {least}"
+        raise UsageError(f"--gpus {gpus}: no split fits; {need}")
+    return todo
+
+
 @dataclass(frozen=True)
 class PlacementResult:
     """What :func:`search_placement` found. ``table``: one row per split tried (:data:`COLUMNS`), best
@@ -117,10 +129,11 @@ class PlacementResult:
 
 
 def _attained(ttft: np.ndarray, tpot: np.ndarray, slo_ttft: float, slo_tpot: float) -> tuple[float, float, float]:
-    # a one-token request has no TPOT (NaN): it attains on TTFT alone, as DistServe counts it
-    ok_t = ttft < slo_ttft
-    ok_d = ~(tpot >= slo_tpot)
-    return float(np.mean(ok_t & ok_d)), float(np.mean(ok_t)), float(np.mean(ok_d))
+    # one definition with Replay.attainment (DistServe's: a one-token request has TPOT 0 and attains on
+    # TTFT alone; a rejected request, NaN TTFT and TPOT, misses both, the TPOT share included)
+    from fluidopt.engines.stepper import attained
+
+    return attained(ttft, tpot, slo_ttft, slo_tpot)
 
 
 def search_placement(law_of: Callable[[int], IterationLaw], kv_of: Callable[[int], float | None], prompt, output, *,
@@ -172,8 +185,9 @@ def search_placement(law_of: Callable[[int], IterationLaw], kv_of: Callable[[int
     laws = {"disaggregated": _cached(law_of, kv_of),
             "colocated": _cached(colocated_law_of or law_of, colocated_kv_of or kv_of)}
     per_rate: dict = {}  # (layout, TP of prefill, TP of decode) -> the LP's instances per request/s
+    todo = checked_splits(int(gpus), tps, layouts)
     rows = []
-    for sp in splits(int(gpus), tps, layouts):
+    for sp in todo:
         get = laws[sp.layout]
         key = (sp.layout, sp.prefill_tp, sp.decode_tp)
         if key not in per_rate:
