@@ -6,7 +6,11 @@ it, with the static types of fluidopt/sim/engine.pxd, into the extension ``fluid
 engine.pxd it was built from, so that an edited engine is never shadowed by a stale build:
 fluidopt.sim.backend then falls back to engine.py with a warning.
 
-Next to it, the controllers' handlers, written once (the plain Python module
+The prefix cache (fluidopt/sim/prefix_cache.py, typed by prefix_cache.pxd) is compiled from its own
+source into ``fluidopt.sim._c_prefix_cache`` first: engine.pxd cimports its class, so the core calls it at
+C level, and the core (and every module compiled against the core) records prefix_cache.pxd's SHA-256.
+
+Next to the core, the controllers' handlers, written once (the plain Python module
 fluidopt/control/<stem>.py, a mixin of the controller, next to the static types fluidopt/sim/<stem>.pxd:
 the gate-and-route family, FI-WSP and the reference FCFS policy; every such pair is found, no list), are
 compiled from that same source into ``fluidopt.sim._c_<stem>``, against the core's declarations and
@@ -40,6 +44,7 @@ from setuptools.command.build_ext import build_ext
 ROOT = Path(__file__).resolve().parent
 ENGINE = ROOT / "fluidopt" / "sim" / "engine.py"
 TYPES = ROOT / "fluidopt" / "sim" / "engine.pxd"
+CACHE_TYPES = ROOT / "fluidopt" / "sim" / "prefix_cache.pxd"  # the prefix cache's class, which engine.pxd cimports
 GEN = ROOT / "build" / "cengine"  # generated sources (ignored by git), laid out as the package
 STAMPS = GEN / "stamps"  # what each in-place extension was built from (reusable_build)
 
@@ -123,13 +128,13 @@ def _extensions() -> list[Extension]:
     pkg.mkdir(parents=True, exist_ok=True)
     for init in (GEN / "fluidopt" / "__init__.py", pkg / "__init__.py"):
         init.touch()
+    # the prefix cache first: engine.pxd cimports its compiled class, so its .pxd must be in the build tree
+    cache = _prefix_cache_extension(cythonize)
+    if not cache:  # (its notice is printed) the core would not import without the cache's compiled class
+        return []
     py = pkg / "_cengine.py"
     digest = hashlib.sha256(src + b"\0" + TYPES.read_bytes()).hexdigest()  # as fluidopt.sim.backend checks it
-    text = src.decode("utf-8") + (
-        "\n\n# Added by setup.py: the engine.py and engine.pxd this compiled core was built from.\n"
-        f'SOURCE_SHA256 = "{digest}"\n'
-        "_COMPILED = True  # typed arrays for the state (engine._ints)\n"
-    )
+    text = core_source(src, TYPES.read_bytes(), CACHE_TYPES.read_bytes())
     if not py.exists() or py.read_text(encoding="utf-8") != text:
         py.write_text(text, encoding="utf-8")
     pxd = pkg / "_cengine.pxd"  # Cython finds a module's .pxd by its dotted name: fluidopt/sim/_cengine.pxd
@@ -143,7 +148,7 @@ def _extensions() -> list[Extension]:
     )
     ext.fluidopt_key = build_key(ext.name, text, TYPES.read_bytes(), _recipe(_DIRECTIVES, ext.extra_compile_args))
     if _reused(ext):
-        return [ext] + _single_sourced_extensions(cythonize, digest) + _prefix_cache_extension(cythonize)
+        return [ext] + _single_sourced_extensions(cythonize, digest) + cache
     try:
         exts = cythonize(
             [ext],
@@ -156,23 +161,42 @@ def _extensions() -> list[Extension]:
     except Exception as exc:  # a Cython error must not stop the install: the Python engine is complete
         _notice(f"Cython could not translate the simulator core ({exc})")
         return []
-    return exts + _single_sourced_extensions(cythonize, digest) + _prefix_cache_extension(cythonize)
+    return exts + _single_sourced_extensions(cythonize, digest) + cache
+
+
+def core_source(src: bytes, types: bytes, cache_types: bytes) -> str:
+    """The text compiled as fluidopt.sim._cengine: engine.py (``src``) plus the digest of it and engine.pxd
+    (``types``) that fluidopt.sim.backend checks, and the digest of the prefix_cache.pxd (``cache_types``)
+    whose class the core calls at C level: so the core's build key changes with that .pxd too."""
+    digest = hashlib.sha256(src + b"\0" + types).hexdigest()
+    return src.decode("utf-8") + (
+        "\n\n# Added by setup.py: the engine.py and engine.pxd this compiled core was built from, and the\n"
+        "# prefix_cache.pxd whose class it calls (part of its build key; fluidopt.sim.backend checks both).\n"
+        f'SOURCE_SHA256 = "{digest}"\n'
+        f'PREFIX_CACHE_TYPES_SHA256 = "{hashlib.sha256(cache_types).hexdigest()}"\n'
+        "_COMPILED = True  # typed arrays for the state (engine._ints)\n"
+    )
 
 
 def _prefix_cache_extension(cythonize) -> list[Extension]:
     """fluidopt.sim._c_prefix_cache: fluidopt/sim/prefix_cache.py compiled as is with the types of
     prefix_cache.pxd, plus their digest (fluidopt.sim.prefix_cache.compiled_class checks it)."""
     src = (ROOT / "fluidopt" / "sim" / "prefix_cache.py").read_bytes()
-    types = (ROOT / "fluidopt" / "sim" / "prefix_cache.pxd").read_bytes()
+    types = CACHE_TYPES.read_bytes()
     note = ("\n\n# Added by setup.py: the digest of fluidopt/sim/prefix_cache.py and prefix_cache.pxd.\n"
             f'SOURCE_SHA256 = "{single_source_digest(src, types)}"\n')
+    # no bounds checks here: the cache indexes its own arrays by its own state, per block (about a third
+    # fewer instructions); the Python engine runs the same source with checked indexing in the tests
     return _sourced_extension(cythonize, "_c_prefix_cache", src.decode("utf-8") + note, types,
-                              "fluidopt/sim/prefix_cache.py", "the prefix cache will run as Python")
+                              "fluidopt/sim/prefix_cache.py", "the prefix cache will run as Python",
+                              {**_DIRECTIVES, "boundscheck": False})
 
 
-def _sourced_extension(cythonize, module: str, text: str, types: bytes, source: str, fallback: str) -> list[Extension]:
+def _sourced_extension(cythonize, module: str, text: str, types: bytes, source: str, fallback: str,
+                       directives: dict = _DIRECTIVES) -> list[Extension]:
     """fluidopt.sim.MODULE from ``text`` (a module's source plus its digests) and ``types`` (its .pxd),
-    written under build/cengine and translated by Cython unless an in-place build of the same key exists."""
+    written under build/cengine and translated by Cython with ``directives`` unless an in-place build of the
+    same key exists."""
     pkg = GEN / "fluidopt" / "sim"
     py = pkg / f"{module}.py"
     if not py.exists() or py.read_text(encoding="utf-8") != text:
@@ -181,11 +205,11 @@ def _sourced_extension(cythonize, module: str, text: str, types: bytes, source: 
     if not pxd.exists() or pxd.read_bytes() != types:
         pxd.write_bytes(types)
     ext = Extension(f"fluidopt.sim.{module}", [str(py.relative_to(ROOT))], extra_compile_args=_NO_FMA)
-    ext.fluidopt_key = build_key(ext.name, text, types, _recipe(_DIRECTIVES, _NO_FMA))
+    ext.fluidopt_key = build_key(ext.name, text, types, _recipe(directives, _NO_FMA))
     if _reused(ext):
         return [ext]
     try:
-        out = cythonize([ext], include_path=[str(GEN)], quiet=True, compiler_directives=_DIRECTIVES)
+        out = cythonize([ext], include_path=[str(GEN)], quiet=True, compiler_directives=directives)
     except Exception as exc:  # the Python module (the same source) is complete without it
         _notice(f"Cython could not translate {source} ({exc})", fallback)
         return []
@@ -211,6 +235,8 @@ def _single_sourced_extensions(cythonize, engine_digest: str) -> list[Extension]
             "the engine core this module was built against.\n"
             f'SOURCE_SHA256 = "{single_source_digest(src, types)}"\n'
             f'ENGINE_SHA256 = "{engine_digest}"\n'
+            # (engine.pxd cimports the prefix cache's class: a module compiled against the core is rebuilt with it)
+            f'PREFIX_CACHE_TYPES_SHA256 = "{hashlib.sha256(CACHE_TYPES.read_bytes()).hexdigest()}"\n'
         )
         out += _sourced_extension(cythonize, f"_c_{stem}", text, types, f"fluidopt/control/{stem}.py",
                                   "the controller will run its Python handlers")

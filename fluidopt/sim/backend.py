@@ -4,8 +4,10 @@ Both are the same code: ``fluidopt/sim/engine.py`` is the engine, and at install
 a copy of it, with the static types declared in ``fluidopt/sim/engine.pxd``, into the extension
 ``fluidopt.sim._cengine`` (see setup.py). Results are identical bit for bit (tested); the compiled
 core is about 4x faster. The compiled core is used only when it was built from the engine.py that
-is on disk now (it carries the SHA-256 of engine.py and engine.pxd), so editing either never runs a
-stale build: the pure-Python engine runs instead, with one warning, until the package is reinstalled.
+is on disk now (it carries the SHA-256 of engine.py and engine.pxd), and with a compiled prefix cache
+built from the prefix_cache.py and prefix_cache.pxd on disk (the core calls it at C level, and records
+the .pxd it was built against), so editing any of them never runs a stale build: the pure-Python engine
+runs instead, with one warning, until the package is reinstalled.
 
 ``backend``: ``"auto"`` (default: the compiled core when usable, else Python), ``"compiled"`` (an
 error if it is not usable) or ``"python"``. The environment variable ``FLUIDOPT_ENGINE`` sets the
@@ -46,7 +48,21 @@ def compiled_status() -> tuple[bool, str]:
             "the compiled core was built from another version of fluidopt/sim/engine.py or engine.pxd; "
             "reinstall (pip install -e .) to rebuild it"
         )
-    return True, "compiled core built from the current engine.py and engine.pxd"
+    # the core calls the compiled prefix cache at C level (engine.pxd types it): the two run together, both
+    # built from the sources on disk, or the Python engine runs (with the Python cache)
+    from fluidopt.sim.prefix_cache import compiled_class
+
+    try:
+        types = hashlib.sha256((here / "prefix_cache.pxd").read_bytes()).hexdigest()
+    except OSError:
+        types = getattr(_cengine, "PREFIX_CACHE_TYPES_SHA256", None)
+    cache, why = compiled_class()
+    if cache is not None and types != getattr(_cengine, "PREFIX_CACHE_TYPES_SHA256", None):
+        cache, why = None, "built from another version of prefix_cache.pxd than the core"
+    if cache is None:
+        return False, (f"the compiled core's prefix cache (fluidopt.sim._c_prefix_cache) was {why}; "
+                       "reinstall (pip install -e .) to rebuild it")
+    return True, "compiled core built from the current engine.py and engine.pxd, with its prefix cache"
 
 
 @functools.cache

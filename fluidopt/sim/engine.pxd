@@ -14,6 +14,10 @@
 # on: GPU, request and queue ids that a controller passes in are checked as in Python.
 
 cimport cython
+# the prefix cache's compiled class (fluidopt/sim/prefix_cache.py with prefix_cache.pxd): typed, so that the
+# kernel's calls into it are C calls with C integers (no attribute lookup, no boxing); setup.py builds the
+# cache beside the core, and fluidopt.sim.backend runs the core only with a cache built from the sources on disk
+from fluidopt.sim._c_prefix_cache cimport PrefixCache
 
 # the counter layouts (engine.py binds them from fluidopt.sim.metrics) and state.py's constants: C integers
 cdef Py_ssize_t NQ, Q_WP, Q_X, Q_WD, Q_YM, Q_YS, NC, C_ARRIVED, C_PREFILLED, C_COMPLETED, C_PREEMPTED
@@ -90,7 +94,7 @@ cdef class Engine:
     cdef public bint handle_sigint
     cdef public object _work_rng, _np_rng, _ctrl_rng, _arr_iter, collector, sample_interval, tick_interval, _records
     cdef public object _qindex
-    cdef public object _pc, _pch  # the prefix cache (fluidopt.sim.prefix_cache), None when off; _pch: with a KV capacity
+    cdef public PrefixCache _pc, _pch  # the prefix cache (fluidopt.sim.prefix_cache), None when off; _pch: with a KV capacity
     cdef public object _cb_arrival, _cb_pdone, _cb_ddone, _cb_abandon, _cb_preempt, _cb_drop, _cb_freed
     cdef public double[::1] _exp_block, _uni_block, theta, mu_p, mu_m, mu_s, mbar, _rrate  # state.doubles, block
     cdef public list _cp, _cd, _mean_prompt, _mean_output

@@ -45,7 +45,10 @@ import pandas as pd
 __all__ = ["PrefixCache", "make_prefix_cache"]
 
 _DENSE_BYTES = 1 << 26  # the most memory a never-evicting cache keeps as bytes per (GPU, block) before sets
-_LRU_BYTES = 1 << 28  # the most memory a cache with a KV capacity keeps as typed slots before dicts
+_LRU_BYTES = 1 << 28  # the most memory a cache with a KV capacity starts its typed table with, before dicts
+_HASH = 0x45D9F3B  # the index's multiplier: a key's low 32 bits (_LOW) times this stay below 2**59 (C integers)
+_LOW = 0xFFFFFFFF
+_SLACK = 64  # nodes per GPU the pool starts with beyond its capacity's blocks (for held blocks)
 
 
 class PrefixCache:
@@ -55,12 +58,15 @@ class PrefixCache:
 
     The kernel calls :meth:`start` and :meth:`leave` for every prefill, and with a KV capacity
     (``eng._pch``, the same object) :meth:`decode_start`, :meth:`decode_leaves` and :meth:`trim`; it
-    passes scalars (a request by its arrival number ``s`` = trace row + 1), never itself, since reading
-    the compiled core's arrays from Python costs a buffer object per read. Without a KV capacity a
-    GPU's cache is one byte per block (``present``; a set beyond ``_DENSE_BYTES``): nothing is held
-    or evicted; with one, a dict of holder counts and an LRU of the unheld blocks. setup.py compiles
-    this file with prefix_cache.pxd into ``fluidopt.sim._c_prefix_cache``, which the compiled core
-    uses while its digest matches (:func:`compiled_class`); the numbers are the same.
+    passes scalars (a request by its arrival number ``s`` = trace row + 1), never itself. In the compiled
+    core these are C calls (engine.pxd types the cache as the compiled class). Without a KV capacity a
+    GPU's cache is one byte per block (``present``; a set beyond ``_DENSE_BYTES``): nothing is held or
+    evicted. With one, the cached (GPU, block) pairs are nodes of a typed pool, found through an
+    open-addressing index (linear probing) and linked into an LRU list per GPU of the unheld ones: its
+    size follows the blocks cached at a time (about K / block_size per GPU), not the trace's blocks, so
+    it stays in the CPU's caches and costs nothing to set up (a dict and an ``OrderedDict`` per GPU
+    beyond ``_LRU_BYTES``: the same numbers). setup.py compiles this file with prefix_cache.pxd into
+    ``fluidopt.sim._c_prefix_cache``, which the compiled core uses (:func:`compiled_class`).
     """
 
     def __init__(self, hashes, block_size: int, n_gpus: int, n_classes: int, kvcap: int, chunk: int,
@@ -69,9 +75,19 @@ class PrefixCache:
         # 0 .. U - 1 (equal ids stay equal, so the chains are kept): ids that already are small
         # non-negative integers (Mooncake's) as they are, others through np.unique
         n = len(hashes)
-        self.off = [0, *itertools.accumulate(len(x) for x in hashes)]
-        total = self.off[-1]
-        allids = np.concatenate(hashes).astype(np.int64, copy=False) if n and total else np.zeros(0, np.int64)
+        off = np.zeros(n + 1, np.int64)
+        np.cumsum(np.fromiter(map(len, hashes), np.int64, n), out=off[1:])
+        self.off = array("q", off.tobytes())
+        total = int(off[n])
+        if not (n and total):
+            allids = np.zeros(0, np.int64)
+        elif set(map(type, hashes)) == {np.ndarray} and {x.dtype for x in hashes} == {np.dtype(np.int64)}:
+            try:  # (a trace's rows, joined as bytes: a fifth of np.concatenate's time)
+                allids = np.frombuffer(b"".join(hashes), np.int64)
+            except (TypeError, BufferError):  # a strided view among them
+                allids = np.concatenate(hashes)
+        else:
+            allids = np.concatenate(hashes).astype(np.int64, copy=False)
         if total and allids.min() >= 0 and allids.max() < max(4 * total, 1 << 16):
             self.U = int(allids.max()) + 1
         else:
@@ -79,26 +95,45 @@ class PrefixCache:
             self.U = len(uniq)
         ids = array("q", allids.astype(np.int64, copy=False).tobytes())
         self.ids = ids
-        # with a KV capacity and up to _LRU_BYTES, typed per (GPU, block) slots x = g * U + id: holders[x]
-        # (-1: not cached) and the links of each GPU's LRU list of unheld blocks (oldest at head[g])
-        self.lru = kvcap >= 0 and 12 * n_gpus * self.U <= _LRU_BYTES
-        m = n_gpus * self.U if self.lru else 0
-        self.holders, self.prv, self.nxt = array("i", [-1]) * m, array("i", [-1]) * m, array("i", [-1]) * m
-        self.head, self.tail, self.nfree = array("q", [-1]) * n_gpus, array("q", [-1]) * n_gpus, array("q", [0]) * n_gpus
-        self.flat = ids.tolist() if kvcap >= 0 and not self.lru else []  # the dict path walks Python ints
         self.bs = int(block_size)
         self.lim = int(kvcap)
         self.C, self.chunked = int(chunk), bool(chunked)
+        # with a KV capacity: a pool of nodes, one per cached (GPU, block) pair, each four ints in ``nd`` (at
+        # 4 x: its slot in the index, its holders, and the links of g's LRU list of unheld blocks, oldest at
+        # head[g]; free nodes are chained by the last from fnode), and an open-addressing index ``tab``
+        # (linear probing; at 2 i the node in slot i, -1 if empty, at 2 i + 1 its key g * U + id), twice
+        # the pool so at most half full. A node's fields share a cache line, as do a slot's node and key.
+        # The pool starts with room for the blocks that fit every GPU's capacity and doubles when full.
+        nodes = 4
+        while nodes < min(n_gpus * (max(self.lim, 0) // max(self.bs, 1) + _SLACK), n_gpus * self.U):
+            nodes *= 2
+        self.lru = kvcap >= 0 and 48 * nodes + 4 * total <= _LRU_BYTES
+        m = nodes if self.lru else 0
+        nd = array("i", [-1, 0, -1, 0]) * m
+        for x in range(m):
+            nd[4 * x + 3] = x + 1
+        if m:
+            nd[4 * m - 1] = -1
+        self.nd = nd
+        self.fnode = 0 if m else -1
+        self.tab = array("q", [-1, -1]) * (2 * m)
+        self.mask = 2 * m - 1
+        self.hnode = array("i", [0]) * (total if self.lru else 0)  # the node of each block a request holds
+        self.head, self.tail, self.nfree = array("q", [-1]) * n_gpus, array("q", [-1]) * n_gpus, array("q", [0]) * n_gpus
+        self.flat = ids.tolist() if kvcap >= 0 and not self.lru else []  # the dict path walks Python ints
         # without a KV capacity and up to _DENSE_BYTES, one byte per (GPU, block): 1 when present
         self.dense = kvcap < 0 and n_gpus * self.U <= _DENSE_BYTES
         self.present = bytearray(n_gpus * self.U if self.dense else 0)
         self.blocks: list = [set() if kvcap < 0 else {} for _ in range(n_gpus)]  # dict: id -> holders
         self.free: list[OrderedDict] = [OrderedDict() for _ in range(n_gpus)]  # unheld, evicted first-in first
-        self.run: dict[int, tuple] = {}  # s -> (gpu, blocks held, cached tokens, prompt, tokens computed)
+        # per request (index s - 1), while it runs on a GPU: that GPU, its blocks there (the cached run of a
+        # prefill, held with a KV capacity; -1: not running), its prefill's cached tokens and tokens computed
+        self.rg, self.rk = array("q", [0]) * n, array("q", [-1]) * n
+        self.rc, self.rw = array("q", [0]) * n, array("q", [0]) * n
         # per trace row, of its first prefill (the one that gives its TTFT): cached tokens (-1: none
         # completed yet), its GPU, class and prompt; the tables are counted from them at the end
-        self.cached = [-1] * n
-        self.gpu_of, self.cls_of, self.prompt_of = [0] * n, [0] * n, [0] * n
+        self.cached = array("q", [-1]) * n
+        self.gpu_of, self.cls_of, self.prompt_of = array("q", [0]) * n, array("q", [0]) * n, array("q", [0]) * n
         self.n_classes = n_classes
         self.evictions = 0
 
@@ -108,11 +143,7 @@ class PrefixCache:
             p = bytearray(n_gpus * self.U)  # (a new array: the compiled class holds a view of the old one)
             p[:len(self.present)] = self.present
             self.present = p
-        if self.lru and len(self.head) < n_gpus:
-            more = (n_gpus - len(self.head)) * self.U
-            self.holders = array("i", self.holders) + array("i", [-1]) * more
-            self.prv = array("i", self.prv) + array("i", [-1]) * more
-            self.nxt = array("i", self.nxt) + array("i", [-1]) * more
+        if len(self.head) < n_gpus:  # (the node pool is shared: a new GPU's keys are new)
             more = n_gpus - len(self.head)
             self.head = array("q", self.head) + array("q", [-1]) * more
             self.tail = array("q", self.tail) + array("q", [-1]) * more
@@ -125,15 +156,14 @@ class PrefixCache:
     def start(self, s: int, g: int, ptok: int, prompt: int, kv: int) -> int:
         """Request s's prefill of ``ptok`` tokens (``prompt`` its prompt) joins GPU g, whose running
         requests hold ``kv`` tokens there: hold its cached run; returns the tokens to compute."""
-        if g >= len(self.blocks):
+        if g >= len(self.head):
             self.grow(g + 1)
         lim = self.lim
         if lim < 0:
             k = self._closed_run(s, g)
         elif self.lru:
             self._lru_trim(g, kv)  # growth since g's last boundary
-            k = self._lru_run(s, g)
-            self._lru_hold(s, g, k)
+            k = self._lru_take(s, g)
         else:
             if self.free[g]:
                 self._trim(g, kv)
@@ -142,7 +172,12 @@ class PrefixCache:
             self._hold(g, h, k)
         cached = min(k * self.bs, prompt)
         work = max(1, ptok - cached)
-        self.run[s] = (g, k, cached, prompt, work)
+        i = s - 1
+        self.rg[i] = g
+        self.rk[i] = k
+        self.rc[i] = cached
+        self.rw[i] = work
+        self.prompt_of[i] = prompt
         if lim >= 0:
             if self.lru:
                 self._lru_trim(g, kv + ptok)
@@ -154,21 +189,20 @@ class PrefixCache:
         """Request s's prefill (class c) leaves g with ``remaining`` iterations to go (<= 0: completed,
         all its blocks become present; else evicted, the blocks of its completed chunks); it then
         holds none of them."""
-        st = self.run.pop(s)
-        o = self.off[s - 1]
+        i = s - 1
+        k, cached, prompt = self.rk[i], self.rc[i], self.prompt_of[i]
+        self.rk[i] = -1
+        o = self.off[i]
         n_ids = self.off[s] - o
         ids = self.ids
-        k, cached, prompt = st[1], st[2], st[3]
         if remaining <= 0:
             done = n_ids
-            i = s - 1
             if self.cached[i] < 0:  # its first prefill: the one that gives its TTFT
                 self.cached[i] = cached
                 self.gpu_of[i] = g
                 self.cls_of[i] = c
-                self.prompt_of[i] = prompt
         else:
-            chunks = -(-st[4] // self.C) if self.chunked else 1
+            chunks = -(-self.rw[i] // self.C) if self.chunked else 1
             tok = cached + (chunks - remaining) * self.C if self.chunked else cached
             done = n_ids if tok >= prompt else min(n_ids, tok // self.bs)
         if self.lim < 0:
@@ -182,19 +216,20 @@ class PrefixCache:
                 for j in range(o + k, o + done):
                     blocks.add(ids[j])
             return
-        if self.lru:
-            hold = self.holders
+        if self.lru:  # (self's arrays directly, as in the per-block methods below)
             base = g * self.U
             for j in range(max(k, done) - 1, -1, -1):  # deepest first: the first block is the most recent
-                x = base + ids[o + j]
                 if j < k:
-                    hold[x] -= 1
-                    if hold[x] == 0:
+                    x = self.hnode[o + j]
+                    self.nd[4 * x + 1] -= 1
+                    if self.nd[4 * x + 1] == 0:
                         self._link(g, x)
-                elif hold[x] < 0:
-                    hold[x] = 0
+                    continue
+                x = self._find(base + self.ids[o + j])
+                if x < 0:
+                    x = self._insert(base + self.ids[o + j])
                     self._link(g, x)
-                elif hold[x] == 0:
+                elif self.nd[4 * x + 1] == 0:
                     self._unlink(g, x)
                     self._link(g, x)
             return
@@ -216,13 +251,13 @@ class PrefixCache:
     def decode_start(self, s: int, g: int, kv: int, tokens: int) -> None:
         """Request s's decode, ``tokens`` of KV, joins g, whose running requests hold ``kv``: hold its
         present run (with a KV capacity only)."""
-        if g >= len(self.blocks):
+        if g >= len(self.head):
             self.grow(g + 1)
+        i = s - 1
+        self.rg[i] = g
         if self.lru:
             self._lru_trim(g, kv)
-            k = self._lru_run(s, g)
-            self._lru_hold(s, g, k)
-            self.run[s] = (g, k, 0, 0, 0)
+            self.rk[i] = self._lru_take(s, g)
             self._lru_trim(g, kv + tokens)
             return
         if self.free[g]:
@@ -230,18 +265,20 @@ class PrefixCache:
         h = self._ids(s)
         k = self._run(self.blocks[g], h)
         self._hold(g, h, k)
-        self.run[s] = (g, k, 0, 0, 0)
+        self.rk[i] = k
         if self.free[g]:
             self._trim(g, kv + tokens)
 
     def decode_leaves(self, s: int, g: int) -> None:
         """Request s's decode left g (done, evicted or moved): it holds none of its blocks."""
-        st = self.run.pop(s, None)
-        if st is not None and st[1]:
+        i = s - 1
+        k = self.rk[i]
+        self.rk[i] = -1
+        if k > 0:
             if self.lru:
-                self._lru_release(s, st[0], st[1])
+                self._lru_release(s, self.rg[i], k)
             else:
-                self._release(st[0], self._ids(s), st[1])
+                self._release(self.rg[i], self._ids(s), k)
 
     def trim(self, g: int, kv: int) -> None:
         """g reached a boundary where its running requests hold ``kv`` tokens: the unheld blocks give way."""
@@ -251,60 +288,141 @@ class PrefixCache:
         elif g < len(self.free) and self.free[g]:
             self._trim(g, kv)
 
-    # -- internals -----------------------------------------------------------------------------------
+    # -- internals: the typed LRU ------------------------------------------------------------------
+    # (the typed LRU's methods index self's arrays directly: in the compiled class a local view of one costs
+    # two atomic reference-count updates, more than a lookup; they run per block or per request)
+    def _find(self, key: int) -> int:
+        """The node of key (g * U + block id), or -1 when that block is not cached on g."""
+        mask = self.mask
+        i = ((key & _LOW) * _HASH >> 16) & mask
+        x = self.tab[2 * i]
+        while x >= 0 and self.tab[2 * i + 1] != key:
+            i = (i + 1) & mask
+            x = self.tab[2 * i]
+        return x
+
+    def _insert(self, key: int) -> int:
+        """A new node for key (not cached yet), with no holders and in no list."""
+        if self.fnode < 0:
+            self._grow_pool()
+        x = self.fnode
+        self.fnode = self.nd[4 * x + 3]
+        self.nd[4 * x + 1] = 0
+        mask = self.mask
+        i = ((key & _LOW) * _HASH >> 16) & mask
+        while self.tab[2 * i] >= 0:
+            i = (i + 1) & mask
+        self.tab[2 * i] = x
+        self.tab[2 * i + 1] = key
+        self.nd[4 * x] = i
+        return x
+
+    def _delete(self, x: int) -> None:
+        """Node x leaves the index and the pool (backward-shift deletion: no tombstones, so a probe stops
+        at the first empty slot; the nodes shifted learn their new slots)."""
+        mask = self.mask
+        i = self.nd[4 * x]
+        j = i
+        while True:
+            j = (j + 1) & mask
+            y = self.tab[2 * j]
+            if y < 0:
+                break
+            h = ((self.tab[2 * j + 1] & _LOW) * _HASH >> 16) & mask
+            if (h - i - 1) & mask >= (j - i) & mask:  # y's home is not in (i, j]: it moves into the hole
+                self.tab[2 * i] = y
+                self.tab[2 * i + 1] = self.tab[2 * j + 1]
+                self.nd[4 * y] = i
+                i = j
+        self.tab[2 * i] = -1
+        self.nd[4 * x + 3] = self.fnode
+        self.fnode = x
+
+    def _grow_pool(self) -> None:
+        """Twice the nodes (their numbers, and so the lists and the requests' held nodes, stay) and a new
+        index twice that."""
+        old = len(self.nd) // 4
+        nd = array("i", self.nd) + array("i", [-1, 0, -1, 0]) * old
+        for x in range(old, 2 * old):
+            nd[4 * x + 3] = x + 1
+        nd[8 * old - 1] = -1
+        self.fnode = old
+        was = self.tab
+        tab = array("q", [-1, -1]) * (4 * old)
+        mask = 4 * old - 1
+        for j in range(2 * old):  # every node is in use (the pool was full)
+            x = was[2 * j]
+            if x >= 0:
+                key = was[2 * j + 1]
+                i = ((key & _LOW) * _HASH >> 16) & mask
+                while tab[2 * i] >= 0:
+                    i = (i + 1) & mask
+                tab[2 * i] = x
+                tab[2 * i + 1] = key
+                nd[4 * x] = i
+        self.nd = nd
+        self.tab = tab
+        self.mask = mask
+
     def _link(self, g: int, x: int) -> None:
-        """Unheld slot x becomes g's most recently released block (the tail of its LRU list)."""
+        """Unheld node x becomes g's most recently released block (the tail of its LRU list)."""
         t = self.tail[g]
-        self.prv[x] = t
-        self.nxt[x] = -1
+        self.nd[4 * x + 2] = t
+        self.nd[4 * x + 3] = -1
         if t >= 0:
-            self.nxt[t] = x
+            self.nd[4 * t + 3] = x
         else:
             self.head[g] = x
         self.tail[g] = x
         self.nfree[g] += 1
 
     def _unlink(self, g: int, x: int) -> None:
-        p = self.prv[x]
-        q = self.nxt[x]
+        p = self.nd[4 * x + 2]
+        q = self.nd[4 * x + 3]
         if p >= 0:
-            self.nxt[p] = q
+            self.nd[4 * p + 3] = q
         else:
             self.head[g] = q
         if q >= 0:
-            self.prv[q] = p
+            self.nd[4 * q + 2] = p
         else:
             self.tail[g] = p
         self.nfree[g] -= 1
 
     def _lru_run(self, s: int, g: int) -> int:
-        ids, hold = self.ids, self.holders
+        """The number of request s's leading blocks cached on g (a read: nothing is held)."""
+        ids = self.ids
         base = g * self.U
         o = self.off[s - 1]
         e = self.off[s]
         j = o
-        while j < e and hold[base + ids[j]] >= 0:
+        while j < e and self._find(base + ids[j]) >= 0:
             j += 1
         return j - o
 
-    def _lru_hold(self, s: int, g: int, k: int) -> None:
-        ids, hold = self.ids, self.holders
+    def _lru_take(self, s: int, g: int) -> int:
+        """Request s holds its cached run on g (its nodes in hnode); returns its length in blocks."""
         base = g * self.U
         o = self.off[s - 1]
-        for j in range(o, o + k):
-            x = base + ids[j]
-            if hold[x] == 0:
+        e = self.off[s]
+        j = o
+        while j < e:
+            x = self._find(base + self.ids[j])
+            if x < 0:
+                break
+            if self.nd[4 * x + 1] == 0:
                 self._unlink(g, x)
-            hold[x] += 1
+            self.nd[4 * x + 1] += 1
+            self.hnode[j] = x
+            j += 1
+        return j - o
 
     def _lru_release(self, s: int, g: int, k: int) -> None:
-        ids, hold = self.ids, self.holders
-        base = g * self.U
         o = self.off[s - 1]
         for j in range(o + k - 1, o - 1, -1):
-            x = base + ids[j]
-            hold[x] -= 1
-            if hold[x] == 0:
+            x = self.hnode[j]
+            self.nd[4 * x + 1] -= 1
+            if self.nd[4 * x + 1] == 0:
                 self._link(g, x)
 
     def _lru_trim(self, g: int, used: int) -> None:
@@ -312,9 +430,10 @@ class PrefixCache:
         while self.nfree[g] > 0 and self.nfree[g] * self.bs > room:
             x = self.head[g]
             self._unlink(g, x)
-            self.holders[x] = -1
+            self._delete(x)
             self.evictions += 1
 
+    # -- internals: without a KV capacity, and the dicts -------------------------------------------
     def _ids(self, s: int) -> list:
         return self.flat[self.off[s - 1]:self.off[s]]
 
@@ -403,16 +522,18 @@ class PrefixCache:
         cached = np.asarray(self.cached, dtype=np.int64)
         done = cached >= 0
 
-        def frame(key: list, size: int, index: pd.Index) -> pd.DataFrame:
+        def frame(key, size: int, index: pd.Index) -> pd.DataFrame:
             kk = np.asarray(key, dtype=np.int64)[done]
             a = np.stack([np.bincount(kk, minlength=size),
                           np.bincount(kk, np.asarray(self.prompt_of, dtype=np.float64)[done], minlength=size),
                           np.bincount(kk, cached[done].astype(np.float64), minlength=size)], axis=1)
-            df = pd.DataFrame(np.rint(a).astype(np.int64)[:size], index=index,
-                              columns=["prefilled", "prompt_tokens", "cached_prompt_tokens"])
-            df["hit_ratio"] = np.where(df.prompt_tokens > 0, df.cached_prompt_tokens / df.prompt_tokens.clip(lower=1),
-                                       np.nan)
-            return df
+            a = np.rint(a).astype(np.int64)[:size]
+            hit = np.full(size, np.nan)
+            some = a[:, 1] > 0
+            hit[some] = a[some, 2] / a[some, 1]
+            # (one frame from numpy columns: pandas' column arithmetic cost more than the rest of the run's end)
+            return pd.DataFrame({"prefilled": a[:, 0], "prompt_tokens": a[:, 1], "cached_prompt_tokens": a[:, 2],
+                                 "hit_ratio": hit}, index=index)
         self.grow(n_gpus)
         return (frame(self.cls_of, self.n_classes, pd.Index(list(class_names), name="class")),
                 frame(self.gpu_of, n_gpus, pd.Index(range(n_gpus), name="instance")))
@@ -439,7 +560,8 @@ def compiled_class() -> tuple[type | None, str]:
 def make_prefix_cache(workload, n_gpus: int, n_classes: int, kvcap: int, service: str, prefix_cache, chunk: int,
                       chunked: bool, typed: bool = False) -> PrefixCache | None:
     """The run's cache, or None: off (``prefix_cache`` False), no hashes, or markov service. ``typed`` (the
-    compiled core): the compiled class when it is built from the current sources (same numbers)."""
+    compiled core, which calls the cache at C level): the compiled class, built from the current sources
+    (fluidopt.sim.backend runs the core only then; same numbers as the Python class)."""
     hashes = getattr(workload, "hashes", None)
     if prefix_cache is True and (hashes is None or service != "tokens"):
         from fluidopt.core.errors import ScenarioError
@@ -449,5 +571,9 @@ def make_prefix_cache(workload, n_gpus: int, n_classes: int, kvcap: int, service
                             "they are there)")
     if prefix_cache is False or hashes is None or service != "tokens":
         return None
-    cls = (compiled_class()[0] if typed else None) or PrefixCache
+    cls = PrefixCache
+    if typed:
+        cls, why = compiled_class()
+        if cls is None:  # (only an engine built by hand: simulate and make_engine check first)
+            raise RuntimeError(f"the compiled core needs fluidopt.sim._c_prefix_cache, which is {why}")
     return cls(hashes, workload.block_size, n_gpus, n_classes, kvcap, chunk, chunked)
