@@ -51,21 +51,22 @@ def write_slice(src: Path, dst: Path, requests: int, engines: int, load: float, 
     for k in key:
         turns[k] = turns.get(k, 0) + 1
     lines = [r for r, k in zip(rows, key) if k is not None and turns[k] >= min_turns][:requests]
-    # the trace's times are whole seconds (51 of this slice's 149 gaps are 0): requests sent at one instant
-    # reach the router in any order, and a round robin then differs from the simulator's (arrival order);
-    # the k-th of a tie goes k x 20 ms later (trace time, before the scaling), so both see one order
     t0 = lines[0]["timestamp"]
-    out, last, k = [], None, 0
-    for x in lines:
-        k = k + 1 if x["timestamp"] == last else 0
-        last = x["timestamp"]
-        out.append({**x, "timestamp": x["timestamp"] - t0 + 20 * k})
-    lines = out
+    lines = [{**x, "timestamp": x["timestamp"] - t0} for x in lines]
     tmp = dst.with_suffix(".raw.jsonl")
     tmp.write_text("".join(json.dumps(x) + "\n" for x in lines))
     stretch = fluid_load(read_trace(tmp), engines, "qwen-8b-a100") / load
     tmp.unlink()
-    dst.write_text("".join(json.dumps({**x, "timestamp": x["timestamp"] * stretch}) + "\n" for x in lines))
+    # the trace's times are whole seconds (51 of this slice's 149 gaps are 0): requests sent at one instant
+    # reach the router in any order, and a round robin then differs from the simulator's (arrival order);
+    # the k-th of a tie goes k x 100 ms of model time later (50 ms of wall time at speed 2), so both see one
+    # order
+    out, last, k = [], None, 0
+    for x in lines:
+        k = k + 1 if x["timestamp"] == last else 0
+        last = x["timestamp"]
+        out.append({**x, "timestamp": x["timestamp"] * stretch + 100.0 * k})
+    dst.write_text("".join(json.dumps(x) + "\n" for x in out))
     return stretch
 
 
