@@ -11,7 +11,7 @@ the next step, as the stepper admits every arrival at or before the start of an 
 arrivals, the two give the same iteration times (tests/engines/test_live.py).
 
 A prefix cache is optional and lives above this layer: ``LiveEngine(law, cfg, cache=...)`` takes any
-object with the five calls of :class:`PrefixCacheHooks` (the server passes
+object with the six calls of :class:`PrefixCacheHooks` (the server passes
 :class:`fluidopt.serving.prefix.LivePrefixCache`, the simulator's own cache rules). With one, a prefill
 computes only the uncached tokens (its time is the law's for them; its KV reservation, its admission and
 its share of a prefill-first iteration's token budget stay the whole prompt, as the simulator reserves

@@ -108,7 +108,8 @@ def _callbacks_class():
 
 
 @functools.cache
-def _hooks(config: str, policy: str, profile: str, prompt: float, output: float, rate: float):
+def _hooks(config: str, policy: str, profile: str, prompt: float, output: float, rate: float,
+           block_size: int | None):
     import yaml
 
     from fluidopt.calibration.profiles import load_profile
@@ -129,17 +130,20 @@ def _hooks(config: str, policy: str, profile: str, prompt: float, output: float,
     gpu = load_profile(profile)
     sc = Scenario(gpu=gpu, gpus=len(deps), classes=(RequestClass("all", prompt, output, rate),), prefill_price=1.0,
                   decode_price=1.0, name="litellm-proxy")
-    strategy = _strategy_class()(make_controller(policy, sc), deps, batch=gpu.batch, mean_output=output)
+    strategy = _strategy_class()(make_controller(policy, sc), deps, batch=gpu.batch, mean_output=output,
+                                 block_size=block_size)
     plugin = ControllerPlugin(strategy, [d["litellm_params"]["model"] for d in deps])
     return plugin, _callbacks_class()(strategy)
 
 
 def proxy_hooks(config: str | Path, *, policy: str, profile: str = "qwen-8b-a100", prompt: float = 1000.0,
-                output: float = 100.0, rate: float = 1.0):
+                output: float = 100.0, rate: float = 1.0, block_size: int | None = None):
     """(routing plugin, callbacks) running fluidopt policy ``policy`` over the deployments of the LiteLLM
     proxy config ``config`` (its ``model_list``), planned for one request class of ``prompt`` and
     ``output`` tokens (means) at ``rate`` requests per s on GPUs of ``profile``. The output length the
-    controller sees is that mean (a prediction), never a request's ``max_tokens``. Made once per
+    controller sees is that mean (a prediction), never a request's ``max_tokens``. ``block_size``: the
+    engines' prefix-cache block, so that cache-aware controllers see the prefixes. Made once per
     arguments: the proxy loads the module that calls this once for the plugin and once for the callbacks,
     and both must share one controller."""
-    return _hooks(str(Path(config).resolve()), policy, profile, float(prompt), float(output), float(rate))
+    return _hooks(str(Path(config).resolve()), policy, profile, float(prompt), float(output), float(rate),
+                  block_size)

@@ -354,7 +354,8 @@ def run_loop(trace, *, engines: int, router: str, speed: float = 1.0, requests: 
             from fluidopt.serving.litellm_router import build_front, make_router
 
             rt, strategy = make_router(urls, router, scenario=scenario, batch=scenario.gpu.batch,
-                                       mean_output=float(scenario.classes[0].decode))
+                                       mean_output=float(scenario.classes[0].decode),
+                                       block_size=block if prefix_cache else None)
             front = _Front(build_front(rt, strategy))
             url = front.url
         _warm_up(url, urls)

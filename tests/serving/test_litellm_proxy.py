@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "examples" / "serving" / "litellm_proxy.yaml"
 
 
+@pytest.mark.integration  # imports LiteLLM (about 5 s here, shared with the loop tests of the same worker)
 def test_the_proxy_config_loads_our_plugin_and_routes_through_the_controller(monkeypatch):
     litellm = pytest.importorskip("litellm")
     yaml = pytest.importorskip("yaml")

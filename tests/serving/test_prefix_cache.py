@@ -213,3 +213,40 @@ def test_live_engines_cache_what_the_simulators_cache_caches_on_a_mooncake_slice
     got = np.array([engines[i % n].cached[i // n] for i in range(n_req)])
     assert got.sum() > 0.2 * df["prompt"].sum()  # the slice does reuse prefixes
     np.testing.assert_array_equal(got, want)
+
+
+def test_the_litellm_plug_in_gives_a_cache_aware_controller_the_prefixes():
+    """The plug-in with block_size: SGLang's rule (the simulator's `sglang`) sends a request sharing 64 of
+    its 100 words (match 0.64 >= 0.5) to the engine that computed them, and an unrelated one to the least
+    loaded; without block ids the first goes to the least loaded too."""
+    from fluidopt.calibration.profiles import load_profile
+    from fluidopt.control.registry import make_controller
+    from fluidopt.core.model import RequestClass, Scenario
+    from fluidopt.serving.litellm_router import ControllerRouting, deployments_for
+
+    sc = Scenario(gpu=load_profile("qwen-8b-a100"), gpus=2, classes=(RequestClass("all", 100, 10, 1.0),),
+                  prefill_price=1, decode_price=1)
+
+    def picks(block_size):
+        strat = ControllerRouting(make_controller("sglang", sc), deployments_for(["http://127.0.0.1:9"] * 2),
+                                  batch=16, mean_output=10, scrape_interval=0, block_size=block_size)
+
+        async def pick(words):
+            h = {}
+            await strat.async_get_available_deployment("m", input=" ".join(words),
+                                                       request_kwargs={"metadata": {"fluidopt": h}})
+            return h
+
+        async def main():
+            a = await pick(A)
+            strat.first_token(a["r"])  # A's prefill is done: its blocks are in the index of its engine
+            b = await pick(B)
+            c = await pick(_words("c", 100))
+            return a["g"], b["g"], c["g"]
+
+        return asyncio.run(main())
+
+    ga, gb, gc = picks(16)
+    assert gb == ga and gc != ga
+    ga, gb, _ = picks(None)
+    assert gb != ga
