@@ -15,7 +15,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         description=(
             "Serve /v1/completions and /v1/chat/completions (SSE streaming), /health and /metrics (Prometheus "
             "text, vLLM's metric names) on 127.0.0.1, emulating one engine instance: the time model and the "
-            "engine's scheduler, continuous batching, KV capacity. The output length is the request's max_tokens; "
+            "engine's scheduler, continuous batching, KV capacity, the prefix cache. The output length is the request's max_tokens; "
             "a prompt's length is its number of whitespace-separated words. Stops on Ctrl-C or SIGTERM."
         ),
     )
