@@ -21,7 +21,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     p.add_argument("trace", metavar="TRACE", help="trace file (Mooncake JSON lines, Azure CSV or the generic CSV)")
     p.add_argument("--engines", type=int, required=True, metavar="N", help="stand-in engines")
-    p.add_argument("--router", required=True, help="litellm:POLICY or litellm-builtin:STRATEGY")
+    p.add_argument("--router", required=True, help="litellm:POLICY, litellm-builtin:STRATEGY or sglang:POLICY")
     p.add_argument("--speed", type=float, default=1.0, metavar="K", help="time speed-up of engines and replayer "
                    "(default 1; the HTTP and router overhead is multiplied by K on the trace's clock)")
     p.add_argument("--requests", type=int, metavar="N", help="the trace's first N requests (default all)")
@@ -29,6 +29,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--profile", metavar="NAME", help="named GPU profile of every engine (default qwen-8b-a100)")
     p.add_argument("--timeout", type=float, default=600.0, metavar="S", help="wall seconds a request may take")
     p.add_argument("--no-simulate", action="store_true", help="skip the simulator's prediction")
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                   help="the stand-ins' prefix cache and the simulator's (on by default; with a trace's block "
+                   "hashes both use its block size)")
     p.add_argument("--json", action="store_true", help="print one JSON object with 'measured' and 'simulated'")
     return p
 
@@ -50,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     check_common(args)
     out = run_loop(args.trace, engines=args.engines, router=args.router, speed=args.speed, requests=args.requests,
                    engine=args.engine, profile=args.profile, timeout=args.timeout, progress=not args.json,
-                   simulate=not args.no_simulate)
+                   simulate=not args.no_simulate, prefix_cache=args.enable_prefix_caching)
     if args.json:
         print(json.dumps(out))
         return 0
@@ -60,6 +63,10 @@ def run(args: argparse.Namespace) -> int:
           f"{'E2E p99 ms':>12}")
     print(_row("measured", out["measured"]))
     print(_row("simulated", out.get("simulated")))
+    hits = (out["measured"].get("hit_ratio"), (out.get("simulated") or {}).get("hit_ratio"))
+    if hits[0] is not None:
+        sim = "n/a" if hits[1] is None else f"{hits[1]:.4f}"
+        print(f"prefix-cache hit ratio: measured {hits[0]:.4f}, simulated {sim}")
     for err, n in out["measured"]["errors"].items():
         print(f"failed x{n}: {err}")
     return 0

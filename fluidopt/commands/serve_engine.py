@@ -15,7 +15,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         description=(
             "Serve /v1/completions and /v1/chat/completions (SSE streaming), /health and /metrics (Prometheus "
             "text, vLLM's metric names) on 127.0.0.1, emulating one engine instance: the time model and the "
-            "engine's scheduler, continuous batching, KV capacity. The output length is the request's max_tokens; "
+            "engine's scheduler, continuous batching, KV capacity, the prefix cache. The output length is the request's max_tokens; "
             "a prompt's length is its number of whitespace-separated words. Stops on Ctrl-C or SIGTERM."
         ),
     )
@@ -28,6 +28,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--kv-tokens", type=int, metavar="N", help="KV cache in tokens (default: the profile's, or unlimited)")
     p.add_argument("--speed", type=float, default=1.0, metavar="K", help="model seconds per wall second (default 1)")
     p.add_argument("--model-name", default="fluidopt-standin", help="model name it reports (default fluidopt-standin)")
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                   help="the prefix cache, the simulator's rules (on by default, as in vLLM v1; "
+                   "--no-enable-prefix-caching turns it off, as vLLM's flag does)")
+    p.add_argument("--prefix-block-size", type=int, default=16, metavar="N",
+                   help="tokens (words) per prefix-cache block (default 16, vLLM's block size; give a trace's "
+                   "own, 512 for Mooncake, to see its reuse block for block)")
     return p
 
 
@@ -40,17 +46,21 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--port {args.port}: expected 0..65535")
     if not (args.speed > 0 and math.isfinite(args.speed)):
         raise UsageError(f"--speed {args.speed}: expected a positive number")
+    if args.prefix_block_size < 1:
+        raise UsageError(f"--prefix-block-size {args.prefix_block_size}: expected a positive number of tokens")
     law, cfg = law_and_config(args.engine, profile=args.profile, timemodel=args.timemodel, kv_tokens=args.kv_tokens)
     try:
         sock = bind(args.port)
     except OSError as e:
         raise UsageError(f"--port {args.port}: cannot listen on 127.0.0.1 ({e.strerror})") from None
     port = sock.getsockname()[1]
-    server = EngineServer(law, cfg, speed=args.speed, model=args.model_name, engine_name=args.engine)
+    server = EngineServer(law, cfg, speed=args.speed, model=args.model_name, engine_name=args.engine,
+                          prefix_cache=args.enable_prefix_caching, prefix_block_size=args.prefix_block_size)
 
     def ready():
-        print(f"fluidopt serve-engine: listening on http://127.0.0.1:{port} ({args.engine}, speed {args.speed:g})",
-              flush=True)
+        cache = f"prefix cache of {args.prefix_block_size}-token blocks" if args.enable_prefix_caching else "no prefix cache"
+        print(f"fluidopt serve-engine: listening on http://127.0.0.1:{port} ({args.engine}, speed {args.speed:g}, "
+              f"{cache})", flush=True)
 
     serve(server, sock, on_ready=ready)
     print("fluidopt serve-engine: stopped", file=sys.stderr, flush=True)

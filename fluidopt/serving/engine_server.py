@@ -9,6 +9,10 @@ Choices where a real engine has a tokenizer: a prompt's length is its number of 
 words (a list of token ids counts its ids); each generated token is the text ``" x"``. The output length
 is ``max_tokens`` (default 16), as vLLM's benchmark sets it with ``ignore_eos``. Latencies in
 ``/metrics`` are wall seconds, what a client sees (model seconds / speed).
+
+The prefix cache (on by default, as in vLLM v1; ``prefix_cache=False`` turns it off) is the simulator's
+(:mod:`fluidopt.serving.prefix`): block ids are chained hashes of the prompt's words in blocks of
+``prefix_block_size``, and a prefill computes only the uncached tokens.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from dataclasses import dataclass, field
 from fluidopt.calibration.timemodels import IterationLaw
 from fluidopt.engines.live import LiveEngine
 from fluidopt.engines.stepper import EngineConfig
+from fluidopt.serving.prefix import DEFAULT_BLOCK_SIZE, LivePrefixCache, block_ids
 
 # vLLM's histogram buckets (vllm/engine/metrics.py), in seconds
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
@@ -76,10 +81,14 @@ class EngineServer:
     """The emulated instance and its counters. ``speed``: model seconds per wall second."""
 
     def __init__(self, law: IterationLaw, cfg: EngineConfig, *, speed: float = 1.0, model: str = "fluidopt-standin",
-                 engine_name: str = "vllm") -> None:
+                 engine_name: str = "vllm", prefix_cache: bool = True,
+                 prefix_block_size: int = DEFAULT_BLOCK_SIZE) -> None:
         if not (speed > 0 and math.isfinite(speed)):
             raise ValueError("speed must be a positive number")
-        self.engine = LiveEngine(law, cfg)
+        # the cache shares the instance's KV (cfg.kv_blocks blocks of cfg.block_size tokens)
+        self.cache = (LivePrefixCache(prefix_block_size, None if cfg.kv_blocks is None
+                                      else cfg.kv_blocks * cfg.block_size) if prefix_cache else None)
+        self.engine = LiveEngine(law, cfg, cache=self.cache)
         self.speed = float(speed)
         self.model = model
         self.engine_name = engine_name
@@ -105,9 +114,12 @@ class EngineServer:
             except asyncio.CancelledError:
                 pass
 
-    def submit(self, prompt: int, output: int) -> tuple[int, _Live]:
+    def submit(self, prompt: int, output: int, units: list[str] | None = None) -> tuple[int, _Live]:
+        """Queue a request of ``prompt`` tokens (``units``: its words or token ids as text, for the prefix
+        cache's block ids) and ``output`` tokens."""
+        blocks = block_ids(units, self.cache.bs) if self.cache is not None and units else ()
         try:
-            r = self.engine.add(prompt, output)
+            r = self.engine.add(prompt, output, blocks)
         except ValueError as e:
             raise BadRequest(str(e)) from None
         lv = _Live(prompt, output, time.monotonic())
@@ -180,45 +192,70 @@ class EngineServer:
             ("fluidopt:iterations_total", "counter", e.iterations),
         ):
             out += [f"# TYPE {name} {kind}", f"{name}{{{lab}}} {value}"]
+        if self.cache is not None:
+            out += self._prefix_lines(lab)
         out += self.ttft.lines("vllm:time_to_first_token_seconds", lab)
         out += self.tpot.lines("vllm:time_per_output_token_seconds", lab)
         out += self.e2e.lines("vllm:e2e_request_latency_seconds", lab)
         return "\n".join(out) + "\n"
 
+    def _prefix_lines(self, lab: str) -> list[str]:
+        """vLLM v1's prefix-cache counters (tokens of every lookup), v0's hit-rate gauge, and the
+        simulator's count (cached tokens of each request's first prefill, over its prompt tokens)."""
+        e = self.engine
+        first = [c for c in e.cached if c >= 0]
+        out = []
+        for name, kind, value in (
+            ("vllm:prefix_cache_queries_total", "counter", e.prefix_queries),
+            ("vllm:prefix_cache_hits_total", "counter", e.prefix_hits),
+            ("vllm:gpu_prefix_cache_hit_rate", "gauge", e.prefix_hits / e.prefix_queries if e.prefix_queries else 0.0),
+            ("fluidopt:prefix_cache_prefills_total", "counter", len(first)),
+            ("fluidopt:prefix_cache_prompt_tokens_total", "counter",
+             sum(p for p, c in zip(e.P, e.cached) if c >= 0)),
+            ("fluidopt:prefix_cache_cached_tokens_total", "counter", sum(first)),
+            ("fluidopt:prefix_cache_blocks", "gauge", self.cache.blocks_cached()),
+            ("fluidopt:prefix_cache_evictions_total", "counter", self.cache.evictions),
+        ):
+            out += [f"# TYPE {name} {kind}", f"{name}{{{lab}}} {value}"]
+        return out
+
 
 # -- request parsing ------------------------------------------------------------------------------
-def _count_prompt(prompt) -> int:
+def _prompt_units(prompt) -> list[str]:
+    """The prompt's tokens: its words, or its token ids as text."""
     if isinstance(prompt, str):
-        return len(prompt.split())
+        return prompt.split()
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return len(prompt)
+        return [str(t) for t in prompt]
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        return len(prompt[0].split())
+        return prompt[0].split()
     raise BadRequest("'prompt' must be a string, a list of token ids, or a list of one string")
 
 
-def _count_messages(messages) -> int:
+def _message_units(messages) -> list[str]:
+    """The words of every message's content, in order (the cache sees the conversation as one text)."""
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty list of {role, content} objects")
-    n = 0
+    n: list[str] = []
     for m in messages:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise BadRequest("each message must be an object with a string 'role'")
         c = m.get("content")
         if isinstance(c, str):
-            n += len(c.split())
+            n += c.split()
         elif isinstance(c, list):
             for part in c:
                 if not isinstance(part, dict) or not isinstance(part.get("text", ""), str):
                     raise BadRequest("message content parts must be objects with a string 'text'")
-                n += len(part.get("text", "").split())
+                n += part.get("text", "").split()
         else:
             raise BadRequest("message 'content' must be a string or a list of parts")
     return n
 
 
-def parse_request(body: bytes, chat: bool) -> tuple[int, int, bool, bool, str]:
-    """(prompt tokens, output tokens, stream, include usage in the stream, model) of a request body."""
+def parse_request(body: bytes, chat: bool) -> tuple[int, int, bool, bool, str, list[str]]:
+    """(prompt tokens, output tokens, stream, include usage in the stream, model, the prompt's tokens as
+    text) of a request body."""
     try:
         req = json.loads(body)
     except (ValueError, UnicodeDecodeError):
@@ -226,11 +263,12 @@ def parse_request(body: bytes, chat: bool) -> tuple[int, int, bool, bool, str]:
     if not isinstance(req, dict):
         raise BadRequest("the request body must be a JSON object")
     if chat:
-        prompt = _count_messages(req.get("messages"))
+        units = _message_units(req.get("messages"))
     else:
         if "prompt" not in req:
             raise BadRequest("'prompt' is required")
-        prompt = _count_prompt(req["prompt"])
+        units = _prompt_units(req["prompt"])
+    prompt = len(units)
     if prompt < 1:
         raise BadRequest("the prompt is empty (its length is counted in whitespace-separated words)")
     mt = req.get("max_tokens", req.get("max_completion_tokens", DEFAULT_MAX_TOKENS))
@@ -250,7 +288,7 @@ def parse_request(body: bytes, chat: bool) -> tuple[int, int, bool, bool, str]:
     model = req.get("model", "")
     if not isinstance(model, str):
         raise BadRequest("'model' must be a string")
-    return prompt, mt, stream, bool(opts.get("include_usage", False)), model
+    return prompt, mt, stream, bool(opts.get("include_usage", False)), model, units
 
 
 # -- the ASGI app ---------------------------------------------------------------------------------
@@ -266,8 +304,8 @@ def build_app(server: EngineServer):
 
     async def completions(request, chat: bool):
         try:
-            prompt, out, stream, usage, model = parse_request(await request.body(), chat)
-            rid, lv = server.submit(prompt, out)
+            prompt, out, stream, usage, model, units = parse_request(await request.body(), chat)
+            rid, lv = server.submit(prompt, out, units)
         except BadRequest as e:
             return error(400, str(e))
         name = model or server.model
@@ -334,7 +372,9 @@ def build_app(server: EngineServer):
         cfg = server.engine.cfg
         return JSONResponse({"model_path": server.model, "engine": server.engine_name, "speed": server.speed,
                              "max_num_seqs": cfg.max_num_seqs, "max_num_batched_tokens": cfg.max_num_batched_tokens,
-                             "kv_blocks": cfg.kv_blocks, "block_size": cfg.block_size})
+                             "kv_blocks": cfg.kv_blocks, "block_size": cfg.block_size,
+                             "enable_prefix_caching": server.cache is not None,
+                             "prefix_block_size": server.cache.bs if server.cache is not None else None})
 
     async def models(request):
         return JSONResponse({"object": "list", "data": [{"id": server.model, "object": "model",

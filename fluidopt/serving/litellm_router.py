@@ -22,6 +22,12 @@ engine's ``/metrics`` is scraped every ``scrape_interval`` s (running and waitin
 :attr:`ControllerRouting.engine_metrics`; a deployment whose requests fail or whose scrape fails is
 marked down for ``down_s`` s and not picked meanwhile (the controller's choice is redirected to the
 least-loaded live deployment).
+
+With ``block_size``, each request carries its prompt's block ids (:func:`fluidopt.serving.prefix.block_ids`
+of its words, as the stand-ins hash them) into the snapshot, which keeps the router's own index of each
+engine's cached blocks (a block enters it when its request's first token arrives), so the cache-aware
+controllers (``sglang``, ``llm-d``, ``consistent-hash``, ``dynamo-kv``, ``gate-and-route-prefix``) see
+the prefixes.
 """
 
 from __future__ import annotations
@@ -41,6 +47,29 @@ from fluidopt.core.errors import ActionError
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 _METRIC = re.compile(r"^(vllm:[a-z_]+)\{[^}]*\}\s+([0-9.eE+-]+|nan|inf)\s*$")
+
+
+def prompt_units(messages=None, input=None, request_kwargs=None) -> list[str]:
+    """The prompt's words as the stand-in reads them (token ids as text), for the block ids."""
+    if messages:
+        out: list[str] = []
+        for m in messages:
+            c = m.get("content") if isinstance(m, dict) else None
+            if isinstance(c, str):
+                out += c.split()
+            elif isinstance(c, list):
+                for part in c:
+                    if isinstance(part, dict):
+                        out += str(part.get("text", "")).split()
+        return out
+    p = input if input is not None else (request_kwargs or {}).get("prompt")
+    if isinstance(p, str):
+        return p.split()
+    if isinstance(p, list) and p and all(isinstance(x, int) for x in p):
+        return [str(x) for x in p]
+    if isinstance(p, list):
+        return [w for x in p if isinstance(x, str) for w in x.split()]
+    return []
 
 
 def prompt_words(messages=None, input=None, request_kwargs=None) -> int:
@@ -70,13 +99,15 @@ class ControllerRouting:
 
     def __init__(self, controller: Controller, deployments: Sequence[dict], *, batch: int, mean_output: float,
                  predict: Callable[[int], float] | None = None, class_names: Sequence[str] = ("all",),
-                 scrape_interval: float = 0.5, down_s: float = 5.0, hold_timeout: float = 600.0) -> None:
+                 scrape_interval: float = 0.5, down_s: float = 5.0, hold_timeout: float = 600.0,
+                 block_size: int | None = None) -> None:
         self.ctrl = controller
+        self.block_size = block_size
         self.deployments = list(deployments)
         n = len(self.deployments)
         self.t0 = time.monotonic()
         self.snap = ClusterSnapshot(n, batch, list(class_names), clock=lambda: time.monotonic() - self.t0,
-                                    service="tokens")
+                                    service="tokens", block_size=block_size)
         self.predict = predict or (lambda prompt: mean_output)
         self.scrape_interval, self.down_s, self.hold_timeout = scrape_interval, down_s, hold_timeout
         self.in_flight = [0] * n
@@ -101,7 +132,12 @@ class ControllerRouting:
         holder = self._holder(request_kwargs)
         st = self.snap
         prompt = prompt_words(messages, input, request_kwargs)
-        r = st.add_request(0, prompt, max(1, round(self.predict(prompt))))
+        blocks = None
+        if self.block_size:
+            from fluidopt.serving.prefix import block_ids
+
+            blocks = block_ids(prompt_units(messages, input, request_kwargs), self.block_size)
+        r = st.add_request(0, prompt, max(1, round(self.predict(prompt))), blocks=blocks)
         fut = asyncio.get_running_loop().create_future()
         self._waiting[r] = fut
         self.ctrl.on_arrival(st, r)
@@ -277,10 +313,10 @@ def deployments_for(urls: Sequence[str], model: str = "fluidopt-standin") -> lis
 
 
 def make_router(urls: Sequence[str], router: str, *, scenario=None, batch: int = 16, mean_output: float = 128.0,
-                model: str = "fluidopt-standin", options: dict | None = None):
+                model: str = "fluidopt-standin", options: dict | None = None, block_size: int | None = None):
     """(LiteLLM Router, ControllerRouting or None) for ``router`` = ``litellm:POLICY`` (a registered fluidopt
     policy, built for ``scenario``) or ``litellm-builtin:STRATEGY`` (LiteLLM's own, e.g. ``simple-shuffle``,
-    ``least-busy``)."""
+    ``least-busy``). ``block_size``: the stand-ins' prefix-cache block, for the snapshot's block ids."""
     import litellm  # noqa: F401  (the environment variable above must be set first)
     from litellm import Router
 
@@ -299,7 +335,8 @@ def make_router(urls: Sequence[str], router: str, *, scenario=None, batch: int =
 
     ctrl = make_controller(name, scenario, **(options or {}))
     strategy = _strategy_class()(ctrl, dep, batch=batch, mean_output=mean_output,
-                                 class_names=scenario.class_names if scenario is not None else ("all",))
+                                 class_names=scenario.class_names if scenario is not None else ("all",),
+                                 block_size=block_size)
     r = Router(model_list=dep, num_retries=0)
     r.set_custom_routing_strategy(strategy)
     return r, strategy

@@ -10,12 +10,19 @@ Which simulator run is "the same policy": ``litellm:POLICY`` is POLICY itself; L
 ``simple-shuffle`` is ``random`` and ``least-busy`` is ``least-requests`` (fewest requests in flight).
 The stand-ins run the engine the simulator gives that policy: the paper's engine (one chunk of C tokens
 plus decodes) for the paper's controllers, vLLM's prefill-first instances for the instance routers
-(their ``-chunked`` variants: chunked prefill).
+(their ``-chunked`` variants: chunked prefill); ``--engine chunked`` or ``paper`` with a baseline
+router (LiteLLM's or SGLang's) picks the twin's ``-chunked`` variant (with ``paper``, the simulator's
+own GPU: one chunk of C plus the decodes, B slots).
+
+Prefix cache: the stand-ins run theirs (on unless ``prefix_cache=False``) with the trace's block size
+when the trace has block hashes (the replayer sends one text chunk per hash id), and the simulator runs
+its own on the same hashes; both hit ratios are reported (``measured.hit_ratio``, ``simulated.hit_ratio``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import os
 import re
@@ -34,10 +41,11 @@ import fluidopt.core.interrupt as interrupt
 from fluidopt.core.errors import UsageError
 
 BUILTIN_TWINS = {"simple-shuffle": "random", "least-busy": "least-requests"}
-# SGLang's router policies and the simulator's nearest policy (cache_aware: with no shared prefix it balances
-# load, so its twin is the fewest-requests rule; the simulator has no radix-tree router)
+# SGLang's router policies and the simulator's nearest policy (cache_aware: the simulator's model of
+# SGLang's cache-aware router, `sglang`, docs/prefix-cache.md; with no shared prefix it sends every request
+# to the least loaded instance)
 SGLANG_TWINS = {"round_robin": "round-robin", "random": "random", "power_of_two": "power-of-two",
-                "cache_aware": "least-requests"}
+                "cache_aware": "sglang"}
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
@@ -165,6 +173,8 @@ def plan_of(router: str, engine: str | None) -> tuple[str, str | None, str]:
         if importlib.util.find_spec("sglang_router") is None:
             raise UsageError(f"--router {router!r}: SGLang's router is not installed (pip install sglang-router)")
         sim = SGLANG_TWINS[name]
+        if engine in ("chunked", "paper") and f"{sim}-chunked" in pols:
+            sim = f"{sim}-chunked"
         return kind, sim, engine or ("chunked" if sim.endswith("-chunked") else "vllm")
     if kind == "litellm":
         if name not in pols:
@@ -178,6 +188,8 @@ def plan_of(router: str, engine: str | None) -> tuple[str, str | None, str]:
             raise UsageError(f"--router {router!r}: expected litellm-builtin:STRATEGY with STRATEGY one of "
                              f"{', '.join(BUILTIN_TWINS)}")
         sim = BUILTIN_TWINS[name]
+        if engine in ("chunked", "paper") and f"{sim}-chunked" in pols:
+            sim = f"{sim}-chunked"
     desc = pols.get(sim, "")
     # the instance routers' descriptions say which instances they route to ("... instances ...")
     auto = ("chunked" if sim.endswith("-chunked") else "vllm") if re.search(r"\binstances\b", desc) else "paper"
@@ -225,8 +237,10 @@ def poisson_slice(path, *, load: float, gpus: int, requests: int, prompt: tuple[
     return float(len(frame) / frame["time"].max())
 
 
-def simulate_trace(frame, scenario, policy: str, engine: str) -> dict:
-    """The simulator on the same requests, fleet and policy: requests, failed, ttft_mean_s, e2e_mean_s.
+def simulate_trace(frame, scenario, policy: str, engine: str, prefix_cache: bool = True) -> dict:
+    """The simulator on the same requests, fleet and policy: requests, failed, ttft_mean_s, e2e_mean_s;
+    with block hashes in ``frame`` and ``prefix_cache``, its prefix cache on them and ``hit_ratio``
+    (cached over prompt tokens of the completed requests).
 
     A request of O output tokens is simulated with O - 1 decode tokens. The stand-in (like vLLM) emits
     the first token at the end of the prefill and then decodes O - 1 more; the simulator's prefill emits
@@ -238,25 +252,37 @@ def simulate_trace(frame, scenario, policy: str, engine: str) -> dict:
     from fluidopt.sim.api import simulate
     from fluidopt.workloads.traces import replay
 
+    hashed = "hashes" in frame.columns
     with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "slice.csv"
-        pd.DataFrame({"time": frame["time"].to_numpy(), "prompt_tokens": frame["prompt"].to_numpy(),
-                      "output_tokens": frame["output"].to_numpy() - 1}).to_csv(path, index=False)
+        if hashed:  # Mooncake's JSON lines (times in ms), so that the workload keeps the block hashes
+            path = Path(d) / "slice.jsonl"
+            with open(path, "w") as f:
+                for t, p, o, h in zip(frame["time"], frame["prompt"], frame["output"], frame["hashes"]):
+                    f.write(json.dumps({"timestamp": float(t) * 1000.0, "input_length": int(p),
+                                        "output_length": int(o) - 1, "hash_ids": [int(x) for x in h]}) + "\n")
+        else:
+            path = Path(d) / "slice.csv"
+            pd.DataFrame({"time": frame["time"].to_numpy(), "prompt_tokens": frame["prompt"].to_numpy(),
+                          "output_tokens": frame["output"].to_numpy() - 1}).to_csv(path, index=False)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             sc, work = replay(path, scenario)
             res = simulate(sc, policy, workload=work, service="tokens", horizon=work.duration + 1e-6,
-                           drain=1e5, progress=False, records=Path(d) / "records.csv")
+                           drain=1e5, progress=False, records=Path(d) / "records.csv",
+                           prefix_cache=None if prefix_cache else False)
         interrupt.raise_if_cut(res)
         rec = pd.read_csv(Path(d) / "records.csv")
     done = rec[rec["outcome"] == "completed"]
+    hit = None
+    if hashed and prefix_cache and "cached_prompt" in done.columns and len(done):
+        hit = float(done["cached_prompt"].sum() / done["prompt"].sum())
     ttft = done["ttft"].to_numpy(float)
     e2e = (done["end"] - done["arrival"]).to_numpy(float)
     return {"requests": int(len(rec)), "failed": int(len(rec) - len(done)), "policy": policy, "engine": engine,
             "ttft_mean_s": float(ttft.mean()) if len(done) else None,
             "ttft_p99_s": float(np.percentile(ttft, 99)) if len(done) else None,
             "e2e_mean_s": float(e2e.mean()) if len(done) else None,
-            "e2e_p99_s": float(np.percentile(e2e, 99)) if len(done) else None}
+            "e2e_p99_s": float(np.percentile(e2e, 99)) if len(done) else None, "hit_ratio": hit}
 
 
 def _warm_up(url: str, engine_urls: list[str] = ()) -> None:
@@ -281,7 +307,10 @@ def engine_schedule(urls: list[str]) -> dict:
     import httpx
 
     keys = {"iterations": "fluidopt:iterations_total", "model_busy_s": "fluidopt:model_busy_seconds_total",
-            "lag_s": "fluidopt:schedule_lag_seconds_total"}
+            "lag_s": "fluidopt:schedule_lag_seconds_total",
+            # the prefix cache (absent when off): first prefills' prompt and cached tokens, the simulator's count
+            "prompt_tokens": "fluidopt:prefix_cache_prompt_tokens_total",
+            "cached_tokens": "fluidopt:prefix_cache_cached_tokens_total"}
     out = dict.fromkeys(keys, 0.0) | {"engines": 0}
     for u in urls:
         try:
@@ -297,8 +326,9 @@ def engine_schedule(urls: list[str]) -> dict:
 
 def run_loop(trace, *, engines: int, router: str, speed: float = 1.0, requests: int | None = None,
              engine: str | None = None, profile: str | None = None, timeout: float = 600.0,
-             progress: bool = True, simulate: bool = True) -> dict:
-    """Start everything, replay, tear down; ``{"measured": ..., "simulated": ..., ...}`` (latencies in model s)."""
+             progress: bool = True, simulate: bool = True, prefix_cache: bool = True) -> dict:
+    """Start everything, replay, tear down; ``{"measured": ..., "simulated": ..., ...}`` (latencies in model
+    s). ``prefix_cache``: the stand-ins' and the simulator's (module docstring)."""
     from fluidopt.serving.engine_server import DEFAULT_PROFILE, law_and_config
     from fluidopt.serving.replayer import read_trace, replay_async, summarize
 
@@ -314,7 +344,11 @@ def run_loop(trace, *, engines: int, router: str, speed: float = 1.0, requests: 
     procs: list[subprocess.Popen] = []
     front = strategy = None
     try:
-        procs, urls = start_engines(engines, ["--engine", eng, "--profile", profile, "--speed", repr(float(speed))])
+        # the cache's blocks are the trace's when it has block hashes (one replayer text chunk per hash id)
+        block = int(frame.attrs.get("block_size", 16)) if "hashes" in frame.columns else 16
+        cache = ["--prefix-block-size", str(block)] if prefix_cache else ["--no-enable-prefix-caching"]
+        procs, urls = start_engines(engines, ["--engine", eng, "--profile", profile, "--speed", repr(float(speed)),
+                                              *cache])
         if kind == "sglang":
             proc, url = start_sglang(urls, router.partition(":")[2])
             procs.append(proc)
@@ -322,7 +356,8 @@ def run_loop(trace, *, engines: int, router: str, speed: float = 1.0, requests: 
             from fluidopt.serving.litellm_router import build_front, make_router
 
             rt, strategy = make_router(urls, router, scenario=scenario, batch=scenario.gpu.batch,
-                                       mean_output=float(scenario.classes[0].decode))
+                                       mean_output=float(scenario.classes[0].decode),
+                                       block_size=block if prefix_cache else None)
             front = _Front(build_front(rt, strategy))
             url = front.url
         _warm_up(url, urls)
@@ -333,13 +368,16 @@ def run_loop(trace, *, engines: int, router: str, speed: float = 1.0, requests: 
             front.close()
         stop_all(procs)
     measured = summarize(recs, wall, speed)
+    # the engines' first prefills (the warm-up requests' one word each included): cached over prompt tokens
+    measured["hit_ratio"] = (schedule["cached_tokens"] / schedule["prompt_tokens"]
+                             if prefix_cache and schedule["prompt_tokens"] else None)
     out = {"router": router, "engines": engines, "engine": eng, "profile": profile, "speed": speed,
            "measured": measured, "engine_schedule": schedule}
     if strategy is not None:
         out["router_stats"] = {"sent": strategy.sent, "failures": strategy.failures, "off_book": strategy.off_book,
                                "redirected": strategy.redirected}
     if simulate and sim_policy is not None:
-        out["simulated"] = simulate_trace(frame, scenario, sim_policy, eng)
+        out["simulated"] = simulate_trace(frame, scenario, sim_policy, eng, prefix_cache)
     return out
 
 

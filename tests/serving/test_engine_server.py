@@ -132,3 +132,5 @@ def test_bad_options_exit_2(capsys):
     assert main(["serve-engine", "--port", "0", "--engine", "vlm"]) == 2
     assert main(["serve-engine", "--port", "0", "--profile", "nope"]) == 2
     assert main(["serve-engine", "--port", "70000"]) == 2
+    assert main(["serve-engine", "--port", "0", "--prefix-block-size", "0"]) == 2
+    assert "--prefix-block-size 0: expected a positive number" in capsys.readouterr().err
