@@ -52,7 +52,11 @@ else:  # pragma: no cover
 _TOP_KEYS = {"name", "gpu", "cluster", "pricing", "classes", "description", "slis"}
 # Keys added for the simulator's orchestration features; accepted, but kept out of the lists that
 # the unknown-key errors print (those lists are part of the documented error texts).
-_TOP_EXTRA = {"fleet", "arrivals", "backlogs", "workflow"}
+_TOP_EXTRA = {"fleet", "arrivals", "backlogs", "workflow", "layout", "pools"}
+# the [pools] table (issue 44): the keys of fluidopt.core.model.Layout but its kind (named as the flags)
+_POOL_KEYS = ("profile", "model", "prefill_tp", "decode_tp", "prefill_instances", "decode_instances", "tp",
+              "link_gbps", "link_latency_ms", "prefill_max_tokens", "prefill_overhead_ms", "decode_request_ms",
+              "colocated_profile", "colocated_request_ms", "lengths")
 _CLASS_EXTRA = {"ttft_slo", "itl_slo", "deadline", "deadline_at", "demand"}
 _CLUSTER_KEYS = {"gpus"}
 _PRICING_KEYS = {"prefill", "decode"}
@@ -153,8 +157,44 @@ def scenario_from_dict(data: Mapping[str, Any], *, source: str = "<dict>") -> Sc
             from dataclasses import replace as _replace
 
             workflow = _replace(workflow, horizon=_number("workflow.horizon", wt["horizon"]))
+    layout = None
+    if "layout" in data or "pools" in data:
+        try:
+            layout = _layout(data.get("layout", "colocated"), data.get("pools", {}), source)
+        except ScenarioError as e:
+            # name the file: a layout's fields are checked again by the commands, which know no file
+            raise ScenarioError(str(e) if source.startswith("<") else f"{source}: {e}") from None
     return Scenario(gpu=gpu, gpus=gpus, classes=parsed, prefill_price=cp, decode_price=cd, name=name, meta=meta,
-                    fleet=fleet, workflow=workflow)
+                    fleet=fleet, workflow=workflow, layout=layout)
+
+
+def _layout(kind: Any, pools: Any, source: str):
+    """``layout = "colocated" | "disaggregated" | "best"`` and the ``[pools]`` table (docs/scenarios.md,
+    "Layout"): a path (``profile``, ``colocated_profile``, ``lengths``) is taken relative to the scenario
+    file's folder."""
+    import os
+
+    from fluidopt.core.model import LAYOUTS, Layout
+
+    if not isinstance(kind, str) or kind not in LAYOUTS:
+        raise ScenarioError(f"layout: expected one of {', '.join(map(repr, LAYOUTS))}, got {kind!r}")
+    pools = _expect_table("pools", pools)
+    _reject_unknown("pools", pools, set(_POOL_KEYS))
+    base = None if source.startswith("<") else Path(source).resolve().parent
+
+    def path(v: Any) -> Any:
+        if not isinstance(v, str) or not v or base is None or Path(v).is_absolute():
+            return v  # (Layout refuses a value that is not a path)
+        return os.path.normpath(base / v)
+
+    kw: dict[str, Any] = {}
+    for k, v in pools.items():
+        if k in ("profile", "colocated_profile"):
+            v = path(v)
+        elif k == "lengths" and isinstance(v, list):
+            v = [path(x) for x in v]
+        kw[k] = v
+    return Layout(kind, **kw)
 
 
 def _instance_types(value: Any) -> tuple:
@@ -353,6 +393,12 @@ def scenario_to_dict(s: Scenario) -> dict[str, Any]:
                                      for t in f.types]
         if f.initial is not None:
             out["fleet"]["initial"] = f.initial
+    if s.layout is not None:
+        lay = s.layout
+        out["layout"] = lay.kind
+        pools = {k: list(v) if isinstance(v, tuple) else v for k in _POOL_KEYS if (v := getattr(lay, k)) is not None}
+        if pools:
+            out["pools"] = pools
     if s.workflow is not None:
         wf = s.workflow
         out["arrivals"] = [{"class": a.cls, "process": a.process, **{k: getattr(a, k) for k in ("rate", "cv", "file", "slot")

@@ -30,21 +30,95 @@ def add_placement_arguments(p: argparse.ArgumentParser) -> None:
                    "(default 200)")
     g.add_argument("--slo-tpot-ms", type=float, default=100.0, help="... and TPOT below this (default 100)")
     g.add_argument("--attainment", type=float, default=0.9, help="share of requests that must attain (default 0.9)")
-    g.add_argument("--prefill-overhead-ms", type=float, default=0.0, help="engine time per prefill batch a kernel "
-                   "profile leaves out (validate --layout disaggregated --fit-costs reports it; default 0)")
-    g.add_argument("--decode-request-ms", type=float, default=0.0, help="engine time per request of a decode step "
+    g.add_argument("--prefill-overhead-ms", type=float, default=None, help="engine time per prefill batch a kernel "
+                   "profile leaves out (validate --layout disaggregated --fit-costs --prefill-cost batch reports it; "
+                   "default 0)")
+    g.add_argument("--decode-request-ms", type=float, default=None, help="engine time per request of a decode step "
                    "a kernel profile leaves out (default 0)")
     g.add_argument("--colocated-profile", default=None, metavar="JSON", help="profile of the colocated engine "
                    "(default --profile; DistServe ships vLLM's as profiler-*.vllm.json)")
-    g.add_argument("--colocated-request-ms", type=float, default=0.0, help="colocated engine time per request of a "
+    g.add_argument("--colocated-request-ms", type=float, default=None, help="colocated engine time per request of a "
                    "decode step (default 0; 0.34 fits vLLM's measured runs, docs/fidelity.md)")
-    g.add_argument("--link-gbps", type=float, default=300.0, help="KV transfer bandwidth per link, GB/s (default "
+    g.add_argument("--link-gbps", type=float, default=None, help="KV transfer bandwidth per link, GB/s (default "
                    "300: NVLink 3 one way)")
+    g.add_argument("--link-latency-ms", type=float, default=None, help="latency per KV transfer, ms (default 0)")
+    g.add_argument("--prefill-max-tokens", type=int, default=None, help="prompt tokens per prefill batch (default "
+                   "2048)")
     g.add_argument("--requests", type=int, default=2000, help="simulated requests per rate tried (default 2000)")
+
+
+# The [pools] fields of a scenario (fluidopt.core.model.Layout) that the placement search reads, by its flags'
+# dests, and the defaults of the flags that have one.
+PLACEMENT_FIELDS = ("profile", "model", "tp", "lengths", "link_gbps", "link_latency_ms", "prefill_max_tokens",
+                    "prefill_overhead_ms", "decode_request_ms", "colocated_profile", "colocated_request_ms")
+PLACEMENT_DEFAULTS = {"link_gbps": 300.0, "link_latency_ms": 0.0, "prefill_max_tokens": 2048,
+                      "prefill_overhead_ms": 0.0, "decode_request_ms": 0.0, "colocated_request_ms": 0.0}
 
 
 def placement_requested(args: argparse.Namespace) -> bool:
     return getattr(args, "layout", None) is not None
+
+
+def scenario_layout(path: str | None):
+    """The scenario file's :class:`~fluidopt.core.model.Layout` and its cluster size: ``(None, None)`` for
+    the built-in scenario or a file with no ``layout`` / ``[pools]``."""
+    if path is None:
+        return None, None
+    from fluidopt.scenario import load_scenario
+
+    sc = load_scenario(path)
+    return (sc.layout, sc.gpus) if sc.layout is not None else (None, None)
+
+
+def take_from_layout(args: argparse.Namespace, layout, fields, source: str, defaults: dict | None = None) -> set[str]:
+    """Fill each flag of ``fields`` (dests) the command line left unset from the scenario's ``[pools]`` table
+    (a flag given overrides its field), then from ``defaults``; then check the fields taken against the
+    profile they name (:func:`check_pools`). Returns the fields taken from the file."""
+    taken = set()
+    for f in fields:
+        v = None if layout is None else getattr(layout, f)
+        if getattr(args, f, None) is None and v is not None:
+            setattr(args, f, ",".join(map(str, v)) if f == "tp" else list(v) if f == "lengths" else v)
+            taken.add(f)
+    for f, v in (defaults or {}).items():
+        if getattr(args, f, None) is None:
+            setattr(args, f, v)
+    if taken:
+        check_pools(args, layout, taken, source)
+    return taken
+
+
+def check_pools(args: argparse.Namespace, layout, taken: set[str], source: str) -> None:
+    """The ``[pools]`` fields a command took from the scenario file (``taken``), checked as their flags would
+    be but named as fields, in one line: the profile and the measured runs exist, the model is in the
+    profile, each TP degree is one of the profile's and the model's weights fit it."""
+    from fluidopt.core.errors import UsageError
+    from fluidopt.core.files import read_text_file
+
+    where = f"{source}: pools"
+    for f in ("profile", "colocated_profile"):
+        if f in taken:
+            read_text_file(Path(getattr(layout, f)), f"{where}.{f}: the profile", UsageError)
+    for i, f in enumerate(layout.lengths or ()) if "lengths" in taken else ():
+        read_text_file(Path(f), f"{where}.lengths[{i}]: the measured", UsageError)
+    tp_fields = [f for f in ("prefill_tp", "decode_tp", "tp") if f in taken]
+    if args.profile is None or args.model is None or not (tp_fields or taken & {"profile", "model"}):
+        return
+    try:
+        degrees = _profile_tps(args.profile, args.model)
+    except UsageError as e:
+        field = "model" if "model" in taken else "profile" if "profile" in taken else tp_fields[0]
+        raise UsageError(f"{where}.{field}: {e}") from None
+    from fluidopt.engines.disaggregated import check_fits
+
+    for f in tp_fields:
+        v = getattr(layout, f)
+        for k, tp in enumerate(v if isinstance(v, tuple) else (v,)):
+            name = f"{where}.{f}" + (f"[{k}]" if f == "tp" else "")
+            if tp not in degrees:
+                raise UsageError(f"{name} = {tp}: the profile {args.profile!r} has TP degrees "
+                                 f"{', '.join(map(str, degrees))} for {args.model}")
+            check_fits(args.model, tp, what=f"{name} = {tp}")
 
 
 def refuse_placement_flags(args: argparse.Namespace) -> None:
@@ -101,19 +175,26 @@ def run_placement(args: argparse.Namespace) -> int:
     from fluidopt.engines.disaggregated import check_fits, model_kv_bytes
     from fluidopt.planning.placement import checked_splits, search_placement
 
+    layout, cluster = scenario_layout(args.scenario)
+    if args.gpus is None and cluster is not None:
+        args.gpus = cluster  # a scenario that states its layout: its GPUs are the fleet to split
+    take_from_layout(args, layout, PLACEMENT_FIELDS, str(args.scenario), PLACEMENT_DEFAULTS)
     if args.profile is None or args.model is None or args.gpus is None:
         raise UsageError("--layout needs --profile JSON --model NAME --gpus N (e.g. --profile "
-                         "profiler-a100-80g.distserve.json --model facebook/opt-13b --gpus 4)")
+                         "profiler-a100-80g.distserve.json --model facebook/opt-13b --gpus 4), or a scenario whose "
+                         "[pools] table names profile and model")
     if args.gpus < 1 or args.gpus > 64:
         raise UsageError(f"--gpus {args.gpus}: expected an integer from 1 to 64 (every split is simulated)")
     for flag in ("--slo-ttft-ms", "--slo-tpot-ms"):
         v = getattr(args, flag[2:].replace("-", "_"))
         if not (v > 0 and math.isfinite(v)):
             raise UsageError(f"{flag}: expected a time in ms > 0, got {v:g}")
-    for flag in ("--prefill-overhead-ms", "--decode-request-ms", "--colocated-request-ms"):
+    for flag in ("--prefill-overhead-ms", "--decode-request-ms", "--colocated-request-ms", "--link-latency-ms"):
         v = getattr(args, flag[2:].replace("-", "_"))
         if not (v >= 0 and math.isfinite(v)):
             raise UsageError(f"{flag}: expected a time in ms >= 0, got {v:g}")
+    if args.prefill_max_tokens < 1:
+        raise UsageError(f"--prefill-max-tokens: expected an integer >= 1, got {args.prefill_max_tokens}")
     if not 0 < args.attainment < 1:
         raise UsageError(f"--attainment {args.attainment:g}: expected a share strictly between 0 and 1")
     if not (args.link_gbps > 0 and math.isfinite(args.link_gbps)):
@@ -169,6 +250,7 @@ def run_placement(args: argparse.Namespace) -> int:
         lambda tp: law(args.profile, tp), lambda tp: _kv_beside(Path(args.profile), args.model, tp), prompt, output,
         gpus=args.gpus, tps=fits, ttft=args.slo_ttft_ms / 1e3, tpot=args.slo_tpot_ms / 1e3, attainment=args.attainment,
         layouts=layouts, kv_bytes_per_token=model_kv_bytes(args.model), link_bandwidth=args.link_gbps * 1e9,
+        link_latency=args.link_latency_ms / 1e3, prefill_max_tokens=args.prefill_max_tokens,
         prefill_overhead=args.prefill_overhead_ms / 1e3, decode_request_overhead=args.decode_request_ms / 1e3,
         colocated_law_of=lambda tp: law(colo_profile, tp, extra),
         colocated_kv_of=lambda tp: _kv_beside(Path(colo_profile), args.model, tp), requests=args.requests,

@@ -142,8 +142,19 @@ def run(args: argparse.Namespace) -> int:
     from fluidopt.scenario import load_scenario
 
     import_user_modules(args.imports)
-    from fluidopt.commands.placement import placement_requested, refuse_placement_flags, run_placement
+    from fluidopt.commands.placement import (
+        placement_requested,
+        refuse_placement_flags,
+        run_placement,
+        scenario_layout,
+    )
 
+    if args.layout is None and not (args.day or cache_given(args)):
+        # a scenario that asks for a disaggregated layout or the best of both is planned by the placement
+        # search, as with --layout (a colocated one, and every mode without layouts, plans as before)
+        layout, _ = scenario_layout(args.scenario)
+        if layout is not None and layout.kind != "colocated":
+            args.layout = layout.kind
     if placement_requested(args):
         if args.day or cache_given(args):
             raise UsageError("--layout: not with --day, --hit-ratio or --from-trace")

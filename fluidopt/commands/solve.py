@@ -63,9 +63,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--no-lexicographic", action="store_true",
                    help="return HiGHS's first optimal vertex (skip the second stage that empties the decode buffer)")
     d = p.add_argument_group("disaggregated layout (docs/lp.md, \"Disaggregated layout\")")
-    d.add_argument("--layout", choices=("colocated", "disaggregated"), default="colocated",
-                   help="colocated: the per-GPU fluid LP (default); disaggregated: the LP of a prefill pool and a "
-                        "decode pool, reported beside the colocated LP")
+    d.add_argument("--layout", choices=("colocated", "disaggregated"), default=None,
+                   help="colocated: the per-GPU fluid LP; disaggregated: the LP of a prefill pool and a decode pool, "
+                        "reported beside the colocated LP (default: the scenario's layout, where \"best\" is "
+                        "disaggregated; colocated if it names none). The scenario's [pools] table fills the flags "
+                        "below that are not given")
     d.add_argument("--prefill-tp", type=int, default=None, metavar="N", help="TP degree of a prefill instance (default 1)")
     d.add_argument("--decode-tp", type=int, default=None, metavar="N", help="TP degree of a decode instance (default 1)")
     d.add_argument("--profile", default=None, metavar="JSON",
@@ -135,10 +137,13 @@ def run(args: argparse.Namespace) -> int:
 
     # Input first, the solver stack (pyomo, pandas: seconds to import) only once it is valid.
     check_positive_int(args.gpus, "--gpus")
-    if getattr(args, "layout", "colocated") == "disaggregated":
-        return _run_disaggregated(args)
-    _refuse_disaggregated_flags(args)
     scenario = load_scenario(args.scenario)
+    layout = getattr(args, "layout", None)
+    if layout is None:  # the flag overrides the scenario's layout; "best" is the comparison of both
+        layout = "colocated" if scenario.layout is None or scenario.layout.kind == "colocated" else "disaggregated"
+    if layout == "disaggregated":
+        return _run_disaggregated(args, scenario)
+    _refuse_disaggregated_flags(args)
     if args.gpus is not None:
         scenario = scenario.with_gpus(args.gpus)
     from fluidopt.commands._cache import apply_cache
@@ -252,10 +257,17 @@ def format_comparison(cmp: dict) -> str:
     return "\n".join(lines)
 
 
-def _run_disaggregated(args: argparse.Namespace) -> int:
+# the [pools] fields of a scenario that solve --layout disaggregated reads, by its flags' dests
+SOLVE_FIELDS = ("prefill_tp", "decode_tp", "profile", "model", "prefill_instances", "decode_instances",
+                "prefill_max_tokens")
+
+
+def _run_disaggregated(args: argparse.Namespace, scenario: Any) -> int:
+    from fluidopt.commands.placement import take_from_layout
     from fluidopt.core.errors import UsageError
     from fluidopt.fluid.sli import parse_slis
-    from fluidopt.scenario import load_scenario
+
+    take_from_layout(args, scenario.layout, SOLVE_FIELDS, str(args.scenario))
 
     if args.pricing != "bundled":
         raise UsageError("--pricing separate: the disaggregated layout is priced bundled (per served request) only")
@@ -277,7 +289,6 @@ def _run_disaggregated(args: argparse.Namespace) -> int:
             raise UsageError(f"--prefill-instances {args.prefill_instances}: a disaggregated layout needs a prefill "
                              "pool (N >= 1)")
         split = (args.prefill_instances, args.decode_instances)
-    scenario = load_scenario(args.scenario)
     if args.gpus is not None:
         scenario = scenario.with_gpus(args.gpus)
     pools = _disagg_pools(args, scenario)

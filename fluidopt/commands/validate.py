@@ -63,8 +63,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="engine time added to each prefill batch, ms (default 0: the profile as shipped)")
     d.add_argument("--decode-request-ms", type=float, default=0.0, metavar="MS",
                    help="engine time added per request of a decode step, ms (default 0: the profile as shipped)")
-    d.add_argument("--fit-costs", action="store_true", help="fit --prefill-overhead-ms and --decode-request-ms to "
-                   "the medians of the measured runs, then compare with them")
+    d.add_argument("--prefill-entry-ms", type=float, default=0.0, metavar="MS",
+                   help="time from a request's issue to its arrival at the prefill pool, ms, which occupies no "
+                        "instance (the API server in front; default 0)")
+    d.add_argument("--fit-costs", action="store_true", help="fit --decode-request-ms and the prefill-side cost "
+                   "(--prefill-cost) to the medians of the measured runs, then compare with them; with "
+                   "--leave-one-out also fit on all runs but one and predict the one left out, for each run")
+    d.add_argument("--prefill-cost", choices=("entry", "batch", "prompt", "token"), default=None,
+                   help="with --fit-costs: the form of the prefill-side cost fitted: entry (default: "
+                        "--prefill-entry-ms), batch (--prefill-overhead-ms), prompt (ms per prompt of a batch) or "
+                        "token (ms per prompt token); docs/fidelity.md compares them")
     return p
 
 
@@ -191,6 +199,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.layout == "disaggregated":
         return _run_disaggregated(args)
+    if args.prefill_cost is not None:
+        raise UsageError("--prefill-cost: only with --layout disaggregated --fit-costs")
     args.engine = args.engine or "vllm"
     cfg_probe = engine_config(args.engine)  # an unknown engine fails first, with "did you mean"
     del cfg_probe
@@ -280,15 +290,25 @@ def _run_disaggregated(args: argparse.Namespace) -> int:
     from fluidopt.calibration.timemodels import load_distserve_profile
     from fluidopt.commands._checks import check_output_dir
     from fluidopt.core.errors import CalibrationError
-    from fluidopt.engines.disaggregated import Pool, check_fits, fit_costs, model_kv_bytes, replay_disaggregated
+    from fluidopt.engines.disaggregated import (
+        PREFILL_COST_FORMS,
+        Pool,
+        check_fits,
+        fit_costs,
+        model_kv_bytes,
+        replay_disaggregated,
+    )
     from fluidopt.engines.validation import Comparison, read_measured
 
     for flag, v in (("--slo-ttft-ms", args.slo_ttft_ms), ("--slo-tpot-ms", args.slo_tpot_ms)):
         if not (v > 0 and v < float("inf")):
             raise UsageError(f"{flag}: expected a time in ms > 0, got {v}")
-    for flag in ("per_iteration", "leave_one_out"):
-        if getattr(args, flag):
-            raise UsageError(f"--{flag.replace('_', '-')}: not with --layout disaggregated (only with --fit-overheads)")
+    if args.per_iteration:
+        raise UsageError("--per-iteration: not with --layout disaggregated (only with --fit-overheads)")
+    if args.leave_one_out and not args.fit_costs:
+        raise UsageError("--leave-one-out: with --layout disaggregated only with --fit-costs")
+    if args.prefill_cost is not None and not args.fit_costs:
+        raise UsageError("--prefill-cost: only with --fit-costs (the form of the prefill-side cost to fit)")
     for flag in ("timemodel", "tp", "kv_tokens", "fit", "fit_overheads", "engine"):
         if getattr(args, flag) is not None:
             raise UsageError(f"--{flag.replace('_', '-')}: not with --layout disaggregated (use --profile, "
@@ -302,7 +322,7 @@ def _run_disaggregated(args: argparse.Namespace) -> int:
     if not (args.link_gbps > 0 and math.isfinite(args.link_gbps)):
         raise UsageError(f"--link-gbps: expected a bandwidth in GB/s > 0, got {args.link_gbps:g}")
     for flag, v in (("--link-latency-ms", args.link_latency_ms), ("--prefill-overhead-ms", args.prefill_overhead_ms),
-                    ("--decode-request-ms", args.decode_request_ms)):
+                    ("--decode-request-ms", args.decode_request_ms), ("--prefill-entry-ms", args.prefill_entry_ms)):
         if not (v >= 0 and math.isfinite(v)):
             raise UsageError(f"{flag}: expected a time in ms >= 0, got {v:g}")
     if args.prefill_max_tokens < 1:
@@ -324,30 +344,51 @@ def _run_disaggregated(args: argparse.Namespace) -> int:
     kvs = {k: _kv_beside(Path(args.profile), args.model, tp)
            for k, tp in (("prefill", args.prefill_tp), ("decode", args.decode_tp))}
     runs = [read_measured(f) for f in args.measured]
+    if args.leave_one_out and len(runs) < 2:
+        raise UsageError("--leave-one-out: needs at least two measured runs")
     if not args.no_figure:
         check_output_dir(args.out or ".", "--out")
     pre = Pool(laws["prefill"], instances=args.prefill_instances, kv_tokens=kvs["prefill"],
-               max_tokens=args.prefill_max_tokens, overhead=args.prefill_overhead_ms / 1e3)
+               max_tokens=args.prefill_max_tokens, overhead=args.prefill_overhead_ms / 1e3,
+               entry_latency=args.prefill_entry_ms / 1e3)
     dec = Pool(laws["decode"], instances=args.decode_instances, kv_tokens=kvs["decode"],
                request_overhead=args.decode_request_ms / 1e3)
     link = dict(kv_bytes_per_token=kv_bytes, link_bandwidth=args.link_gbps * 1e9, link_latency=args.link_latency_ms / 1e3)
-    if args.fit_costs:
-        dc, pc = fit_costs(runs, pre, dec, **link)
-        pre, dec = dataclasses.replace(pre, overhead=pc), dataclasses.replace(dec, request_overhead=dc)
+    form = args.prefill_cost or "entry"
     engine = "distserve-disaggregated"
-    comps, rows = [], []
-    for r in runs:
-        sim = replay_disaggregated(pre, dec, r.arrival, r.prompt, r.output, **link)
-        c = Comparison(r, sim, engine, args.slo_ttft_ms / 1e3, args.slo_tpot_ms / 1e3)
+    slo = (args.slo_ttft_ms / 1e3, args.slo_tpot_ms / 1e3)
+
+    def fitted(on):
+        """The pools with both costs fitted to the runs ``on``."""
+        dc, pc = fit_costs(on, pre, dec, prefill_form=form, **link)
+        return (dataclasses.replace(pre, **{PREFILL_COST_FORMS[form][0]: pc}),
+                dataclasses.replace(dec, request_overhead=dc))
+
+    def row(r, p, q) -> tuple:
+        sim = replay_disaggregated(p, q, r.arrival, r.prompt, r.output, **link)
+        c = Comparison(r, sim, engine, *slo)
         d = c.to_dict()
         with np.errstate(invalid="ignore"):
             d["transfer_median_ms_simulated"] = float(np.nanmedian(sim.transfer) * 1e3) if np.isfinite(sim.transfer).any() else None
+        return c, d
+
+    loo = None
+    if args.fit_costs:
+        if args.leave_one_out:
+            loo = []
+            for i, r in enumerate(runs):
+                p, q = fitted([x for j, x in enumerate(runs) if j != i])
+                loo.append(dict(row(r, p, q)[1], **_costs(p, q)))
+        pre, dec = fitted(runs)
+    comps, rows = [], []
+    for r in runs:
+        c, d = row(r, pre, dec)
         comps.append(c)
         rows.append(d)
     if not args.no_figure:
         _save_figures(comps, rows, args.out, engine)
     mean_err = sum(abs(d["attainment_error"]) for d in rows) / len(rows)
-    costs = {"prefill_overhead_ms": pre.overhead * 1e3, "decode_request_ms": dec.request_overhead * 1e3}
+    costs = _costs(pre, dec)
     if args.json:
         obj = dict(rows[0]) if len(rows) == 1 else {"runs": rows}
         obj.update({"law": {k: v.to_dict() for k, v in laws.items()}, "kv_tokens": kvs["decode"],
@@ -356,19 +397,37 @@ def _run_disaggregated(args: argparse.Namespace) -> int:
                     "prefill_instances": args.prefill_instances, "decode_instances": args.decode_instances,
                     "link_gbps": args.link_gbps, "link_latency_ms": args.link_latency_ms,
                     "kv_bytes_per_token": kv_bytes, **costs, "costs_fitted": bool(args.fit_costs)})
+        if args.fit_costs:
+            obj["prefill_cost_form"] = form
+        if loo is not None:
+            obj["leave_one_out"] = loo
+            obj["leave_one_out_mean_abs_attainment_error"] = sum(abs(d["attainment_error"]) for d in loo) / len(loo)
         print(json.dumps(obj, indent=2))
         return 0
     print(f"disaggregated: {args.prefill_instances} prefill x TP {args.prefill_tp} (KV {kvs['prefill']} tokens), "
           f"{args.decode_instances} decode x TP {args.decode_tp} (KV {kvs['decode']} tokens); link {args.link_gbps:g} "
           f"GB/s + {args.link_latency_ms:g} ms, {kv_bytes} bytes/token; engine costs {'fitted' if args.fit_costs else 'given'}: "
-          f"prefill {costs['prefill_overhead_ms']:.3f} ms/batch, decode {costs['decode_request_ms']:.4f} ms/request; "
+          f"prefill {costs['prefill_entry_ms']:.3f} ms entry + {costs['prefill_overhead_ms']:.3f} ms/batch + "
+          f"{costs['prefill_prompt_ms']:.3f} ms/prompt + {costs['prefill_token_ms'] * 1e3:.3f} us/token, "
+          f"decode {costs['decode_request_ms']:.4f} ms/request; "
           f"SLO TTFT < {args.slo_ttft_ms:g} ms and TPOT < {args.slo_tpot_ms:g} ms")
     print(_table(rows))
     print(f"mean |attainment error| {mean_err:.3f}")
+    if loo is not None:
+        print("leave one out (costs fitted on the other runs, predicting this one):")
+        print(_table(loo))
+        print(f"mean |attainment error| left out {sum(abs(d['attainment_error']) for d in loo) / len(loo):.3f}")
     for d in rows:
         if "figure" in d:
             print(f"figure written to {d['figure']}")
     return 0
+
+
+def _costs(pre, dec) -> dict:
+    """The engine costs of a disaggregated layout's pools, in ms, by their JSON keys."""
+    return {"prefill_entry_ms": pre.entry_latency * 1e3, "prefill_overhead_ms": pre.overhead * 1e3,
+            "prefill_prompt_ms": pre.prompt_overhead * 1e3, "prefill_token_ms": pre.token_overhead * 1e3,
+            "decode_request_ms": dec.request_overhead * 1e3}
 
 
 def _save_figures(comps, rows, out_dir, engine: str) -> list[Path]:

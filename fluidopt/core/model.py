@@ -383,6 +383,82 @@ def _check_workflow(wf: Workflow, classes: tuple[RequestClass, ...]) -> tuple[Re
     return tuple(out)
 
 
+LAYOUTS = ("colocated", "disaggregated", "best")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a scenario's GPUs serve (issue 44): ``kind`` ``colocated`` (prefill and decode on the same
+    instances, today's model), ``disaggregated`` (a prefill pool and a decode pool, the KV cache moved over a
+    link) or ``best`` (the planner chooses). The other fields are the ``[pools]`` table, named as the
+    ``solve`` / ``plan`` flags they stand in for (``prefill_tp`` for ``--prefill-tp``); None leaves the
+    command's own default, and a flag given on the command line overrides the field.
+
+    ``profile`` (DistServe's profiler JSON), ``colocated_profile`` and ``lengths`` (measured runs) are paths,
+    resolved against the scenario file's folder when read; ``tp``: the TP degrees the placement search
+    tries. Units as the flags': ``link_gbps`` GB/s, the ``*_ms`` fields milliseconds."""
+
+    kind: str = "colocated"
+    profile: str | None = None
+    model: str | None = None
+    prefill_tp: int | None = None
+    decode_tp: int | None = None
+    prefill_instances: int | None = None
+    decode_instances: int | None = None
+    tp: tuple[int, ...] | None = None
+    link_gbps: float | None = None
+    link_latency_ms: float | None = None
+    prefill_max_tokens: int | None = None
+    prefill_overhead_ms: float | None = None
+    decode_request_ms: float | None = None
+    colocated_profile: str | None = None
+    colocated_request_ms: float | None = None
+    lengths: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in LAYOUTS:
+            raise ScenarioError(f"layout: expected one of {', '.join(map(repr, LAYOUTS))}, got {self.kind!r}")
+        for k in ("profile", "model", "colocated_profile"):
+            v = getattr(self, k)
+            if v is not None and (not isinstance(v, str) or not v):
+                raise ScenarioError(f"pools.{k}: expected a non-empty string, got {v!r}")
+        for k in ("prefill_tp", "decode_tp", "prefill_max_tokens"):
+            if getattr(self, k) is not None:
+                object.__setattr__(self, k, _check_int("pools", k, getattr(self, k), minimum=1))
+        for k in ("prefill_instances", "decode_instances"):
+            v = getattr(self, k)
+            if v is not None:
+                if isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v < 1:
+                    pool = k.split("_")[0]
+                    raise ScenarioError(f"pools.{k}: a disaggregated layout needs a {pool} pool, expected an "
+                                        f"integer >= 1, got {v!r}")
+                object.__setattr__(self, k, _check_int("pools", k, v, minimum=1))
+        if (self.prefill_instances is None) != (self.decode_instances is None):
+            given = "prefill_instances" if self.decode_instances is None else "decode_instances"
+            raise ScenarioError(f"pools.{given}: expected prefill_instances and decode_instances together (a split "
+                                f"has both pools), got {given} alone")
+        if self.link_gbps is not None:
+            v = self.link_gbps
+            if not isinstance(v, bool) and isinstance(v, (int, float, np.integer, np.floating)) and v <= 0:
+                raise ScenarioError(f"pools.link_gbps: expected a bandwidth in GB/s > 0, got {v!r}")
+            object.__setattr__(self, "link_gbps", _check_positive("pools", "link_gbps", v))
+        for k in ("link_latency_ms", "prefill_overhead_ms", "decode_request_ms", "colocated_request_ms"):
+            if getattr(self, k) is not None:
+                object.__setattr__(self, k, _check_positive("pools", k, getattr(self, k), allow_zero=True))
+        for k, what in (("tp", "TP degrees, integers >= 1"), ("lengths", "paths of measured runs")):
+            v = getattr(self, k)
+            if v is None:
+                continue
+            if isinstance(v, (str, bytes)) or not isinstance(v, (list, tuple)) or not v:
+                raise ScenarioError(f"pools.{k}: expected a non-empty array of {what}, got {v!r}")
+            object.__setattr__(self, k, tuple(v))
+            for i, x in enumerate(v):
+                if k == "tp":
+                    _check_int("pools", f"tp[{i}]", x, minimum=1)
+                elif not isinstance(x, str) or not x:
+                    raise ScenarioError(f"pools.lengths[{i}]: expected a path (a non-empty string), got {x!r}")
+
+
 @dataclass(frozen=True)
 class Rates:
     """Per-class rates of a scenario, per GPU, as numpy arrays indexed by class (fluid LP inputs).
@@ -419,6 +495,7 @@ class Scenario:
     meta: dict = field(default_factory=dict, compare=False, hash=False)
     fleet: Fleet | None = None  # autoscaling fleet (simulator only); None: a fixed fleet of ``gpus``
     workflow: Workflow | None = None  # arrival processes and batch backlogs (None: Poisson at each class's rate)
+    layout: Layout | None = None  # colocated, disaggregated or best, and the pools (None: no layout given)
 
     def __post_init__(self) -> None:
         if not isinstance(self.gpu, GPUProfile):
@@ -447,6 +524,8 @@ class Scenario:
                 )
         if self.workflow is not None:
             object.__setattr__(self, "classes", _check_workflow(self.workflow, classes))
+        if self.layout is not None and not isinstance(self.layout, Layout):
+            raise ScenarioError(f"layout: expected a Layout, got {type(self.layout).__name__}")
 
     # -- convenience -------------------------------------------------------------------------
     @property

@@ -19,6 +19,9 @@ pool (:mod:`fluidopt.engines.disagg_policies`); the rules below are the default,
   hold its KV (``ceil(prompt / block)`` blocks of ``block_size`` tokens, reserved then); the transfer
   takes ``link_latency + prompt * kv_bytes_per_token / link_bandwidth`` s, one transfer at a time per
   (prefill, decode) link, FCFS. Its end frees the prompt's KV on the prefill instance.
+* **Engine costs** a kernel-only profile leaves out (:class:`Pool`'s fields, 0 by default): per prefill
+  batch, per prompt of a batch, per prompt token, per request of a decode step, and an entry latency
+  between a request's issue and its arrival at the prefill pool that occupies no instance.
 * **Decode instance**: continuous batching. Each step decodes every running request (one token each)
   and takes ``law.decode_time(T, B)`` (``B`` requests, ``T`` context tokens). Transferred requests join
   at the next step boundary. A request holding ``L`` tokens holds ``ceil((L - 1) / block)`` blocks and
@@ -101,6 +104,11 @@ class Pool:
     block_size: int = 16
     overhead: float = 0.0  # s added to every batch or step (the engine's CPU time; kernel-only profiles omit it)
     request_overhead: float = 0.0  # decode: s added per request of a step (sampling, detokenising, streaming)
+    prompt_overhead: float = 0.0  # prefill: s added per prompt of a batch (tokenising, request set-up, the reply)
+    token_overhead: float = 0.0  # prefill: s added per prompt token of a batch (on top of the law's b)
+    # prefill: s from a request's issue to its arrival at the pool (the API server in front: tokenising,
+    # handing over); it occupies no instance, so it adds to TTFT without queueing
+    entry_latency: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -130,7 +138,8 @@ class DisaggReplay(Replay):
 
     @property
     def prefill_wait(self) -> np.ndarray:
-        """Queueing in the prefill pool (gate or instance queue), s: prefill start - arrival."""
+        """Queueing in the prefill pool (gate or instance queue), s: prefill start - arrival (so it includes
+        the pool's entry latency)."""
         return self.prefill_start - self.arrival
 
     @property
@@ -229,7 +238,8 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
 
     heappush, heappop = heapq.heappush, heapq.heappop
     pf = prefill.law.prefill
-    pf_a, pf_b, pf_c, pf_over = pf.a, pf.b, pf.c, prefill.overhead
+    pf_a, pf_b, pf_c, pf_over = pf.a, pf.b + prefill.token_overhead, pf.c, prefill.overhead
+    pf_req = prefill.prompt_overhead  # (with the defaults, 0, every sum below is the same float as without)
     p_maxb, p_maxt = prefill.max_batch, prefill.max_tokens
     p_kv = inf if prefill.kv_tokens is None else prefill.kv_tokens
 
@@ -276,7 +286,7 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
         for r in batch:
             ps[r] = now
         pre_iters += 1
-        heappush(ev, (now + pf_over + pf_a + pf_b * tok + pf_c * s2, next(seq), PDONE, p))
+        heappush(ev, (now + pf_over + pf_req * len(batch) + pf_a + pf_b * tok + pf_c * s2, next(seq), PDONE, p))
 
     def try_migrate(d: int, now: float) -> None:
         """Move the head of ``d``'s migration queue onto its link while ``d`` has blocks for it."""
@@ -382,8 +392,9 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
             raise AssertionError(f"disaggregated replay at t = {now}: {dict(zip(STAGES, row[1:]))} do not add up")
         log.append(row)
 
-    # Python floats (the same values, faster to compare than numpy scalars), and a sentinel at inf
-    A = arr.tolist() + [inf]
+    # Python floats (the same values, faster to compare than numpy scalars), and a sentinel at inf; the
+    # engine sees each request entry_latency after its issue (every time below is the engine's)
+    A = (arr + prefill.entry_latency if prefill.entry_latency else arr).tolist() + [inf]
     nxt = 0
     while True:
         now = A[nxt]
@@ -608,18 +619,34 @@ def replay_disaggregated(prefill: Pool, decode: Pool, arrival, prompt, output, *
                         np.array(ps, f), np.array(ds, f), np.asarray(C, dtype=i), policy_name, events)
 
 
+# the prefill-side engine cost forms --fit-costs can fit: the Pool field each one sets and its bisection range (s).
+# The first, a latency before the pool, is the default: fitted to three of DistServe's runs it predicts the
+# fourth within 6% on both medians, where a cost per batch, prompt or token misses 12/s by 12-14% on TTFT
+# (each occupies the instance, so at 12/s the prefill queue compounds it; docs/fidelity.md).
+PREFILL_COST_FORMS = {"entry": ("entry_latency", 50e-3), "batch": ("overhead", 20e-3),
+                      "prompt": ("prompt_overhead", 10e-3), "token": ("token_overhead", 20e-6)}
+
+
 def fit_costs(runs, prefill: Pool, decode: Pool, *, kv_bytes_per_token: float, link_bandwidth: float = NVLINK_A100,
-              link_latency: float = 0.0, tol: float = 1e-6) -> tuple[float, float]:
+              link_latency: float = 0.0, tol: float = 1e-6, prefill_form: str = "entry") -> tuple[float, float]:
     """The engine's CPU costs that a kernel-only profile leaves out, fitted to measured runs
     (:class:`~fluidopt.engines.validation.MeasuredRun`): the decode cost per request of a step (s) that
     makes the simulated median TPOT match the measured one on average over the runs (mean log-ratio 0),
-    then the prefill cost per batch (s) that does the same for the median TTFT. Only medians are
-    fitted, so attainment stays a check. Each is found by bisection (both medians grow with their
-    cost), the decode cost in [0, 2 ms], the prefill cost in [0, 20 ms]."""
+    then the prefill cost that does the same for the median TTFT, in the form ``prefill_form`` (a key of
+    :data:`PREFILL_COST_FORMS`): s from issue to the prefill pool, occupying no instance (``entry``, the
+    default), s per batch (``batch``), s per prompt of a batch (``prompt``) or s per prompt token
+    (``token``). Only medians are fitted, so attainment stays a check. Each is found by bisection (both
+    medians grow with their cost), the decode cost in [0, 2 ms], the prefill cost in its form's range
+    (50 ms entry, 20 ms per batch, 10 ms per prompt, 20 us per token); ``tol`` (s) is the decode cost's
+    tolerance and the batch form's, scaled to the other forms' ranges. Returns ``(decode cost, prefill cost)``."""
     import dataclasses
 
+    if prefill_form not in PREFILL_COST_FORMS:
+        raise UsageError(f"prefill cost form {prefill_form!r}: expected one of {', '.join(PREFILL_COST_FORMS)}")
+    field, hi_pre = PREFILL_COST_FORMS[prefill_form]
+
     def gap(dc: float, pc: float, what: str) -> float:
-        pp = dataclasses.replace(prefill, overhead=pc)
+        pp = dataclasses.replace(prefill, **{field: pc})
         dp = dataclasses.replace(decode, request_overhead=dc)
         tot = 0.0
         for m in runs:
@@ -629,17 +656,18 @@ def fit_costs(runs, prefill: Pool, decode: Pool, *, kv_bytes_per_token: float, l
             tot += math.log(max(float(np.nanmedian(sim)), 1e-12) / float(np.median(meas)))
         return tot / len(runs)
 
-    def bisect(f, hi: float) -> float:
+    def bisect(f, hi: float, eps: float) -> float:
         lo = 0.0
         if f(lo) >= 0:
             return lo
         if f(hi) <= 0:
             return hi
-        while hi - lo > tol:
+        while hi - lo > eps:
             mid = (lo + hi) / 2
             lo, hi = (mid, hi) if f(mid) < 0 else (lo, mid)
         return (lo + hi) / 2
 
-    dc = bisect(lambda x: gap(x, prefill.overhead, "tpot"), 2e-3)
-    pc = bisect(lambda x: gap(dc, x, "ttft"), 20e-3)
+    dc = bisect(lambda x: gap(x, getattr(prefill, field), "tpot"), 2e-3, tol)
+    # the prefill tolerance scales with the form's range (the batch form's 20 ms keeps ``tol`` as given)
+    pc = bisect(lambda x: gap(dc, x, "ttft"), hi_pre, tol * hi_pre / 20e-3)
     return dc, pc
