@@ -62,13 +62,17 @@ class LivePrefixCache(PrefixCache):
         if self.lim >= 0:
             self.flat.extend(blocks)
         self.off.append(len(self.ids))
-        for lst in (self.cached, self.gpu_of, self.cls_of, self.prompt_of):
-            lst.append(-1 if lst is self.cached else 0)
+        # the simulator's per-request arrays (index s - 1), each one entry longer: running GPU, blocks held
+        # (-1: not running), cached tokens and tokens computed of its prefill; its first prefill's cached
+        # tokens (-1: none completed), GPU, class and prompt
+        for a, v in ((self.rg, 0), (self.rk, -1), (self.rc, 0), (self.rw, 0), (self.cached, -1),
+                     (self.gpu_of, 0), (self.cls_of, 0), (self.prompt_of, 0)):
+            a.append(v)
         return len(self.off) - 1
 
     def lookup(self, s: int, ptok: int, prompt: int, kv: int) -> tuple[int, int]:
         work = self.start(s, 0, ptok, prompt, kv)
-        return work, self.run[s][2]
+        return work, self.rc[s - 1]
 
     def done(self, s: int) -> None:
         self.leave(s, 0, 0, 0)
