@@ -108,7 +108,7 @@ def test_fit_overheads_flags_are_one_line_exit_2(tmp_path, capsys):
                             (["--fit", str(tmp_path / "a.toml"), "--fit-overheads", str(tmp_path / "b.toml")],
                              "not both"),
                             (["--layout", "disaggregated", "--leave-one-out"],
-                             "--leave-one-out: not with --layout disaggregated")):
+                             "--leave-one-out: with --layout disaggregated only with --fit-costs")):
         assert main(["validate", str(exp), "--timemodel", str(law), "--no-figure", *extra]) == 2
         err = capsys.readouterr().err
         assert fragment in err and len(err.strip().splitlines()) == 1
