@@ -82,14 +82,15 @@ POLICIES = [
 DRAIN = 600.0  # s after the last arrival: every request resolves (the longest E2E is under 100 s)
 
 
-def _speedup_for(trace: Path, load: float, base) -> tuple[float, float]:
-    """(speedup, fluid load at it): the load is linear in the arrival rate, so one replay at speedup 1 tells."""
+def _replay_at_load(trace: Path, load: float, base):
+    """(speedup, fluid load at it, scenario, workload): the trace replayed at fluid load ``load`` on ``base``'s
+    fleet. The load is linear in the arrival rate, so one replay at speedup 1 tells the speedup."""
     from fluidopt.workloads.traces import fleet_load, replay
 
     _, wl = replay(trace, base, speedup=1.0)
     k = load / fleet_load(wl, base)
-    _, wl = replay(trace, base, speedup=k)
-    return k, fleet_load(wl, base)
+    sc, wl = replay(trace, base, speedup=k)
+    return k, fleet_load(wl, base), sc, wl
 
 
 def _run(sc, wl, name: str, opts: dict, tmp: Path) -> tuple[pd.DataFrame, float]:
@@ -172,12 +173,11 @@ def main(argv: list[str] | None = None) -> int:
     from fluidopt.fluid.lp import solve_fluid
     from fluidopt.scenario import load_scenario
     from fluidopt.workloads.prefix import hit_ratio
-    from fluidopt.workloads.traces import classes_from_trace, replay
+    from fluidopt.workloads.traces import classes_from_trace
 
     t_start = time.perf_counter()
     base = replace(load_scenario(SCENARIO), gpus=GPUS)
-    k, load = _speedup_for(trace, args.load, base)
-    base, wl = replay(trace, base, speedup=k)
+    k, load, base, wl = _replay_at_load(trace, args.load, base)
     span = float(wl.frame["time"].max())
     g = base.gpu
     law = dict(prefill_time_per_token=g.tau_mix / g.chunk, decode_time_per_token=g.tau_mix)

@@ -27,7 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from prefix_headtohead import GPUS, ROOT, SCENARIO, TRACE, _boot, _run, _speedup_for, _stats  # noqa: E402
+from prefix_headtohead import GPUS, ROOT, SCENARIO, TRACE, _boot, _replay_at_load, _run, _stats  # noqa: E402
 
 KV = {"unlimited": None, **{f"{gb}gb": int((0.9 * gb * 1e9 - 8.2e9 * 2) / (2 * 36 * 8 * 128 * 2)) for gb in (40, 80)}}
 POLICIES = ("least-requests", "jsq", "sglang", "llm-d", "dynamo-kv")
@@ -77,7 +77,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     warnings.simplefilter("ignore")
     from fluidopt.scenario import load_scenario
-    from fluidopt.workloads.traces import replay
 
     sys.path.insert(0, str(ROOT))
     t_start = time.perf_counter()
@@ -85,8 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     cells = []
     with tempfile.TemporaryDirectory() as tmp:
         for load in loads:
-            k, fl = _speedup_for(trace, load, base0)
-            base, wl = replay(trace, base0, speedup=k)
+            k, fl, base, wl = _replay_at_load(trace, load, base0)
             span = float(wl.frame["time"].max())
             prices = (float(base.prefill_price), float(base.decode_price))
             for kv in kvs:

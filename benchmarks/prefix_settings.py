@@ -53,8 +53,8 @@ from prefix_headtohead import (  # noqa: E402
     TRACE,
     _boot,
     _rel,
+    _replay_at_load,
     _run,
-    _speedup_for,
     _stats,
 )
 
@@ -104,12 +104,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     warnings.simplefilter("ignore")
     from fluidopt.scenario import load_scenario
-    from fluidopt.workloads.traces import replay
 
     t_start = time.perf_counter()
     base = replace(load_scenario(SCENARIO), gpus=GPUS)
-    k, load = _speedup_for(trace, args.load, base)
-    base, wl = replay(trace, base, speedup=k)
+    k, load, base, wl = _replay_at_load(trace, args.load, base)
     span = float(wl.frame["time"].max())
     prices = (float(base.prefill_price), float(base.decode_price))
     print(f"Mooncake conversation trace, speedup {k:.4f}, fluid load {load:.4f}, {GPUS} GPUs")
