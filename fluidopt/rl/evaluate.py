@@ -11,7 +11,6 @@ confidence intervals over episodes (t distribution) and the improvement over a b
 from __future__ import annotations
 
 import math
-import signal
 import time
 import warnings
 from collections.abc import Sequence
@@ -82,10 +81,9 @@ def run_episode(scenario: Scenario, policy, workload, *, seed: int, options: dic
         if eng.now > last and in_system(eng) == 0:
             break
     res = eng.finish()
-    if res.interrupted:
-        import fluidopt.core.interrupt as interrupt
+    import fluidopt.core.interrupt as interrupt
 
-        raise interrupt.Interrupted(interrupt.pending() or signal.SIGINT)
+    interrupt.raise_if_cut(res)
     res.meta["controller"] = eng.controller
     return res
 
