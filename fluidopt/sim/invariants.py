@@ -72,24 +72,23 @@ def check_invariants(eng) -> None:
     in_sys_of = [0] * I
     past_of = [0] * I
     n_waiting = 0
-    r_cls, r_phase, r_gpu, g_pre = r_cls_, r_phase_, r_gpu_, g_pre_
     for r in live:
-        c = r_cls[r]
-        ph = r_phase[r]
+        c = r_cls_[r]
+        ph = r_phase_[r]
         in_sys_of[c] += 1
         if ph == WAIT_PREFILL:
             cnt[NQ * c + Q_WP] += 1
             n_waiting += 1
         elif ph == PREFILL:
             cnt[NQ * c + Q_X] += 1
-            pre_of[r_gpu[r]].append(r)
+            pre_of[r_gpu_[r]].append(r)
         elif ph == WAIT_DECODE:
             cnt[NQ * c + Q_WD] += 1
             n_waiting += 1
             past_of[c] += 1
         else:
-            g = r_gpu[r]
-            cnt[NQ * c + (Q_YM if g_pre[g] >= 0 else Q_YS)] += 1
+            g = r_gpu_[r]
+            cnt[NQ * c + (Q_YM if g_pre_[g] >= 0 else Q_YS)] += 1
             if ph == DECODE:
                 nd_of[g] += 1
                 dec_of[g].append(r)
