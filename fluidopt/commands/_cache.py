@@ -66,15 +66,12 @@ def apply_cache(args: argparse.Namespace, scenario: Any) -> Any:
     h = args.hit_ratio
     if args.from_trace is not None:
         from fluidopt.workloads.jsonl import read_jsonl_trace
-        from fluidopt.workloads.prefix import hit_ratio
+        from fluidopt.workloads.prefix import H_MAX, hit_ratio_on_gpu
 
-        g = scenario.gpu
         n = args.cache_instances or scenario.gpus
         rule = args.cache_rule or "round-robin"
-        est = hit_ratio(read_jsonl_trace(args.from_trace), rule, n, args.cache_blocks,
-                        prefill_time_per_token=g.tau_mix / g.chunk, decode_time_per_token=g.tau_mix)
-        # the fluid model needs h < 1; a trace of identical prompts would reach it
-        h = min(est.hit_ratio, 0.999)
+        est = hit_ratio_on_gpu(read_jsonl_trace(args.from_trace), scenario.gpu, rule, n, args.cache_blocks)
+        h = min(est.hit_ratio, H_MAX)
         blocks = "unlimited" if args.cache_blocks is None else f"{args.cache_blocks:,}"
         print(f"--from-trace: hit ratio {h:.4f} ({rule}, {n} instances, {blocks} blocks each; one global cache "
               f"{est.ideal:.4f})", file=sys.stderr)

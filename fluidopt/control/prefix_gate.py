@@ -47,7 +47,6 @@ from fluidopt.fluid.solution import FluidSolution
 
 __all__ = ["PrefixBackpressureGateAndRoute", "PrefixGateAndRoute", "longest_match_gpu", "scenario_with_hit_ratio"]
 
-_H_MAX = 0.999  # the fluid model needs h < 1 (a trace of identical prompts would reach 1)
 LOOKAHEAD = 8  # waiting requests compared on a freed slot (docs/prefix-cache.md: 8 and 32 keep 0.25 of tokens, 1 keeps 0.16)
 
 
@@ -159,14 +158,11 @@ def _hit_ratio_of(who: str, scenario: Scenario, hit_ratio: float | None, from_tr
     if from_trace is None:
         return None
     from fluidopt.workloads.jsonl import read_jsonl_trace
-    from fluidopt.workloads.prefix import hit_ratio as estimate
+    from fluidopt.workloads.prefix import H_MAX, hit_ratio_on_gpu
 
-    g = scenario.gpu
-    # the timing law of --from-trace (fluidopt/commands/_cache.py): tau_mix / chunk s per uncached prompt
-    # token, tau_mix per output token
-    est = estimate(read_jsonl_trace(from_trace), cache_rule, int(scenario.gpus), None,
-                   prefill_time_per_token=g.tau_mix / g.chunk, decode_time_per_token=g.tau_mix)
-    return min(est.hit_ratio, _H_MAX)
+    # the estimate of --from-trace (fluidopt/commands/_cache.py)
+    est = hit_ratio_on_gpu(read_jsonl_trace(from_trace), scenario.gpu, cache_rule, int(scenario.gpus), None)
+    return min(est.hit_ratio, H_MAX)
 
 
 def _solution(who: str, scenario: Scenario, plan: Any, h: float | None) -> FluidSolution:

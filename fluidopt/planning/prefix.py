@@ -122,24 +122,21 @@ def fluid_cache_plan(scenario: Scenario, workload, rule: str | None, *, capacity
     routing ``rule`` over the planned fleet's instances (``capacity_blocks`` blocks each; None:
     unlimited), or without a cache (``rule=None``). ``instances``: estimate h once over that many
     instances instead of iterating. ``options``: the rule's parameters. See the module docstring."""
-    from fluidopt.workloads.prefix import hit_ratio
+    from fluidopt.workloads.prefix import H_MAX, hit_ratio_on_gpu
 
     sc = _plan_scenario(scenario, workload)
     n, n_int, binding = _fluid_gpus(sc, 0.0, served)
     steps: list[tuple[int, float, float]] = []
     if rule is None:
         return CachePlan(None, capacity_blocks, 0.0, math.nan, n, n_int, binding, ((n_int, 0.0, n),))
-    g = sc.gpu
-    law = dict(prefill_time_per_token=g.tau_mix / g.chunk, decode_time_per_token=g.tau_mix)
     seen: dict[int, tuple[float, float]] = {}
     h, ideal = 0.0, math.nan
     for _ in range(1 if instances else max_steps):
         inst = instances or max(1, n_int)
         if inst in seen:
             break
-        est = hit_ratio(workload, rule, inst, capacity_blocks, **law, **options)
-        # the fluid model needs h < 1 (as --from-trace caps it)
-        h, ideal = min(est.hit_ratio, 0.999), est.ideal
+        est = hit_ratio_on_gpu(workload, sc.gpu, rule, inst, capacity_blocks, **options)
+        h, ideal = min(est.hit_ratio, H_MAX), est.ideal
         n, n_int, binding = _fluid_gpus(sc, h, served)
         seen[inst] = (h, n)
         steps.append((inst, h, n))

@@ -53,7 +53,7 @@ import pandas as pd
 from fluidopt.core.errors import ScenarioError
 from fluidopt.workloads.replay import TraceWorkload
 
-__all__ = ["RULES", "HitRatio", "hit_ratio"]
+__all__ = ["H_MAX", "RULES", "HitRatio", "hit_ratio", "hit_ratio_on_gpu"]
 
 RULES = ("round-robin", "least-load", "sglang", "llm-d", "consistent-hash", "consistent-hash-bounded")
 _OPTIONS = {
@@ -299,3 +299,16 @@ def hit_ratio(trace, rule: str = "round-robin", n_instances: int = 8, capacity_b
                     cached_tokens=int(cached.sum()), ideal_cached_tokens=int(ideal_cached.sum()),
                     instance=inst, cached=cached, by_class=table(np.asarray(cls), class_names, True),
                     by_instance=table(inst, range(n), False), evictions=evictions)
+
+
+H_MAX = 0.999  # the fluid model takes h < 1; a trace of identical prompts would reach 1
+
+
+def hit_ratio_on_gpu(trace, gpu, rule: str = "round-robin", n_instances: int = 8, capacity_blocks: int | None = None,
+                     **options) -> HitRatio:
+    """:func:`hit_ratio` timed by the fluid model's law of ``gpu`` (a :class:`~fluidopt.core.model.GPUProfile`):
+    ``tau_mix / chunk`` s per uncached prompt token, ``tau_mix`` s per output token. The estimate behind
+    ``--from-trace``, the cache-aware gate's own h and the trace plan; cap what it gives at :data:`H_MAX`
+    before the fluid model takes it."""
+    return hit_ratio(trace, rule, n_instances, capacity_blocks, prefill_time_per_token=gpu.tau_mix / gpu.chunk,
+                     decode_time_per_token=gpu.tau_mix, **options)
