@@ -64,11 +64,12 @@ BASELINE = "least-requests"
 POLICIES = [
     ("round-robin", "round-robin", {}), ("least-requests", "least-requests", {}), ("jsq", "jsq", {}),
     ("min-min", "min-min", {}), ("sglang", "sglang", {}), ("llm-d", "llm-d", {}), ("dynamo-kv", "dynamo-kv", {}),
+    ("mooncake", "mooncake", {}),
     ("consistent-hash", "consistent-hash", {}), ("consistent-hash-bounded", "consistent-hash-bounded", {}),
     # the instance policies with chunked prefill: the time law gate-and-route runs (chunk C per iteration)
     ("least-requests-chunked", "least-requests-chunked", {}), ("jsq-chunked", "jsq-chunked", {}),
     ("sglang-chunked", "sglang-chunked", {}), ("llm-d-chunked", "llm-d-chunked", {}),
-    ("dynamo-kv-chunked", "dynamo-kv-chunked", {}),
+    ("dynamo-kv-chunked", "dynamo-kv-chunked", {}), ("mooncake-chunked", "mooncake-chunked", {}),
     ("gate-and-route", "gate-and-route", {}), ("backpressure-gate-and-route", "backpressure-gate-and-route", {}),
     ("gate-and-route-prefix", "gate-and-route-prefix", {}),
     ("backpressure-gate-and-route-prefix", "backpressure-gate-and-route-prefix", {}),

@@ -6,8 +6,8 @@
 For every (fluid load, KV capacity per GPU) cell: replay the whole trace on 8 GPUs of
 examples/scenarios/mooncake-conversation.toml with time compressed to that load (cache-blind fluid load, as
 benchmarks/prefix_headtohead.py), tokens mode, the cache on, under ``least-requests`` (least-load), ``jsq``
-(the best cache-blind balancer of the head-to-head), and the cache-aware routers ``sglang``, ``llm-d`` and
-``dynamo-kv`` with their defaults (all prefill first, no chunking, as the head-to-head's main rows). The gain is the best
+(the best cache-blind balancer of the head-to-head), and the cache-aware routers ``sglang``, ``llm-d``,
+``dynamo-kv`` and ``mooncake`` with their defaults (all prefill first, no chunking, as the head-to-head's main rows). The gain is the best
 cache-aware router's change in mean TTFT (and mean E2E) against least-load, with the paired block bootstrap
 interval of prefix_headtohead.py (10 arrival windows, ``--boot`` replicates), and its token hit ratio beside
 least-load's and the ideal (one global unlimited cache, 0.3736). KV capacities: an 80 GB and a 40 GB GPU's,
@@ -30,9 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from prefix_headtohead import GPUS, ROOT, SCENARIO, TRACE, _boot, _replay_at_load, _run, _stats  # noqa: E402
 
 KV = {"unlimited": None, **{f"{gb}gb": int((0.9 * gb * 1e9 - 8.2e9 * 2) / (2 * 36 * 8 * 128 * 2)) for gb in (40, 80)}}
-POLICIES = ("least-requests", "jsq", "sglang", "llm-d", "dynamo-kv")
+POLICIES = ("least-requests", "jsq", "sglang", "llm-d", "dynamo-kv", "mooncake")
 CACHE_AWARE = ("sglang", "llm-d")  # the "best cache-aware" column: the routers that balance request counts
 DYNAMO = "dynamo-kv"  # its own column: it balances blocks (prefill tokens and active KV)
+MOONCAKE = "mooncake"  # its own column: it balances estimated TTFT (queued prefill time + its own)
 
 
 def _table(cells: list[dict]) -> None:
@@ -44,14 +45,16 @@ def _table(cells: list[dict]) -> None:
 
     print("\n| fluid load | KV per GPU | least-load: hit ratio, mean TTFT (s) | best of `sglang`, `llm-d` | its hit ratio | "
           "mean TTFT vs least-load | mean E2E vs least-load | `dynamo-kv`: hit ratio | mean TTFT vs least-load | "
-          "mean E2E vs least-load | `jsq`: mean TTFT vs least-load |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "mean E2E vs least-load | `mooncake`: hit ratio | mean TTFT vs least-load | mean E2E vs least-load | "
+          "`jsq`: mean TTFT vs least-load |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for c in cells:
         ll, best = c["rows"]["least-requests"], min(CACHE_AWARE, key=lambda p: c["rows"][p]["ttft_mean"])
         kvname = "unlimited" if c["kv_tokens"] is None else f"{c['kv'][:-2]} GB ({c['kv_tokens']:,})"
         print(f"| {c['load']:.2f} | {kvname} | {ll['hit_ratio']:.3f}, {ll['ttft_mean']:.2f} | `{best}` | "
               f"{c['rows'][best]['hit_ratio']:.3f} | {pct(c, best, 'ttft_mean')} | {pct(c, best, 'e2e_mean')} | "
               f"{c['rows'][DYNAMO]['hit_ratio']:.3f} | {pct(c, DYNAMO, 'ttft_mean')} | {pct(c, DYNAMO, 'e2e_mean')} | "
+              f"{c['rows'][MOONCAKE]['hit_ratio']:.3f} | {pct(c, MOONCAKE, 'ttft_mean')} | {pct(c, MOONCAKE, 'e2e_mean')} | "
               f"{pct(c, 'jsq', 'ttft_mean')} |")
 
 
@@ -101,12 +104,14 @@ def main(argv: list[str] | None = None) -> int:
                         "ttft_gain": rows[best]["ttft_mean"] / ll["ttft_mean"] - 1,
                         "e2e_gain": rows[best]["e2e_mean"] / ll["e2e_mean"] - 1,
                         "jsq_ttft_gain": rows["jsq"]["ttft_mean"] / ll["ttft_mean"] - 1,
-                        "dynamo_ttft_gain": rows[DYNAMO]["ttft_mean"] / ll["ttft_mean"] - 1}
+                        "dynamo_ttft_gain": rows[DYNAMO]["ttft_mean"] / ll["ttft_mean"] - 1,
+                        "mooncake_ttft_gain": rows[MOONCAKE]["ttft_mean"] / ll["ttft_mean"] - 1}
                 cells.append(cell)
                 print(f"load {fl:.3f} kv {kv:9s}: least-load TTFT {ll['ttft_mean']:.3f} s (h {ll['hit_ratio']:.3f}); "
                       f"{best} {rows[best]['ttft_mean']:.3f} s ({100 * cell['ttft_gain']:+.1f}%, h "
                       f"{rows[best]['hit_ratio']:.3f}); {DYNAMO} {100 * cell['dynamo_ttft_gain']:+.1f}% (h "
-                      f"{rows[DYNAMO]['hit_ratio']:.3f}); jsq {100 * cell['jsq_ttft_gain']:+.1f}% "
+                      f"{rows[DYNAMO]['hit_ratio']:.3f}); {MOONCAKE} {100 * cell['mooncake_ttft_gain']:+.1f}% (h "
+                      f"{rows[MOONCAKE]['hit_ratio']:.3f}); jsq {100 * cell['jsq_ttft_gain']:+.1f}% "
                       f"[{sum(r['wall_s'] for r in rows.values()):.1f} s]", flush=True)
 
     _table(cells)
@@ -125,10 +130,14 @@ def main(argv: list[str] | None = None) -> int:
             line = axes[0].plot(x, [100 * c["ttft_gain"] for c in cs], marker="o", label=f"{kv}: sglang / llm-d")[0]
             axes[0].plot(x, [100 * c["dynamo_ttft_gain"] for c in cs], marker="s", ls="--", color=line.get_color(),
                          label=f"{kv}: {DYNAMO}")
+            axes[0].plot(x, [100 * c["mooncake_ttft_gain"] for c in cs], marker="^", ls=":", color=line.get_color(),
+                         label=f"{kv}: {MOONCAKE}")
             axes[1].plot(x, [c["rows"][c["best"]]["hit_ratio"] for c in cs], marker="o", color=line.get_color(),
                          label=f"{kv}: sglang / llm-d")
             axes[1].plot(x, [c["rows"][DYNAMO]["hit_ratio"] for c in cs], marker="s", ls="--", color=line.get_color(),
                          label=f"{kv}: {DYNAMO}")
+            axes[1].plot(x, [c["rows"][MOONCAKE]["hit_ratio"] for c in cs], marker="^", ls=":", color=line.get_color(),
+                         label=f"{kv}: {MOONCAKE}")
         axes[0].set_ylabel("mean TTFT vs least-load (%)")
         axes[0].set_title("cache-aware routers", fontsize=9)
         axes[1].set_ylabel("its token hit ratio")

@@ -29,6 +29,9 @@ Inference Extension ship (``prefix-cache-scorer``, ``queue-scorer``, ``kv-cache-
   * 0.0, 0.0: the weight Dynamo's disaggregated examples give the decode router ("pure load balancing":
     the cost is the decode blocks alone).
 
+``mooncake``, Mooncake's Conductor (FAST 2025, Algorithm 1), has no setting: its estimate comes from the
+scenario's iteration-time law; one row.
+
 ``--other-weights`` adds ``dynamo-kv`` at overlap weights 2 and 4 (temperature 0), as rows marked "not published". No
 project publishes these: they show the weight's effect, and were chosen after seeing the trace.
 """
@@ -74,6 +77,7 @@ SETTINGS = [
     ("dynamo-kv 1/0 (Dynamo's defaults)", "dynamo-kv", {"overlap_score_weight": 1.0, "router_temperature": 0.0}),
     ("dynamo-kv 0/0 (load balancing: Dynamo's disaggregated decode router)", "dynamo-kv",
      {"overlap_score_weight": 0.0, "router_temperature": 0.0}),
+    ("mooncake (Mooncake's Conductor; no options)", "mooncake", {}),
 ]
 OTHER = [  # --other-weights: not published settings (module docstring)
     ("dynamo-kv 2/0 (not published)", "dynamo-kv", {"overlap_score_weight": 2.0, "router_temperature": 0.0}),

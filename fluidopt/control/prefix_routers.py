@@ -26,6 +26,9 @@ from its own index (``ClusterSnapshot``). An instance's load is its outstanding 
   tokens the instance would have to prefill, its routed prefills not yet done plus this request's
   uncached tokens, over the block size, and ``decode_blocks`` the distinct KV blocks of the requests
   routed to it and not finished, this request's included. Defaults 1.0 and temperature 0 (Dynamo's).
+* ``mooncake``: Mooncake's Conductor (:class:`MooncakeConductor`), the scheduler of the system whose trace
+  this is: the instance of the lowest estimated TTFT, its prefill queue's time plus this request's prefill
+  of its uncached tokens, both from the scenario's iteration-time law.
 """
 
 from __future__ import annotations
@@ -38,10 +41,10 @@ from fluidopt.control.load_balancers import _registered
 from fluidopt.control.protocol import Context
 from fluidopt.control.token_ledger import _chunk_name
 from fluidopt.core.errors import ScenarioError
-from fluidopt.core.model import Scenario
+from fluidopt.core.model import GPUProfile, Scenario
 from fluidopt.workloads.prefix import _h64, _ring
 
-__all__ = ["ConsistentHash", "ConsistentHashBounded", "DynamoKV", "LLMDScorer", "SGLangRouter"]
+__all__ = ["ConsistentHash", "ConsistentHashBounded", "DynamoKV", "LLMDScorer", "MooncakeConductor", "SGLangRouter"]
 
 
 def _number(owner: str, name: str, v: object, low: float = 0.0) -> float:
@@ -304,6 +307,102 @@ class DynamoKV(InstanceScheduler):
         self._free(r)
 
 
+class MooncakeConductor(InstanceScheduler):
+    """Mooncake's Conductor: the instance where the request's first token is estimated to come soonest.
+
+    From Mooncake's KVCache-centric scheduling (Qin et al., "Mooncake: Trading More Storage for Less
+    Computation", FAST 2025, Algorithm 1): for each prefill instance, the estimated TTFT is the time its
+    prefill queue needs plus this request's prefill given the prefix cached there, and the request goes to
+    the lowest. Both estimates come from the scenario's iteration-time law (``gpu``), in seconds:
+
+    * ``T_prefill(u) = alpha + beta * u`` for ``u = max(1, prompt - cached(r, g))`` uncached tokens
+      (``ctx.cached_prefix_tokens``; the engine prefills at least one token); with chunked prefill
+      ``ceil(u / C) * tau_mix``;
+    * ``T_queue(g) = k * alpha + beta * W``: the k prefills routed to g and not yet done, W uncached tokens in
+      all, each counted as it was at its routing (prefill first: each is its own iteration); with chunked
+      prefill ``(W / C + k / 2) * tau_mix``, half a chunk of rounding a prompt (as ``min-min``);
+    * ``cost(g) = T_queue(g) + T_prefill(u_g)``; ties go to the fewest outstanding requests
+      (``ctx.instance_requests``), then the lowest index.
+
+    What Mooncake does that this does not: its instances share a distributed KV store, so when another
+    instance holds a much longer prefix (``kvcache_balancing_threshold``) the Conductor copies those blocks over
+    and charges the transfer; here each instance's cache is its own and nothing moves between them. Its
+    decode side (prefill/decode disaggregation) and its early rejection against TTFT and TBT SLOs are not
+    modelled: every instance here is colocated, and every request is served. Like ``dynamo-kv`` it keeps its
+    own ledger from the protocol's events (the same over the simulator and a
+    :class:`~fluidopt.control.snapshot.ClusterSnapshot`) and does not see preemptions.
+    """
+
+    name = "mooncake"
+
+    def __init__(self, gpu: GPUProfile, **kw):
+        super().__init__(**kw)
+        if not isinstance(gpu, GPUProfile):
+            raise ScenarioError(f"mooncake: gpu: expected a GPUProfile (the iteration-time law), got {gpu!r}")
+        self.gpu = gpu
+        _chunk_name(self)
+
+    def setup(self, ctx: Context) -> None:
+        super().setup(ctx)
+        self._k = [0] * self.n  # routed prefills not yet done
+        self._w = [0] * self.n  # their uncached prompt tokens, as at routing
+        self._rec: dict[int, tuple[int, int]] = {}  # r -> (g, uncached tokens) until its prefill completes
+
+    def prefill_time(self, tokens: int) -> float:
+        """Seconds to prefill ``tokens`` uncached tokens on one instance (the class docstring)."""
+        gpu = self.gpu
+        if self.chunked_prefill:
+            return -(-int(tokens) // gpu.chunk) * gpu.tau_mix
+        return gpu.alpha + gpu.beta * tokens
+
+    def queue_time(self, g: int) -> float:
+        """Seconds of routed, unfinished prefill ahead of a new request on instance g."""
+        gpu, k, w = self.gpu, self._k[g], self._w[g]
+        if self.chunked_prefill:
+            return (w / gpu.chunk + 0.5 * k) * gpu.tau_mix
+        return k * gpu.alpha + gpu.beta * w
+
+    def _uncached(self, ctx: Context, r: int, g: int) -> int:
+        return max(1, ctx.req_prompt(r) - ctx.cached_prefix_tokens(r, g))
+
+    def ttft_estimates(self, ctx: Context, r: int) -> list[float]:
+        """Estimated TTFT of r on each instance (seconds): queue plus its own prefill."""
+        return [self.queue_time(g) + self.prefill_time(self._uncached(ctx, r, g)) for g in range(self.n)]
+
+    def route(self, ctx: Context, r: int) -> int:
+        t = self.ttft_estimates(ctx, r)
+        lo = min(t)
+        return min((g for g in range(self.n) if t[g] == lo), key=lambda g: (ctx.instance_requests(g), g))
+
+    def dispatch(self, ctx: Context, r: int, g: int) -> None:
+        self._done(r)  # r's id was recycled: its previous holder left without a callback
+        u = self._uncached(ctx, r, g)
+        self._k[g] += 1
+        self._w[g] += u
+        self._rec[r] = (g, u)
+        super().dispatch(ctx, r, g)
+
+    def _done(self, r: int) -> None:
+        rec = self._rec.pop(r, None)
+        if rec is not None:
+            g, u = rec
+            self._k[g] -= 1
+            self._w[g] -= u
+
+    def on_prefill_done(self, ctx: Context, r: int, g: int) -> None:
+        self._done(r)
+        super().on_prefill_done(ctx, r, g)
+
+    def on_decode_done(self, ctx: Context, r: int, g: int) -> None:
+        self._done(r)
+
+    def on_abandon(self, ctx: Context, r: int, q: int) -> None:
+        self._done(r)
+
+    def on_drop(self, ctx: Context, r: int, g: int) -> None:
+        self._done(r)
+
+
 def _build_sglang(scenario: Scenario, **kw) -> SGLangRouter:
     return SGLangRouter(**kw)
 
@@ -324,6 +423,10 @@ def _build_chb(scenario: Scenario, **kw) -> ConsistentHashBounded:
     return ConsistentHashBounded(**kw)
 
 
+def _build_mooncake(scenario: Scenario, **kw) -> MooncakeConductor:
+    return MooncakeConductor(scenario.gpu, **kw)
+
+
 _registered("sglang", (), "SGLang's cache-aware router: the longest cached prefix unless loads are imbalanced "
             "(options balance_abs_threshold=32, balance_rel_threshold=1.0001, cache_threshold=0.5)", _build_sglang)
 _registered("llm-d", (), "llm-d's weighted scorer: prefix match + queue + KV utilisation "
@@ -334,3 +437,5 @@ _registered("consistent-hash-bounded", (), "consistent hashing with bounded load
             "(options k=2, vnodes=64, epsilon=0.25)", _build_chb)
 _registered("dynamo-kv", (), "NVIDIA Dynamo's KV router: the lowest overlap_score_weight x prefill blocks + decode "
             "blocks (options overlap_score_weight=1, router_temperature=0, block_size=512, seed=None)", _build_dynamo)
+_registered("mooncake", (), "Mooncake's Conductor: the lowest estimated TTFT, prefill queue time + the request's "
+            "prefill of its uncached tokens, from the iteration-time law", _build_mooncake)

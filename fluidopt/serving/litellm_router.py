@@ -26,8 +26,8 @@ least-loaded live deployment).
 With ``block_size``, each request carries its prompt's block ids (:func:`fluidopt.serving.prefix.block_ids`
 of its words, as the stand-ins hash them) into the snapshot, which keeps the router's own index of each
 engine's cached blocks (a block enters it when its request's first token arrives), so the cache-aware
-controllers (``sglang``, ``llm-d``, ``consistent-hash``, ``dynamo-kv``, ``gate-and-route-prefix``) see
-the prefixes.
+controllers (``sglang``, ``llm-d``, ``consistent-hash``, ``dynamo-kv``, ``mooncake``,
+``gate-and-route-prefix``) see the prefixes.
 """
 
 from __future__ import annotations

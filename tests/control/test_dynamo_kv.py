@@ -163,12 +163,14 @@ def test_engine_invariants_hold_on_a_trace_with_hashes(policy, kv):
 
 
 class _Mirror(Controller):
-    """DynamoKV on the engine and a twin on a ClusterSnapshot fed the engine's events: same costs, same picks."""
+    """A router on the engine and a twin on a ClusterSnapshot fed the engine's events: same scores, same picks
+    (``make`` builds each; ``score`` names the router's per-instance scores)."""
 
     chunked_prefill = False
 
-    def __init__(self):
-        self.eng, self.twin = DynamoKV(block_size=BS), DynamoKV(block_size=BS)
+    def __init__(self, make=lambda: DynamoKV(block_size=BS), score: str = "costs"):
+        self.eng, self.twin = make(), make()
+        self.score = score
         self.decisions = 0
 
     def setup(self, ctx):
@@ -181,7 +183,7 @@ class _Mirror(Controller):
     def on_arrival(self, ctx, r):
         sr = self.ids[r] = self.snap.add_request(ctx.req_class(r), ctx.req_prompt(r), ctx.req_output(r),
                                                  blocks=list(ctx.req_blocks(r)))
-        assert self.eng.costs(ctx, r) == self.twin.costs(self.snap, sr)
+        assert getattr(self.eng, self.score)(ctx, r) == getattr(self.twin, self.score)(self.snap, sr)
         self.eng.on_arrival(ctx, r)
         self.twin.on_arrival(self.snap, sr)
         assert (ctx.req_gpu(r), ctx.req_queue(r)) == (self.snap.req_gpu(sr), self.snap.req_queue(sr))

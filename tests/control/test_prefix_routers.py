@@ -73,7 +73,7 @@ def test_options_are_checked_and_the_chunked_variants_exist():
 
 @pytest.mark.integration
 @pytest.mark.parametrize("policy", ["sglang", "llm-d-chunked", "consistent-hash", "consistent-hash-bounded",
-                                    "dynamo-kv"])
+                                    "dynamo-kv", "mooncake"])
 def test_the_routers_pass_the_controller_checks(policy):
     check_controller(policy)
 
