@@ -118,30 +118,51 @@ def _stats(rec: pd.DataFrame, span: float, prices: tuple[float, float]) -> dict:
 def _rel(r: dict, base: dict, ci: dict, m: str) -> str:
     """``policy / least-load - 1`` of statistic ``m``, in percent, with its bootstrap interval."""
     lo, hi = ci[m]
-    return f"{100 * (r[m] / base[m] - 1):+.1f}% [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+
+    def pct(x: float) -> float:
+        return round(100 * x, 1) + 0.0  # no "-0.0": equal revenues differ by rounding only
+
+    return f"{pct(r[m] / base[m] - 1):+.1f}% [{pct(lo):+.1f}, {pct(hi):+.1f}]"
 
 
-def _boot(recs: dict, span: float, n_boot: int, seed: int = 42) -> dict:
-    """Paired block bootstrap over arrival windows: 95% CI of stat(policy) / stat(least-load) - 1."""
+def _window(rec: pd.DataFrame, edges: np.ndarray) -> np.ndarray:
+    return np.clip(np.searchsorted(edges, rec.arrival.to_numpy(), side="right") - 1, 0, WINDOWS - 1)
+
+
+def _boot(recs: dict, span: float, n_boot: int, seed: int = 42, prices: tuple[float, float] | None = None) -> dict:
+    """Paired block bootstrap over arrival windows: 95% CI of stat(policy) / stat(least-load) - 1 for the TTFT and
+    E2E statistics and, with ``prices``, the revenue of completed requests; of stat(policy) - stat(least-load)
+    for the token hit ratio (a difference of fractions)."""
     rng = np.random.default_rng(seed)
     edges = np.linspace(0.0, span, WINDOWS + 1)
-    per = {}
+    per, sums = {}, {}
     for p, rec in recs.items():
         done = rec[rec.outcome == "completed"]
-        w = np.clip(np.searchsorted(edges, done.arrival.to_numpy(), side="right") - 1, 0, WINDOWS - 1)
+        w = _window(done, edges)
         per[p] = [(done.ttft.to_numpy()[w == k], done.e2e.to_numpy()[w == k]) for k in range(WINDOWS)]
+        pre = rec[rec.cached_prompt.notna() & rec.ttft.notna()]  # as _stats counts the hit ratio
+        wp = _window(pre, edges)
+        cached = np.bincount(wp, pre.cached_prompt.to_numpy(float), WINDOWS)
+        prompt = np.bincount(wp, pre.prompt.to_numpy(float), WINDOWS)
+        rev = np.bincount(w, (prices[0] * done.prompt + prices[1] * done.output).to_numpy(float), WINDOWS) \
+            if prices else np.zeros(WINDOWS)
+        sums[p] = (cached, prompt, rev)
     draws = rng.integers(0, WINDOWS, size=(n_boot, WINDOWS))
-    out = {p: {m: [] for m in ("ttft_mean", "ttft_p99", "e2e_mean", "e2e_p99")} for p in recs}
+    ratio = ("ttft_mean", "ttft_p99", "e2e_mean", "e2e_p99") + (("revenue",) if prices else ())
+    out = {p: {m: [] for m in ratio + ("hit_ratio",)} for p in recs}
     for d in draws:
         val = {}
         for p in recs:
             t = np.concatenate([per[p][k][0] for k in d])
             e = np.concatenate([per[p][k][1] for k in d])
+            cached, prompt, rev = sums[p]
             val[p] = {"ttft_mean": t.mean(), "ttft_p99": np.percentile(t, 99), "e2e_mean": e.mean(),
-                      "e2e_p99": np.percentile(e, 99)}
+                      "e2e_p99": np.percentile(e, 99), "revenue": rev[d].sum(),
+                      "hit_ratio": cached[d].sum() / prompt[d].sum()}
         for p in recs:
-            for m in out[p]:
+            for m in ratio:
                 out[p][m].append(val[p][m] / val[BASELINE][m] - 1.0)
+            out[p]["hit_ratio"].append(val[p]["hit_ratio"] - val[BASELINE]["hit_ratio"])
     return {p: {m: [float(np.percentile(v, 2.5)), float(np.percentile(v, 97.5))] for m, v in ms.items()}
             for p, ms in out.items()}
 
@@ -210,20 +231,23 @@ def main(argv: list[str] | None = None) -> int:
                 rows[p] = {**_stats(rec, span, prices), "wall_s": sec}
                 rows[p]["revenue_vs_bound"] = rows[p]["revenue_per_gpu"] / bound
                 rows[p]["options"] = opts
-        ci = _boot(recs, span, args.boot)
+        ci = _boot(recs, span, args.boot, prices=prices)
         kvname = "unlimited" if cap is None else f"{cap:,} tokens"
         print(f"\nKV {kvname}; CIs: paired block bootstrap over {WINDOWS} arrival windows, {args.boot} replicates, "
               f"relative to {BASELINE}")
-        print("| policy | hit ratio | mean TTFT (s) | vs least-load | p99 TTFT (s) | vs least-load | mean E2E (s) | "
-              "vs least-load | p99 E2E (s) | vs least-load | revenue / bound | completed |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        print("| policy | hit ratio | vs least-load (points) | mean TTFT (s) | vs least-load | p99 TTFT (s) | vs least-load | "
+              "mean E2E (s) | vs least-load | p99 E2E (s) | vs least-load | revenue / bound | vs least-load | completed |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for p, _, _ in policies:
             r, c = rows[p], ci[p]
 
             h_opt = f" ({r['options']['hit_ratio']:.4f})" if "hit_ratio" in r["options"] else ""
-            print(f"| `{p}`{h_opt} | {r['hit_ratio']:.4f} | {r['ttft_mean']:.3f} | {_rel(r, rows[BASELINE], c, 'ttft_mean')} | {r['ttft_p99']:.2f} | "
+            dh, (hl, hh) = r["hit_ratio"] - rows[BASELINE]["hit_ratio"], c["hit_ratio"]
+            rv = dict(r, revenue=r["revenue_per_gpu"])
+            print(f"| `{p}`{h_opt} | {r['hit_ratio']:.4f} | {dh:+.3f} [{hl:+.3f}, {hh:+.3f}] | {r['ttft_mean']:.3f} | {_rel(r, rows[BASELINE], c, 'ttft_mean')} | {r['ttft_p99']:.2f} | "
                   f"{_rel(r, rows[BASELINE], c, 'ttft_p99')} | {r['e2e_mean']:.2f} | {_rel(r, rows[BASELINE], c, 'e2e_mean')} | {r['e2e_p99']:.2f} | "
-                  f"{_rel(r, rows[BASELINE], c, 'e2e_p99')} | {r['revenue_vs_bound']:.4f} | {r['completed']} |")
+                  f"{_rel(r, rows[BASELINE], c, 'e2e_p99')} | {r['revenue_vs_bound']:.4f} | "
+                  f"{_rel(rv, dict(rows[BASELINE], revenue=rows[BASELINE]['revenue_per_gpu']), c, 'revenue')} | {r['completed']} |")
         result["kv"][label] = {"capacity_tokens": cap, "rows": rows, "ci": ci}
     total = time.perf_counter() - t_start
     print(f"\ntotal {total:.0f} s wall")

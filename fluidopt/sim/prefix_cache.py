@@ -34,7 +34,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib
-import itertools
 from array import array
 from collections import OrderedDict
 from pathlib import Path

@@ -193,7 +193,6 @@ def test_the_compiled_core_holds_only_the_compiled_cache():
     # engine.pxd types the core's cache as the compiled class: its calls are C calls, and the Python
     # class cannot be put in its place
     from fluidopt.sim.api import make_engine
-
     from tests.sim.test_prefix_cache import _scenario, _workload
 
     eng = make_engine(_scenario(kv=100.0), "round-robin", horizon=10.0, service="tokens",
@@ -209,7 +208,6 @@ def test_a_stale_compiled_cache_is_never_run(monkeypatch):
     is not run either; "auto" falls back to the Python engine with a warning, "compiled" refuses."""
     from fluidopt.sim import _c_prefix_cache  # type: ignore[attr-defined]
     from fluidopt.sim.api import simulate
-
     from tests.sim.test_prefix_cache import _scenario
 
     monkeypatch.delenv("FLUIDOPT_ENGINE", raising=False)
