@@ -501,11 +501,6 @@ def fit_iteration_time(
     Raises :class:`CalibrationError` for bad rows (see :func:`read_measurements`), fewer than
     three mixed rows, a single distinct chunk size, or (HC3) a point of leverage 1.
     """
-    import statsmodels.api as sm
-    from scipy import stats
-    from statsmodels.stats.diagnostic import het_breuschpagan
-    from statsmodels.stats.stattools import durbin_watson, jarque_bera
-
     d = read_measurements(data)
     src = "" if isinstance(data, pd.DataFrame) else f"{Path(data)}: "
     mixed = d[d["mode"] == "mixed"]
@@ -524,6 +519,13 @@ def fit_iteration_time(
             f"{src}chunk_tokens takes a single value ({distinct[0]:g}) over the {n} mixed rows; the slope beta "
             "needs at least two distinct chunk sizes"
         )
+    # statsmodels (about 2 CPU-s to import) only once the table is known to be fit for a fit: a bad row or
+    # too few of them is reported without it
+    import statsmodels.api as sm
+    from scipy import stats
+    from statsmodels.stats.diagnostic import het_breuschpagan
+    from statsmodels.stats.stattools import durbin_watson, jarque_bera
+
     X = _exog(x)
     if robust:
         # HC3 divides each squared residual by (1 - h_ii)^2: a point alone at its chunk size with

@@ -193,13 +193,7 @@ def _check_counts(args, names: tuple[str, ...]) -> None:
 
 
 def _train(args) -> int:
-    from fluidopt.rl import require_extra
-
-    require_extra("training")
-    from fluidopt.rl.dqn import DQNConfig, train
-    from fluidopt.rl.mlp import save_weights
-    from fluidopt.scenario import load_scenario
-
+    # the numbers first: a typo is reported before torch's import (about 2.5 CPU-s), not after
     _check_counts(args, ("episodes", "requests", "train_every", "batch_size"))
     if args.hidden is not None and args.hidden < 1:
         raise UsageError(f"--hidden: expected an integer >= 1, got {args.hidden}")
@@ -207,7 +201,13 @@ def _train(args) -> int:
         raise UsageError(f"--gamma: expected a number in (0, 1], got {args.gamma}")
     if not args.reward_scale > 0.0:
         raise UsageError(f"--reward-scale: expected a number > 0, got {args.reward_scale}")
+    from fluidopt.rl import require_extra
+
+    require_extra("training")
     from fluidopt.commands._checks import check_output_file
+    from fluidopt.rl.dqn import DQNConfig, train
+    from fluidopt.rl.mlp import save_weights
+    from fluidopt.scenario import load_scenario
 
     for flag in ("out", "curves", "checkpoint"):  # before hours of training, not after
         check_output_file(getattr(args, flag), f"--{flag}")
@@ -248,6 +248,8 @@ def _train(args) -> int:
 
 
 def _imitate(args) -> int:
+    # the numbers first: a typo is reported before torch's import (about 2.5 CPU-s), not after
+    _check_counts(args, ("episodes", "requests", "epochs", "hidden"))
     from fluidopt.rl import require_extra
 
     require_extra("training")
@@ -258,7 +260,6 @@ def _imitate(args) -> int:
     from fluidopt.rl.predictors import scenario_accuracy
     from fluidopt.scenario import load_scenario
 
-    _check_counts(args, ("episodes", "requests", "epochs", "hidden"))
     check_output_file(args.out, "--out")
     scenario = load_scenario(args.scenario)
     cfg = ImitationConfig(episodes=args.episodes, n_requests=args.requests, epochs=args.epochs, seed=args.seed,

@@ -29,6 +29,7 @@ import numpy as np
 
 from fluidopt.core.model import Scenario
 from fluidopt.fluid.lp import FluidModel
+from fluidopt.fluid.scipy_import import import_scipy
 from fluidopt.fluid.sli import SLI, RowData
 
 __all__ = ["DirectFluidLP"]
@@ -225,8 +226,8 @@ class DirectFluidLP:
         for k, i in enumerate(br):
             Bm[i, len(bc) + k] = -1.0
         try:
-            import scipy.linalg as sla
-
+            # scipy.linalg alone: not the scipy.stats, integrate, sparse and spatial that Pyomo's hook adds
+            sla = import_scipy("scipy.linalg")
             lu = sla.lu_factor(Bm.T)
         except Exception:  # noqa: BLE001 - a singular basis matrix: no reuse, just solve
             self._cache = None

@@ -52,6 +52,7 @@ import numpy as np
 
 from fluidopt.calibration.timemodels import IterationLaw
 from fluidopt.core.errors import InfeasibleError, ScenarioError, SolverError
+from fluidopt.fluid.scipy_import import import_scipy
 
 __all__ = ["OBJECTIVES", "colocated_capacity", "compare_layouts", "DisaggClass", "DisaggPools", "DisaggSolution", "classes_of", "pools_of_scenario",
            "solve_disaggregated"]
@@ -171,7 +172,8 @@ def solve_disaggregated(classes: Sequence[DisaggClass], pools: DisaggPools, obje
     ``max_revenue``: on ``fleet_gpus`` GPUs (split chosen by the LP), or on ``prefill_instances`` and
     ``decode_instances`` fixed. Raises :class:`InfeasibleError` naming the class when its bounds admit
     no batch."""
-    from scipy.optimize import linprog
+    # without the scipy.stats, integrate and spatial that Pyomo's hook adds (fluidopt.fluid.scipy_import)
+    linprog = import_scipy("scipy.optimize").linprog
 
     if objective not in OBJECTIVES:
         raise ScenarioError(f"objective: expected one of {', '.join(OBJECTIVES)}, got {objective!r}")

@@ -40,6 +40,7 @@ import pandas as pd
 from fluidopt.core.errors import InfeasibleError, ScenarioError, SolverError, UsageError
 from fluidopt.core.model import Scenario
 from fluidopt.fluid.batch import batch_throughput, largest_batch, mean_context
+from fluidopt.fluid.scipy_import import import_scipy
 
 __all__ = ["BacklogJob", "FleetPlan", "MixPlan", "RoleRates", "TypeRates", "batch_throughput", "largest_batch",
            "mean_context", "plan_fleet", "plan_fleet_mix", "role_rates", "type_rates"]
@@ -320,7 +321,8 @@ def _solve_highs(who: str, c, a_ub, bub, a_eq, beq, nv: int, bounds, infeasible:
     ``a_eq`` the (rows, columns) of the unit coefficients of A_eq x = beq (one row per backlog group).
     Returns (result, A_ub, A_eq); infeasible: InfeasibleError ``who: infeasible`` (the fleet cap and the
     deadlines conflict), any other failure: SolverError."""
-    from scipy.optimize import linprog
+    # without the scipy.stats, integrate and spatial that Pyomo's hook adds (fluidopt.fluid.scipy_import)
+    linprog = import_scipy("scipy.optimize").linprog
     from scipy.sparse import coo_array
 
     av, ai, aj = a_ub

@@ -24,14 +24,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-# Student's t quantile from scipy.special, bit for bit what scipy's t.ppf gives: importing scipy.stats
-# costs about 1 s in every process that reports a confidence interval
-from scipy.special import stdtrit
-
 import fluidopt.core.interrupt as interrupt
 from fluidopt.core.errors import ScenarioError, did_you_mean
 from fluidopt.core.files import atomic_path
 from fluidopt.core.model import Scenario
+from fluidopt.core.tquantile import t_quantile
 from fluidopt.harness.executor import Executor
 from fluidopt.sim.cohort import COHORT_KEYS
 
@@ -167,7 +164,7 @@ class Comparison:
                         hw = _per_bound(hw, float(g["cohort_bound"].mean()))
                     row[f"{m}_ci"] = hw
                 elif k > 1:
-                    row[f"{m}_ci"] = float(stdtrit(k - 1, 0.975) * row[f"{m}_std"] / math.sqrt(k))
+                    row[f"{m}_ci"] = float(t_quantile(k - 1, 0.975) * row[f"{m}_std"] / math.sqrt(k))
                 else:
                     row[f"{m}_ci"] = math.nan
             rows.append(row)

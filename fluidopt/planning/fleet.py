@@ -37,13 +37,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-# Student's t quantile from scipy.special, bit for bit what scipy's t.ppf gives: importing scipy.stats
-# costs about 1 s in every process that reports a confidence interval
-from scipy.special import stdtrit
-
 import fluidopt.core.interrupt as interrupt
 from fluidopt.core.errors import ScenarioError, UsageError, did_you_mean
 from fluidopt.core.model import GPUProfile, Scenario
+from fluidopt.core.tquantile import t_quantile
 from fluidopt.fluid.sli import SLI, TPOT, MaxPrefillWait, MinServedFraction, PrefillFairness, sli_spec
 from fluidopt.planning.day import DayPlan, plan_day  # noqa: F401  (GPU-hours for a day: `fluidopt plan --day`)
 
@@ -196,7 +193,7 @@ def _bound(values: np.ndarray, upper: bool) -> tuple[float, float]:
     m = float(v.mean())
     if v.size == 1:
         return m, m
-    hw = float(stdtrit(v.size - 1, CONFIDENCE) * v.std(ddof=1) / math.sqrt(v.size))
+    hw = float(t_quantile(v.size - 1, CONFIDENCE) * v.std(ddof=1) / math.sqrt(v.size))
     return m, (m + hw if upper else m - hw)
 
 

@@ -41,6 +41,7 @@ import pandas as pd
 from fluidopt.core.demand import demand_rates, has_demand, markets, price_per_request
 from fluidopt.core.errors import ScenarioError, SolverError, UsageError
 from fluidopt.core.model import Scenario
+from fluidopt.fluid.scipy_import import import_scipy
 from fluidopt.fluid.sli import SLI
 from fluidopt.pricing.demand_fit import FIT_COLUMNS, demand_toml, fit_demand, read_observations  # noqa: F401, E402  (re-exported)
 
@@ -442,7 +443,8 @@ def optimize_prices(scenario: Scenario, *, tiers: str = "per-class", pricing: st
 def _token_program(scenario: Scenario, pricing: str, slis: Sequence[SLI], g: pd.DataFrame, cmp: dict,
                    t0: float) -> PriceResult:
     """Token tiers: the grid's best point polished by Nelder-Mead on the LP value (not jointly concave)."""
-    from scipy.optimize import minimize
+    # without the scipy.stats, integrate and spatial that Pyomo's hook adds (fluidopt.fluid.scipy_import)
+    minimize = import_scipy("scipy.optimize").minimize
 
     from fluidopt.fluid.lp import FluidModel
 

@@ -18,12 +18,9 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-# Student's t quantile from scipy.special, bit for bit what scipy's t.ppf gives: importing scipy.stats
-# costs about 1 s in every process that reports a confidence interval
-from scipy.special import stdtrit
-
 from fluidopt.core.errors import ScenarioError
 from fluidopt.core.model import Scenario
+from fluidopt.core.tquantile import t_quantile
 from fluidopt.rl.core import episode_seed, episode_workload, in_system
 from fluidopt.rl.predictors import BucketTokens, NoisyOracle
 from fluidopt.workloads.base import TraceWarning
@@ -154,7 +151,7 @@ def _ci(v: np.ndarray) -> float:
     v = v[np.isfinite(v)]
     if v.size < 2:
         return math.nan
-    return float(stdtrit(v.size - 1, 0.975) * v.std(ddof=1) / math.sqrt(v.size))
+    return float(t_quantile(v.size - 1, 0.975) * v.std(ddof=1) / math.sqrt(v.size))
 
 
 def summarize(df: pd.DataFrame, *, baseline: str = "round-robin") -> pd.DataFrame:

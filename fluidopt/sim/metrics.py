@@ -32,11 +32,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-# Student's t quantile from scipy.special, bit for bit what scipy's t.ppf gives: importing scipy.stats
-# costs about 1 s in every process that reports a confidence interval
-from scipy.special import stdtrit
-
 from fluidopt.control import protocol as P
+from fluidopt.core.tquantile import t_quantile
 
 __all__ = ["LogHistogram", "MetricCollector", "SimResult", "OUTCOMES"]
 
@@ -221,7 +218,7 @@ def _ci(values: np.ndarray) -> tuple[float, float]:
         return math.nan, math.nan
     if v.size < 2:
         return float(v.mean()), math.nan
-    return float(v.mean()), float(stdtrit(v.size - 1, 0.975) * v.std(ddof=1) / math.sqrt(v.size))
+    return float(v.mean()), float(t_quantile(v.size - 1, 0.975) * v.std(ddof=1) / math.sqrt(v.size))
 
 
 def _div(a: Any, b: Any) -> Any:

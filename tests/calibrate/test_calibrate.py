@@ -457,3 +457,29 @@ def test_fit_result_is_frozen():
     assert isinstance(fit, CalibrationFit)
     with pytest.raises(AttributeError):
         fit.alpha = 1.0  # type: ignore[misc]
+
+
+def test_a_table_unfit_for_a_fit_is_refused_before_statsmodels_is_imported(tmp_path):
+    # one subprocess (about 0.6 CPU-s): the refusals of read_measurements and of the row counts come first,
+    # so `fluidopt calibrate` on a bad table does not pay statsmodels' import (about 2 CPU-s)
+    bad = tmp_path / "bad.csv"
+    bad.write_text("chunk_tokens,iteration_seconds\n64,0.02\n128,fast\n256,0.03\n")
+    one = tmp_path / "one.csv"
+    one.write_text("chunk_tokens,iteration_seconds\n64,0.02\n64,0.021\n64,0.019\n")
+    code = ("import sys\n"
+            "from fluidopt.calibration.fit import fit_iteration_time\n"
+            "from fluidopt.core.errors import CalibrationError\n"
+            "for path in sys.argv[1:]:\n"
+            "    try:\n"
+            "        fit_iteration_time(path)\n"
+            "    except CalibrationError as e:\n"
+            "        print(e)\n"
+            "print('statsmodels' in sys.modules)\n")
+    r = subprocess.run([sys.executable, "-c", code, str(bad), str(one)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        f"{bad}: line 3: iteration_seconds = 'fast': expected a number",
+        f"{one}: chunk_tokens takes a single value (64) over the 3 mixed rows; the slope beta needs at least two "
+        "distinct chunk sizes",
+        "False"]

@@ -399,8 +399,11 @@ def test_dask_losing_the_scheduler_or_every_worker_is_one_error_exit_3(small_clu
         assert "lost the scheduler" in str(e.value)
 
 
+# 2 price points x 2 seeds. The signal comes within 0.5 s of the first run's store line, so each run needs only
+# to outlast that: at 600 s a run is about 1.1 CPU-s on the compiled core, and 3 runs (3.3 CPU-s) are still to
+# go (1,200 s until the fourth round: 12.6 CPU-s a sweep against 8.0; the pure-Python engine keeps 240 s).
 PRICE = ["price", "--points", "3", "--simulate", "0.001,0.002;0.002,0.001", "--seeds", "2", "--horizon",
-         "1200" if _compiled() else "240",
+         "600" if _compiled() else "240",
          "--warmup", "30", "--no-progress"]
 
 

@@ -144,6 +144,22 @@ def test_train_without_the_extra_is_one_line_exit_2(tmp_path):
 
 
 @pytest.mark.integration
+def test_training_numbers_are_checked_before_the_extra_is_needed(tmp_path):
+    # a bad count is named even where torch is missing, so where it is present no import of it is paid first
+    code = _BLOCK + (
+        "from fluidopt.cli import main; "
+        f"a = main(['rl', 'train', {str(RL_SCENARIO)!r}, '--gamma', '0', '--out', {str(tmp_path / 'w.npz')!r}]); "
+        f"b = main(['rl', 'imitate', {str(RL_SCENARIO)!r}, '--epochs', '0', '--out', {str(tmp_path / 'w.npz')!r}]); "
+        "print(a, b, 'torch' in sys.modules)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.split() == ["2", "2", "False"], r.stderr
+    assert r.stderr.splitlines() == ["fluidopt rl: error: --gamma: expected a number in (0, 1], got 0.0",
+                                     "fluidopt rl: error: --epochs: expected an integer >= 1, got 0"]
+    assert not (tmp_path / "w.npz").exists()
+
+
+@pytest.mark.integration
 def test_a_real_router_drives_wg_rl_through_a_cluster_snapshot():
     """The real-router path: a ClusterSnapshot, arrivals, and on_tick every 0.02 s from the router's timer."""
     from fluidopt.control.registry import make_controller
