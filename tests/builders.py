@@ -96,6 +96,7 @@ def process_state() -> dict:
         "threads": sorted(t.name for t in threading.enumerate()),
         "children": sorted(p.pid for p in multiprocessing.active_children()),
         "random": random.getstate(), "np.random": np.random.get_state()[1].tobytes(), "np.seterr": np.geterr(),
+        "modules": set(sys.modules),
     }
     if "fluidopt.core.interrupt" in sys.modules:
         state["interrupt.pending"] = sys.modules["fluidopt.core.interrupt"].pending()
@@ -112,12 +113,41 @@ def process_state() -> dict:
     return state
 
 
+# What a library sets in the whole process when it is first imported: the import's doing, not the command's
+# (joblib: os.environ.setdefault("KMP_INIT_AT_FORK", "FALSE"), an Intel OpenMP workaround; scipy.sparse:
+# an 'ignore' filter for numpy's np.matrix warning). module -> (environment variables, filter messages)
+IMPORT_EFFECTS = {"joblib": (("KMP_INIT_AT_FORK",), ()),
+                  "scipy.sparse": ((), ("the matrix subclass is not the recommended way",))}
+
+
+def _import_effects(before: dict, after: dict) -> tuple[set, list]:
+    """The environment variables and warnings filters that the modules first imported between two
+    snapshots set on import: those of IMPORT_EFFECTS, and a filter for a library's own warning category
+    (e.g. scipy.special's 'always' for SpecialFunctionWarning); never a filter for fluidopt's categories."""
+    new = after.get("modules", set()) - before.get("modules", set())
+    env = {v for mod, (names, _) in IMPORT_EFFECTS.items() if mod in new for v in names}
+    messages = {m for mod, (_, ms) in IMPORT_EFFECTS.items() if mod in new for m in ms}
+    filters = [f for f in after.get("warnings.filters", []) if f not in before.get("warnings.filters", [])
+               and ((getattr(f[2], "__module__", "") in new and not f[2].__module__.startswith("fluidopt"))
+                    or getattr(f[1], "pattern", None) in messages)]
+    return env, filters
+
+
 def state_changes(before: dict, after: dict) -> list[str]:
     """What differs between two :func:`process_state` snapshots, one line each. What only an import
-    brought (a library's new loggers, matplotlib or fluidopt's registry loaded for the first time) is not
-    a change: a later test finds it as a later import would leave it."""
+    brought (new modules, a library's new loggers, its import-time settings: ``_import_effects``,
+    matplotlib or fluidopt's registry loaded for the first time) is not a change: a later test finds it
+    as a later import would leave it."""
+    env, filters = _import_effects(before, after)
+    after = dict(after)
+    if "environ" in after:
+        after["environ"] = {k: v for k, v in after["environ"].items() if k not in env or k in before["environ"]}
+    if "warnings.filters" in after:
+        after["warnings.filters"] = [f for f in after["warnings.filters"] if f not in filters]
     out = []
     for k in sorted(before.keys() | after.keys()):
+        if k == "modules":
+            continue
         if k not in before:
             if k == "foreign policies" and after[k]:
                 out.append(f"{k}: [] -> {after[k]!r}")

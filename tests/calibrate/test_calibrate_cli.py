@@ -93,6 +93,7 @@ def test_usage_errors_exit_2(argv, pattern, capsys):
     assert err.startswith("fluidopt calibrate: error: ") and pattern in err
 
 
+# A real ``python -m fluidopt calibrate`` on purpose: the command's entry point (docs/testing.md, "Fifth round")
 @pytest.mark.integration
 def test_bad_csv_exits_2_with_one_line_and_no_traceback(tmp_path):
     bad = tmp_path / "bad.csv"

@@ -48,6 +48,8 @@ def test_simulate_passes_options_to_the_controller(cli_here):
     assert bad.returncode == 2 and "unknown option 'bogus'" in bad.stderr and "Traceback" not in bad.stderr
 
 
+# A real process: --import registers a policy in the process's registry for good (in this process it would
+# stay for every later test on the worker), and run's worker processes must import the file themselves.
 @pytest.mark.integration
 def test_import_registers_a_user_policy_for_simulate_and_run():
     p = _cli("simulate", "--import", CUSTOM, "--policy", "class-affinity", "--gpus", "4", "--horizon", "30", "--json")

@@ -68,3 +68,22 @@ def test_an_import_is_not_a_leak_but_a_foreign_policy_is():
     assert state_changes({k: v for k, v in before.items() if k != "foreign policies"},
                          {**after, "foreign policies": ["class-affinity"]}) == ["foreign policies: [] -> ['class-affinity']"]
     assert state_changes(before, {**after, "foreign policies": ["class-affinity"]})[0].startswith("foreign policies: ")
+
+
+def test_a_librarys_import_time_settings_are_not_the_commands():
+    import re
+
+    base = {"modules": {"numpy"}, "environ": {"HOME": "/root"}, "warnings.filters": []}
+    flt = ("ignore", re.compile("the matrix subclass is not the recommended way", re.I), Warning, None, 0)
+    later = {"environ": {"HOME": "/root", "KMP_INIT_AT_FORK": "FALSE"}, "warnings.filters": [flt]}
+    # joblib and scipy.sparse first imported in between: theirs
+    assert state_changes(base, {**later, "modules": {"numpy", "joblib", "scipy.sparse"}}) == []
+    # already imported before: the command's
+    assert [c.split(":")[0] for c in state_changes({**base, "modules": {"numpy", "joblib", "scipy.sparse"}},
+                                                   {**later, "modules": {"numpy", "joblib", "scipy.sparse"}})] == [
+        "environ", "warnings.filters"]
+    # a filter for a fluidopt category is the command's even on the first import of its module
+    from fluidopt.workloads.base import TraceWarning
+
+    own = ("always", None, TraceWarning, None, 0)
+    assert state_changes(base, {**base, "modules": {"numpy", TraceWarning.__module__}, "warnings.filters": [own]}) != []
