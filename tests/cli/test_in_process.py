@@ -87,3 +87,27 @@ def test_a_librarys_import_time_settings_are_not_the_commands():
 
     own = ("always", None, TraceWarning, None, 0)
     assert state_changes(base, {**base, "modules": {"numpy", TraceWarning.__module__}, "warnings.filters": [own]}) != []
+
+
+def test_price_closes_the_pyplot_figures_it_saves(tmp_path, cli_here):
+    """Found by this runner: price's grid and Pareto figures (pyplot) stayed open after saving (plan's
+    sli_vs_n too); cli_here fails on a figure left open. The grid's figure here (the Pareto's is saved the
+    same way, and its curves cost LP solves); the file is still written."""
+    r = cli_here("price", "--prefill", "0.1,0.2", "--decode", "0.1,0.2", "--pareto", "", "--out", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "o" / "grid.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_save_png_writes_then_closes(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from fluidopt.harness.plots import save_png
+
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    save_png(fig, tmp_path / "f", dpi=50)  # no suffix: write_generation's temporary names have none
+    assert (tmp_path / "f").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert fig.number not in plt.get_fignums()
