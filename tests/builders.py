@@ -1,8 +1,9 @@
-"""Builders the tests share: hand-sized scenarios, hand-written trace replays, the CLI in a subprocess.
+"""Builders the tests share: hand-sized scenarios, hand-written trace replays, the CLI in a subprocess
+or in this process.
 
 Import them in a test module (``from builders import hand_scenario``; pytest puts tests/ on the path)
 or use the factory fixtures of the same job in tests/conftest.py (``make_scenario``, ``replay``,
-``cli``).
+``cli``, ``cli_here``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-__all__ = ["ROOT", "grid01_scenario", "hand_scenario", "random_fleet", "replay_trace", "run_cli"]
+__all__ = ["ROOT", "grid01_scenario", "hand_scenario", "random_fleet", "replay_trace", "run_cli",
+           "run_cli_here"]
 
 
 
@@ -63,6 +65,139 @@ def run_cli(*argv: str, cwd: Path = ROOT, timeout: float = 300) -> subprocess.Co
     env = dict(os.environ, MPLBACKEND="Agg")
     return subprocess.run([sys.executable, "-m", "fluidopt", *argv], capture_output=True, text=True, cwd=cwd,
                           env=env, timeout=timeout, check=False)
+
+
+def process_state() -> dict:
+    """What a command run in this process could leave changed for the next test on the same worker.
+
+    Signal handlers (the CLI installs its own for SIGINT / SIGTERM), warnings filters and hook, the
+    environment, the working folder, sys.path, logging (handlers, levels, ``logging.disable``), thread and
+    exception hooks, live threads and child processes, the interruption contract's pending signal, the
+    global random generators, numpy's error settings, matplotlib's open figures and rcParams, and policies
+    registered from outside fluidopt (``--import``). Compared before and after by :func:`run_cli_here`."""
+    import logging
+    import multiprocessing
+    import random
+    import signal
+    import threading
+
+    import numpy as np
+
+    state = {
+        "signals": {s.name: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM,
+                                                          signal.SIGPIPE, signal.SIGCHLD, signal.SIGHUP)},
+        "warnings.filters": list(warnings.filters), "warnings.showwarning": warnings.showwarning,
+        "environ": dict(os.environ), "cwd": os.getcwd(), "sys.path": list(sys.path),
+        "sys.stdout": sys.stdout, "sys.stderr": sys.stderr, "sys.excepthook": sys.excepthook,
+        "threading.excepthook": threading.excepthook,
+        "logging": (logging.root.level, list(logging.root.handlers), logging.root.manager.disable,
+                    {name: (lg.level, list(lg.handlers), lg.disabled)
+                     for name, lg in logging.root.manager.loggerDict.items() if isinstance(lg, logging.Logger)}),
+        "threads": sorted(t.name for t in threading.enumerate()),
+        "children": sorted(p.pid for p in multiprocessing.active_children()),
+        "random": random.getstate(), "np.random": np.random.get_state()[1].tobytes(), "np.seterr": np.geterr(),
+        "modules": set(sys.modules),
+    }
+    if "fluidopt.core.interrupt" in sys.modules:
+        state["interrupt.pending"] = sys.modules["fluidopt.core.interrupt"].pending()
+    if "fluidopt.control.registration" in sys.modules:  # fluidopt's own policies register lazily: not a leak
+        reg = sys.modules["fluidopt.control.registration"]._REGISTRY
+        state["foreign policies"] = sorted(k for k, e in reg.items()
+                                           if not getattr(e.factory, "__module__", "").startswith("fluidopt."))
+    if "matplotlib" in sys.modules:
+        mpl = sys.modules["matplotlib"]
+        # the backend resolves on first use ("auto" -> Agg): compare the settings, not that resolution
+        state["matplotlib.rcParams"] = {k: repr(v) for k, v in mpl.rcParams.items() if k != "backend"}
+        if "matplotlib.pyplot" in sys.modules:
+            state["pyplot figures"] = sys.modules["matplotlib.pyplot"].get_fignums()
+    return state
+
+
+# What a library sets in the whole process when it is first imported: the import's doing, not the command's
+# (joblib: os.environ.setdefault("KMP_INIT_AT_FORK", "FALSE"), an Intel OpenMP workaround; scipy.sparse:
+# an 'ignore' filter for numpy's np.matrix warning). module -> (environment variables, filter messages)
+IMPORT_EFFECTS = {"joblib": (("KMP_INIT_AT_FORK",), ()),
+                  "scipy.sparse": ((), ("the matrix subclass is not the recommended way",))}
+
+
+def _import_effects(before: dict, after: dict) -> tuple[set, list]:
+    """The environment variables and warnings filters that the modules first imported between two
+    snapshots set on import: those of IMPORT_EFFECTS, and a filter for a library's own warning category
+    (e.g. scipy.special's 'always' for SpecialFunctionWarning); never a filter for fluidopt's categories."""
+    new = after.get("modules", set()) - before.get("modules", set())
+    env = {v for mod, (names, _) in IMPORT_EFFECTS.items() if mod in new for v in names}
+    messages = {m for mod, (_, ms) in IMPORT_EFFECTS.items() if mod in new for m in ms}
+    filters = [f for f in after.get("warnings.filters", []) if f not in before.get("warnings.filters", [])
+               and ((getattr(f[2], "__module__", "") in new and not f[2].__module__.startswith("fluidopt"))
+                    or getattr(f[1], "pattern", None) in messages)]
+    return env, filters
+
+
+def state_changes(before: dict, after: dict) -> list[str]:
+    """What differs between two :func:`process_state` snapshots, one line each. What only an import
+    brought (new modules, a library's new loggers, its import-time settings: ``_import_effects``,
+    matplotlib or fluidopt's registry loaded for the first time) is not a change: a later test finds it
+    as a later import would leave it."""
+    env, filters = _import_effects(before, after)
+    after = dict(after)
+    if "environ" in after:
+        after["environ"] = {k: v for k, v in after["environ"].items() if k not in env or k in before["environ"]}
+    if "warnings.filters" in after:
+        after["warnings.filters"] = [f for f in after["warnings.filters"] if f not in filters]
+    out = []
+    for k in sorted(before.keys() | after.keys()):
+        if k == "modules":
+            continue
+        if k not in before:
+            if k == "foreign policies" and after[k]:
+                out.append(f"{k}: [] -> {after[k]!r}")
+            continue
+        b, a = before[k], after.get(k)
+        if k == "logging":
+            b = b[:3] + ({n: v for n, v in b[3].items()},)
+            a = a[:3] + ({n: v for n, v in a[3].items() if n in b[3]},)
+        if b == a:
+            continue
+        if isinstance(b, dict) and isinstance(a, dict):
+            keys = sorted(x for x in b.keys() | a.keys() if b.get(x) != a.get(x))
+            out.append(f"{k}: " + ", ".join(f"{x}: {b.get(x)!r} -> {a.get(x)!r}" for x in keys))
+        else:
+            out.append(f"{k}: {b!r} -> {a!r}")
+    return out
+
+
+def run_cli_here(capfd, *argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """``fluidopt ARGV`` in this process (``fluidopt.cli.main``), its result shaped as :func:`run_cli`'s.
+
+    For tests whose subject is what a command says and writes (messages, exit codes, files), not the process
+    (signals, start-up, orphans): they save the 1-3 CPU-s of a ``python -m fluidopt`` start. The output is
+    read at the file-descriptor level (``capfd``: worker processes' too); the exit status is ``main``'s
+    return value, or SystemExit's code (``--help``, ``--version``). Runs in ``cwd`` (the repository, as
+    :func:`run_cli`) with ``MPLBACKEND=Agg``, and fails the test when the command left any of
+    :func:`process_state` changed: a later test on the same xdist worker must find the process as it was."""
+    from fluidopt.cli import main
+
+    here, old_backend = os.getcwd(), os.environ.get("MPLBACKEND")
+    os.environ["MPLBACKEND"] = "Agg"
+    os.chdir(cwd)
+    try:
+        before = process_state()
+        capfd.readouterr()
+        try:
+            code = main([str(a) for a in argv])
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        out, err = capfd.readouterr()
+        after = process_state()
+    finally:
+        os.chdir(here)
+        if old_backend is None:
+            os.environ.pop("MPLBACKEND", None)
+        else:
+            os.environ["MPLBACKEND"] = old_backend
+    changed = state_changes(before, after)
+    assert not changed, f"fluidopt {' '.join(map(str, argv))} left the process changed: " + "; ".join(changed)
+    return subprocess.CompletedProcess(["fluidopt", *map(str, argv)], code, out, err)
 
 
 def random_fleet(draw, max_gpus: int = 6):

@@ -136,7 +136,7 @@ def pytest_unconfigure(config):
 # =================================================================================================
 # Shared builders as factory fixtures (the functions live in tests/builders.py)
 # =================================================================================================
-from builders import hand_scenario, replay_trace, run_cli  # noqa: E402
+from builders import ROOT, hand_scenario, replay_trace, run_cli, run_cli_here  # noqa: E402
 
 
 @pytest.fixture
@@ -152,6 +152,12 @@ def replay():
 @pytest.fixture
 def cli():
     return run_cli
+
+
+@pytest.fixture
+def cli_here(capfd):
+    """``cli_here("run", ...)``: the command in this process, with run_cli's result (builders.run_cli_here)."""
+    return lambda *argv, cwd=ROOT: run_cli_here(capfd, *argv, cwd=cwd)
 
 
 @pytest.fixture(scope="session")

@@ -232,8 +232,10 @@ def _run_plan(args, scenario, slis, growth, profiles, options, out) -> int:
             import matplotlib
 
             matplotlib.use("Agg")
+            from fluidopt.harness.plots import save_png
+
             writers["curves.csv"] = lambda p: res.curves.to_csv(p, index=False)
-            writers["sli_vs_n.png"] = lambda p: res.figure().savefig(p, dpi=110, format="png")
+            writers["sli_vs_n.png"] = lambda p: save_png(res.figure(), p, dpi=110)  # a pyplot figure: closed
         if study is not None:
             writers["batch_chunk.csv"] = lambda p: study.to_csv(p, index=False)
         files += [str(f) for f in write_generation(out, writers, owned=PLAN_FILES)]

@@ -177,14 +177,15 @@ def _run(args: argparse.Namespace) -> int:
 
         matplotlib.use("Agg")
         from fluidopt.core.files import write_generation
+        from fluidopt.harness.plots import save_png  # saved and closed: pyplot figures
 
         # one generation: the grid, its figures and the simulated points replace the last run's together
         writers = {"grid.csv": lambda p: grid.to_csv(p, index=False),
                    "shadow_prices.csv": lambda p: shadow.to_csv(p, index=False),
-                   "grid.png": lambda p: grid_figure(grid).savefig(p, dpi=100, format="png")}
+                   "grid.png": lambda p: save_png(grid_figure(grid), p, dpi=100)}
         if curves:
             writers["pareto.csv"] = lambda p: pd.concat(curves, ignore_index=True).to_csv(p, index=False)
-            writers["pareto.png"] = lambda p: pareto_figure(*curves).savefig(p, dpi=100, format="png")
+            writers["pareto.png"] = lambda p: save_png(pareto_figure(*curves), p, dpi=100)
         if sim is not None:
             writers["simulated.csv"] = lambda p: sim.to_csv(p, index=False)
         files += [str(f) for f in write_generation(out, writers, owned=PRICE_FILES)]

@@ -39,6 +39,19 @@ def save_figure(fig, path: str | os.PathLike, *, dpi: int = 100) -> Path:
     return path
 
 
+def save_png(fig, path: str | os.PathLike, *, dpi: int) -> None:
+    """Write ``fig`` to ``path`` as PNG as it stands (no layout pass, the path as given: a writer of
+    :func:`fluidopt.core.files.write_generation`), then close it. A figure made through pyplot stays in
+    pyplot's list until closed, so a process that runs many commands (``fluidopt.cli.main`` in a test
+    worker, a notebook) would otherwise keep every figure it ever saved."""
+    try:
+        fig.savefig(path, dpi=dpi, format="png")
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+
+
 def _figure(ncols: int, width: float = 4.2, height: float = 3.4):
     from matplotlib.figure import Figure
 

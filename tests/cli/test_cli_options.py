@@ -36,18 +36,20 @@ def test_parse_options_duplicate():
 
 
 @pytest.mark.integration
-def test_simulate_passes_options_to_the_controller():
+def test_simulate_passes_options_to_the_controller(cli_here):
     base = ["simulate", "--gpus", "4", "--horizon", "40", "--warmup", "5", "--service", "tokens", "--json"]
-    mean = json.loads(_cli(*base, "--policy", "jsq").stdout)
-    oracle = json.loads(_cli(*base, "--policy", "jsq", "--option", "predictor=oracle").stdout)
+    mean = json.loads(cli_here(*base, "--policy", "jsq").stdout)
+    oracle = json.loads(cli_here(*base, "--policy", "jsq", "--option", "predictor=oracle").stdout)
     assert mean["policy"] == oracle["policy"] == "jsq"
     # Same arrivals, different routing information: the runs must differ somewhere.
     assert mean["requests"] == oracle["requests"]
     assert (mean["completed"], mean["e2e_mean"]) != (oracle["completed"], oracle["e2e_mean"])
-    bad = _cli("simulate", "--gpus", "4", "--horizon", "40", "--policy", "jsq", "--option", "bogus=1")
+    bad = cli_here("simulate", "--gpus", "4", "--horizon", "40", "--policy", "jsq", "--option", "bogus=1")
     assert bad.returncode == 2 and "unknown option 'bogus'" in bad.stderr and "Traceback" not in bad.stderr
 
 
+# A real process: --import registers a policy in the process's registry for good (in this process it would
+# stay for every later test on the worker), and run's worker processes must import the file themselves.
 @pytest.mark.integration
 def test_import_registers_a_user_policy_for_simulate_and_run():
     p = _cli("simulate", "--import", CUSTOM, "--policy", "class-affinity", "--gpus", "4", "--horizon", "30", "--json")
@@ -61,8 +63,8 @@ def test_import_registers_a_user_policy_for_simulate_and_run():
 
 
 @pytest.mark.integration
-def test_import_errors_are_one_line():
-    p = _cli("simulate", "--import", "no_such_module_xyz", "--policy", "fi-wsp")
+def test_import_errors_are_one_line(cli_here):
+    p = cli_here("simulate", "--import", "no_such_module_xyz", "--policy", "fi-wsp")
     assert p.returncode == 2 and "--import 'no_such_module_xyz': cannot import it" in p.stderr
-    p = _cli("simulate", "--import", "missing.py", "--policy", "fi-wsp")
+    p = cli_here("simulate", "--import", "missing.py", "--policy", "fi-wsp")
     assert p.returncode == 2 and "--import 'missing.py': no such file" in p.stderr

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from builders import process_state, state_changes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -51,10 +52,13 @@ def alarm(seconds: int):
 def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
     capsys.readouterr()
     with alarm(ALARM_S):
+        before = process_state()  # (inside the alarm: its own SIGALRM handler is the state to restore)
         try:
             code = main(argv)
         except SystemExit as e:  # --help / --version
             code = e.code if isinstance(e.code, int) else 0
+        changed = state_changes(before, process_state())  # nothing left for the next example or test
+    assert not changed, f"{argv} left the process changed: " + "; ".join(changed)
     out, err = capsys.readouterr()
     return code, out, err
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from builders import ROOT
+from builders import ROOT, process_state, state_changes
 
 from fluidopt.cli import main
 
@@ -17,8 +17,11 @@ REGIME = str(ROOT / "examples" / "scenarios" / "rl-router-paper-regime.toml")
 
 
 def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    before = process_state()
     code = main(list(argv))
     out, err = capsys.readouterr()
+    changed = state_changes(before, process_state())  # nothing left for the next test on this worker
+    assert not changed, f"fluidopt {' '.join(argv)} left the process changed: " + "; ".join(changed)
     return code, out, err
 
 

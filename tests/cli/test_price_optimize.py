@@ -129,11 +129,9 @@ def test_bad_logit_fits(capsys, argv, message):
     assert code == 2 and message in err, err
 
 
-def test_an_observation_without_a_class_name_is_one_line(tmp_path):
+def test_an_observation_without_a_class_name_is_one_line(tmp_path, cli_here):
     # found by the fuzzer (a pandas KeyError reported as an internal error before)
-    from builders import run_cli as run_subprocess
-
     f = tmp_path / "o.csv"
     f.write_text("class,price,rate\n,1,3\n")
-    r = run_subprocess("price", "--fit-demand", str(f))
+    r = cli_here("price", "--fit-demand", str(f))
     assert r.returncode == 2 and "row 2, column 'class': expected a class name, got an empty cell" in r.stderr

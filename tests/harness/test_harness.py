@@ -144,9 +144,9 @@ _cli = run_cli
 
 
 @pytest.mark.integration
-def test_run_main_job_json_and_files(tmp_path):
+def test_run_main_job_json_and_files(tmp_path, cli_here):
     out = tmp_path / "out"
-    p = _cli("run", "--gpus", "6", "--horizon", "40", "--warmup", "10", "--seeds", "1", "--workers", "1",
+    p = cli_here("run", "--gpus", "6", "--horizon", "40", "--warmup", "10", "--seeds", "1", "--workers", "1",
              "--policies", "gate-and-route,fi-wsp", "--out", str(out), "--json")
     assert p.returncode == 0, p.stderr
     d = json.loads(p.stdout)
@@ -158,11 +158,11 @@ def test_run_main_job_json_and_files(tmp_path):
 
 
 @pytest.mark.integration
-def test_run_bad_input_exits_2_without_traceback(tmp_path):
-    p = _cli("run", "--gpus", "0", "--out", "")
+def test_run_bad_input_exits_2_without_traceback(tmp_path, cli_here):
+    p = cli_here("run", "--gpus", "0", "--out", "")
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert "--gpus: expected an integer >= 1, got 0" in p.stderr
-    p = _cli("run", "--policies", "nope", "--gpus", "4", "--horizon", "10", "--out", "")
+    p = cli_here("run", "--policies", "nope", "--gpus", "4", "--horizon", "10", "--out", "")
     assert p.returncode == 2 and "unknown policy 'nope'" in p.stderr
 
 
@@ -215,7 +215,7 @@ def test_run_honours_the_scenarios_slis(tmp_path, capsys):
 
 
 @pytest.mark.integration
-def test_run_replays_a_trace(tmp_path):
+def test_run_replays_a_trace(tmp_path, cli_here):
     """fluidopt run --trace: every run replays the same trace; a second run resumes from the store."""
     import json as _json
 
@@ -226,13 +226,13 @@ def test_run_replays_a_trace(tmp_path):
     argv = ["run", str(ROOT / "examples/scenarios/paper-two-class.toml"), "--trace", str(trace), "--service", "tokens",
             "--gpus", "2", "--horizon", "20", "--warmup", "2", "--seeds", "1", "--workers", "1",
             "--policies", "fi-wsp,round-robin", "--out", str(tmp_path / "out"), "--json", "--no-progress"]
-    p = _cli(*argv)
+    p = cli_here(*argv)
     assert p.returncode == 0, p.stderr
     runs = _json.loads(p.stdout)
-    p2 = _cli(*argv)
+    p2 = cli_here(*argv)
     again = _json.loads(p2.stdout)
     for d in (runs, again):
         d.pop("wall_seconds", None)
     assert p2.returncode == 0 and again == runs  # resumed from the store: the same numbers
-    bad = _cli("run", "--trace", str(trace), "--horizon", "5")
+    bad = cli_here("run", "--trace", str(trace), "--horizon", "5")
     assert bad.returncode == 2 and "--service tokens" in bad.stderr

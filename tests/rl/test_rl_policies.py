@@ -100,6 +100,7 @@ def test_registered_policy_runs_in_simulate_and_rejects_bad_setups(tmp_path):
     assert res2.policy == "baseline-rl"
 
 
+# A real ``python -m fluidopt simulate`` on purpose: the command's entry point (docs/testing.md, "Fifth round")
 @pytest.mark.integration
 def test_cli_errors_exit_2_with_one_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "fluidopt", "simulate", str(RL_SCENARIO), "--policy", "wa-rl",

@@ -207,8 +207,9 @@ def test_regime_map_small_grid_and_its_errors():
 
 
 @pytest.mark.integration
-def test_regimes_command_writes_table_and_heatmap_and_rejects_bad_grids(tmp_path):
+def test_regimes_command_writes_table_and_heatmap_and_rejects_bad_grids(tmp_path, cli_here):
     out = tmp_path / "map"
+    # the one real ``python -m fluidopt rl`` process of the suite (the entry point); the refusals below run here
     r = subprocess.run([sys.executable, "-m", "fluidopt", "rl", "regimes", str(REGIME), "--policies", "max-capacity",
                         "--rates", "20", "--kv", "3000", "--episodes", "2", "--requests", "100", "--out", str(out)],
                        capture_output=True, text=True)
@@ -223,8 +224,7 @@ def test_regimes_command_writes_table_and_heatmap_and_rejects_bad_grids(tmp_path
                        "trained for 4 instances, the scenario has 8")):
         scen = [a for a in args if a == V8] or [str(REGIME)]
         args = [a for a in args if a != V8]
-        r = subprocess.run([sys.executable, "-m", "fluidopt", "rl", "regimes", *scen, "--out", str(tmp_path / "x"),
-                            "--episodes", "1", "--requests", "50", *args], capture_output=True, text=True)
+        r = cli_here("rl", "regimes", *scen, "--out", str(tmp_path / "x"), "--episodes", "1", "--requests", "50", *args)
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
         assert msg in r.stderr
 
@@ -281,7 +281,7 @@ def test_sb3_wrapper_and_export_match_the_torch_networks():
 
 
 @pytest.mark.integration
-def test_imitate_and_evaluate_reject_bad_input_with_exit_2(tmp_path):
+def test_imitate_and_evaluate_reject_bad_input_with_exit_2(tmp_path, cli_here):
     for args, msg in ((["imitate", str(REGIME), "--epochs", "0", "--out", str(tmp_path / "w.npz")],
                        "--epochs: expected an integer >= 1, got 0"),
                       (["imitate", str(REGIME), "--state", "v3", "--out", str(tmp_path / "w.npz")],
@@ -290,6 +290,6 @@ def test_imitate_and_evaluate_reject_bad_input_with_exit_2(tmp_path):
                        "--accuracy: expected a probability in [0, 1], got 1.5"),
                       (["evaluate", str(REGIME), "--policies", "wg-rl", "--episodes", "1", "--option",
                         f"wg-rl:weights={tmp_path / 'none.npz'}"], "none.npz: no such file")):
-        r = subprocess.run([sys.executable, "-m", "fluidopt", "rl", *args], capture_output=True, text=True)
+        r = cli_here("rl", *args)
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
         assert msg in r.stderr
