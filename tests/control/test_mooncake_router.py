@@ -13,7 +13,7 @@ from fluidopt.control.snapshot import ClusterSnapshot
 from fluidopt.core.errors import ScenarioError, UsageError
 from fluidopt.sim.api import simulate
 
-from .test_dynamo_kv import BS, _Mirror, _scenario, _sessions, _where, _workload
+from .test_dynamo_kv import BS, _Mirror, _route, _scenario, _sessions, _where, _workload
 
 pytestmark = pytest.mark.filterwarnings("ignore::fluidopt.workloads.base.TraceWarning")
 
@@ -25,12 +25,6 @@ def _snapshot(n: int = 2, chunked: bool = False) -> tuple[ClusterSnapshot, Moonc
     ctrl = MooncakeConductor(_scenario(n).gpu, chunked=chunked)
     snap.setup(ctrl)
     return snap, ctrl
-
-
-def _route(snap: ClusterSnapshot, ctrl: MooncakeConductor, prompt: int, blocks) -> int:
-    r = snap.add_request(0, prompt, 5, blocks=blocks)
-    ctrl.on_arrival(snap, r)
-    return r
 
 
 def test_the_estimate_is_the_prefill_queue_plus_the_uncached_prefill():
