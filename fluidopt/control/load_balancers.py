@@ -71,7 +71,9 @@ from fluidopt.control.token_ledger import (  # noqa: F401  (re-exported: the bal
     _chunk_name,
     _CyclicArg,
     _no_output,
+    backlog_seconds,
     oracle_output,
+    prefill_seconds,
     resolve_predictor,
 )
 from fluidopt.core.errors import ScenarioError, UsageError
@@ -383,20 +385,12 @@ class MinMin(TokenLedgerScheduler):
 
     def prefill_time(self, prompt: int) -> float:
         """Seconds of one prefill of ``prompt`` tokens on an instance."""
-        gpu = self.gpu
-        if self.chunked_prefill:
-            return -(-int(prompt) // gpu.chunk) * gpu.tau_mix
-        return gpu.alpha + gpu.beta * prompt
+        return prefill_seconds(self.gpu, prompt, self.chunked_prefill)
 
     def completion_estimate(self, ctx: Context, g: int, prompt: int, output: float) -> float:
         """Estimated seconds until a request (``prompt``, predicted ``output`` tokens) sent to g completes."""
-        gpu = self.gpu
         tau = self._tau_d(ctx, g)
-        k, W = self._pk[g], self._pp[g]
-        if self.chunked_prefill:
-            backlog = (W / gpu.chunk + 0.5 * k) * gpu.tau_mix
-        else:
-            backlog = k * gpu.alpha + gpu.beta * W
+        backlog = backlog_seconds(self.gpu, self._pk[g], self._pp[g], self.chunked_prefill)
         N = ctx.instance_requests(g)
         B = self.batch
         wait = backlog

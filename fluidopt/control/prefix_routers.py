@@ -39,7 +39,7 @@ import random
 from fluidopt.control.instance import InstanceScheduler
 from fluidopt.control.load_balancers import _registered
 from fluidopt.control.protocol import Context
-from fluidopt.control.token_ledger import _chunk_name
+from fluidopt.control.token_ledger import _chunk_name, backlog_seconds, prefill_seconds
 from fluidopt.core.errors import ScenarioError
 from fluidopt.core.model import GPUProfile, Scenario
 from fluidopt.workloads.prefix import _h64, _ring
@@ -350,17 +350,11 @@ class MooncakeConductor(InstanceScheduler):
 
     def prefill_time(self, tokens: int) -> float:
         """Seconds to prefill ``tokens`` uncached tokens on one instance (the class docstring)."""
-        gpu = self.gpu
-        if self.chunked_prefill:
-            return -(-int(tokens) // gpu.chunk) * gpu.tau_mix
-        return gpu.alpha + gpu.beta * tokens
+        return prefill_seconds(self.gpu, tokens, self.chunked_prefill)
 
     def queue_time(self, g: int) -> float:
         """Seconds of routed, unfinished prefill ahead of a new request on instance g."""
-        gpu, k, w = self.gpu, self._k[g], self._w[g]
-        if self.chunked_prefill:
-            return (w / gpu.chunk + 0.5 * k) * gpu.tau_mix
-        return k * gpu.alpha + gpu.beta * w
+        return backlog_seconds(self.gpu, self._k[g], self._w[g], self.chunked_prefill)
 
     def _uncached(self, ctx: Context, r: int, g: int) -> int:
         return max(1, ctx.req_prompt(r) - ctx.cached_prefix_tokens(r, g))

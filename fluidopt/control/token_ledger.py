@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from fluidopt.control.instance import InstanceScheduler
 from fluidopt.control.protocol import ClusterView, Context
 from fluidopt.core.errors import ScenarioError
-from fluidopt.core.model import Scenario
+from fluidopt.core.model import GPUProfile, Scenario
 
 __all__ = ["ClassMeanOutput", "OutputPredictor", "TokenLedgerScheduler", "oracle_output", "resolve_predictor"]
 
@@ -72,6 +72,23 @@ def _no_output(ctx: ClusterView, r: int) -> float:
 def _chunk_name(obj: InstanceScheduler) -> None:
     if obj.chunked_prefill:
         obj.name = f"{type(obj).name}-chunked"
+
+
+def prefill_seconds(gpu: GPUProfile, tokens: int, chunked: bool) -> float:
+    """Seconds one instance takes to prefill ``tokens`` prompt tokens: ``alpha + beta * tokens`` prefill
+    first, ``ceil(tokens / C) * tau_mix`` with chunked prefill."""
+    if chunked:
+        return -(-int(tokens) // gpu.chunk) * gpu.tau_mix
+    return gpu.alpha + gpu.beta * tokens
+
+
+def backlog_seconds(gpu: GPUProfile, k: int, tokens: float, chunked: bool) -> float:
+    """Seconds of k queued prefills of ``tokens`` prompt tokens in all, run one after another: ``k * alpha +
+    beta * tokens`` prefill first (each its own iteration); ``(tokens / C + k / 2) * tau_mix`` with chunked
+    prefill (half a chunk of rounding a prompt)."""
+    if chunked:
+        return (tokens / gpu.chunk + 0.5 * k) * gpu.tau_mix
+    return k * gpu.alpha + gpu.beta * tokens
 
 
 class _CyclicArg:
