@@ -57,7 +57,17 @@ TRACE = ROOT.parent / "shared" / "data" / "mooncake-traces" / "conversation_trac
 SCENARIO = ROOT / "examples" / "scenarios" / "mooncake-conversation.toml"
 GPUS = 8
 WINDOWS = 10
-KV_80GB = int((0.9 * 80e9 - 8.2e9 * 2) / (2 * 36 * 8 * 128 * 2))  # tokens per GPU (module docstring)
+
+
+def kv_tokens(gb: float) -> int:
+    """KV tokens per GPU of a ``gb`` GB GPU: 0.9 of its memory less Qwen3-8B's fp16 weights (8.2e9 parameters),
+    over 147,456 bytes of KV per token (module docstring)."""
+    return int((0.9 * gb * 1e9 - 8.2e9 * 2) / (2 * 36 * 8 * 128 * 2))
+
+
+KV_80GB = kv_tokens(80)
+KV_SETTINGS = {"both": [("unlimited", None), ("80gb", KV_80GB)], "unlimited": [("unlimited", None)],
+               "80gb": [("80gb", KV_80GB)]}  # --kv: (label, KV tokens per GPU or None) to run
 BASELINE = "least-requests"
 # (row label, registered policy, options); "H" as an option value: the hit ratio the same policy kept in its
 # row without h (a pilot run: the h this very routing reaches, not another rule's)
@@ -81,6 +91,16 @@ POLICIES = [
     ("backpressure-gate-and-route-prefix h=sglang", "backpressure-gate-and-route-prefix", {"hit_ratio": "SGLANG"}),
 ]
 DRAIN = 600.0  # s after the last arrival: every request resolves (the longest E2E is under 100 s)
+
+
+def _trace_file(script: str, path: str) -> Path | None:
+    """``--trace`` as a Path, or None after one line on stderr when there is no such file."""
+    trace = Path(path)
+    if trace.is_file():
+        return trace
+    print(f"{script}: --trace {str(trace)!r}: no such file (the Mooncake trace lives in ../shared/data)",
+          file=sys.stderr)
+    return None
 
 
 def _replay_at_load(trace: Path, load: float, base):
@@ -186,10 +206,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         want |= {p.split(" ")[0] for p, _, o in POLICIES if p in want and "H" in o.values()}  # h=own needs its pilot
         policies = [row for row in POLICIES if row[0] in want]
-    trace = Path(args.trace)
-    if not trace.is_file():
-        print(f"prefix_headtohead: --trace {str(trace)!r}: no such file (the Mooncake trace lives in ../shared/data)",
-              file=sys.stderr)
+    trace = _trace_file("prefix_headtohead", args.trace)
+    if trace is None:
         return 2
     warnings.simplefilter("ignore")
     from fluidopt.fluid.lp import solve_fluid
@@ -214,8 +232,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{load:.4f}, {GPUS} GPUs; h(sglang model) = {h:.4f}, ideal (one global cache) = {ideal:.4f} "
           f"[{t_h:.1f} s]; LP bound R* = {bound:.2f} revenue/GPU/s")
     result = {"speedup": k, "fluid_load": load, "h": h, "ideal_hit_ratio": ideal, "lp_bound": bound, "kv": {}}
-    kvs = {"both": [("unlimited", None), ("80gb", KV_80GB)], "unlimited": [("unlimited", None)],
-           "80gb": [("80gb", KV_80GB)]}[args.kv]
+    kvs = KV_SETTINGS[args.kv]
     import tempfile
 
     for label, cap in kvs:

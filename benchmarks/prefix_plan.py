@@ -33,11 +33,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this tree's fluidopt, not another checkout's editable install
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from prefix_headtohead import KV_SETTINGS, SCENARIO, TRACE, _trace_file  # noqa: E402
+
 from fluidopt.workloads.prefix import RULES  # noqa: E402
 
-TRACE = ROOT.parent / "shared" / "data" / "mooncake-traces" / "conversation_trace.jsonl"
-SCENARIO = ROOT / "examples" / "scenarios" / "mooncake-conversation.toml"
-KV_80GB = int((0.9 * 80e9 - 8.2e9 * 2) / (2 * 36 * 8 * 128 * 2))  # tokens per GPU, as prefix_headtohead.py
 BLOCK = 512
 
 
@@ -58,10 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ttft", type=float, default=None)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    trace = Path(args.trace)
-    if not trace.is_file():
-        print(f"prefix_plan: --trace {str(trace)!r}: no such file (the Mooncake trace lives in ../shared/data)",
-              file=sys.stderr)
+    trace = _trace_file("prefix_plan", args.trace)
+    if trace is None:
         return 2
     warnings.simplefilter("ignore")
     from fluidopt.planning.prefix import RULE_POLICY, TraceSLO, fluid_cache_plan, replay_check, smallest_fleet
@@ -74,8 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     pol = RULE_POLICY[args.rule]
     print(f"Mooncake conversation trace: {wl.n_requests} requests over {float(wl.frame['time'].max()):.0f} s; "
           f"SLO: {slo.describe()}; cache rule {args.rule}")
-    kvs = {"both": [("unlimited", None), ("80gb", KV_80GB)], "unlimited": [("unlimited", None)],
-           "80gb": [("80gb", KV_80GB)]}[args.kv]
+    kvs = KV_SETTINGS[args.kv]
     result: dict = {"slo": slo.describe(), "rule": args.rule, "kv": {}}
     for label, kv in kvs:
         sc = replace(base, gpu=replace(base.gpu, kv_capacity=None if kv is None else float(kv)))

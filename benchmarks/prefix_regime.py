@@ -27,9 +27,20 @@ from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from prefix_headtohead import GPUS, ROOT, SCENARIO, TRACE, _boot, _replay_at_load, _run, _stats  # noqa: E402
+from prefix_headtohead import (  # noqa: E402
+    GPUS,
+    ROOT,
+    SCENARIO,
+    TRACE,
+    _boot,
+    _replay_at_load,
+    _run,
+    _stats,
+    _trace_file,
+    kv_tokens,
+)
 
-KV = {"unlimited": None, **{f"{gb}gb": int((0.9 * gb * 1e9 - 8.2e9 * 2) / (2 * 36 * 8 * 128 * 2)) for gb in (40, 80)}}
+KV = {"unlimited": None, **{f"{gb}gb": kv_tokens(gb) for gb in (40, 80)}}
 POLICIES = ("least-requests", "jsq", "sglang", "llm-d", "dynamo-kv", "mooncake")
 CACHE_AWARE = ("sglang", "llm-d")  # the "best cache-aware" column: the routers that balance request counts
 DYNAMO = "dynamo-kv"  # its own column: it balances blocks (prefill tokens and active KV)
@@ -67,10 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--figure", default=None)
     args = ap.parse_args(argv)
-    trace = Path(args.trace)
-    if not trace.is_file():
-        print(f"prefix_regime: --trace {str(trace)!r}: no such file (the Mooncake trace lives in ../shared/data)",
-              file=sys.stderr)
+    trace = _trace_file("prefix_regime", args.trace)
+    if trace is None:
         return 2
     loads = [float(x) for x in args.loads.split(",")]
     kvs = [k.strip() for k in args.kv.split(",")]

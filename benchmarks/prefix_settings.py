@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from prefix_headtohead import (  # noqa: E402
     BASELINE,
     GPUS,
-    KV_80GB,
+    KV_SETTINGS,
     SCENARIO,
     TRACE,
     _boot,
@@ -59,6 +59,7 @@ from prefix_headtohead import (  # noqa: E402
     _replay_at_load,
     _run,
     _stats,
+    _trace_file,
 )
 
 SETTINGS = [
@@ -101,10 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--other-weights", action="store_true")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    trace = Path(args.trace)
-    if not trace.is_file():
-        print(f"prefix_settings: --trace {str(trace)!r}: no such file (the Mooncake trace lives in ../shared/data)",
-              file=sys.stderr)
+    trace = _trace_file("prefix_settings", args.trace)
+    if trace is None:
         return 2
     warnings.simplefilter("ignore")
     from fluidopt.scenario import load_scenario
@@ -115,8 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     span = float(wl.frame["time"].max())
     prices = (float(base.prefill_price), float(base.decode_price))
     print(f"Mooncake conversation trace, speedup {k:.4f}, fluid load {load:.4f}, {GPUS} GPUs")
-    kvs = {"both": [("unlimited", None), ("80gb", KV_80GB)], "unlimited": [("unlimited", None)],
-           "80gb": [("80gb", KV_80GB)]}[args.kv]
+    kvs = KV_SETTINGS[args.kv]
     settings = SETTINGS + (OTHER if args.other_weights else [])
     out: dict = {"speedup": k, "fluid_load": load, "kv": {}}
     for label, cap in kvs:
