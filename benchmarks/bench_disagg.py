@@ -34,6 +34,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench_engines import distserve_data  # noqa: E402
+
 from fluidopt.calibration.timemodels import load_distserve_profile  # noqa: E402
 from fluidopt.engines import engine_config, replay  # noqa: E402
 from fluidopt.engines.disagg_policies import DisaggTargets  # noqa: E402
@@ -87,10 +89,8 @@ def policy_table(lp, ld, P, O, link) -> None:
 
 
 def main() -> int:
-    data = next((p / "shared/data/distserve-opt13b-a100" for p in ROOT.parents
-                 if (p / "shared/data/distserve-opt13b-a100").is_dir()), None)
+    data = distserve_data()
     if data is None:
-        print("../shared/data/distserve-opt13b-a100 not found", file=sys.stderr)
         return 2
     prof = data / "profiler-a100-80g.distserve.json"
     lp, ld = load_distserve_profile(prof, MODEL, 2), load_distserve_profile(prof, MODEL, 1)

@@ -24,11 +24,19 @@ from fluidopt.engines import ENGINES, engine_config, replay  # noqa: E402
 from fluidopt.engines.validation import read_measured  # noqa: E402
 
 
-def main() -> int:
+def distserve_data() -> Path | None:
+    """The shared DistServe folder (../shared/data/distserve-opt13b-a100 above this tree), or None after one
+    line on stderr."""
     data = next((p / "shared/data/distserve-opt13b-a100" for p in ROOT.parents
                  if (p / "shared/data/distserve-opt13b-a100").is_dir()), None)
     if data is None:
         print("../shared/data/distserve-opt13b-a100 not found", file=sys.stderr)
+    return data
+
+
+def main() -> int:
+    data = distserve_data()
+    if data is None:
         return 2
     run = read_measured(data / "measured/vllm-400-4.exp")
     law = load_distserve_profile(data / "profiler-a100-80g.vllm.json", "facebook/opt-13b", 1)

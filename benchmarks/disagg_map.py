@@ -41,6 +41,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench_engines import distserve_data  # noqa: E402
+
 from fluidopt.calibration.timemodels import IterationLaw, load_distserve_profile  # noqa: E402
 from fluidopt.core.errors import InfeasibleError  # noqa: E402
 from fluidopt.fluid.disaggregated import DisaggClass, DisaggPools, solve_disaggregated  # noqa: E402
@@ -148,10 +150,8 @@ def main() -> int:
     ap.add_argument("--gpus", type=int, default=4, help="largest fleet the simulated search tries (default 4)")
     ap.add_argument("--points", default=None, help="comma-separated indices into SIM_POINTS (default: all)")
     args = ap.parse_args()
-    data = next((p / "shared/data/distserve-opt13b-a100" for p in ROOT.parents
-                 if (p / "shared/data/distserve-opt13b-a100").is_dir()), None)
+    data = distserve_data()
     if data is None:
-        print("../shared/data/distserve-opt13b-a100 not found", file=sys.stderr)
         return 2
     from fluidopt.commands.validate import _kv_beside
 
