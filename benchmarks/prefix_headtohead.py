@@ -125,9 +125,14 @@ def _run(sc, wl, name: str, opts: dict, tmp: Path) -> tuple[pd.DataFrame, float]
     return pd.read_csv(path), time.perf_counter() - t0
 
 
+def _prefilled(rec: pd.DataFrame) -> pd.DataFrame:
+    """The requests whose prompt was prefilled (a first token and a cached count): the hit ratio's base."""
+    return rec[rec.cached_prompt.notna() & rec.ttft.notna()] if "ttft" in rec else rec
+
+
 def _stats(rec: pd.DataFrame, span: float, prices: tuple[float, float]) -> dict:
     done = rec[rec.outcome == "completed"]
-    pre = rec[rec.cached_prompt.notna() & rec.ttft.notna()] if "ttft" in rec else rec
+    pre = _prefilled(rec)
     rev = float((prices[0] * done.prompt + prices[1] * done.output).sum()) / (GPUS * span)
     return {"ttft_mean": float(done.ttft.mean()), "ttft_p99": float(np.percentile(done.ttft, 99)),
             "e2e_mean": float(done.e2e.mean()), "e2e_p99": float(np.percentile(done.e2e, 99)),
@@ -160,7 +165,7 @@ def _boot(recs: dict, span: float, n_boot: int, seed: int = 42, prices: tuple[fl
         done = rec[rec.outcome == "completed"]
         w = _window(done, edges)
         per[p] = [(done.ttft.to_numpy()[w == k], done.e2e.to_numpy()[w == k]) for k in range(WINDOWS)]
-        pre = rec[rec.cached_prompt.notna() & rec.ttft.notna()]  # as _stats counts the hit ratio
+        pre = _prefilled(rec)
         wp = _window(pre, edges)
         cached = np.bincount(wp, pre.cached_prompt.to_numpy(float), WINDOWS)
         prompt = np.bincount(wp, pre.prompt.to_numpy(float), WINDOWS)
