@@ -53,6 +53,12 @@ def _number(owner: str, name: str, v: object, low: float = 0.0) -> float:
     return float(v)
 
 
+def _lowest(ctx: Context, score: list[float]) -> int:
+    """The instance of the lowest score; ties go to the fewest outstanding requests, then the lowest index."""
+    lo = min(score)
+    return min((g for g in range(len(score)) if score[g] == lo), key=lambda g: (ctx.instance_requests(g), g))
+
+
 class SGLangRouter(InstanceScheduler):
     """SGLang's cache-aware router (module docstring)."""
 
@@ -247,7 +253,7 @@ class DynamoKV(InstanceScheduler):
         if t == 0.0 or hi == lo:
             if t > 0.0:  # equal costs: Dynamo samples uniformly
                 return min(int(self._draw(ctx) * n), n - 1)
-            return min((g for g in range(n) if c[g] == lo), key=lambda g: (ctx.instance_requests(g), g))
+            return _lowest(ctx, c)
         p = [math.exp(-(c[g] - lo) / ((hi - lo) * t)) for g in range(n)]
         u = self._draw(ctx) * sum(p)
         acc = 0.0
@@ -364,9 +370,7 @@ class MooncakeConductor(InstanceScheduler):
         return [self.queue_time(g) + self.prefill_time(self._uncached(ctx, r, g)) for g in range(self.n)]
 
     def route(self, ctx: Context, r: int) -> int:
-        t = self.ttft_estimates(ctx, r)
-        lo = min(t)
-        return min((g for g in range(self.n) if t[g] == lo), key=lambda g: (ctx.instance_requests(g), g))
+        return _lowest(ctx, self.ttft_estimates(ctx, r))
 
     def dispatch(self, ctx: Context, r: int, g: int) -> None:
         self._done(r)  # r's id was recycled: its previous holder left without a callback
