@@ -658,7 +658,7 @@ def cases(draw, policies=("backpressure-gate-and-route", "backpressure-sli-gate-
     return s, policy, opts, service, horizon, draw(st.integers(0, 2**16))
 
 
-@settings(max_examples=30, deadline=None, derandomize=True,
+@settings(max_examples=15, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @pytest.mark.integration
 @given(cases())
@@ -677,7 +677,7 @@ def test_robust_controllers_keep_engine_invariants(case):
         assert 0 <= ctrl.overflowing <= ctrl._max_overflow
 
 
-@settings(max_examples=30, deadline=None, derandomize=True,
+@settings(max_examples=15, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @pytest.mark.integration
 @given(cases(policies=("staffed-prioritize-and-route",)))
