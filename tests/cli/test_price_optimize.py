@@ -22,7 +22,9 @@ def test_optimize_reports_prices_today_and_the_grid(capsys):
 
 
 def test_optimize_json(capsys):
-    code, out, err = run_cli(["price", str(EXAMPLE), "--optimize", "--json", "--gpus", "400"], capsys)
+    # an 11 x 11 grid (the report's test keeps the default 21 x 21): nothing here reads the grid's best point
+    code, out, err = run_cli(["price", str(EXAMPLE), "--optimize", "--json", "--gpus", "400",
+                              "--prefill", "0:0.5:11", "--decode", "0:0.5:11"], capsys)
     assert code == 0, err
     d = json.loads(out)
     assert d["status"] == "optimal" and d["gpus"] == 400 and len(d["classes"]) == 2

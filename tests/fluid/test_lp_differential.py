@@ -1,7 +1,9 @@
 """Differential tests: the Pyomo/HiGHS fluid LP against an independent cvxpy/Clarabel formulation.
 
-Four hypothesis tests (bundled / separate, without / with SLIs), 60 feasible examples each: 240
-random feasible instances, derandomised so that every run draws the same ones. Both solvers must
+Four hypothesis tests (bundled / separate, without / with SLIs), 30 feasible examples each: 120
+random feasible instances, derandomised so that every run draws the same ones. (60 each until issue 47's
+sixth cut; the 30 drawn still reach every branch: infeasible draws in all four tests, the HiGHS fallback
+for an inaccurate Clarabel, Prop. 3.2's buffer-free case, one to four classes, and each SLI hard and soft.) Both solvers must
 agree on the optimum to 1e-6 (relative); on the infeasible instances drawn on the way (rejected with
 ``assume``, so not counted) both must report infeasibility. The Pyomo models are cached per
 (classes, pricing, SLI rows) and re-used through FluidModel.update, which the check covers too.
@@ -31,7 +33,7 @@ from fluidopt.fluid import (
     solve_proportional_fair,
 )
 
-EXAMPLES = 60
+EXAMPLES = 30
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 RTOL = 1e-6

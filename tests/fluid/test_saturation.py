@@ -108,13 +108,21 @@ def _simulated(b: int, prompt, output, *, planned: float, n: int = 32, horizon: 
     return float((c[-1] - c[1]) / (t[-1] - t[1]) / n)
 
 
-def _check(b, kind, P, D, sigma=None):
+# The interactive role (300-token prompts, 100-token outputs) at b >= 8 finishes about three times as many
+# requests per GPU-second as the batch role (400-token outputs), and a run's cost is its requests: its runs
+# count over [500, 1500] s instead of [500, 2500]. Measured at 1,500 s (issue 47, sixth cut), seeds 2-6, the
+# largest deviation from the plan was 0.70% (b = 35; 0.65% at b = 64, 0.60% at 96, 0.47% at 8, 0.19% at 16)
+# against the 2% tolerance. One decode at a time (b = 1) and the batch role keep 2,500 s: fewer completions.
+INTERACTIVE_HORIZON = 1500.0
+
+
+def _check(b, kind, P, D, sigma=None, horizon: float = 2500.0):
     from fluidopt.workloads import Exponential, Fixed, LogNormal
 
     make = {"exponential": lambda m: Exponential(m), "fixed": lambda m: Fixed(m),
             "lognormal": lambda m: LogNormal(m, sigma)}[kind]
     planned = saturated_throughput(GPU, b, length_law(kind, P, sigma), length_law(kind, D, sigma)).rate
-    sim = _simulated(b, make(P), make(D), planned=planned)
+    sim = _simulated(b, make(P), make(D), planned=planned, horizon=horizon)
     return planned, sim
 
 
@@ -122,8 +130,8 @@ def _check(b, kind, P, D, sigma=None):
 def test_planned_equals_simulated_for_the_workflow_roles():
     """The three roles at the workflow's planned batch limits: interactive (300/100 tokens at 35),
     mixed (300/400 at 35), batch (300/400 at 127)."""
-    for b, P, D in ((35, 300, 100), (35, 300, 400), (127, 300, 400)):
-        planned, sim = _check(b, "exponential", P, D)
+    for b, P, D, h in ((35, 300, 100, INTERACTIVE_HORIZON), (35, 300, 400, 2500.0), (127, 300, 400, 2500.0)):
+        planned, sim = _check(b, "exponential", P, D, horizon=h)
         assert sim == pytest.approx(planned, rel=0.02), (b, P, D)
 
 
@@ -132,7 +140,8 @@ def test_planned_equals_simulated_for_the_workflow_roles():
 @pytest.mark.parametrize("role", ["interactive", "batch"])
 def test_planned_equals_simulated_over_a_sweep_of_batch_sizes(role, b):
     P, D = (300, 100) if role == "interactive" else (300, 400)
-    planned, sim = _check(b, "exponential", P, D)
+    horizon = INTERACTIVE_HORIZON if role == "interactive" and b >= 8 else 2500.0
+    planned, sim = _check(b, "exponential", P, D, horizon=horizon)
     assert sim == pytest.approx(planned, rel=0.02)
 
 

@@ -69,18 +69,23 @@ def _simulate_abandon_share(lam, mu, c, theta, n, reps, seed):
     N = rng.choice(cap + 1, size=reps, p=pi)
     arrivals = np.zeros(reps, int)
     abandons = np.zeros(reps, int)
-    while (arrivals < n).any():
-        live = arrivals < n
+    # the event thresholds of each state, lam + serv and lam + serv + aban, summed in that order once per
+    # state (the same doubles as summing them at every step: the sample paths are bit for bit the same)
+    k = np.arange(cap + 1)
+    to_serv = lam + np.minimum(k, c) * mu
+    to_aban = to_serv + np.maximum(k - c, 0) * theta
+    live = arrivals < n
+    while live.any():
         u = rng.random(reps) * big
-        serv = np.minimum(N, c) * mu
-        aban = np.maximum(N - c, 0) * theta
+        serv = to_serv[N]
         arr = (u < lam) & live
-        dep = (u >= lam) & (u < lam + serv) & live
-        ab = (u >= lam + serv) & (u < lam + serv + aban) & live
+        dep = (u < serv) & live & ~arr  # lam <= u < lam + serv
+        ab = (u >= serv) & (u < to_aban[N]) & live
         arrivals += arr
         abandons += ab
         N = N + arr - dep - ab
         assert N.max() < cap
+        live = arrivals < n
     return abandons / n
 
 
