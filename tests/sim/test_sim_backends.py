@@ -127,7 +127,9 @@ def _cases(draw):
     sc = Scenario(gpu=gpu, gpus=n, classes=classes, prefill_price=0.05, decode_price=0.1, name="random")
     policy = draw(st.sampled_from(("fi-wsp", "gate-and-route", "gi-wsp", "round-robin", "jsq",
                                    "reserved-prefill-fcfs", "prioritize-and-route")))
-    horizon = float(min(200.0, 120.0 / sum(c.rate for c in classes)))
+    # about 80 arrivals (120 until issue 47's sixth cut: 25% fewer events, each checked in both engines);
+    # of the 25 derandomized cases, as many drop (13) and abandon (19 in prefill, 6 in decode), 14 preempt (15)
+    horizon = float(min(200.0, 80.0 / sum(c.rate for c in classes)))
     return sc, policy, service, horizon, draw(st.integers(0, 2**16))
 
 
