@@ -17,7 +17,9 @@ __all__ = ["check_invariants"]
 
 
 def _as_list(a) -> list:
-    return np.asarray(a).tolist()
+    # the pure-Python engine's state is already lists (fluidopt.sim.state): read them as they are (a
+    # round trip through numpy copied every slot after every event, three quarters of a check=True run)
+    return a if type(a) is list else np.asarray(a).tolist()
 
 
 def check_invariants(eng) -> None:

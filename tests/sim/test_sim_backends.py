@@ -11,6 +11,7 @@ the pure-Python engine is exercised against it.
 
 from __future__ import annotations
 
+import pickle
 import warnings
 
 import pandas as pd
@@ -50,19 +51,28 @@ def _run(backend: str, sc: Scenario, policy: str, service: str, tmp_path=None, *
     return res, (records.read_bytes() if records is not None else None)
 
 
+def _same_frame(a: pd.DataFrame, b: pd.DataFrame, what: str) -> None:
+    """assert_frame_equal(check_exact=True), which passes whenever the two pickle to the same bytes (the
+    same values, NaNs, dtypes, labels and layout): that is tried first, as it takes 0.2-0.4 ms against
+    assert_frame_equal's 1-10 ms per frame (some 20 ms of each of the ~200 comparisons below); any
+    difference goes to assert_frame_equal, which decides and names it, as before."""
+    if pickle.dumps(a) != pickle.dumps(b):
+        pd.testing.assert_frame_equal(a, b, check_exact=True, obj=what)
+
+
 def _same(a, b, what: str) -> None:
     ra, fa = a
     rb, fb = b
     assert ra.events == rb.events, what
     assert ra.totals == rb.totals, what
     assert ra.t_end == rb.t_end, what
-    pd.testing.assert_frame_equal(ra.per_class, rb.per_class, check_exact=True, obj=what)
-    pd.testing.assert_frame_equal(ra.ci, rb.ci, check_exact=True, obj=what)
-    pd.testing.assert_frame_equal(ra.batches, rb.batches, check_exact=True, obj=what)
+    _same_frame(ra.per_class, rb.per_class, what)
+    _same_frame(ra.ci, rb.ci, what)
+    _same_frame(ra.batches, rb.batches, what)
     if ra.timeseries is None or rb.timeseries is None:
         assert ra.timeseries is None and rb.timeseries is None, what
     else:
-        pd.testing.assert_frame_equal(ra.timeseries, rb.timeseries, check_exact=True, obj=what)
+        _same_frame(ra.timeseries, rb.timeseries, what)
     assert ra.cluster == rb.cluster or all(
         (x == y) or (x != x and y != y) for x, y in zip(ra.cluster.values(), rb.cluster.values())
     ), what
@@ -117,7 +127,9 @@ def _cases(draw):
     sc = Scenario(gpu=gpu, gpus=n, classes=classes, prefill_price=0.05, decode_price=0.1, name="random")
     policy = draw(st.sampled_from(("fi-wsp", "gate-and-route", "gi-wsp", "round-robin", "jsq",
                                    "reserved-prefill-fcfs", "prioritize-and-route")))
-    horizon = float(min(200.0, 120.0 / sum(c.rate for c in classes)))
+    # about 80 arrivals (120 until issue 47's sixth cut: 25% fewer events, each checked in both engines);
+    # of the 25 derandomized cases, as many drop (13) and abandon (19 in prefill, 6 in decode), 14 preempt (15)
+    horizon = float(min(200.0, 80.0 / sum(c.rate for c in classes)))
     return sc, policy, service, horizon, draw(st.integers(0, 2**16))
 
 

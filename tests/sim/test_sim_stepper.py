@@ -526,7 +526,10 @@ def _cases(draw):
     return exact, p, specs
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+# 100 drawn cases (200 until issue 47's sixth cut): each event below was drawn in at least 15% of 221 cases
+# (hypothesis' statistics), except "drop on arrival" (4.5%), "eviction of a prefill" (2.3%) and "decode
+# ends where a whole-prompt prefill joins" (1.4%), which the explicit cases below reach every run
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(_cases())
 @example((True, _params(), _gaps([(0.0, 100, 2, 0), (0.075, 1000, 1, 0)])))
 @example((True, _params(alpha=U, beta=U / 64, chunk=16, tau_solo=U, batch=2, chunked=False, w=0.0),
@@ -535,6 +538,8 @@ def _cases(draw):
                         kap=U / 256, chunked=True, w=0.01),
           [(("gap", 0.0), 7, 9, 0), (("gap", 0.0), 8, 2, 1), (("bnd", 1, U), 5, 6, 1), (("bnd", 1, U), 4, 6, 0),
            (("bnd", 2, U), 16, 1, 0), (("bnd", 3, U), 6, 4, 1), (("gap", U / 4), 3, 3, 0)]))
+@example((True, _params(alpha=U, beta=0.0, chunk=1, tau_solo=U / 4, batch=2, kv=2, chunked=True, w=0.0),
+          [(("gap", 0.0), 1, 1, 0), (("gap", 0.0), 1, 1, 0)]))  # an eviction of a prefill (hypothesis' shrunk case)
 @pytest.mark.integration
 def test_engine_matches_stepper(case):
     exact, p, specs = case
