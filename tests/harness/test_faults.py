@@ -5,7 +5,8 @@ operating system does: Ctrl-C (SIGINT) and SIGTERM at seeded random moments, kil
 on one results folder, read-only and full output folders. Each asserts the contract: exit 130 / 143 /
 2 / 3, one line on stderr and no traceback, no orphan worker, no temporary file left, nothing partial
 written as if whole, and after a rerun the same tables as an uninterrupted run (wall-clock columns
-aside).
+aside). The signals always go to a real process; the uninterrupted references and the reruns after a
+signal, whose subject is the folder, run in the test's process (``_here``).
 """
 
 from __future__ import annotations
@@ -63,11 +64,23 @@ def _here(args, workers: int, out: Path) -> None:
     from fluidopt.cli import main
 
     argv = [*args, "--workers", str(workers), "--out", str(out)]
-    before = process_state()
-    err = io.StringIO()
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
-        code = main(argv)
-    changed = state_changes(before, process_state())
+    # where _start runs it, with the figures' backend run_cli_here gives (both restored before the check)
+    here, old_backend = os.getcwd(), os.environ.get("MPLBACKEND")
+    os.environ["MPLBACKEND"] = "Agg"
+    os.chdir(REPO)
+    try:
+        before = process_state()
+        err = io.StringIO()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            code = main(argv)
+        after = process_state()
+    finally:
+        os.chdir(here)
+        if old_backend is None:
+            os.environ.pop("MPLBACKEND", None)
+        else:
+            os.environ["MPLBACKEND"] = old_backend
+    changed = state_changes(before, after)
     assert code == 0, f"fluidopt {' '.join(argv)}: exit {code}: {err.getvalue()}"
     assert not changed, f"fluidopt {' '.join(argv)} left the process changed: " + "; ".join(changed)
 
