@@ -182,12 +182,11 @@ def test_bad_input_shows_the_loaders_message_beside_the_field(page, testid, valu
         _shot(page, "bad-input")
 
 
-def test_a_bad_toml_upload_says_what_the_cli_says(page, tmp_path):
+def test_a_bad_toml_upload_says_what_the_cli_says(page, tmp_path, cli_here):
     bad = tmp_path / "bad.toml"
     good = (REPO / "examples" / "scenarios" / "paper-two-class.toml").read_text()
     bad.write_text("colour = 'red'\n" + good)
-    cli = subprocess.run([sys.executable, "-m", "fluidopt", "solve", str(bad)], capture_output=True, text=True,
-                         cwd=REPO)
+    cli = cli_here("solve", str(bad))  # (in this process: the subject is the message, not the process)
     assert cli.returncode == 2
     cli_msg = cli.stderr.strip().split("error: ", 1)[1]
     _tab(page, "Scenario")

@@ -5,7 +5,8 @@ operating system does: Ctrl-C (SIGINT) and SIGTERM at seeded random moments, kil
 on one results folder, read-only and full output folders. Each asserts the contract: exit 130 / 143 /
 2 / 3, one line on stderr and no traceback, no orphan worker, no temporary file left, nothing partial
 written as if whole, and after a rerun the same tables as an uninterrupted run (wall-clock columns
-aside).
+aside). The signals always go to a real process; the uninterrupted references and the reruns after a
+signal, whose subject is the folder, run in the test's process (``_here``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from builders import process_state, state_changes
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -47,6 +49,40 @@ def _start(args, workers: int, out: Path) -> subprocess.Popen:
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
+
+
+def _here(args, workers: int, out: Path) -> None:
+    """``fluidopt ARGS`` run to the end in this process (``fluidopt.cli.main``), its output swallowed.
+
+    For the uninterrupted references and the reruns, whose subject is what a command reads from and writes
+    to the folder, not the process: each saves a ``python -m fluidopt`` start (imports, about 3 CPU-s). The
+    signals themselves always go to a real process (:func:`_start`). Fails if the command left this
+    process changed (``builders.process_state``), as ``run_cli_here`` does."""
+    import contextlib
+    import io
+
+    from fluidopt.cli import main
+
+    argv = [*args, "--workers", str(workers), "--out", str(out)]
+    # where _start runs it, with the figures' backend run_cli_here gives (both restored before the check)
+    here, old_backend = os.getcwd(), os.environ.get("MPLBACKEND")
+    os.environ["MPLBACKEND"] = "Agg"
+    os.chdir(REPO)
+    try:
+        before = process_state()
+        err = io.StringIO()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            code = main(argv)
+        after = process_state()
+    finally:
+        os.chdir(here)
+        if old_backend is None:
+            os.environ.pop("MPLBACKEND", None)
+        else:
+            os.environ["MPLBACKEND"] = old_backend
+    changed = state_changes(before, after)
+    assert code == 0, f"fluidopt {' '.join(argv)}: exit {code}: {err.getvalue()}"
+    assert not changed, f"fluidopt {' '.join(argv)} left the process changed: " + "; ".join(changed)
 
 
 def _children(pid: int) -> list[int]:
@@ -89,11 +125,10 @@ def _tables(out: Path) -> dict[str, pd.DataFrame]:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """The tables of an uninterrupted run."""
+    """The tables of an uninterrupted run (in this process: the tables do not depend on the process or the
+    number of workers, which the 1- and 2-worker reruns against it check)."""
     out = tmp_path_factory.mktemp("faults") / "reference"
-    proc = _start(RUN, 2, out)
-    _, err = proc.communicate(timeout=280)
-    assert proc.returncode == 0, err
+    _here(RUN, 1, out)
     return _tables(out)
 
 
@@ -133,10 +168,9 @@ def test_signal_mid_sweep_keeps_what_finished_and_the_rerun_matches(sig, workers
         assert not names & {"runs.csv", "classes.csv", "summary.csv", "meta.json", "comparison.png"}, names
     if sig != "SIGKILL":
         assert not [n for n in names if ".tmp-" in n or n.startswith(".fluidopt")], names
-    # the rerun resumes from the store and ends with the uninterrupted run's tables
-    proc = _start(RUN, workers, out)
-    _, err = proc.communicate(timeout=280)
-    assert proc.returncode == 0, err
+    # the rerun resumes from the store and ends with the uninterrupted run's tables (in this process: the
+    # subject is what the rerun finds in the folder, the signal went to a real one)
+    _here(RUN, workers, out)
     got = _tables(out)
     for name, df in reference.items():
         pd.testing.assert_frame_equal(got[name], df, check_exact=True, obj=name)
@@ -411,9 +445,7 @@ PRICE = ["price", "--points", "3", "--simulate", "0.001,0.002;0.002,0.001", "--s
 def price_reference(tmp_path_factory):
     """simulated.csv of an uninterrupted ``price --simulate`` (one for both signals: the run is deterministic)."""
     ref = tmp_path_factory.mktemp("faults") / "price-reference"
-    proc = _start(PRICE, 1, ref)
-    _, err = proc.communicate(timeout=280)
-    assert proc.returncode == 0, err
+    _here(PRICE, 1, ref)  # (in this process, as the reruns: see _here)
     return pd.read_csv(ref / "simulated.csv")
 
 
@@ -431,7 +463,5 @@ def test_price_simulate_interrupted_writes_no_partial_point_and_resumes(sig, pri
     assert proc.returncode == 128 + getattr(signal, sig), err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert not (out / "simulated.csv").exists()  # not 2 of 4 points, nor a point over 1 of 2 seeds
-    proc = _start(PRICE, 1, out)
-    _, err = proc.communicate(timeout=280)
-    assert proc.returncode == 0, err
+    _here(PRICE, 1, out)
     pd.testing.assert_frame_equal(pd.read_csv(out / "simulated.csv"), price_reference, check_exact=True)
