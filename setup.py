@@ -148,7 +148,7 @@ def _extensions() -> list[Extension]:
         shutil.copyfile(TYPES, pxd)
     ext = Extension("fluidopt.sim._cengine", [str(py.relative_to(ROOT))], extra_compile_args=_NO_FMA)
     ext.fluidopt_key = build_key(ext.name, text, TYPES.read_bytes(), _recipe(_DIRECTIVES, ext.extra_compile_args))
-    core = _Job(ext, _DIRECTIVES, "the simulator core", "the simulator will run its pure-Python engine")
+    core = _Job(ext, "the simulator core", "the simulator will run its pure-Python engine")
     jobs = [core] + _single_sourced_jobs(digest) + [cache]  # the core first: the longest compile starts first
     built = _translate(jobs)
     if built[cache.ext.name] is None or built[ext.name] is None:
@@ -157,31 +157,28 @@ def _extensions() -> list[Extension]:
 
 
 class _Job:
-    """One extension to translate: its Extension (with ``fluidopt_key``), its compiler directives, and what
-    the notice says if Cython fails on it (``source``) and what runs instead (``fallback``)."""
+    """One extension to translate: its Extension (with ``fluidopt_key``), and what the notice says if Cython
+    fails on it (``source``) and what runs instead (``fallback``)."""
 
-    def __init__(self, ext: Extension, directives: dict, source: str, fallback: str) -> None:
-        self.ext, self.directives, self.source, self.fallback = ext, directives, source, fallback
+    def __init__(self, ext: Extension, source: str, fallback: str) -> None:
+        self.ext, self.source, self.fallback = ext, source, fallback
 
 
-def _translate_one(ext: Extension, directives: dict):
-    """Cython's translation of ``ext`` (a list of Extensions over the C source), or the error's text."""
+def _cythonize(exts: list[Extension], nthreads: int = 0) -> list[Extension]:
     from Cython.Build import cythonize
 
-    try:
-        out = cythonize([ext], include_path=[str(GEN)], quiet=True, compiler_directives=directives)
-    except Exception as exc:  # a Cython error must not stop the install: the Python modules are complete
-        return f"{type(exc).__name__}: {exc}"
+    out = cythonize(exts, include_path=[str(GEN)], quiet=True, compiler_directives=_DIRECTIVES, nthreads=nthreads)
+    keys = {e.name: e.fluidopt_key for e in exts}
     for e in out:
-        e.fluidopt_key = ext.fluidopt_key
+        e.fluidopt_key = keys[e.name]
     return out
 
 
 def _translate(jobs: list[_Job]) -> dict[str, list[Extension] | None]:
     """Each job's translated extensions by module name (an in-place build of the same key stands as it is; None
-    where Cython failed, with its notice printed). The translations run side by side, one process per CPU:
-    Cython's own ``nthreads`` takes one set of directives for all, and the prefix cache's differ (about 18
-    CPU-s of translation in all, the core's 4.7)."""
+    where Cython failed, with its notice printed). Cython translates them side by side (its ``nthreads``, one
+    process per CPU: about 18 CPU-s of translation in all, the core's 4.7); if that fails, one at a time, to
+    tell which failed."""
     out: dict[str, list[Extension] | None] = {}
     todo = []
     for job in jobs:
@@ -189,20 +186,21 @@ def _translate(jobs: list[_Job]) -> dict[str, list[Extension] | None]:
             out[job.ext.name] = [job.ext]
         else:
             todo.append(job)
-    workers = min(len(todo), os.cpu_count() or 1)
-    if workers > 1 and os.name == "posix":
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
-            results = list(pool.map(_translate_one, [j.ext for j in todo], [j.directives for j in todo]))
-    else:
-        results = [_translate_one(j.ext, j.directives) for j in todo]
-    for job, res in zip(todo, results):
-        if isinstance(res, str):
-            _notice(f"Cython could not translate {job.source} ({res})", job.fallback)
-            res = None
-        out[job.ext.name] = res
+    if not todo:
+        return out
+    try:
+        done = _cythonize([j.ext for j in todo], nthreads=min(len(todo), os.cpu_count() or 1))
+        for j in todo:
+            out[j.ext.name] = [e for e in done if e.name == j.ext.name]
+        return out
+    except Exception:  # a Cython error must not stop the install: find the module(s) and go on without them
+        pass
+    for j in todo:
+        try:
+            out[j.ext.name] = _cythonize([j.ext])
+        except Exception as exc:
+            _notice(f"Cython could not translate {j.source} ({exc})", j.fallback)
+            out[j.ext.name] = None
     return out
 
 
@@ -228,16 +226,19 @@ def _prefix_cache_job() -> _Job:
     note = ("\n\n# Added by setup.py: the digest of fluidopt/sim/prefix_cache.py and prefix_cache.pxd.\n"
             f'SOURCE_SHA256 = "{single_source_digest(src, types)}"\n')
     # no bounds checks here: the cache indexes its own arrays by its own state, per block (about a third
-    # fewer instructions); the Python engine runs the same source with checked indexing in the tests
-    return _sourced_job("_c_prefix_cache", src.decode("utf-8") + note, types, "fluidopt/sim/prefix_cache.py",
+    # fewer instructions); the Python engine runs the same source with checked indexing in the tests. Said
+    # in the file's header, which takes precedence over the directives given to cythonize for all modules
+    head = "# cython: boundscheck=False\n"
+    return _sourced_job("_c_prefix_cache", head + src.decode("utf-8") + note, types, "fluidopt/sim/prefix_cache.py",
                         "the prefix cache will run as Python", {**_DIRECTIVES, "boundscheck": False})
 
 
 def _sourced_job(module: str, text: str, types: bytes, source: str, fallback: str,
                  directives: dict = _DIRECTIVES) -> _Job:
     """fluidopt.sim.MODULE from ``text`` (a module's source plus its digests) and ``types`` (its .pxd), both
-    written under build/cengine, to be translated by Cython with ``directives`` (unless an in-place build of
-    the same key exists)."""
+    written under build/cengine, to be translated by Cython (unless an in-place build of the same key exists);
+    ``directives``, the module's own, go in its build key (a module whose differ from ``_DIRECTIVES`` says so
+    in its text's header)."""
     pkg = GEN / "fluidopt" / "sim"
     py = pkg / f"{module}.py"
     if not py.exists() or py.read_text(encoding="utf-8") != text:
@@ -247,7 +248,7 @@ def _sourced_job(module: str, text: str, types: bytes, source: str, fallback: st
         pxd.write_bytes(types)
     ext = Extension(f"fluidopt.sim.{module}", [str(py.relative_to(ROOT))], extra_compile_args=_NO_FMA)
     ext.fluidopt_key = build_key(ext.name, text, types, _recipe(directives, _NO_FMA))
-    return _Job(ext, directives, source, fallback)
+    return _Job(ext, source, fallback)
 
 
 def single_source_digest(py: bytes, pxd: bytes) -> str:
