@@ -33,6 +33,7 @@ from pyomo.contrib.solver.solvers.highs import Highs
 from fluidopt.core.errors import InfeasibleError, ScenarioError, SolverError
 from fluidopt.core.model import Rates, Scenario
 from fluidopt.fluid.sli import FLUID_VARIABLES, SLI, RowData, SLIRow, sli_spec, validate_slis
+from fluidopt.fluid.quiet_highs import QuietHighs
 from fluidopt.fluid.solution import FluidSolution
 
 __all__ = [
@@ -335,7 +336,7 @@ class FluidModel:
     def solver(self) -> Highs:
         """The persistent Pyomo HiGHS interface (created on first use)."""
         if self._solver is None:
-            opt = Highs()
+            opt = QuietHighs()
             opt.config.load_solutions = False
             opt.config.raise_exception_on_nonoptimal_result = False
             opt.config.solver_options["output_flag"] = False
