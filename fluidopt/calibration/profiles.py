@@ -11,13 +11,14 @@ import functools
 import importlib.resources
 import math
 import sys
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from fluidopt.core.errors import ScenarioError, did_you_mean
 from fluidopt.core.model import GPUProfile
 from fluidopt.core.tables import gpu_from_dict
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -89,6 +90,8 @@ def load_profile(name: str) -> GPUProfile:
 def list_profiles() -> pd.DataFrame:
     """One row per named profile: fitted law, serving settings, GPUs per replica, R^2, the worst
     held-out relative error of a generated profile (``cv_max_error``) and source (index: name)."""
+    import pandas as pd  # here only: a stand-in engine loads its profile and builds no table
+
     rows = []
     for name in profile_names():
         g = load_profile(name)

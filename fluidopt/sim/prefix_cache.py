@@ -37,9 +37,12 @@ import importlib
 from array import array
 from collections import OrderedDict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["PrefixCache", "make_prefix_cache"]
 
@@ -518,6 +521,10 @@ class PrefixCache:
 
     def tables(self, class_names, n_gpus: int) -> tuple[pd.DataFrame, pd.DataFrame]:
         """Per class and per instance: first prefills, prompt tokens, cached tokens, hit ratio."""
+        # pandas only here: the stand-in engine imports this module and never builds the tables (about half
+        # of its start-up was pandas' import)
+        import pandas as pd
+
         cached = np.asarray(self.cached, dtype=np.int64)
         done = cached >= 0
 
