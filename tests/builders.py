@@ -8,6 +8,7 @@ or use the factory fixtures of the same job in tests/conftest.py (``make_scenari
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -166,6 +167,23 @@ def state_changes(before: dict, after: dict) -> list[str]:
     return out
 
 
+@contextlib.contextmanager
+def command_process(cwd: Path):
+    """Inside: the working folder ``cwd`` and ``MPLBACKEND=Agg``, as :func:`run_cli` gives a command's process;
+    both restored after (before a caller compares :func:`process_state`)."""
+    here, old_backend = os.getcwd(), os.environ.get("MPLBACKEND")
+    os.environ["MPLBACKEND"] = "Agg"
+    os.chdir(cwd)
+    try:
+        yield
+    finally:
+        os.chdir(here)
+        if old_backend is None:
+            os.environ.pop("MPLBACKEND", None)
+        else:
+            os.environ["MPLBACKEND"] = old_backend
+
+
 def run_cli_here(capfd, *argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     """``fluidopt ARGV`` in this process (``fluidopt.cli.main``), its result shaped as :func:`run_cli`'s.
 
@@ -177,10 +195,7 @@ def run_cli_here(capfd, *argv: str, cwd: Path = ROOT) -> subprocess.CompletedPro
     :func:`process_state` changed: a later test on the same xdist worker must find the process as it was."""
     from fluidopt.cli import main
 
-    here, old_backend = os.getcwd(), os.environ.get("MPLBACKEND")
-    os.environ["MPLBACKEND"] = "Agg"
-    os.chdir(cwd)
-    try:
+    with command_process(cwd):
         before = process_state()
         capfd.readouterr()
         try:
@@ -189,12 +204,6 @@ def run_cli_here(capfd, *argv: str, cwd: Path = ROOT) -> subprocess.CompletedPro
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         out, err = capfd.readouterr()
         after = process_state()
-    finally:
-        os.chdir(here)
-        if old_backend is None:
-            os.environ.pop("MPLBACKEND", None)
-        else:
-            os.environ["MPLBACKEND"] = old_backend
     changed = state_changes(before, after)
     assert not changed, f"fluidopt {' '.join(map(str, argv))} left the process changed: " + "; ".join(changed)
     return subprocess.CompletedProcess(["fluidopt", *map(str, argv)], code, out, err)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from builders import process_state, state_changes
+from builders import command_process, process_state, state_changes
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -65,21 +65,12 @@ def _here(args, workers: int, out: Path) -> None:
 
     argv = [*args, "--workers", str(workers), "--out", str(out)]
     # where _start runs it, with the figures' backend run_cli_here gives (both restored before the check)
-    here, old_backend = os.getcwd(), os.environ.get("MPLBACKEND")
-    os.environ["MPLBACKEND"] = "Agg"
-    os.chdir(REPO)
-    try:
+    with command_process(REPO):
         before = process_state()
         err = io.StringIO()
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
             code = main(argv)
         after = process_state()
-    finally:
-        os.chdir(here)
-        if old_backend is None:
-            os.environ.pop("MPLBACKEND", None)
-        else:
-            os.environ["MPLBACKEND"] = old_backend
     changed = state_changes(before, after)
     assert code == 0, f"fluidopt {' '.join(argv)}: exit {code}: {err.getvalue()}"
     assert not changed, f"fluidopt {' '.join(argv)} left the process changed: " + "; ".join(changed)
