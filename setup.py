@@ -64,10 +64,11 @@ def single_sourced() -> list[str]:
 # debug information (setuptools' CFLAGS carry -g): the machine code is the same (.text compared byte for
 # byte), and gcc does about a quarter less work on the core (26.6 -> 19.3 CPU-s), the longest step of a build
 _NO_FMA = ["-O2", "-ffp-contract=off", "-g0"] if os.name != "nt" else []
-# The core at -O1: its compile is the build's longest step (21.6 -> 11.1 CPU-s), and most of a run's time is
-# Python (controllers, bookkeeping) calling into it: -O1 runs 6% more of the core's own instructions, 0.2% more
-# of a whole simulation (callgrind, three policies on 60 GPUs). The handlers and the prefix cache, whose own
-# loops are a run's hot path (the cache: 4-8% more instructions per simulation at -O1), stay at -O2.
+# The core at -O1: its compile is the build's longest step (at -O2 19.3-21.6 CPU-s, by the machine's load; at
+# -O1 11.1, back to back with the 21.6), and most of a run's time is Python (controllers, bookkeeping) calling
+# into it: -O1 runs 6% more of the core's own instructions, 0.2% more of a whole simulation (callgrind, three
+# policies on 60 GPUs). The handlers and the prefix cache, whose own loops are a run's hot path (the cache:
+# 4-8% more instructions per simulation at -O1), stay at -O2.
 _CORE_FLAGS = ["-O1" if f == "-O2" else f for f in _NO_FMA]
 
 
