@@ -271,6 +271,17 @@ def grid01_scenario(n: int = 20, name: str = "grid-01"):
     return Scenario(gpu=gpu, gpus=n, classes=classes, prefill_price=0.1, decode_price=0.2, name=name)
 
 
+def semantics_scenario(n: int = 300):
+    """The markov-against-tokens instance (tests/sim/test_sim_differential.py) on ``n`` GPUs: chunk C = 1, so a
+    prefill of P tokens takes P mixed iterations, geometric lengths, both classes abandoning at rate 1/0.5."""
+    from fluidopt.core.model import GPUProfile, RequestClass, Scenario
+
+    gpu = GPUProfile(alpha=0.01, beta=0.0005, tau_solo=0.008, chunk=1, batch=3)
+    cl = (RequestClass("short", prompt=100, decode=400, rate=0.2 * n, patience=0.5),
+          RequestClass("long", prompt=300, decode=200, rate=0.2 * n, patience=0.5))
+    return Scenario(gpu=gpu, gpus=n, classes=cl, prefill_price=0.1, decode_price=0.2)
+
+
 def round_robin_cached_tokens(path, n: int, block: int = 512) -> tuple[int, int, int]:
     """(cached prompt tokens, requests, prompt tokens) of a Mooncake-format JSONL trace. Cached tokens when request i (in arrival order) goes to
     instance i mod n and nothing is evicted, counted from the file alone (no fluidopt code): a request's

@@ -16,6 +16,7 @@ import warnings
 
 import pandas as pd
 import pytest
+from builders import semantics_scenario
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -24,6 +25,7 @@ from fluidopt.control.registry import available
 from fluidopt.core.errors import UsageError
 from fluidopt.sim import backend as core
 from fluidopt.sim.api import simulate
+from fluidopt.sim.textbook import erlang_setup
 
 COMPILED, WHY = core.compiled_status()
 needs_core = pytest.mark.skipif(not COMPILED, reason=f"compiled core not usable: {WHY}")
@@ -111,6 +113,28 @@ def test_paper_instance_same_numbers_tokens(policy):
 
     sc = fluidopt.default_scenario(gpus=60)
     _same(_run("compiled", sc, policy, "tokens"), _run("python", sc, policy, "tokens"), f"{policy} paper tokens")
+
+
+@pytest.mark.integration
+@needs_core
+@pytest.mark.parametrize("case", ["erlang-a", "semantics-markov", "semantics-tokens"])
+def test_the_long_statistical_scenarios_same_numbers(case):
+    """The scenarios of two long statistical runs, at about a tenth of their length: Erlang A overloaded
+    (test_sim_exact.py, 300k customers) and markov against tokens (test_sim_differential.py, 300 GPUs for
+    1,200 s). Both are marked slow, which CI's pure-Python pass leaves out (8-11 s each there), so this is
+    where the pure-Python engine meets their scenarios: bit for bit against the compiled core."""
+    if case == "erlang-a":
+        def run(backend):
+            sc, ctrl = erlang_setup(20, 22.0, 1.0, 1.0)  # a controller object is single-use: one per run
+            return simulate(sc, ctrl, horizon=30_000 / 22.0 + 50.0, warmup=50.0, seed=5, batches=20,
+                            backend=backend), None
+    else:
+        service = case.split("-")[1]
+
+        def run(backend):
+            return simulate(semantics_scenario(300), "fi-wsp", horizon=120.0, warmup=15.0, seed=1, service=service,
+                            backend=backend), None
+    _same(run("compiled"), run("python"), case)
 
 
 @st.composite

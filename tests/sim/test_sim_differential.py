@@ -12,21 +12,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from builders import semantics_scenario
 from scipy import stats
 
-from fluidopt.core.model import GPUProfile, RequestClass, Scenario
 from fluidopt.sim.api import simulate
 
 T = stats.t.ppf(0.975, 19)
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # about 11 s on the pure-Python engine; it meets this scenario in test_sim_backends.py instead
 def test_markov_and_tokens_agree_within_sampling_error():
-    n = 300
-    gpu = GPUProfile(alpha=0.01, beta=0.0005, tau_solo=0.008, chunk=1, batch=3)
-    cl = (RequestClass("short", prompt=100, decode=400, rate=0.2 * n, patience=0.5),
-          RequestClass("long", prompt=300, decode=200, rate=0.2 * n, patience=0.5))
-    sc = Scenario(gpu=gpu, gpus=n, classes=cl, prefill_price=0.1, decode_price=0.2)
+    sc = semantics_scenario(300)
     res = {s: simulate(sc, "fi-wsp", horizon=1200.0, warmup=150.0, seed=1, service=s) for s in ("markov", "tokens")}
     ci = {s: r.ci.set_index(["metric", "class"]) for s, r in res.items()}
     checked = 0

@@ -94,6 +94,7 @@ def test_erlang_c_mmc():
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # about 8 s on the pure-Python engine; it meets this scenario in test_sim_backends.py instead
 def test_erlang_a_overloaded():
     """M/M/20+M at offered load 1.1, theta = 1 (300k customers): P(abandon) within 4.7% (4 exact sd),
     mean wait within 5.0%, mean queue within 5.4%, utilisation within 0.43% of Erlang A."""
