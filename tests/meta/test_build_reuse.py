@@ -81,8 +81,33 @@ def test_the_recipe_names_directives_flags_and_cython(setup_py, monkeypatch):
     # Cython is a build requirement only (pip's isolated build environment): a stand-in gives its version
     monkeypatch.setitem(sys.modules, "Cython", types.SimpleNamespace(__version__="3.9.9"))
     rec = json.loads(setup_py._recipe({"boundscheck": True}, ["-O2", "-ffp-contract=off"]))
-    assert rec == {"directives": {"boundscheck": True}, "flags": ["-O2", "-ffp-contract=off"], "cython": "3.9.9"}
+    assert rec == {"directives": {"boundscheck": True}, "flags": ["-O2", "-ffp-contract=off"], "cython": "3.9.9",
+                   "shared_utility": "fluidopt.sim._cyutility"}
     assert setup_py._recipe({"boundscheck": True}, []) != setup_py._recipe({"boundscheck": False}, [])
+    # a module with its own copy of Cython's utility code (the prefix cache) has another key than one without
+    assert json.loads(setup_py._recipe({}, [], shared=False))["shared_utility"] is None
+
+
+def test_the_shared_utility_module_is_built_and_imported_by_the_compiled_modules(setup_py):
+    """Cython's utility code is one module (fluidopt.sim._cyutility) that every compiled module imports: a core
+    built without it would carry its own copy, and one built against another would not import."""
+    from fluidopt.sim import backend
+
+    ok, why = backend.compiled_status()
+    if not ok:
+        pytest.skip(f"compiled core not usable: {why}")
+    assert setup_py.SHARED_UTILITY == "fluidopt.sim._cyutility"
+    from fluidopt.sim import _cengine  # type: ignore[attr-defined]  # noqa: F401
+
+    assert setup_py.SHARED_UTILITY in sys.modules
+    c_file = ROOT / "build" / "cengine" / "fluidopt" / "sim" / "_cengine.c"
+    if c_file.is_file():  # the generated C of this checkout's build: no memoryview machinery of its own
+        text = c_file.read_text(encoding="utf-8", errors="replace")
+        assert '"fluidopt.sim._cyutility", "memoryview"' in text  # the memoryview type is imported from it
+        assert "__pyx_memoryview___cinit__(" not in text  # and not defined here
+    cache_c = c_file.with_name("_c_prefix_cache.c")
+    if cache_c.is_file():  # the prefix cache keeps its own copy (faster hot loops)
+        assert "fluidopt.sim._cyutility" not in cache_c.read_text(encoding="utf-8", errors="replace")
 
 
 def test_the_in_place_path_is_next_to_the_package_sources(setup_py):
