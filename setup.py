@@ -203,13 +203,34 @@ def _shared_utility_job() -> _Job:
     return _Job(ext, "Cython's shared utility code", "the simulator will run its pure-Python engine")
 
 
+def _c_file(ext: Extension) -> Path:
+    """Where Cython writes the C of ``ext`` (next to its source under build/cengine)."""
+    return (ROOT / ext.sources[0]).with_suffix(".c")
+
+
+def _c_key_file(ext: Extension) -> Path:
+    return STAMPS / f"{ext.name}.c.key"
+
+
 def _cythonize(exts: list[Extension], nthreads: int = 0, shared: bool = True) -> list[Extension]:
     from Cython.Build import cythonize
 
-    # force: every extension here has a new build key (_translate passes no reused one), and cythonize alone
-    # would keep a C file newer than its source, translated under other directives or without the shared module
+    # Cython keeps a C file newer than its source, whatever directives or shared module it was translated with:
+    # one translated under another build key is removed first, so that Cython writes it anew. One of the same
+    # key is kept, which matters within one install: pip runs setup.py three times (requirements, metadata,
+    # build), and only the first translates
+    for e in exts:
+        try:
+            same = _c_key_file(e).read_text(encoding="utf-8") == e.fluidopt_key
+        except OSError:
+            same = False
+        if not same:
+            _c_file(e).unlink(missing_ok=True)
     out = cythonize(exts, include_path=[str(GEN)], quiet=True, compiler_directives=_DIRECTIVES, nthreads=nthreads,
-                    shared_utility_qualified_name=SHARED_UTILITY if shared else None, force=True)
+                    shared_utility_qualified_name=SHARED_UTILITY if shared else None)
+    STAMPS.mkdir(parents=True, exist_ok=True)
+    for e in exts:
+        _c_key_file(e).write_text(e.fluidopt_key, encoding="utf-8")
     keys = {e.name: e.fluidopt_key for e in exts}
     for e in out:
         e.fluidopt_key = keys[e.name]

@@ -116,3 +116,33 @@ def test_the_in_place_path_is_next_to_the_package_sources(setup_py):
     ext = Extension("fluidopt.sim._c_gate_handlers", ["build/cengine/fluidopt/sim/_c_gate_handlers.py"])
     assert setup_py._inplace(ext) == ROOT / "fluidopt" / "sim" / ("_c_gate_handlers" + sysconfig.get_config_var("EXT_SUFFIX"))
     assert setup_py.STAMPS == ROOT / "build" / "cengine" / "stamps"
+
+
+def test_a_c_file_is_translated_again_only_under_another_build_key(setup_py, tmp_path, monkeypatch):
+    """Cython keeps a C file newer than its source whatever it was translated with: setup.py removes one whose
+    recorded build key differs (new directives, the shared module) and keeps one of the same key (pip runs
+    setup.py three times per install; only the first translates)."""
+    from setuptools import Extension
+
+    seen = []
+
+    def cythonize(exts, **kw):  # a stand-in for Cython's: records which C files it would have had to write
+        seen.append({e.name: setup_py._c_file(e).exists() for e in exts})
+        for e in exts:
+            setup_py._c_file(e).write_text("/* translated */", encoding="utf-8")
+        return exts
+
+    monkeypatch.setitem(sys.modules, "Cython.Build", types.SimpleNamespace(cythonize=cythonize))
+    monkeypatch.setattr(setup_py, "ROOT", tmp_path)
+    monkeypatch.setattr(setup_py, "STAMPS", tmp_path / "stamps")
+    ext = Extension("fluidopt.sim._c_x", ["gen/_c_x.py"])
+    (tmp_path / "gen").mkdir()
+    setup_py._c_file(ext).write_text("/* old */", encoding="utf-8")
+    ext.fluidopt_key = "k1"
+    setup_py._cythonize([ext])  # no key recorded: the old C goes
+    ext.fluidopt_key = "k1"
+    setup_py._cythonize([ext])  # the same key: kept
+    ext.fluidopt_key = "k2"
+    setup_py._cythonize([ext])  # another key: goes
+    assert seen == [{"fluidopt.sim._c_x": False}, {"fluidopt.sim._c_x": True}, {"fluidopt.sim._c_x": False}]
+    assert (tmp_path / "stamps" / "fluidopt.sim._c_x.c.key").read_text(encoding="utf-8") == "k2"
