@@ -194,9 +194,9 @@ class _Job:
 
 
 def _shared_utility_job() -> _Job:
-    """fluidopt.sim._cyutility: Cython's utility code, which every compiled module imports instead of carrying a
-    copy. Cython writes its C (build/cengine/fluidopt/sim/_cyutility.c) when it translates the modules; what it
-    holds depends only on Cython's version, which the build key records."""
+    """fluidopt.sim._cyutility: Cython's utility code, which the core and the handler modules import instead of
+    carrying a copy. Cython writes its C (build/cengine/fluidopt/sim/_cyutility.c) when it translates them; what
+    it holds depends only on Cython's version, which the build key records."""
     c_file = GEN / "fluidopt" / "sim" / "_cyutility.c"
     ext = Extension(SHARED_UTILITY, [str(c_file.relative_to(ROOT))], extra_compile_args=_NO_FMA)
     ext.fluidopt_key = build_key(ext.name, "", b"", _recipe(_DIRECTIVES, _NO_FMA))
