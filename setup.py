@@ -83,15 +83,23 @@ def build_key(module: str, source: str, types: bytes, recipe: str) -> str:
 
 
 def reusable_build(built: Path, stamp: Path, key: str) -> bool:
-    """Whether the extension file ``built`` (an earlier in-place build) may stand in for compiling anew: its
-    ``stamp`` records the same build ``key`` and the SHA-256 of this very file (a file copied or rebuilt
-    over it since, or a missing or unreadable stamp, means compile)."""
+    """Whether ``built`` (an earlier in-place build of an extension, or the C file Cython wrote for it) may stand
+    in for making it anew: its ``stamp`` records the same build ``key`` and the SHA-256 of this very file (a
+    file copied or rebuilt over it since, or a missing or unreadable stamp, means make it again)."""
     try:
         rec = json.loads(stamp.read_text(encoding="utf-8"))
         return (isinstance(rec, dict) and rec.get("key") == key
                 and rec.get("sha256") == hashlib.sha256(built.read_bytes()).hexdigest())
     except (OSError, ValueError):
         return False
+
+
+def write_stamp(built: Path, stamp: Path, key: str) -> None:
+    """Record that ``built`` (an extension, or the C file Cython wrote) was made under build ``key``: the stamp
+    :func:`reusable_build` reads."""
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(json.dumps({"key": key, "sha256": hashlib.sha256(built.read_bytes()).hexdigest()}),
+                     encoding="utf-8")
 
 
 # Cython's utility code, shared: each module would otherwise carry its own copy (the memoryview machinery
@@ -208,8 +216,8 @@ def _c_file(ext: Extension) -> Path:
     return (ROOT / ext.sources[0]).with_suffix(".c")
 
 
-def _c_key_file(ext: Extension) -> Path:
-    return STAMPS / f"{ext.name}.c.key"
+def _c_stamp(ext: Extension) -> Path:
+    return STAMPS / f"{ext.name}.c.json"
 
 
 def _cythonize(exts: list[Extension], nthreads: int = 0, shared: bool = True) -> list[Extension]:
@@ -220,17 +228,12 @@ def _cythonize(exts: list[Extension], nthreads: int = 0, shared: bool = True) ->
     # key is kept, which matters within one install: pip runs setup.py three times (requirements, metadata,
     # build), and only the first translates
     for e in exts:
-        try:
-            same = _c_key_file(e).read_text(encoding="utf-8") == e.fluidopt_key
-        except OSError:
-            same = False
-        if not same:
+        if not reusable_build(_c_file(e), _c_stamp(e), e.fluidopt_key):
             _c_file(e).unlink(missing_ok=True)
     out = cythonize(exts, include_path=[str(GEN)], quiet=True, compiler_directives=_DIRECTIVES, nthreads=nthreads,
                     shared_utility_qualified_name=SHARED_UTILITY if shared else None)
-    STAMPS.mkdir(parents=True, exist_ok=True)
     for e in exts:
-        _c_key_file(e).write_text(e.fluidopt_key, encoding="utf-8")
+        write_stamp(_c_file(e), _c_stamp(e), e.fluidopt_key)
     keys = {e.name: e.fluidopt_key for e in exts}
     for e in out:
         e.fluidopt_key = keys[e.name]
@@ -382,9 +385,7 @@ class OptionalBuildExt(build_ext):
             _notice(f"building {ext.name} failed ({exc})")
             return
         if key is not None and built.is_file():
-            STAMPS.mkdir(parents=True, exist_ok=True)
-            (STAMPS / f"{ext.name}.json").write_text(
-                json.dumps({"key": key, "sha256": hashlib.sha256(built.read_bytes()).hexdigest()}), encoding="utf-8")
+            write_stamp(built, STAMPS / f"{ext.name}.json", key)
 
 
 if __name__ == "__main__":  # setuptools runs this file as __main__; tests import it for reusable_build

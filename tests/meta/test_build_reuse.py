@@ -120,8 +120,8 @@ def test_the_in_place_path_is_next_to_the_package_sources(setup_py):
 
 def test_a_c_file_is_translated_again_only_under_another_build_key(setup_py, tmp_path, monkeypatch):
     """Cython keeps a C file newer than its source whatever it was translated with: setup.py removes one whose
-    recorded build key differs (new directives, the shared module) and keeps one of the same key (pip runs
-    setup.py three times per install; only the first translates)."""
+    stamp (reusable_build's, as for the built extensions) records another build key (new directives, the shared
+    module) and keeps one of the same key (pip runs setup.py three times per install; only the first translates)."""
     from setuptools import Extension
 
     seen = []
@@ -145,4 +145,5 @@ def test_a_c_file_is_translated_again_only_under_another_build_key(setup_py, tmp
     ext.fluidopt_key = "k2"
     setup_py._cythonize([ext])  # another key: goes
     assert seen == [{"fluidopt.sim._c_x": False}, {"fluidopt.sim._c_x": True}, {"fluidopt.sim._c_x": False}]
-    assert (tmp_path / "stamps" / "fluidopt.sim._c_x.c.key").read_text(encoding="utf-8") == "k2"
+    stamp = json.loads((tmp_path / "stamps" / "fluidopt.sim._c_x.c.json").read_text(encoding="utf-8"))
+    assert stamp == {"key": "k2", "sha256": hashlib.sha256(b"/* translated */").hexdigest()}

@@ -123,17 +123,14 @@ def test_the_long_statistical_scenarios_same_numbers(case):
     (test_sim_exact.py, 300k customers) and markov against tokens (test_sim_differential.py, 300 GPUs for
     1,200 s). Both are marked slow, which CI's pure-Python pass leaves out (8-11 s each there), so this is
     where the pure-Python engine meets their scenarios: bit for bit against the compiled core."""
-    if case == "erlang-a":
-        def run(backend):
+    def run(backend):
+        if case == "erlang-a":
             sc, ctrl = erlang_setup(20, 22.0, 1.0, 1.0)  # a controller object is single-use: one per run
             return simulate(sc, ctrl, horizon=30_000 / 22.0 + 50.0, warmup=50.0, seed=5, batches=20,
                             backend=backend), None
-    else:
-        service = case.split("-")[1]
+        return simulate(semantics_scenario(300), "fi-wsp", horizon=120.0, warmup=15.0, seed=1,
+                        service=case.split("-")[1], backend=backend), None
 
-        def run(backend):
-            return simulate(semantics_scenario(300), "fi-wsp", horizon=120.0, warmup=15.0, seed=1, service=service,
-                            backend=backend), None
     _same(run("compiled"), run("python"), case)
 
 
