@@ -32,8 +32,8 @@ from pyomo.contrib.solver.solvers.highs import Highs
 
 from fluidopt.core.errors import InfeasibleError, ScenarioError, SolverError
 from fluidopt.core.model import Rates, Scenario
-from fluidopt.fluid.sli import FLUID_VARIABLES, SLI, RowData, SLIRow, sli_spec, validate_slis
 from fluidopt.fluid.quiet_highs import QuietHighs
+from fluidopt.fluid.sli import FLUID_VARIABLES, SLI, RowData, SLIRow, sli_spec, validate_slis
 from fluidopt.fluid.solution import FluidSolution
 
 __all__ = [

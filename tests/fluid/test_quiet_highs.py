@@ -13,8 +13,7 @@ from fluidopt.fluid.quiet_highs import QuietHighs, _pyomo_solve_known
 
 def _solve_with(model: FluidModel, opt):
     model._solver = None
-    model.solver  # the configured interface (output off, no solution loading)
-    cfg = model._solver.config
+    cfg = model.solver.config  # the configured interface's (output off, no solution loading)
     opt.config.load_solutions = cfg.load_solutions
     opt.config.raise_exception_on_nonoptimal_result = cfg.raise_exception_on_nonoptimal_result
     opt.config.solver_options["output_flag"] = False

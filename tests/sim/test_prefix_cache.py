@@ -187,7 +187,7 @@ def test_bad_prefix_cache_argument_is_one_line():
 
 
 # -- the compiled core and the Python engine, cache on ----------------------------------------------------
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _mooncake(speedup: float):
     """The Mooncake example scenario and the whole trace replayed at ``speedup``, read once per process:
     reading the 12,031 JSON lines was about 0.37 CPU-s of each of some 80 tests. Both are immutable (a
@@ -198,7 +198,7 @@ def _mooncake(speedup: float):
     return replay(MOONCAKE, load_scenario(ROOT / "examples/scenarios/mooncake-conversation.toml"), speedup=speedup)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _mooncake_prefix(n_requests: int, speedup: float):
     sc, wl = _mooncake(speedup)
     wl = TraceWorkload(wl.frame[["time", "prompt", "output", "cls"]], wl.class_names, max_requests=n_requests,
