@@ -32,6 +32,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     import torch
     from stable_baselines3 import DQN, PPO
+    from stable_baselines3.common.logger import Logger
 
     from fluidopt.rl.mlp import save_weights
     from fluidopt.rl.predictors import scenario_accuracy
@@ -50,6 +51,8 @@ def main(argv=None) -> int:
         model = PPO("MlpPolicy", env, learning_rate=3e-4, n_steps=2048, batch_size=256, gamma=0.99, seed=a.seed,
                     policy_kwargs={"net_arch": {"pi": [64, 64], "vf": [64, 64]}, "activation_fn": torch.nn.ReLU},
                     device="cpu")
+    # a logger with no outputs: SB3's default one makes an empty folder in the temp directory per run
+    model.set_logger(Logger(folder=None, output_formats=[]))
     model.learn(total_timesteps=a.timesteps)
     wall = time.perf_counter() - t0
     cfg = json.dumps({"method": f"stable-baselines3 {a.algo}", "timesteps": a.timesteps, "seed": a.seed,

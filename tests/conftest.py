@@ -94,9 +94,26 @@ def pytest_collection_modifyitems(config, items):  # on a worker: before it repo
         from pathlib import Path
 
         groups = {item.nodeid: g for item in items if (g := _fixture_group(item))}
+        waits = [item.nodeid for item in items if item.get_closest_marker("waits")]
         part = Path(where, f"{config.workerinput['workerid']}.json")
-        part.with_suffix(".tmp").write_text(json.dumps(groups), encoding="utf-8")
+        part.with_suffix(".tmp").write_text(json.dumps({"groups": groups, "waits": waits}), encoding="utf-8")
         part.with_suffix(".tmp").replace(part)
+
+
+# The tests marked ``waits`` spend much of their time waiting in real time (servers, a browser, signal drills,
+# a Dask cluster): on a worker per CPU they leave a CPU idle while they wait. With -n auto the suite starts
+# one worker more than xdist would (one per CPU), the *wait lane*; the scheduler gives it the waiting tests
+# first and the other workers everything else first, so the lane's waits overlap the others' computing. Each
+# side takes the other's work once its own is done. (LiteLLM's other tests are marked too: one process then
+# pays its 5 CPU-s import.)
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    from xdist.plugin import pytest_xdist_auto_num_workers as per_cpu
+
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # the user's own count: xdist's hook reads it
+    config._fluidopt_wait_lane = True
+    return per_cpu(config) + 1
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -109,18 +126,40 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadGroupScheduling
 
     class FixtureGroupScheduling(LoadGroupScheduling):
-        """loadgroup, with the tests that share a module fixture as one group (read after collection)."""
+        """loadgroup, with the tests that share a module fixture as one group (read after collection), and
+        the tests marked ``waits`` sent first to the wait lane (the last worker) when -n auto started one."""
 
         _groups: dict[str, str] | None = None
 
+        def _read(self) -> None:  # first called when every worker has reported its collection
+            where = getattr(config, "_fluidopt_groups", None)
+            self._groups, self._waits, self._wait_scopes = {}, set(), set()
+            for part in sorted(Path(where).glob("*.json")) if where else ():
+                got = json.loads(part.read_text(encoding="utf-8"))
+                self._groups.update(got["groups"])
+                self._waits.update(got["waits"])
+
         def _split_scope(self, nodeid: str) -> str:
-            if self._groups is None:  # first called when every worker has reported its collection
-                where = getattr(config, "_fluidopt_groups", None)
-                self._groups = {}
-                for part in sorted(Path(where).glob("*.json")) if where else ():
-                    self._groups.update(json.loads(part.read_text(encoding="utf-8")))
+            if self._groups is None:
+                self._read()
             group = self._groups.get(nodeid)
-            return f"fixture-group:{group}" if group else super()._split_scope(nodeid)
+            scope = f"fixture-group:{group}" if group else super()._split_scope(nodeid)
+            if nodeid in self._waits:
+                self._wait_scopes.add(scope)
+            return scope
+
+        def _lane(self):
+            if not getattr(config, "_fluidopt_wait_lane", False) or len(self.nodes) < 2:
+                return None
+            return max(self.nodes, key=lambda n: int(n.gateway.id.lstrip("gw")))
+
+        def _assign_work_unit(self, node) -> None:
+            # the base class pops the queue's first unit: put this node's kind of unit first, if any is left
+            want = node is self._lane()
+            scope = next((s for s in self.workqueue if (s in self._wait_scopes) == want), None)
+            if scope is not None:
+                self.workqueue.move_to_end(scope, last=False)
+            super()._assign_work_unit(node)
 
     return FixtureGroupScheduling(config, log)
 

@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from fluidopt.core.errors import ScenarioError
 from fluidopt.fluid.lp import solve_fluid
 from fluidopt.scenario import loads_scenario
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.waits]  # the app's server and a browser, in real time
 try:
     import playwright.sync_api as playwright_api
 except ImportError:  # skipped per test below (so FLUIDOPT_REQUIRE=browser can turn the skip into a failure)
@@ -86,6 +87,12 @@ def browser():
         b = p.chromium.launch(executable_path=exe, args=CHROME_FLAGS)
         yield b
         b.close()
+    # Playwright's driver (a Node process) exits after the context manager returns, and asyncio's thread
+    # that waits for it ends only then: join it, so that the next test on this worker finds the process as
+    # the module found it (test_faults.py's in-process runs check that no thread came or went)
+    for t in threading.enumerate():
+        if t.name.startswith("asyncio-waitpid"):
+            t.join(10)
 
 
 @pytest.fixture

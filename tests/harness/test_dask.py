@@ -23,6 +23,7 @@ from fluidopt.harness.executor import DaskExecutor, LocalExecutor  # noqa: E402
 
 SMALL = fluidopt.default_scenario(gpus=6)
 KW = dict(horizon=40.0, warmup=8.0)
+pytestmark = pytest.mark.waits  # a local Dask cluster's processes
 
 
 def _free_port() -> int:

@@ -24,6 +24,7 @@ import pytest
 from builders import command_process, process_state, state_changes
 
 REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.waits  # signal drills: processes started, waited on and stopped
 
 
 def _compiled() -> bool:

@@ -89,6 +89,9 @@ def test_an_entry_point_registers_a_policy(monkeypatch):
         def load(self):
             return make_third_party
 
+    # the registry loads once per process (built-ins, then the installed entry points): load it before the
+    # stand-in replaces the entry points, or the process would keep a registry without fluidopt.rl's routers
+    registry.available()
     monkeypatch.setattr(md, "entry_points", lambda group=None: [EP()] if group == registry.ENTRY_POINT_GROUP else [])
     try:
         registry._load_entry_points()

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from importlib.util import find_spec
+
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("gymnasium")
+from .conftest import blocked_env
 
-from fluidopt.rl.dqn import DQNConfig, train  # noqa: E402
-
-from .conftest import blocked_env  # noqa: E402
+# torch is imported by the tests that train, not at collection: there it cost every xdist worker about
+# 2 CPU-s (4 in a fresh venv, where the first import compiles it), the wait lane included
+pytestmark = pytest.mark.skipif(find_spec("torch") is None or find_spec("gymnasium") is None,
+                                reason="the rl extra is not installed (torch, gymnasium)")
 
 # Small budget: 8 episodes of 40 decisions, 3 of them exploring. With these settings seeds 1, 2, 4
 # and 5 learn the rule (seed 3 still sends some work to the blocked instance); training is
@@ -21,6 +23,8 @@ TINY = dict(variant="baseline", episodes=8, batch_size=32, learn_starts=32, targ
 
 @pytest.mark.integration
 def test_tiny_training_learns_to_send_work_to_the_free_instance():
+    from fluidopt.rl.dqn import DQNConfig, train
+
     res = train(None, DQNConfig(seed=5, **TINY), env=blocked_env())
     steps = int(res.curves.steps.sum())
     assert steps < 600  # "a few hundred steps"
@@ -39,6 +43,8 @@ def test_tiny_training_learns_to_send_work_to_the_free_instance():
 
 @pytest.mark.integration
 def test_training_is_deterministic_bit_for_bit():
+    from fluidopt.rl.dqn import DQNConfig, train
+
     cfg = DQNConfig(seed=3, **{**TINY, "episodes": 2, "eps_episodes": 1})
     a = train(None, cfg, env=blocked_env())
     b = train(None, cfg, env=blocked_env())
@@ -54,6 +60,7 @@ def test_training_on_revenue_records_it():
     import json
 
     from fluidopt.core.model import paper_scenario
+    from fluidopt.rl.dqn import DQNConfig, train
 
     cfg = DQNConfig(seed=1, objective="revenue", n_requests=120, **{**TINY, "episodes": 2, "eps_episodes": 1})
     res = train(paper_scenario(gpus=2), cfg)

@@ -103,11 +103,13 @@ def test_pinned_background_load_never_asks_the_agent():
 def test_stable_baselines3_dqn_trains_unchanged():
     sb3 = pytest.importorskip("stable_baselines3")
     import torch
+    from stable_baselines3.common.logger import Logger
 
     torch.set_num_threads(1)  # two threads on a shared 2-core machine are slower than one
     env = RouterEnv(RL_SCENARIO, n_requests=200)
     model = sb3.DQN("MlpPolicy", env, learning_starts=1000, buffer_size=5000, batch_size=32, seed=0, verbose=0,
                     train_freq=8, policy_kwargs={"net_arch": [32, 32]})
+    model.set_logger(Logger(folder=None, output_formats=[]))  # SB3's default logger leaves a folder in /tmp
     model.learn(total_timesteps=2000)
     obs, _ = env.reset(seed=9)
     a, _ = model.predict(obs, deterministic=True)

@@ -20,6 +20,8 @@ from fluidopt.serving.loop import alive_children, plan_of
 
 from .conftest import ROOT
 
+pytestmark = pytest.mark.waits  # real-time loops against stand-in engines
+
 
 def _write_trace(p, *, seed: int, n: int, output_below: int):
     """``n`` requests at 10 per s, prompts 50..799 tokens, outputs 5..output_below-1, as the replayer's CSV."""

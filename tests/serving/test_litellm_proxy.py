@@ -15,6 +15,9 @@ import pytest
 
 from fluidopt.core.errors import UsageError
 
+# on the wait lane beside the loop tests (tests/conftest.py), so that one process pays LiteLLM's import (5 CPU-s)
+pytestmark = pytest.mark.waits
+
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "examples" / "serving" / "litellm_proxy.yaml"
 

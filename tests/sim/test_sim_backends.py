@@ -20,7 +20,7 @@ from builders import semantics_scenario
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fluidopt import GPUProfile, RequestClass, Scenario
+from fluidopt import GPUProfile, RequestClass, Scenario, default_scenario
 from fluidopt.control.registry import available
 from fluidopt.core.errors import UsageError
 from fluidopt.sim import backend as core
@@ -117,19 +117,25 @@ def test_paper_instance_same_numbers_tokens(policy):
 
 @pytest.mark.integration
 @needs_core
-@pytest.mark.parametrize("case", ["erlang-a", "semantics-markov", "semantics-tokens"])
+@pytest.mark.parametrize("case", ["erlang-a", "semantics-markov", "semantics-tokens", "little-markov",
+                                  "little-tokens"])
 def test_the_long_statistical_scenarios_same_numbers(case):
-    """The scenarios of two long statistical runs, at about a tenth of their length: Erlang A overloaded
-    (test_sim_exact.py, 300k customers) and markov against tokens (test_sim_differential.py, 300 GPUs for
-    1,200 s). Both are marked slow, which CI's pure-Python pass leaves out (8-11 s each there), so this is
-    where the pure-Python engine meets their scenarios: bit for bit against the compiled core."""
+    """The scenarios of three long statistical runs, at about a tenth of their length: Erlang A overloaded
+    (test_sim_exact.py, 300k customers), markov against tokens (test_sim_differential.py, 300 GPUs for
+    1,200 s) and Little's law (test_sim_invariants.py, 10 GPUs for 9,000 s, both service modes). They are
+    marked slow, which CI's pure-Python pass leaves out (3-11 s each there), so this is where the
+    pure-Python engine meets their scenarios: bit for bit against the compiled core."""
     def run(backend):
         if case == "erlang-a":
             sc, ctrl = erlang_setup(20, 22.0, 1.0, 1.0)  # a controller object is single-use: one per run
             return simulate(sc, ctrl, horizon=30_000 / 22.0 + 50.0, warmup=50.0, seed=5, batches=20,
                             backend=backend), None
+        kind, service = case.split("-")
+        if kind == "little":
+            return simulate(default_scenario(gpus=10), "fi-wsp", horizon=900.0, warmup=50.0, seed=3,
+                            service=service, backend=backend), None
         return simulate(semantics_scenario(300), "fi-wsp", horizon=120.0, warmup=15.0, seed=1,
-                        service=case.split("-")[1], backend=backend), None
+                        service=service, backend=backend), None
 
     _same(run("compiled"), run("python"), case)
 

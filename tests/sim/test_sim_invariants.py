@@ -209,6 +209,7 @@ def test_same_seed_same_numbers_bit_for_bit(tmp_path):
     assert other.summary()["revenue_per_gpu"] != json.loads(runs[0][0])["revenue_per_gpu"]
 
 
+@pytest.mark.slow  # 3-4 s each on the pure-Python engine; it meets these scenarios in test_sim_backends.py instead
 @pytest.mark.integration
 @pytest.mark.parametrize("service", ["markov", "tokens"])
 def test_littles_law_long_run(service):
