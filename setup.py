@@ -131,9 +131,14 @@ def _inplace(ext: Extension) -> Path:
     return ROOT.joinpath(*ext.name.split(".")).with_name(ext.name.rsplit(".", 1)[1] + get_config_var("EXT_SUFFIX"))
 
 
+def _stamp(ext: Extension) -> Path:
+    """Where the stamp of ``ext``'s built extension is kept (write_stamp / reusable_build)."""
+    return STAMPS / f"{ext.name}.json"
+
+
 def _reused(ext: Extension) -> bool:
     """The in-place build of ``ext`` matches its build key: no need to translate it (OptionalBuildExt copies it)."""
-    return reusable_build(_inplace(ext), STAMPS / f"{ext.name}.json", ext.fluidopt_key)
+    return reusable_build(_inplace(ext), _stamp(ext), ext.fluidopt_key)
 
 
 def _required() -> bool:
@@ -217,6 +222,7 @@ def _c_file(ext: Extension) -> Path:
 
 
 def _c_stamp(ext: Extension) -> Path:
+    """Where the stamp of the C file Cython wrote for ``ext`` is kept (beside the extensions' own)."""
     return STAMPS / f"{ext.name}.c.json"
 
 
@@ -385,7 +391,7 @@ class OptionalBuildExt(build_ext):
             _notice(f"building {ext.name} failed ({exc})")
             return
         if key is not None and built.is_file():
-            write_stamp(built, STAMPS / f"{ext.name}.json", key)
+            write_stamp(built, _stamp(ext), key)
 
 
 if __name__ == "__main__":  # setuptools runs this file as __main__; tests import it for reusable_build
