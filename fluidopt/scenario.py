@@ -107,6 +107,11 @@ def scenario_from_dict(data: Mapping[str, Any], *, source: str = "<dict>") -> Sc
         from fluidopt.calibration.profiles import load_profile  # local import: calibration pulls statsmodels lazily
 
         gpu = load_profile(gpu_spec)
+    elif isinstance(gpu_spec, Mapping) and "timemodel" in gpu_spec:
+        from dataclasses import replace as _replace
+
+        law = _timemodel(gpu_spec["timemodel"], source)
+        gpu = _replace(gpu_from_dict({k: v for k, v in gpu_spec.items() if k != "timemodel"}), timemodel=law)
     else:
         gpu = gpu_from_dict(gpu_spec)
 
@@ -166,6 +171,28 @@ def scenario_from_dict(data: Mapping[str, Any], *, source: str = "<dict>") -> Sc
             raise ScenarioError(str(e) if source.startswith("<") else f"{source}: {e}") from None
     return Scenario(gpu=gpu, gpus=gpus, classes=parsed, prefill_price=cp, decode_price=cd, name=name, meta=meta,
                     fleet=fleet, workflow=workflow, layout=layout)
+
+
+def _timemodel(spec: Any, source: str):
+    """The ``[gpu.timemodel]`` table: the law's coefficients in seconds (``prefill``, ``decode_small``, optional
+    ``decode_large`` and ``decode_threshold``), or DistServe's profiler JSON (``distserve_profile``, a path relative
+    to the scenario file, with ``model`` and ``tp``)."""
+    from fluidopt.calibration.timemodels import law_from_table, load_distserve_profile
+    from fluidopt.core.errors import CalibrationError
+
+    where = "gpu.timemodel" if source.startswith("<") else f"{source}: gpu.timemodel"
+    spec = _expect_table("gpu.timemodel", spec)
+    try:
+        if "distserve_profile" in spec:
+            _reject_unknown("gpu.timemodel", spec, {"distserve_profile", "model", "tp"})
+            _require("gpu.timemodel", spec, ("model", "tp"))
+            path = Path(str(spec["distserve_profile"]))
+            if not path.is_absolute() and not source.startswith("<"):
+                path = Path(source).parent / path
+            return load_distserve_profile(path, str(spec["model"]), _integer("gpu.timemodel.tp", spec["tp"]))
+        return law_from_table(spec, where=where)
+    except CalibrationError as e:
+        raise ScenarioError(str(e)) from None
 
 
 def _layout(kind: Any, pools: Any, source: str):
@@ -355,6 +382,8 @@ def _gpu_to_dict(g) -> dict[str, Any]:
         gpu["kv_time_per_token"] = g.kv_time_per_token
     if g.price_per_hour is not None:
         gpu["price_per_hour"] = g.price_per_hour
+    if g.timemodel is not None:
+        gpu["timemodel"] = g.timemodel.to_dict()
     return gpu
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -78,6 +79,11 @@ class GPUProfile:
     # Price of one GPU-hour (any currency; None: not priced). Capacity planning costs fleets with it;
     # it is not part of the iteration-time law, so it takes no part in comparisons.
     price_per_hour: float | None = field(default=None, compare=False)
+    # The generalised iteration-time law (fluidopt.calibration.timemodels.IterationLaw: prefill quadratic in
+    # the prompt, decode in context tokens and batch size). None: the straight line above. When set, the
+    # tokens-mode simulator times every iteration with it; the fluid LP and markov service keep alpha,
+    # beta and tau_solo (docs/simulator.md section 1.3).
+    timemodel: Any = None
 
     def __post_init__(self) -> None:
         w = "gpu"
@@ -93,6 +99,13 @@ class GPUProfile:
         _check_positive(w, "kv_time_per_token", self.kv_time_per_token, allow_zero=True)
         if self.price_per_hour is not None:
             _check_positive(w, "price_per_hour", self.price_per_hour, allow_zero=True)
+        if self.timemodel is not None:
+            if not all(hasattr(self.timemodel, k) for k in ("prefill", "decode", "mixed")):
+                raise ScenarioError(f"gpu.timemodel: expected an IterationLaw (fluidopt.calibration.timemodels), got "
+                                    f"{type(self.timemodel).__name__}")
+            if self.kv_time_per_token:
+                raise ScenarioError("gpu: give kv_time_per_token or a timemodel, not both (the law's decode term per "
+                                    "context token is its KV time)")
 
     @classmethod
     def from_gamma(cls, alpha: float, beta: float, gamma: float, chunk: int, batch: int, **kw) -> GPUProfile:

@@ -91,7 +91,10 @@ cdef class Engine:
     cdef public Py_ssize_t n, B, I, C, kvcap, _gbase, _n_pools, _serial, _seq_back, _seq_front, _ai, _arrival_chunk, _bi
     cdef public Py_ssize_t _exp_i, _uni_i, _events, _nd
     cdef public bint check, markov, chunked, progress, _in_setup, _interrupted, _stop, _started, _done, _pause, _finished
-    cdef public bint handle_sigint
+    cdef public bint handle_sigint, _law, _lin  # _law: gpu.timemodel (timelaw.py); _lin: the clock is linear
+    cdef public object _lawc
+    cdef public double[::1] l_q, l_last
+    cdef public long long[::1] l_w
     cdef public object _work_rng, _np_rng, _ctrl_rng, _arr_iter, collector, sample_interval, tick_interval, _records
     cdef public object _qindex
     cdef public PrefixCache _pc, _pch  # the prefix cache (fluidopt.sim.prefix_cache), None when off; _pch: with a KV capacity
@@ -242,7 +245,7 @@ cdef class Engine:
     cdef _abandon(self, Py_ssize_t r, double t)
 
     # tokens mode: a GPU's clock
-    @cython.locals(m=Py_ssize_t)
+    @cython.locals(m=Py_ssize_t, te=double)
     cpdef double _time_at(self, Py_ssize_t g, Py_ssize_t k)
 
     @cython.locals(ta=double, itl=double, m=Py_ssize_t, a=double, bq=double, x=double, ka=Py_ssize_t)
@@ -278,7 +281,7 @@ cdef class Engine:
                    i0=Py_ssize_t, p=Py_ssize_t, h=Py_ssize_t, kh=Py_ssize_t, c=Py_ssize_t, h2=Py_ssize_t, k2=Py_ssize_t)
     cdef _dsift(self, Py_ssize_t b, Py_ssize_t i, Py_ssize_t n)
 
-    @cython.locals(m=Py_ssize_t, dc=Py_ssize_t, b=Py_ssize_t, r=Py_ssize_t, guard=Py_ssize_t)
+    @cython.locals(dc=Py_ssize_t, b=Py_ssize_t, r=Py_ssize_t, guard=Py_ssize_t)
     cdef _gpu_event(self, Py_ssize_t g, Py_ssize_t kb, double t)
 
     # (cpdef: bookkeeping.advance calls it)

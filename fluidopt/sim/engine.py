@@ -18,6 +18,7 @@ from fluidopt.sim import bookkeeping as BK
 from fluidopt.sim import fleet as FL
 from fluidopt.sim import metrics as M
 from fluidopt.sim import state as S
+from fluidopt.sim import timelaw as TL
 from fluidopt.sim import view as V
 from fluidopt.sim.action_errors import GONE as _GONE  # phase of a freed request slot
 from fluidopt.sim.action_errors import decode_error, enqueue_error, kv_error, kv_overflow_error, prefill_error
@@ -127,7 +128,7 @@ class Engine:
     _on_sigint, _every_1024, _alloc, _race_grow = BK.on_sigint, BK.every_1024, BK.alloc, BK.race_grow
     _refill_exp, _refill_uni, _next_arrivals = BK.refill_exp, BK.refill_uni, BK.next_arrivals
     _housekeeping, _t_house, _flush, _fold = BK.housekeeping, BK.t_house, BK.flush, BK.fold
-    _exact_lam, _in_system, check_invariants = BK.exact_lam, BK.in_system, _check_invariants
+    _exact_lam, _in_system, check_invariants, _law_refresh = BK.exact_lam, BK.in_system, _check_invariants, TL.refresh
 
     # -- the view: O(1) reads that controllers call on every event (typed in engine.pxd) --------
     @property
@@ -226,6 +227,7 @@ class Engine:
             ptok = self.r_prompt[r] + self.r_gen[r]  # recompute after a preemption
             self._join_with(g, t, ptok, r, True)
             w = ptok if self._pc is None else self._pc.start(self.r_serial[r], g, ptok, self.r_prompt[r], self.t_kv[g])
+            self.l_w[g] = w
         self._leave_wait(r, c, t, Q_WP)
         self._bump(NQ * c + Q_X, 1, t)
         self.g_pre[g] = r
@@ -637,27 +639,27 @@ class Engine:
     def _time_at(self, g: int, k: int) -> float:
         """Time of boundary k (>= the anchor) of busy GPU g under its current iteration law."""
         m = k - self.t_ka[g]
-        if self.kap == 0.0:
+        if self._lin:
             return self.t_ta[g] + m * self.t_itl[g]
+        if self._law:  # (timelaw.refresh: the m-th iteration takes t_itl + l_q m; a partial last chunk l_last less)
+            te = self.t_ta[g] + m * self.t_itl[g] + self.l_q[g] * (m * (m - 1) // 2)
+            return te - self.l_last[g] if k == self.t_pend[g] and m > 0 else te
         return (self.t_ta[g] + m * (self.t_itl[g] + self.kap * self.t_kv[g])
                 + self.kap * (self.g_ndec[g] * self.t_adv[g]) * (m * (m - 1) // 2))
 
     def _boundary_after(self, g: int, t: float) -> int:
         """The first boundary of busy GPU g at or after time t (t > anchor time)."""
         ta = self.t_ta[g]
-        if self.kap == 0.0:
+        if self._lin:
             itl = self.t_itl[g]
             m = int((t - ta) / itl)
             if ta + m * itl < t:
                 m += 1
             return self.t_ka[g] + m
-        a = self.t_itl[g] + self.kap * self.t_kv[g]
-        bq = 0.5 * self.kap * self.g_ndec[g] * self.t_adv[g]
+        a = self.t_itl[g] + self.kap * self.t_kv[g]  # (with a law kap is 0: l_q holds the growth)
+        bq = 0.5 * self.l_q[g] if self._law else 0.5 * self.kap * self.g_ndec[g] * self.t_adv[g]
         x = t - ta
-        if bq > 0:
-            m = int((-(a - bq) + math.sqrt((a - bq) ** 2 + 4 * bq * x)) / (2 * bq))
-        else:
-            m = int(x / a)
+        m = int((-(a - bq) + math.sqrt((a - bq) ** 2 + 4 * bq * x)) / (2 * bq)) if bq > 0 else int(x / a)
         ka = self.t_ka[g]
         while self._time_at(g, ka + m) < t:
             m += 1
@@ -670,19 +672,18 @@ class Engine:
         m = k - self.t_ka[g]
         if m <= 0:
             return
-        self.t_ta[g] = self.t_ta[g] + m * self.t_itl[g] if self.kap == 0.0 else self._time_at(g, k)
+        self.t_ta[g] = self.t_ta[g] + m * self.t_itl[g] if self._lin else self._time_at(g, k)
         if self.t_adv[g]:
             self.t_dca[g] += m
             self.t_kv[g] += self.g_ndec[g] * m
         self.t_ka[g] = k
+        if self._law:
+            self._law_refresh(g)
 
     def _join(self, g: int, t: float) -> None:
         """Prepare GPU g for new work at time t: anchor it at the boundary where the work joins."""
         if self.g_cnt[g] == 0:  # idle GPU: iterations start now
-            self.t_ta[g] = t
-            self.t_itl[g] = self.tau_solo
-            self.t_adv[g] = 1
-            self.t_kv[g] = 0
+            self.t_ta[g], self.t_itl[g], self.t_adv[g], self.t_kv[g] = t, self.tau_solo, 1, 0
         elif t > self.t_ta[g]:
             self._anchor(g, self._boundary_after(g, t))
 
@@ -701,6 +702,8 @@ class Engine:
             self.t_pkb[g] = -1
             self._hremove(g)
             return
+        if self._law:
+            self._law_refresh(g)
         ka = self.t_ka[g]
         kb = self.t_pend[g] if self.g_pre[g] >= 0 else _NEVER
         if self.g_ndec[g]:
@@ -716,7 +719,7 @@ class Engine:
                 kb = ko
         if kb < ka:
             kb = ka
-        te = self.t_ta[g] + (kb - ka) * self.t_itl[g] if self.kap == 0.0 else self._time_at(g, kb)
+        te = self.t_ta[g] + (kb - ka) * self.t_itl[g] if self._lin else self._time_at(g, kb)
         if kb == self.t_pkb[g] and te == self.t_pte[g]:
             return  # the pending entry is this very event
         self.t_pkb[g] = kb
@@ -841,13 +844,8 @@ class Engine:
 
     def _gpu_event(self, g: int, kb: int, t: float) -> None:
         """GPU g reached boundary kb at time t, its pending event: finish what ends there."""
-        m = kb - self.t_ka[g]
-        if m > 0:
-            if self.t_adv[g]:
-                self.t_dca[g] += m
-                self.t_kv[g] += self.g_ndec[g] * m
-            self.t_ka[g] = kb
-        self.t_ta[g] = t  # = the anchor law's time of boundary kb (how the event was scheduled)
+        self._anchor(g, kb)
+        self.t_ta[g] = t  # = the anchor law's time of boundary kb (how the event was scheduled), exactly
         if self._pch is not None:  # KV peaks at a boundary: cached blocks give way
             self._pch.trim(g, self.t_kv[g])
         dc = self.t_dca[g]

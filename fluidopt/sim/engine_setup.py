@@ -18,6 +18,7 @@ from fluidopt.sim import metrics as M
 from fluidopt.sim import state as S
 from fluidopt.sim.prefix_cache import make_prefix_cache
 from fluidopt.sim.state import G_OFFLINE, G_ONLINE, REQUEST_FIELDS
+from fluidopt.sim.timelaw import law_coefficients
 from fluidopt.sim.window import RunWindow
 
 __all__ = ["init_engine", "set_slo"]
@@ -83,6 +84,16 @@ def init_engine(
             "set); use service='tokens'"
         )
     eng.markov = service == "markov"
+    # the generalised law (timelaw.py): t_itl, l_q and l_last per GPU, set from its state by _law_refresh
+    law = gpu.timemodel
+    if law is not None and eng.markov:
+        raise ScenarioError("simulate: service='markov' runs the straight line; gpu.timemodel (the generalised "
+                            "iteration-time law) needs service='tokens'")
+    eng._law = law is not None
+    eng._lin = eng.kap == 0.0 and not eng._law
+    eng._lawc = None if law is None else law_coefficients(law, gpu.chunk)
+    eng.l_q, eng.l_last = doubles([0.0] * scenario.gpus), doubles([0.0] * scenario.gpus)
+    eng.l_w = S.ints(scenario.gpus, 0, typed=typed)
     eng.chunked = bool(getattr(controller, "chunked_prefill", True))
 
     # -- random streams: workload, engine, controller (independent children of one seed) ------

@@ -205,9 +205,11 @@ def offline(eng, g: int, t: float) -> None:
 def restore(eng, r: int, g: int, ptok: int, ka: int) -> None:
     """Schedule the restore of r's KV from host memory on g (in place of a re-prefill)."""
     eng.r_host[r] = 0
+    eng.l_w[g] = -1  # (a law's refresh times a restore's iterations: timelaw.refresh)
     T = eng._swap * ptok
     if eng.chunked:
-        eng.t_pend[g] = ka + max(1, int(math.ceil(T / eng.tau_mix)))
+        tau = eng.tau_mix if eng._lawc is None else eng._lawc[0] + eng._lawc[1] * eng.C  # a chunk's iteration
+        eng.t_pend[g] = ka + max(1, int(math.ceil(T / tau)))
         eng.t_itl[g] = eng.tau_mix
     else:
         eng.t_pend[g] = ka + 1

@@ -146,7 +146,12 @@ class SLOWarning(UserWarning):
 
 def min_service_time(gpu, chunked: bool, prompt: np.ndarray, output: np.ndarray) -> np.ndarray:
     """Seconds a request needs alone on a GPU: its prefill (ceil(P/C) mixed iterations, or one
-    whole-prompt iteration) plus ``output`` solo decode iterations (no KV time term: a lower bound)."""
+    whole-prompt iteration) plus ``output`` solo decode iterations (no KV time term: a lower bound); with
+    the GPU's ``timemodel``, that law's time alone (:func:`fluidopt.sim.timelaw.min_service_time`)."""
+    if gpu.timemodel is not None:
+        from fluidopt.sim.timelaw import min_service_time as law_time
+
+        return law_time(gpu.timemodel, gpu.chunk, chunked, prompt, output)
     prompt = np.asarray(prompt, dtype=float)
     pre = np.ceil(prompt / gpu.chunk) * gpu.tau_mix if chunked else gpu.alpha + gpu.beta * prompt
     return pre + np.asarray(output, dtype=float) * gpu.tau_solo

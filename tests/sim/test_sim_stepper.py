@@ -82,7 +82,7 @@ class _Gpu:
 class _Stepper:
     """Iteration-by-iteration simulation of round robin over instance-local continuous batching."""
 
-    def __init__(self, *, n, batch, alpha, beta, tau_solo, chunk, kv_capacity, kap, chunked, watermark):
+    def __init__(self, *, n, batch, alpha, beta, tau_solo, chunk, kv_capacity, kap, chunked, watermark, law=None):
         self.n = n
         self.B = batch
         self.alpha = alpha
@@ -93,6 +93,7 @@ class _Stepper:
         self.kap = kap
         self.chunked = chunked
         self.w = watermark
+        self.law = law  # an IterationLaw (docs/simulator.md section 1.3) in place of the straight line
         self.gpus = [_Gpu(g) for g in range(n)]
         self.rr = 0
         self.now = 0.0
@@ -147,6 +148,13 @@ class _Stepper:
         g.busy = True
         g.growing = False
         kv = self.kv_used(g)  # resident at the start, before the iteration's own growth
+        if self.law is not None:
+            g.pre_active = g.prefill is not None
+            g.stall = g.pre_active and not self.chunked
+            g.t_next = t + self.law_iteration(g)
+            g.ends.append(g.t_next)
+            g.growing = bool(g.decodes) and not g.stall
+            return
         if g.prefill is not None:
             g.pre_active = True
             base = self.alpha + self.beta * self.C if self.chunked else self.alpha + self.beta * g.pre_size
@@ -157,6 +165,19 @@ class _Stepper:
         g.t_next = t + (base + self.kap * kv)
         g.ends.append(g.t_next)
         g.growing = bool(g.decodes) and not g.stall
+
+    def law_iteration(self, g: _Gpu) -> float:
+        """Section 1.3: a chunk of l tokens over s already prefilled, beside B decodes holding T tokens, takes
+        the law's mixed time; a whole prompt its prefill time (the decodes stall); decodes alone the decode law."""
+        T = sum(r.prompt + r.gen for r in g.decodes)
+        if g.prefill is None:
+            return self.law.decode_time(T, len(g.decodes))
+        if not self.chunked:
+            return self.law.prefill_time([g.pre_size])
+        n = -(-g.pre_size // self.C)
+        s = (n - g.chunks_left) * self.C
+        ln = min(self.C, g.pre_size - s)
+        return self.law.mixed(ln, (s + ln) ** 2 - s ** 2, T, len(g.decodes))
 
     def boundary(self, g: _Gpu, t: float) -> None:
         # the iteration's own work
@@ -294,14 +315,15 @@ class _Stepper:
 
 def _scenario(p) -> Scenario:
     gpu = GPUProfile(alpha=p["alpha"], beta=p["beta"], tau_solo=p["tau_solo"], chunk=p["chunk"], batch=p["batch"],
-                     kv_capacity=p["kv"], kv_time_per_token=p["kap"])
+                     kv_capacity=p["kv"], kv_time_per_token=p["kap"], timemodel=p.get("law"))
     classes = tuple(RequestClass(f"c{j}", prompt=20, decode=5, rate=1.0, patience=0.0) for j in range(p["classes"]))
     return Scenario(gpu=gpu, gpus=p["n"], classes=classes, prefill_price=1.0, decode_price=1.0)
 
 
 def _stepper(p, specs):
     s = _Stepper(n=p["n"], batch=p["batch"], alpha=p["alpha"], beta=p["beta"], tau_solo=p["tau_solo"],
-                 chunk=p["chunk"], kv_capacity=p["kv"], kap=p["kap"], chunked=p["chunked"], watermark=p["w"])
+                 chunk=p["chunk"], kv_capacity=p["kv"], kap=p["kap"], chunked=p["chunked"], watermark=p["w"],
+                 law=p.get("law"))
     reqs, times, gap = s.run(specs)
     return reqs, times, gap, s.seen
 
@@ -542,6 +564,101 @@ def _cases(draw):
           [(("gap", 0.0), 1, 1, 0), (("gap", 0.0), 1, 1, 0)]))  # an eviction of a prefill (hypothesis' shrunk case)
 @pytest.mark.integration
 def test_engine_matches_stepper(case):
+    exact, p, specs = case
+    event("exact binary timing" if exact else "generic floats")
+    _compare(p, specs, exact=exact, stats=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# The generalised law (docs/simulator.md section 1.3)
+# ------------------------------------------------------------------------------------------------
+
+
+def _law(pre, small, large=None, threshold=0):
+    from fluidopt.calibration.timemodels import DecodeLaw, IterationLaw, PrefillLaw
+
+    return IterationLaw(PrefillLaw(*pre), DecodeLaw(small, large, threshold))
+
+
+def test_hand_timeline_with_a_law_chunked():
+    """Prefill 2U + U/2 per token + U/8 per token^2, decode 2U + U/4 per context token + U per request; one
+    GPU, chunked, C = 4. A (P=6, D=2) at 0: chunk 1 (4 tokens) 2U + 2U + 16U/8 = 6U; chunk 2 (2 tokens over
+    4) 2U + U + (36 - 16)U/8 = 5.5U, first 11.5U (the partial chunk pays for its 2 tokens); A's first decode
+    (context 6) 2U + 1.5U + U = 4.5U to 16U. B (P=4, D=1) arrives at 12U and joins at 16U: its chunk beside
+    A's decode (context 7) pays the prefill intercept once, 6U + 1.75U + U = 8.75U: A ends and B is prefilled
+    at 24.75U; B alone (context 4) 2U + U + U = 4U: ends 28.75U."""
+    p = _params(chunk=4, batch=4, chunked=True, w=0.0,
+                law=_law((2 * U, U / 2, U / 8), (2 * U, U / 4, U)))
+    reqs = _compare(p, _gaps([(0.0, 6, 2, 0), (12 * U, 4, 1, 0)]))
+    assert [r.first for r in reqs] == [11.5 * U, 24.75 * U]
+    assert [r.end for r in reqs] == [24.75 * U, 28.75 * U]
+
+
+def test_hand_timeline_with_a_law_whole_prompts_and_a_batch_switch():
+    """Prefill 2U + U/2 per token + U/8 per token^2; decode U/1024... per context token nothing, 2U + U per
+    request below 2 requests, U + 2U per request from 2 on; whole prompts. A (P=8, D=3): prefill 2U + 4U + 8U
+    = 14U; its first decode alone 3U to 17U. B (P=4, D=1) at 15U joins at 17U: 2U + 2U + 2U = 6U while A
+    stalls (no decode terms), to 23U; both decode (the large triple) U + 4U = 5U to 28U: B ends; A alone 3U
+    to 31U."""
+    p = _params(chunk=4, batch=4, chunked=False, w=0.0,
+                law=_law((2 * U, U / 2, U / 8), (2 * U, 0.0, U), (U, 0.0, 2 * U), 2))
+    reqs = _compare(p, _gaps([(0.0, 8, 3, 0), (15 * U, 4, 1, 0)]))
+    assert [r.first for r in reqs] == [14 * U, 23 * U]
+    assert [r.end for r in reqs] == [31 * U, 28 * U]
+
+
+def test_the_straight_line_as_a_law_is_the_straight_line():
+    """IterationLaw.straight_line in place of the GPU's own line: the same times wherever the kernel's
+    convention (a partial last chunk costs a whole tau_mix) and the law's (it costs its tokens) agree: whole
+    prompts, and chunked prompts that are whole chunks."""
+    from fluidopt.calibration.timemodels import IterationLaw
+
+    for chunked, prompts in ((False, (5, 17, 40, 3, 9)), (True, (8, 16, 40, 24, 8))):
+        base = _params(n=2, alpha=0.0173, beta=1.9e-4, tau_solo=0.0212, chunk=8, batch=3, chunked=chunked, w=0.0)
+        rows = [(0.004 * k + 0.0001 * (k % 3), prompts[k % 5], 1 + (7 * k) % 13, 0) for k in range(30)]
+        plain = _engine_records(base, rows)
+        law = _engine_records(dict(base, law=IterationLaw.straight_line(0.0173, 1.9e-4, 0.0212)), rows)
+        for a, b in zip(plain.itertuples(index=False), law.itertuples(index=False)):
+            assert _close(a.end, b.end) and _close(a.ttft, b.ttft), (chunked, a, b)
+
+
+@st.composite
+def _law_cases(draw):
+    exact = draw(st.booleans())
+    if exact:  # binary fractions: every boundary time is exact in both implementations
+        pre = (draw(st.integers(1, 16)) * U / 4, draw(st.integers(0, 16)) * U / 64, draw(st.integers(0, 4)) * U / 4096)
+        small = (draw(st.integers(1, 16)) * U / 4, draw(st.integers(0, 4)) * U / 256, draw(st.integers(0, 8)) * U / 16)
+        large = (draw(st.integers(1, 16)) * U / 4, draw(st.integers(0, 4)) * U / 256, draw(st.integers(0, 8)) * U / 16)
+    else:
+        pre = (draw(st.floats(1e-3, 0.05)), draw(st.floats(0.0, 2e-3)), draw(st.floats(0.0, 2e-6)))
+        small = (draw(st.floats(1e-3, 0.05)), draw(st.floats(0.0, 2e-5)), draw(st.floats(0.0, 1e-3)))
+        large = (draw(st.floats(1e-3, 0.05)), draw(st.floats(0.0, 2e-5)), draw(st.floats(0.0, 1e-3)))
+    switch = draw(st.booleans())
+    law = _law(pre, small, large if switch else None, draw(st.integers(1, 6)) if switch else 0)
+    pmax = draw(st.integers(1, 48))
+    chunk = draw(st.sampled_from([1, 2, 3, 4, 5, 8, 16, 32]))
+    p = _params(n=draw(st.integers(1, 3)), classes=draw(st.integers(1, 2)), batch=draw(st.integers(1, 8)),
+                chunk=chunk, kv=draw(st.none() | st.integers(2, 2 * pmax + 40)), chunked=draw(st.booleans()),
+                w=draw(st.sampled_from([0.0, 0.01])), law=law)
+    scale = 8 * (pre[0] + pre[1] * chunk + small[0])
+    if exact:
+        timing = (st.tuples(st.just("gap"), st.integers(0, 64).map(lambda k: k * U / 4))
+                  | st.tuples(st.just("bnd"), st.integers(1, 4) | st.integers(5, 40),
+                              st.integers(1, 16).map(lambda k: k * U / 4)))
+    else:
+        timing = st.tuples(st.just("gap"), st.just(0.0) | st.floats(0.0, scale))
+    prompt = st.integers(1, pmax) | st.integers(1, max(1, pmax // chunk)).map(lambda k: k * chunk)
+    output = st.integers(1, 3) | st.integers(1, 20) | st.integers(21, 120)
+    specs = draw(st.lists(st.tuples(timing, prompt, output, st.integers(0, p["classes"] - 1)), min_size=1, max_size=20))
+    return exact, p, specs
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(_law_cases())
+@pytest.mark.integration
+def test_engine_matches_stepper_with_a_law(case):
+    """The kernel's closed-form clock under a law (timelaw.refresh, the quadratic in the boundary index and
+    the partial last chunk) against the stepper's iteration-by-iteration times."""
     exact, p, specs = case
     event("exact binary timing" if exact else "generic floats")
     _compare(p, specs, exact=exact, stats=True)
