@@ -261,6 +261,9 @@ cdef class Engine:
     @cython.locals(ka=Py_ssize_t, kb=Py_ssize_t, kd=Py_ssize_t, nd=Py_ssize_t, ko=Py_ssize_t, te=double)
     cdef _schedule(self, Py_ssize_t g)
 
+    @cython.locals(r=Py_ssize_t, ptok=Py_ssize_t)
+    cdef _law_set(self, Py_ssize_t g)
+
     @cython.locals(lam=double)
     cdef _draw_race(self)
 

@@ -128,7 +128,7 @@ class Engine:
     _on_sigint, _every_1024, _alloc, _race_grow = BK.on_sigint, BK.every_1024, BK.alloc, BK.race_grow
     _refill_exp, _refill_uni, _next_arrivals = BK.refill_exp, BK.refill_uni, BK.next_arrivals
     _housekeeping, _t_house, _flush, _fold = BK.housekeeping, BK.t_house, BK.flush, BK.fold
-    _exact_lam, _in_system, check_invariants, _law_refresh = BK.exact_lam, BK.in_system, _check_invariants, TL.refresh
+    _exact_lam, _in_system, check_invariants = BK.exact_lam, BK.in_system, _check_invariants
 
     # -- the view: O(1) reads that controllers call on every event (typed in engine.pxd) --------
     @property
@@ -253,12 +253,9 @@ class Engine:
             if self.r_host[r]:
                 self._restore(r, g, ptok, ka)
             elif self.chunked:
-                self.t_pend[g] = ka + (w + self.C - 1) // self.C
-                self.t_itl[g] = self.tau_mix
+                self.t_pend[g], self.t_itl[g] = ka + (w + self.C - 1) // self.C, self.tau_mix
             else:
-                self.t_pend[g] = ka + 1
-                self.t_itl[g] = self.alpha + self.beta * w
-                self.t_adv[g] = 0
+                self.t_pend[g], self.t_itl[g], self.t_adv[g] = ka + 1, self.alpha + self.beta * w, 0
             self.t_kv[g] += ptok
             self._touch(g)
 
@@ -376,9 +373,7 @@ class Engine:
         else:
             if self._pc is not None:  # (before t_pend is reset: it tells a completion from an eviction)
                 self._pc.leave(self.r_serial[r], g, self.t_pend[g] - self.t_ka[g], c)
-            self.t_pend[g] = -1
-            self.t_itl[g] = self.tau_solo
-            self.t_adv[g] = 1
+            self.t_pend[g], self.t_itl[g], self.t_adv[g] = -1, self.tau_solo, 1
             self.t_kv[g] -= self.r_prompt[r] + self.r_gen[r]
             self._touch(g)
         if self.g_ndec[g]:
@@ -677,8 +672,8 @@ class Engine:
             self.t_dca[g] += m
             self.t_kv[g] += self.g_ndec[g] * m
         self.t_ka[g] = k
-        if self._law:
-            self._law_refresh(g)
+        if self._law:  # the m-th iteration from the anchor takes t_itl + l_q m (timelaw.iteration)
+            self.t_itl[g] += m * self.l_q[g]
 
     def _join(self, g: int, t: float) -> None:
         """Prepare GPU g for new work at time t: anchor it at the boundary where the work joins."""
@@ -703,7 +698,7 @@ class Engine:
             self._hremove(g)
             return
         if self._law:
-            self._law_refresh(g)
+            self._law_set(g)
         ka = self.t_ka[g]
         kb = self.t_pend[g] if self.g_pre[g] >= 0 else _NEVER
         if self.g_ndec[g]:
@@ -724,6 +719,13 @@ class Engine:
             return  # the pending entry is this very event
         self.t_pkb[g] = kb
         self._hset(g, te)
+
+    def _law_set(self, g: int) -> None:
+        """Set g's iteration law (t_itl, l_q, l_last) from its state at its anchor (gpu.timemodel)."""
+        r = self.g_pre[g]
+        ptok = -1 if r < 0 else self.r_prompt[r] + self.r_gen[r]
+        self.t_itl[g], self.l_q[g], self.l_last[g] = TL.iteration(self._lawc, self.g_ndec[g], self.t_kv[g], ptok,
+                                                                  self.l_w[g], self.t_adv[g], self.t_pend[g] - self.t_ka[g], self._swap)
 
     # -- the event heap: GPU ids by (t_pte[g], g), equal instants in GPU order; typed-array sifts, no stale entries
     def _hset(self, g: int, te: float) -> None:

@@ -1,17 +1,18 @@
-"""The generalised iteration-time law in the tokens-mode kernel (docs/simulator.md section 1.3): cold code
-bound to the kernel as ``Engine._law_refresh`` and called only when the scenario's GPU carries a
+"""The generalised iteration-time law in the tokens-mode kernel (docs/simulator.md section 1.3): the
+mathematics, as pure functions, that the kernel calls only when the scenario's GPU carries a
 ``timemodel`` (:class:`fluidopt.calibration.timemodels.IterationLaw`).
 
 Between two events nothing on a GPU changes but its clock: the decodes' context grows by one token per
 decode per iteration, and a chunked prefill moves on by one chunk. So the length of the m-th iteration after
 the anchor is linear in m, ``t_itl + l_q * m``, and the kernel's closed form of the time of boundary ``ka + m``
 (``t_ta + m * t_itl + l_q * m (m - 1) / 2``, less ``l_last`` at the boundary where a partial last chunk ends)
-needs only the three numbers :func:`refresh` sets from the GPU's state at its anchor.
+needs only the three numbers :func:`iteration` derives from the GPU's state at its anchor (the kernel's
+``_law_set``, at every rescheduling; moving the anchor by m iterations adds ``l_q * m`` to ``t_itl``).
 """
 
 from __future__ import annotations
 
-__all__ = ["law_coefficients", "refresh", "min_service_time"]
+__all__ = ["iteration", "law_coefficients", "min_service_time"]
 
 
 def law_coefficients(law, chunk: int) -> tuple:
@@ -22,45 +23,37 @@ def law_coefficients(law, chunk: int) -> tuple:
     return (law.prefill.a, law.prefill.b, law.prefill.c, tuple(d.small), large, int(d.threshold), int(chunk))
 
 
-def refresh(eng, g: int) -> None:
-    """Set GPU g's iteration law from its state at its anchor: ``t_itl[g]``, the first iteration's seconds;
-    ``l_q[g]``, how many seconds each later iteration adds; ``l_last[g]``, what a partial last chunk saves."""
-    pa, pb, pc, small, large, th, C = eng._lawc
-    nd = eng.g_ndec[g]
+def iteration(coef: tuple, nd: int, kv: int, ptok: int, w: int, adv: int, left: int, swap: float):
+    """GPU g's law from its state at its anchor: ``(itl, q, last)``, where the m-th iteration from the anchor
+    (m = 0, 1, ...) takes ``itl + q m`` seconds and a partial last chunk ``last`` seconds less than a whole one.
+
+    ``coef``: :func:`law_coefficients`; ``nd``: decodes on the GPU; ``kv``: KV tokens resident at the anchor
+    (the decodes' context plus the prefill's reservation); ``ptok``: that reservation (prompt + regenerated
+    tokens), -1 without a prefill; ``w``: the tokens the prefill computes (the cached prefix is read, not
+    computed), -1 for a restore from host memory; ``adv``: 0 while a whole-prompt prefill stalls the decodes;
+    ``left``: the prefill's iterations still to run, the one starting at the anchor included; ``swap``:
+    seconds per token of a restore (the fleet's ``kv_swap_time_per_token``)."""
+    pa, pb, pc, small, large, th, C = coef
     ad, bd, cd = large if (large is not None and nd >= th) else small
-    kv = eng.t_kv[g]
-    r = eng.g_pre[g]
-    last = 0.0
-    if r < 0:  # decodes only: a + b T + c B, T growing by B tokens per iteration
-        itl = ad + bd * kv + cd * nd
-        q = bd * nd
-    else:
-        ptok = eng.r_prompt[r] + eng.r_gen[r]  # the prefill's KV reservation, in kv beside the decodes' context
-        dec = bd * (kv - ptok) + cd * nd if nd else 0.0  # the decodes' variable terms (the intercept is paid once)
-        w = eng.l_w[g]  # tokens the prefill computes (the cached prefix is read, not computed); -1: a restore
-        if not eng.t_adv[g]:  # one whole-prompt iteration (or restore) while the decodes stall
-            if w < 0:
-                sw = eng._swap * ptok
-                itl = sw if sw > 0 else ad
-            else:
-                o = ptok - w
-                itl = pa + pb * w + pc * ((o + w) * (o + w) - o * o)
-            q = 0.0
-        elif w < 0:  # a restore from host memory in chunk-sized iterations beside the decodes
-            itl = pa + pb * C + dec
-            q = bd * nd
-        else:  # chunk j (0-based) of C tokens over a cached prefix of s = o + j C tokens: c ((s + C)^2 - s^2)
-            n = -(-w // C)
-            o = ptok - w
-            s = o + (n - (eng.t_pend[g] - eng.t_ka[g])) * C
-            itl = pa + pb * C + pc * (2 * s * C + C * C) + dec
-            q = 2 * pc * C * C + bd * nd
-            lw = w - (n - 1) * C  # the last chunk's tokens
-            sl = o + (n - 1) * C
-            last = pb * (C - lw) + pc * ((sl + C) * (sl + C) - (sl + lw) * (sl + lw))
-    eng.t_itl[g] = itl
-    eng.l_q[g] = q
-    eng.l_last[g] = last
+    if ptok < 0:  # decodes only: a + b T + c B, T growing by B tokens per iteration
+        return ad + bd * kv + cd * nd, bd * nd, 0.0
+    dec = bd * (kv - ptok) + cd * nd if nd else 0.0  # the decodes' variable terms (the intercept is paid once)
+    if not adv:  # one whole-prompt iteration (or restore) while the decodes stall
+        if w < 0:
+            sw = swap * ptok
+            return (sw if sw > 0 else ad), 0.0, 0.0
+        o = ptok - w
+        return pa + pb * w + pc * ((o + w) * (o + w) - o * o), 0.0, 0.0
+    if w < 0:  # a restore in chunk-sized iterations beside the decodes
+        return pa + pb * C + dec, bd * nd, 0.0
+    # chunk j (0-based) of C tokens over a cached prefix of s = o + j C tokens pays c ((s + C)^2 - s^2)
+    n = -(-w // C)
+    o = ptok - w
+    s = o + (n - left) * C
+    lw = w - (n - 1) * C  # the last chunk's tokens
+    sl = o + (n - 1) * C
+    last = pb * (C - lw) + pc * ((sl + C) * (sl + C) - (sl + lw) * (sl + lw))
+    return pa + pb * C + pc * (2 * s * C + C * C) + dec, 2 * pc * C * C + bd * nd, last
 
 
 def min_service_time(law, chunk: int, chunked: bool, prompt, output):

@@ -317,3 +317,64 @@ def test_unnamed_scenario_from_text_is_called_scenario():
     d = base()
     d.pop("name")
     assert loads_scenario(to_toml(d)).name == "scenario"
+
+
+# ------------------------------------------------------------------------------------------------
+# [gpu.timemodel]: the generalised iteration-time law
+# ------------------------------------------------------------------------------------------------
+_LAW_TOML = EXAMPLE.read_text() + """
+[gpu.timemodel]
+prefill = [0.022, 1.4e-4, 8.1e-9]
+decode_small = [0.0235, 5.9e-7, 6.1e-5]
+decode_large = [0.0202, 4.9e-7, 1.2e-4]
+decode_threshold = 95
+"""
+DISTSERVE = ROOT.parent / "shared" / "data" / "distserve-opt13b-a100" / "profiler-a100-80g.vllm.json"
+
+
+def test_a_timemodel_table_loads_and_round_trips():
+    from fluidopt.calibration.timemodels import DecodeLaw, IterationLaw, PrefillLaw
+
+    s = loads_scenario(_LAW_TOML)
+    assert s.gpu.timemodel == IterationLaw(PrefillLaw(0.022, 1.4e-4, 8.1e-9),
+                                           DecodeLaw((0.0235, 5.9e-7, 6.1e-5), (0.0202, 4.9e-7, 1.2e-4), 95))
+    assert s.gpu.alpha == 0.0174  # the straight line stays the LP's
+    d = scenario_to_dict(s)
+    assert d["gpu"]["timemodel"]["decode_threshold"] == 95
+    assert scenario_from_dict(d) == s
+    assert replace(s, gpu=replace(s.gpu, timemodel=None)) == load_scenario(EXAMPLE)
+
+
+@pytest.mark.skipif(not DISTSERVE.is_file(), reason=f"DistServe's profile not found at {DISTSERVE}")
+def test_a_timemodel_from_distserve_profile_json(tmp_path):
+    from fluidopt.calibration.timemodels import load_distserve_profile
+
+    p = tmp_path / "s.toml"
+    p.write_text(EXAMPLE.read_text() + f'\n[gpu.timemodel]\ndistserve_profile = "{DISTSERVE}"\n'
+                 'model = "facebook/opt-13b"\ntp = 1\n')
+    assert load_scenario(p).gpu.timemodel == load_distserve_profile(DISTSERVE, "facebook/opt-13b", 1)
+    p.write_text(EXAMPLE.read_text() + f'\n[gpu.timemodel]\ndistserve_profile = "{DISTSERVE}"\n'
+                 'model = "facebook/opt-13b"\ntp = 3\n')
+    with pytest.raises(ScenarioError, match="no TP degree 3"):
+        load_scenario(p)
+
+
+@pytest.mark.parametrize("extra, pattern", [
+    ('prefill = [0.02, -1e-4, 0.0]\ndecode_small = [0.02, 0.0, 0.0]', r"gpu\.timemodel: prefill\[1\] = -0\.0001"),
+    ('prefill = [0.02, 1e-4, 0.0]', r"decode_small is missing"),
+    ('prefill = [0.02, 1e-4, 0.0]\ndecode_small = [0.02, 0.0, 0.0]\nslope = 1', r"unknown key 'slope'"),
+    ('distserve_profile = "x.json"\ntp = 1', r"gpu\.timemodel\.model: missing required field"),
+])
+def test_a_bad_timemodel_is_one_line(extra, pattern):
+    with pytest.raises(ScenarioError, match=pattern):
+        loads_scenario(EXAMPLE.read_text() + "\n[gpu.timemodel]\n" + extra + "\n")
+
+
+def test_a_timemodel_with_a_kv_time_term_or_the_markov_service_is_refused():
+    from fluidopt.sim.api import simulate
+
+    s = loads_scenario(_LAW_TOML)
+    with pytest.raises(ScenarioError, match="kv_time_per_token or a timemodel, not both"):
+        replace(s.gpu, kv_time_per_token=1e-7)
+    with pytest.raises(ScenarioError, match="service='tokens'"):
+        simulate(replace(s, gpus=2), "gate-and-route", horizon=1.0, service="markov")

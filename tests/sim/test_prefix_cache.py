@@ -247,6 +247,46 @@ def test_compiled_and_python_agree_on_the_cached_timing_with_evictions(tmp_path)
     assert got[0][0]["preemptions"] > 0 and got[0][1] > 0
 
 
+def _with_law(sc: Scenario, c: float = 1e-5) -> Scenario:
+    from fluidopt.calibration.timemodels import DecodeLaw, IterationLaw, PrefillLaw
+
+    law = IterationLaw(PrefillLaw(0.01, 0.001, c), DecodeLaw((0.025, 2e-6, 1e-3), (0.02, 3e-6, 2e-3), 3))
+    return replace(sc, gpu=replace(sc.gpu, timemodel=law))
+
+
+def test_a_law_charges_the_uncached_tokens_and_their_attention_over_the_cached_prefix(tmp_path):
+    # prefill 0.01 + 0.001 l + 1e-5 ((o + l)^2 - o^2). Request 1 (40 tokens): 0.01 + 0.04 + 0.016 = 0.066 s
+    # whole, 4 chunks 0.04 + 0.04 + 0.016 = 0.096 s. Request 2 finds 30 tokens and computes 15 over them:
+    # whole 0.01 + 0.015 + 1e-5 (45^2 - 30^2) = 0.03625 s; chunked 10 over 30 (0.01 + 0.01 + 0.007) then 5
+    # over 40 (0.01 + 0.005 + 0.00425): 0.04625 s
+    wl = _workload([(0, 40, 2, [1, 2, 3, 4]), (100, 45, 2, [1, 2, 3, 9, 10])])
+    whole, _ = _records(tmp_path, _with_law(_scenario()), wl)
+    chunked, _ = _records(tmp_path, _with_law(_scenario()), wl, "round-robin-chunked", name="chunked.csv")
+    assert whole.cached_prompt.tolist() == [0, 30]
+    assert whole.ttft.tolist() == pytest.approx([0.066, 0.03625], abs=1e-12)
+    assert chunked.ttft.tolist() == pytest.approx([0.096, 0.04625], abs=1e-12)
+
+
+@pytest.mark.integration
+@needs_core
+@needs_mooncake
+@pytest.mark.parametrize("policy", ["round-robin", "round-robin-chunked", "sglang", "dynamo-kv-chunked", "gate-and-route"])
+def test_compiled_and_python_agree_under_a_law_with_the_cache_on(policy, tmp_path):
+    # the law's clock (timelaw.refresh, the same cold code in both) beside the compiled and the Python kernel:
+    # cached prefixes (attention over them), preemptions, re-prefills and a batch-size switch
+    sc, wl = _mooncake_prefix(250, 3.0)
+    sc = replace(_with_law(sc, 2e-9), gpus=4, gpu=replace(_with_law(sc, 2e-9).gpu, kv_capacity=80000.0),
+                 classes=tuple(replace(c, patience=60.0) for c in sc.classes))
+    got = []
+    for backend in ("compiled", "python"):
+        path = tmp_path / f"{backend}.csv"
+        res = simulate(sc, policy, horizon=wl.duration + 300.0, warmup=5.0, seed=3, service="tokens", workload=wl,
+                       records=path, progress=False, backend=backend, batches=4)
+        got.append((res.events, res.totals, path.read_bytes()))
+    assert got[0] == got[1]
+    assert got[0][1]["cached_prompt_tokens"] > 0
+
+
 def test_the_hit_ratio_is_a_ratio_of_the_totals(tmp_path):
     wl = _workload([(0, 40, 2, [1, 2, 3, 4]), (50, 40, 2, [1, 2, 5, 6]), (100, 40, 2, [1, 7, 8, 9])])
     _, res = _records(tmp_path, _scenario(), wl)
