@@ -13,6 +13,8 @@ Not a test. Run from the repository root:
     python benchmarks/bench_sim.py all                # speed, scaling, memory, erlang
     python benchmarks/bench_sim.py compare --before /tmp/fluidopt_before
                                                       # engine BEFORE vs AFTER (this tree), one run
+    python benchmarks/bench_sim.py law-cost           # tokens mode with a generalised iteration-time law
+                                                      # (gpu.timemodel) against the straight line, one run
     python benchmarks/bench_sim.py controller-cost    # the gate-and-route family's CPU per request against
                                                       # gate-and-route's (n = 500), compiled fast path
                                                       # and Python handlers, one run
@@ -758,10 +760,46 @@ def controller_cost(a) -> int:
     return 0
 
 
+def law_cost(a) -> int:
+    """CPU us per simulated request (steady state, run_stepped) of the tokens-mode kernel on the paper instance
+    with the GPU's straight line, with that same line given as a ``timemodel`` (the law's clock on an
+    unchanged physics) and with a law that uses every term (quadratic prefill, per-token and per-request
+    decode terms, a batch-size switch); the three alternate in this process, best of ``--reps``."""
+    from dataclasses import replace
+
+    from fluidopt.calibration.timemodels import DecodeLaw, IterationLaw, PrefillLaw
+
+    sc = fluidopt.default_scenario(gpus=a.gpus[0])
+    g = sc.gpu
+    laws = {"straight line": None, "straight line as a law": IterationLaw.straight_line(g.alpha, g.beta, g.tau_solo),
+            "full law": IterationLaw(PrefillLaw(g.alpha, 0.8 * g.beta, 1e-8),
+                                     DecodeLaw((0.8 * g.tau_solo, 2e-7, 1e-4), (0.7 * g.tau_solo, 3e-7, 2e-4), 8))}
+    keys = [(pol, k) for pol in a.policies for k in laws]
+    runs: dict = {k: [] for k in keys}
+    for rep in range(a.reps):
+        for pol, k in (keys if rep % 2 == 0 else keys[::-1]):
+            s = replace(sc, gpu=replace(g, timemodel=laws[k]))
+            row = run_stepped(s, pol, service="tokens", requests=a.requests, fill=a.fill)
+            row.pop("_res")
+            if row["engine"] != "compiled":
+                raise SystemExit(f"bench_sim law-cost: the {row['engine']} engine ran")
+            runs[(pol, k)].append(row)
+            print(json.dumps({"policy": pol, "law": k, "rep": rep, **row}), flush=True)
+    us = {k: 1e6 / max(r["req_per_cpu_s"] for r in v) for k, v in runs.items()}
+    print(f"\n# tokens mode, n = {a.gpus[0]:,}, {a.fill:g} s fill, then ~{a.requests:,.0f} requests; CPU us per "
+          f"request in the steady state, best of {a.reps}, alternating; load {os.getloadavg()[0]:.1f}\n")
+    print("| policy | iteration law | CPU us / request | ratio to the straight line | revenue / GPU / s |\n"
+          "|---|---|---:|---:|---:|")
+    for pol, k in keys:
+        print(f"| {pol} | {k} | {us[(pol, k)]:.2f} | {us[(pol, k)] / us[(pol, 'straight line')]:.2f} | "
+              f"{runs[(pol, k)][0]['revenue_per_gpu']:.3f} |", flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("what", choices=("speed", "scaling", "memory", "erlang", "erlang-speed", "compare", "all",
-                                    "controller-cost", "race-latency", "_memory_child", "_case"))
+                                    "controller-cost", "law-cost", "race-latency", "_memory_child", "_case"))
     p.add_argument("--horizon", type=float, default=600.0, help="speed: simulated seconds (n = 500: 500 req/s)")
     p.add_argument("--policies", nargs="+", default=["fi-wsp", "gate-and-route", "backpressure-gate-and-route"])
     p.add_argument("--services", nargs="+", default=["markov", "tokens"])
@@ -815,6 +853,13 @@ def main(argv=None) -> int:
         if a.gpus == p.get_default("gpus"):
             a.gpus = [500]
         return controller_cost(a)
+    if a.what == "law-cost":
+        a.requests = 2e5 if a.requests is None else a.requests
+        if a.policies == p.get_default("policies"):
+            a.policies = ["gate-and-route", "round-robin", "round-robin-chunked"]
+        if a.gpus == p.get_default("gpus"):
+            a.gpus = [500]
+        return law_cost(a)
     if a.what == "compare":
         a.requests = 2e5 if a.requests is None else a.requests
         a.customers = 300_000 if a.customers is None else a.customers

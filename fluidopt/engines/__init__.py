@@ -1,6 +1,7 @@
 """Engine instances as real serving engines schedule them, driven by an iteration-time law
 (:mod:`fluidopt.calibration.timemodels`), one instance at a time: the path validated against measured
-runs (docs/fidelity.md). The many-server simulator (:mod:`fluidopt.sim`) does not use them yet.
+runs (docs/fidelity.md). The many-server simulator (:mod:`fluidopt.sim`) times its iterations with the same
+laws (``GPUProfile.timemodel``) under its own scheduler, one prefill per GPU at a time.
 
 * ``vllm``: vLLM before chunked prefill (2023-24 releases): prefill-first iterations of whole prompts,
   FCFS, KV blocks of 16 tokens, preemption by recompute;
