@@ -362,6 +362,10 @@ class MinMin(TokenLedgerScheduler):
       turn over at B per (mean outstanding output per request) * tau_d(g), so
       T_slot = (N + 1 - B) * (O / N) * tau_d(g) / B with O the outstanding predicted output on g.
     * T_prefill(P) = alpha + beta P without chunking, ceil(P / C) tau_mix with chunking.
+
+    With the GPU's ``timemodel`` (docs/simulator.md section 1.3) the three come from that law instead:
+    tau_d(g) is its decode step at g's decodes and KV tokens, T_prefill and T_backlog its prefill time
+    (``token_ledger.prefill_seconds``, ``backlog_seconds``).
     """
 
     name = "min-min"
@@ -379,6 +383,8 @@ class MinMin(TokenLedgerScheduler):
 
     def _tau_d(self, ctx: Context, g: int) -> float:
         gpu = self.gpu
+        if gpu.timemodel is not None:  # the law's decode step at g's batch and KV (none known in markov mode)
+            return gpu.timemodel.decode.time(ctx.gpu_kv_used(g) if self._tok else 0, max(1, ctx.gpu_decodes(g)))
         if gpu.kv_time_per_token and self._tok:
             return gpu.tau_solo + gpu.kv_time_per_token * ctx.gpu_kv_used(g)
         return gpu.tau_solo

@@ -327,6 +327,8 @@ class MooncakeConductor(InstanceScheduler):
     * ``T_queue(g) = k * alpha + beta * W``: the k prefills routed to g and not yet done, W uncached tokens in
       all, each counted as it was at its routing (prefill first: each is its own iteration); with chunked
       prefill ``(W / C + k / 2) * tau_mix``, half a chunk of rounding a prompt (as ``min-min``);
+    * with the GPU's ``timemodel`` (docs/simulator.md section 1.3) both come from that law
+      (``token_ledger.prefill_seconds``: the u tokens' attention over the cached prefix included);
     * ``cost(g) = T_queue(g) + T_prefill(u_g)``; ties go to the fewest outstanding requests
       (``ctx.instance_requests``), then the lowest index.
 
@@ -354,9 +356,10 @@ class MooncakeConductor(InstanceScheduler):
         self._w = [0] * self.n  # their uncached prompt tokens, as at routing
         self._rec: dict[int, tuple[int, int]] = {}  # r -> (g, uncached tokens) until its prefill completes
 
-    def prefill_time(self, tokens: int) -> float:
-        """Seconds to prefill ``tokens`` uncached tokens on one instance (the class docstring)."""
-        return prefill_seconds(self.gpu, tokens, self.chunked_prefill)
+    def prefill_time(self, tokens: int, cached: int = 0) -> float:
+        """Seconds to prefill ``tokens`` uncached tokens over ``cached`` cached ones on one instance (the
+        class docstring; the cached tokens matter only to a law's attention term)."""
+        return prefill_seconds(self.gpu, tokens, self.chunked_prefill, cached)
 
     def queue_time(self, g: int) -> float:
         """Seconds of routed, unfinished prefill ahead of a new request on instance g."""
@@ -367,7 +370,12 @@ class MooncakeConductor(InstanceScheduler):
 
     def ttft_estimates(self, ctx: Context, r: int) -> list[float]:
         """Estimated TTFT of r on each instance (seconds): queue plus its own prefill."""
-        return [self.queue_time(g) + self.prefill_time(self._uncached(ctx, r, g)) for g in range(self.n)]
+        P = ctx.req_prompt(r)
+        out = []
+        for g in range(self.n):
+            u = self._uncached(ctx, r, g)
+            out.append(self.queue_time(g) + self.prefill_time(u, P - u))
+        return out
 
     def route(self, ctx: Context, r: int) -> int:
         return _lowest(ctx, self.ttft_estimates(ctx, r))

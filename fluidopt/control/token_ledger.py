@@ -74,9 +74,16 @@ def _chunk_name(obj: InstanceScheduler) -> None:
         obj.name = f"{type(obj).name}-chunked"
 
 
-def prefill_seconds(gpu: GPUProfile, tokens: int, chunked: bool) -> float:
+def prefill_seconds(gpu: GPUProfile, tokens: int, chunked: bool, cached: int = 0) -> float:
     """Seconds one instance takes to prefill ``tokens`` prompt tokens: ``alpha + beta * tokens`` prefill
-    first, ``ceil(tokens / C) * tau_mix`` with chunked prefill."""
+    first, ``ceil(tokens / C) * tau_mix`` with chunked prefill. With the GPU's ``timemodel`` (the generalised
+    law, docs/simulator.md section 1.3), that law's time for ``tokens`` computed over ``cached`` tokens already
+    in the cache: ``n a + b u + c ((o + u)^2 - o^2)`` for u tokens over o, n chunks (1 prefill first)."""
+    law = gpu.timemodel
+    if law is not None:
+        u, o = int(tokens), int(cached)
+        n = -(-u // gpu.chunk) if chunked else 1
+        return n * law.prefill.a + law.prefill.b * u + law.prefill.c * ((o + u) * (o + u) - o * o)
     if chunked:
         return -(-int(tokens) // gpu.chunk) * gpu.tau_mix
     return gpu.alpha + gpu.beta * tokens
@@ -85,7 +92,14 @@ def prefill_seconds(gpu: GPUProfile, tokens: int, chunked: bool) -> float:
 def backlog_seconds(gpu: GPUProfile, k: int, tokens: float, chunked: bool) -> float:
     """Seconds of k queued prefills of ``tokens`` prompt tokens in all, run one after another: ``k * alpha +
     beta * tokens`` prefill first (each its own iteration); ``(tokens / C + k / 2) * tau_mix`` with chunked
-    prefill (half a chunk of rounding a prompt)."""
+    prefill (half a chunk of rounding a prompt). With the GPU's ``timemodel``, as many prefill intercepts
+    plus ``b * tokens`` and the quadratic term of k equal prompts (a lower bound for unequal ones)."""
+    law = gpu.timemodel
+    if law is not None:
+        if k <= 0:
+            return 0.0
+        iters = tokens / gpu.chunk + 0.5 * k if chunked else k
+        return iters * law.prefill.a + law.prefill.b * tokens + law.prefill.c * tokens * tokens / k
     if chunked:
         return (tokens / gpu.chunk + 0.5 * k) * gpu.tau_mix
     return k * gpu.alpha + gpu.beta * tokens

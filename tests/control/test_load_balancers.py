@@ -191,6 +191,52 @@ def test_min_min_completion_estimate_formula():
         assert mm.completion_estimate(View(), 0, 300, 50.0) == pytest.approx(max(backlog, slot) + own, rel=1e-12)
 
 
+def test_min_min_completion_estimate_under_a_law():
+    # with gpu.timemodel the three terms come from the law: prefill 0.02 + 1e-4 per token + 1e-8 per token^2,
+    # decode 0.025 + 1e-6 per context token + 2e-4 per request (0.02, 2e-6, 3e-4 from 4 requests on)
+    from fluidopt.calibration.timemodels import DecodeLaw, IterationLaw, PrefillLaw
+
+    law = IterationLaw(PrefillLaw(0.02, 1e-4, 1e-8), DecodeLaw((0.025, 1e-6, 2e-4), (0.02, 2e-6, 3e-4), 4))
+    gpu = GPUProfile(alpha=0.02, beta=1e-4, tau_solo=0.025, chunk=128, batch=8, timemodel=law)
+
+    class View:
+        service = "tokens"
+
+        def instance_requests(self, g):
+            return 10
+
+        def gpu_kv_used(self, g):
+            return 2000
+
+        def gpu_decodes(self, g):
+            return 5
+
+    for chunked in (False, True):
+        mm = MinMin(oracle_output, gpu, chunked=chunked)
+        mm.batch, mm._tok, mm.live = 8, True, False
+        mm._pk, mm._pp, mm._out = [3], [900], [1200.0]
+        tau = 0.02 + 2e-6 * 2000 + 3e-4 * 5  # the large triple: 5 decodes >= 4
+        backlog = (900 / 128 + 1.5 if chunked else 3) * 0.02 + 1e-4 * 900 + 1e-8 * 900 ** 2 / 3
+        slot = (10 + 1 - 8) * (1200 / 10) * tau / 8
+        own = (3 if chunked else 1) * 0.02 + 1e-4 * 300 + 1e-8 * 300 ** 2 + 50 * tau
+        assert mm.completion_estimate(View(), 0, 300, 50.0) == pytest.approx(max(backlog, slot) + own, rel=1e-12)
+
+
+def test_the_straight_line_as_a_law_gives_the_same_whole_prompt_estimates():
+    from fluidopt.calibration.timemodels import IterationLaw
+    from fluidopt.control.token_ledger import backlog_seconds, prefill_seconds
+
+    gpu = GPUProfile(alpha=0.02, beta=1e-4, tau_solo=0.025, chunk=128, batch=8)
+    as_law = GPUProfile(alpha=0.02, beta=1e-4, tau_solo=0.025, chunk=128, batch=8,
+                        timemodel=IterationLaw.straight_line(0.02, 1e-4, 0.025))
+    for tokens in (1, 128, 300, 4000):
+        assert prefill_seconds(as_law, tokens, False) == pytest.approx(prefill_seconds(gpu, tokens, False), rel=1e-15)
+        assert prefill_seconds(as_law, tokens, True, cached=77) == pytest.approx(
+            math.ceil(tokens / 128) * 0.02 + 1e-4 * tokens, rel=1e-15)  # chunks pay their tokens, not a whole C
+        assert backlog_seconds(as_law, 3, tokens, False) == pytest.approx(backlog_seconds(gpu, 3, tokens, False))
+    assert backlog_seconds(as_law, 0, 0, True) == 0.0
+
+
 def test_max_capacity_decides_once_a_second():
     # decodes never finish (mean 1e6 tokens): instance_requests only grows
     sc = scenario([("a", 10, 1e6, 1.0)], n=3, B=8)

@@ -66,6 +66,25 @@ def test_chunked_prefill_charges_whole_chunks():
     assert ctrl.ttft_estimates(snap, r) == pytest.approx([(3.5 + 0.5) * tau + 2 * tau, (2.5 + 0.5) * tau + 2 * tau])
 
 
+def test_under_a_law_the_uncached_tokens_pay_their_attention_over_the_cached_prefix():
+    # gpu.timemodel: prefill 0.01 + 0.001 per token + 1e-5 per token^2. a (40 fresh tokens) queued on 0 is
+    # k = 1 prompt of W = 40: 0.01 + 0.04 + 1e-5 * 40^2; c finds 30 tokens cached on 0 and computes 10 over
+    # them: 0.01 + 0.01 + 1e-5 (40^2 - 30^2), against 0.01 + 0.04 + 0.016 on the empty instance 1
+    from dataclasses import replace
+
+    from fluidopt.calibration.timemodels import DecodeLaw, IterationLaw, PrefillLaw
+
+    law = IterationLaw(PrefillLaw(A, B, 1e-5), DecodeLaw((0.025, 0.0, 0.0)))
+    snap = ClusterSnapshot(2, 4, 1, block_size=BS, service="tokens")
+    ctrl = MooncakeConductor(replace(_scenario(2).gpu, timemodel=law))
+    snap.setup(ctrl)
+    a = _route(snap, ctrl, 40, [1, 2, 3, 4])
+    ctrl.on_prefill_done(snap, a, snap.prefill_finished(a))
+    c = snap.add_request(0, 40, 5, blocks=[1, 2, 3, 9])
+    fresh = A + 40 * B + 1e-5 * 40 ** 2
+    assert ctrl.ttft_estimates(snap, c) == pytest.approx([A + 10 * B + 1e-5 * (40 ** 2 - 30 ** 2), fresh], abs=1e-15)
+
+
 def test_it_trades_the_cache_against_the_queue_in_the_simulator(tmp_path):
     # A (blocks 1-4) decodes for 1000 tokens on 0; at 1 s, k requests of 40 fresh tokens arrive, then one
     # sharing A's four blocks. With no queue on 0 the shared one goes to 0 (1 token to prefill).
