@@ -58,7 +58,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, metavar="S", help="random seed (default 0)")
     p.add_argument("--service", choices=("markov", "tokens"), default=None,
                    help="markov: the paper's exponential model; tokens: integer token lengths (default markov; "
-                   "tokens for a scenario with a KV model or a workflow)")
+                   "tokens for a scenario with a KV model, a timemodel or a workflow)")
     p.add_argument("--records", default=None, metavar="FILE", help="write one CSV row per request to FILE")
     p.add_argument("--sample-interval", type=float, default=None, metavar="S",
                    help="sample the state every S seconds (shown only with --json as 'timeseries_rows')")
@@ -71,6 +71,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                       help="show progress on stderr (default: on, without --json; a line rewritten every second on a "
                            "terminal, else a plain line every 5 s)")
     prog.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--timemodel", default=None, metavar="FILE",
+                   help="time the GPUs' iterations with the generalised law of FILE's [timemodel] table (seconds; "
+                        "as `fluidopt validate --fit-overheads` writes it), and take FILE's [engine] kv_tokens, when "
+                        "it has one, as their KV capacity (docs/simulator.md section 1.3); implies --service tokens")
     p.add_argument("--backend", choices=("auto", "compiled", "python"), default="auto",
                    help="event engine: the compiled core or pure Python (same numbers; default auto)")
     p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false", default=None,
@@ -163,6 +167,14 @@ def run(args: argparse.Namespace) -> int:
     check_output_file(args.records, "--records")
     # Input first, the simulator and controller stack (seconds to import) only once it is valid.
     scenario = load_scenario(args.scenario) if not args.list_policies else None
+    if args.timemodel is not None and scenario is not None:
+        from dataclasses import replace
+
+        from fluidopt.commands._timemodel import read_timemodel_file
+
+        law, kv = read_timemodel_file(args.timemodel)
+        kw = {} if kv is None else {"kv_capacity": float(kv)}
+        scenario = replace(scenario, gpu=replace(scenario.gpu, timemodel=law, **kw))
     from fluidopt.control.registry import make_controller
     from fluidopt.sim.api import RunWindow, simulate
     from fluidopt.sim.limits import check_size
@@ -179,7 +191,8 @@ def run(args: argparse.Namespace) -> int:
         args.horizon = wf.horizon if wf is not None and wf.horizon is not None else 1000.0
     if args.service is None:
         g = scenario.gpu
-        args.service = "tokens" if wf is not None or g.kv_time_per_token or g.kv_capacity is not None else "markov"
+        tokens = wf is not None or g.kv_time_per_token or g.kv_capacity is not None or g.timemodel is not None
+        args.service = "tokens" if tokens else "markov"
     warmup = (0.0 if wf is not None else 0.1 * args.horizon) if args.warmup is None else args.warmup
     window = RunWindow(args.horizon, warmup, args.service, args.sample_interval, args.drain)  # the one check
     if args.prefix_cache is False and args.trace is None:

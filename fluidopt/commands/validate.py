@@ -105,24 +105,9 @@ def _law(args: argparse.Namespace):
             for flag in ("model", "tp"):
                 if getattr(args, flag) is not None:
                     raise UsageError(f"--{flag}: only with --profile (a TOML time model names no model)")
-            import tomllib
+            from fluidopt.commands._timemodel import read_timemodel_file
 
-            from fluidopt.calibration.timemodels import law_from_table
-            from fluidopt.core.files import read_text_file
-
-            p = Path(args.timemodel)
-            text = read_text_file(p, "time-model", UsageError)
-            try:
-                data = tomllib.loads(text)
-            except tomllib.TOMLDecodeError as e:
-                raise UsageError(f"time-model file {str(p)!r}: not valid TOML: {' '.join(str(e).split())}") from None
-            if "timemodel" not in data:
-                raise UsageError(f"time-model file {str(p)!r}: no [timemodel] table")
-            law = law_from_table(data["timemodel"], where=f"{p}: [timemodel]")
-            kv = data.get("engine", {}).get("kv_tokens") if isinstance(data.get("engine"), dict) else None
-            if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int) or kv < 1):
-                raise UsageError(f"time-model file {str(p)!r}: [engine] kv_tokens = {kv!r}: expected an integer >= 1")
-            return law, kv
+            return read_timemodel_file(args.timemodel)
         if args.profile is None:
             raise UsageError("give --profile JSON --model NAME --tp N (DistServe's profiler JSON) or --timemodel TOML")
         if args.model is None or args.tp is None:
