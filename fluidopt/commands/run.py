@@ -41,7 +41,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help=f"comma-separated policy names (default: {','.join(DEFAULT_POLICIES)})")
     p.add_argument("--horizon", type=float, default=600.0, help="simulated seconds per run (default 600)")
     p.add_argument("--warmup", type=float, default=150.0, help="seconds excluded from metrics (default 150)")
-    p.add_argument("--service", choices=("markov", "tokens"), default="markov")
+    p.add_argument("--service", choices=("markov", "tokens"), default=None,
+                   help="markov: the paper's exponential model; tokens: integer token lengths (default markov; tokens "
+                        "for a scenario with a KV model or a generalised iteration-time law, [gpu.timemodel])")
     p.add_argument("--pricing", choices=("bundled", "separate"), default="bundled")
     p.add_argument("--out", default="fluidopt-run", help="directory for CSV tables and PNG figures, and the "
                    "results store that lets a rerun skip finished runs (default ./fluidopt-run; '' to save nothing)")
@@ -63,6 +65,9 @@ def run(args: argparse.Namespace) -> int:
     options = parse_options(args.option)
     check_workers(args)
     scenario = load_scenario(args.scenario)
+    if args.service is None:
+        g = scenario.gpu
+        args.service = "tokens" if g.timemodel is not None or g.kv_capacity is not None or g.kv_time_per_token else "markov"
     if args.gpus is not None:
         if args.gpus < 1:
             raise ScenarioError(f"--gpus: expected an integer >= 1, got {args.gpus}")

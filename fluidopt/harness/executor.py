@@ -153,9 +153,9 @@ class LocalExecutor(Executor):
                 for f in sorted(finished, key=futures.__getitem__):
                     yield futures[f], f.result()
         except BaseException:
-            # Ctrl-C (or a failed run, or the consumer stopping): stop the pool now, keep nothing running.
-            for f in pending:
-                f.cancel()
+            # Ctrl-C (or a failed run, or the consumer stopping): stop the pool now, keep nothing running. The
+            # pending futures are left to the pool's manager thread, which fails them once it sees the workers
+            # gone: cancelling them here raced it into an InvalidStateError traceback on stderr (_kill).
             self._kill()
             raise
 

@@ -112,6 +112,31 @@ def test_local_pool_equals_serial():
         LocalExecutor(0)
 
 
+def _fail_first(k: int) -> int:
+    if k == 0:
+        raise ValueError("job 0 failed")
+    time.sleep(0.3)
+    return k
+
+
+def test_a_failed_job_stops_the_pool_without_a_traceback_from_its_thread():
+    # the failure reaches the caller; the other jobs' futures are left to the pool's manager thread, which
+    # once raced a cancel into an InvalidStateError traceback on stderr (seen from `fluidopt run`)
+    import threading
+
+    seen = []
+    old, threading.excepthook = threading.excepthook, seen.append
+    try:
+        for _ in range(4):
+            ex = LocalExecutor(2)
+            with pytest.raises(ValueError, match="job 0 failed"):
+                list(ex.imap(_fail_first, range(12)))
+            ex.close()
+    finally:
+        threading.excepthook = old
+    assert not seen, [f"{a.exc_type.__name__}: {a.exc_value}" for a in seen]
+
+
 @pytest.mark.parametrize("bad", ["", "nohost", "tcp://host", "tcp://host:99999", "http://h:1", "tcp://:80"])
 def test_bad_scheduler_addresses(bad):
     with pytest.raises(UsageError, match="--scheduler"):
