@@ -111,7 +111,14 @@ def scenario_from_dict(data: Mapping[str, Any], *, source: str = "<dict>") -> Sc
         from dataclasses import replace as _replace
 
         law = _timemodel(gpu_spec["timemodel"], source)
-        gpu = _replace(gpu_from_dict({k: v for k, v in gpu_spec.items() if k != "timemodel"}), timemodel=law)
+        table = {k: v for k, v in gpu_spec.items() if k != "timemodel"}
+        line = [k for k in ("alpha", "beta", "tau_solo", "gamma") if k in table]
+        if not line:  # the LP's straight line from the law itself (after the classes, which weight it)
+            table.update(alpha=1.0, beta=0.0, tau_solo=1.0)  # (placeholders, replaced below)
+        elif not ({"alpha", "beta"} <= set(line) and ("tau_solo" in line or "gamma" in line)):
+            raise ScenarioError(f"gpu: with a timemodel give alpha, beta and tau_solo (or gamma) together, or none of "
+                                f"them to take the fluid LP's straight line from the law; got only {', '.join(line)}")
+        gpu = _replace(gpu_from_dict(table), timemodel=law)
     else:
         gpu = gpu_from_dict(gpu_spec)
 
@@ -135,6 +142,17 @@ def scenario_from_dict(data: Mapping[str, Any], *, source: str = "<dict>") -> Sc
         from fluidopt.core.demand import demands_from_tables
 
         parsed = demands_from_tables(classes, parsed, _number("pricing.prefill", cp), _number("pricing.decode", cd))
+    if gpu.timemodel is not None and isinstance(gpu_spec, Mapping) and "alpha" not in gpu_spec:
+        from dataclasses import replace as _replace
+
+        from fluidopt.calibration.timemodels import straight_line_at
+        from fluidopt.workloads.synthetic import _length_law
+
+        moments = [(_length_law(f"classes[{c.name}]", c.lengths, c.prompt, c.prompt_sigma).second_moment,
+                    _length_law(f"classes[{c.name}]", c.lengths, c.decode, c.decode_sigma).second_moment)
+                   for c in parsed]
+        alpha, beta, tau_solo = straight_line_at(gpu.timemodel, gpu.batch, parsed, moments)
+        gpu = _replace(gpu, alpha=alpha, beta=beta, tau_solo=tau_solo)
     meta: dict[str, Any] = {}
     if "slis" in data:
         meta["slis"] = _slis(data["slis"], tuple(c.name for c in parsed))

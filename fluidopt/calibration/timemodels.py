@@ -166,6 +166,43 @@ class IterationLaw:
         return d
 
 
+def straight_line_at(law: IterationLaw, batch: int, classes: Sequence[Any],
+                     second_moments: Sequence[tuple[float, float]] | None = None) -> tuple[float, float, float]:
+    """The paper's straight line ``(alpha, beta, tau_solo)`` (seconds) that ``law`` gives on a full GPU, for the
+    fluid LP of a scenario whose simulator runs the law.
+
+    A full GPU holds ``batch`` requests: a decode-only iteration runs B decodes, a mixed one a prompt chunk
+    beside B - 1 decodes. A decode of D tokens after a prompt of P holds P + k tokens at its k-th iteration,
+    so the mean context T of a decode iteration, over the classes' decode iterations, is
+    ``sum(rate (E[D] E[P] + (E[D^2] - E[D]) / 2)) / sum(rate E[D])``. Then::
+
+        tau_solo = a_d + b_d B T + c_d B                    (the triple in force for B)
+        alpha    = a_p + b_d (B - 1) T + c_d (B - 1)        (the triple in force for B - 1)
+        beta     = b_p + c_p P2,   P2 = sum(rate E[P^2]) / sum(rate E[P])
+
+    A prompt of P tokens in n chunks costs ``n a_p + b_p P + c_p P^2`` under the law (plus the decodes beside
+    it) and ``n alpha + beta P`` on the line, so with P2 the line carries the classes' whole prefill work,
+    attention included. ``classes``: objects with ``prompt``, ``decode`` (means) and ``rate``
+    (:class:`~fluidopt.core.model.RequestClass`); ``second_moments``: ``(E[P^2], E[D^2])`` per class
+    (tokens^2; a scenario's come from its length distributions), None for fixed lengths."""
+    if second_moments is None:
+        second_moments = [(float(c.prompt) ** 2, float(c.decode) ** 2) for c in classes]
+    w = [(float(c.rate), float(c.prompt), float(c.decode), float(p2), float(d2))
+         for c, (p2, d2) in zip(classes, second_moments)]
+    pw = sum(r * p for r, p, _, _, _ in w)
+    dw = sum(r * d for r, _, d, _, _ in w)
+    if pw <= 0 or dw <= 0:
+        raise CalibrationError("straight line from a law: the classes carry no prompt or no decode tokens "
+                               "(rate x prompt and rate x decode must be > 0)")
+    P2 = sum(r * p2 for r, _, _, p2, _ in w) / pw
+    T = sum(r * (d * p + (d2 - d) / 2) for r, p, d, _, d2 in w) / dw
+    B = int(batch)
+    tau_solo = law.decode.time(B * T, B)
+    alpha = law.prefill.a + (law.decode.variable((B - 1) * T, B - 1) if B > 1 else 0.0)
+    beta = law.prefill.b + law.prefill.c * P2
+    return alpha, beta, tau_solo
+
+
 # ------------------------------------------------------------------------------------------------
 # Loading
 # ------------------------------------------------------------------------------------------------

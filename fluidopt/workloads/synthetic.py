@@ -253,6 +253,11 @@ class LengthDistribution:
     def mean(self) -> float:
         raise NotImplementedError
 
+    @property
+    def second_moment(self) -> float:
+        """E[L^2], tokens^2 (what a law's quadratic terms average over: docs/simulator.md section 1.3)."""
+        raise NotImplementedError
+
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """``n`` int64 token counts, each >= 1."""
         raise NotImplementedError
@@ -273,6 +278,11 @@ class Fixed(LengthDistribution):
     @property
     def mean(self) -> float:
         return self.n
+
+    @property
+    def second_moment(self) -> float:
+        f = self.n - math.floor(self.n)  # randomized rounding between floor and ceil adds f (1 - f)
+        return self.n * self.n + f * (1.0 - f)
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         if float(self.n).is_integer():
@@ -300,6 +310,10 @@ class Exponential(LengthDistribution):
     def mean(self) -> float:
         return self._mean
 
+    @property
+    def second_moment(self) -> float:
+        return 2.0 * self._mean * self._mean - self._mean  # Var + mean^2 = mean (mean - 1) + mean^2
+
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return rng.geometric(1.0 / self._mean, n).astype(np.int64)
 
@@ -324,6 +338,12 @@ class LogNormal(LengthDistribution):
     @property
     def mean(self) -> float:
         return self._mean
+
+    @property
+    def second_moment(self) -> float:
+        """1 + 2 E[Y] + E[Y]^2 exp(sigma^2), without the randomized rounding's variance (under 1/4 token^2)."""
+        m = self._mean - 1.0
+        return 1.0 + 2.0 * m + m * m * math.exp(self.sigma**2) if m > 0 else 1.0
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         m = self._mean - 1.0
@@ -357,6 +377,10 @@ class Empirical(LengthDistribution):
     @property
     def mean(self) -> float:
         return float(self.values.mean())
+
+    @property
+    def second_moment(self) -> float:
+        return float(np.mean(self.values.astype(float) ** 2))
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return self.values[rng.integers(0, self.values.size, n)]

@@ -378,3 +378,68 @@ def test_a_timemodel_with_a_kv_time_term_or_the_markov_service_is_refused():
         replace(s.gpu, kv_time_per_token=1e-7)
     with pytest.raises(ScenarioError, match="service='tokens'"):
         simulate(replace(s, gpus=2), "gate-and-route", horizon=1.0, service="markov")
+
+
+_LINE_FREE = """
+name = "law-only"
+[gpu]
+chunk = 64
+batch = 8
+[gpu.timemodel]
+prefill = [0.01, 1e-4, 1e-6]
+decode_small = [0.02, 1e-6, 1e-3]
+decode_large = [0.015, 2e-6, 2e-3]
+decode_threshold = 8
+[cluster]
+gpus = 4
+[[classes]]
+name = "a"
+prompt = 100
+decode = 50
+rate = 2.0
+lengths = "fixed"
+"""
+
+
+def test_without_a_straight_line_the_lp_takes_the_laws_on_a_full_gpu():
+    # one class, P = 100, D = 50 fixed: a decode's iterations hold 100 ... 149 tokens, T = 124.5; P2 = 100. B = 8
+    # decodes alone use the large triple (8 >= 8): 0.015 + 2e-6 * 8 * T + 2e-3 * 8; beside a chunk, 7 the small
+    s = loads_scenario(_LINE_FREE)
+    assert s.gpu.tau_solo == pytest.approx(0.015 + 2e-6 * 8 * 124.5 + 0.016, rel=1e-12)
+    assert s.gpu.alpha == pytest.approx(0.01 + 1e-6 * 7 * 124.5 + 1e-3 * 7, rel=1e-12)
+    assert s.gpu.beta == pytest.approx(1e-4 + 1e-6 * 100, rel=1e-12)
+    assert loads_scenario(to_toml_nested(scenario_to_dict(s))) == s  # written out, the line is explicit
+    # exponential lengths (geometric: E[L^2] = 2 m^2 - m): P2 = 19,900 / 100 = 199; T = (50 * 100 + (4,950 - 50) / 2)
+    # / 50 = 149: the law's quadratic and context terms see the long tail
+    e = loads_scenario(_LINE_FREE.replace('lengths = "fixed"', 'lengths = "exponential"'))
+    assert e.gpu.beta == pytest.approx(1e-4 + 1e-6 * 199, rel=1e-12)
+    assert e.gpu.tau_solo == pytest.approx(0.015 + 2e-6 * 8 * 149 + 0.016, rel=1e-12)
+
+
+def test_two_classes_weight_the_line_by_their_tokens():
+    from fluidopt.calibration.timemodels import DecodeLaw, IterationLaw, PrefillLaw, straight_line_at
+
+    law = IterationLaw(PrefillLaw(0.01, 1e-4, 1e-6), DecodeLaw((0.02, 1e-6, 1e-3)))
+    classes = [RequestClass("a", prompt=100, decode=50, rate=2.0), RequestClass("b", prompt=1000, decode=10, rate=1.0)]
+    alpha, beta, tau = straight_line_at(law, 4, classes)
+    P2 = (2 * 100 ** 2 + 1000 ** 2) / (2 * 100 + 1000)  # sum rate P^2 / sum rate P
+    T = (2 * 50 * 124.5 + 10 * 1004.5) / (2 * 50 + 10)  # the mean context of a decode iteration
+    assert (alpha, beta, tau) == pytest.approx((0.01 + 1e-6 * 3 * T + 3e-3, 1e-4 + 1e-6 * P2, 0.02 + 4e-6 * T + 4e-3))
+
+
+def test_a_partial_straight_line_beside_a_law_is_refused():
+    with pytest.raises(ScenarioError, match="give alpha, beta and tau_solo .* together, or none"):
+        loads_scenario(_LINE_FREE.replace("chunk = 64", "chunk = 64\nalpha = 0.01"))
+
+
+def to_toml_nested(d: dict[str, Any]) -> str:
+    """to_toml with the gpu's timemodel as its own table and arrays of numbers."""
+    def val(v):
+        return "[" + ", ".join(map(repr, v)) + "]" if isinstance(v, list) else _value(v)
+
+    gpu = dict(d["gpu"])
+    law = gpu.pop("timemodel", None)
+    text = to_toml({**d, "gpu": gpu})
+    if law is not None:
+        text += "[gpu.timemodel]\n" + "".join(f"{k} = {val(v)}\n" for k, v in law.items())
+    return text
