@@ -90,4 +90,3 @@ def replay_from_args(args: argparse.Namespace, scenario: Any) -> tuple[Any, Any]
     if not (args.speedup > 0 and math.isfinite(args.speedup)):
         raise UsageError(f"--speedup: expected a finite number > 0, got {args.speedup}")
     return replay(args.trace, scenario, speedup=args.speedup, jsonl_format=fmt)
-

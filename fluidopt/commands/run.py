@@ -67,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
     scenario = load_scenario(args.scenario)
     if args.service is None:
         g = scenario.gpu
-        args.service = "tokens" if g.timemodel is not None or g.kv_capacity is not None or g.kv_time_per_token else "markov"
+        tokens = g.timemodel is not None or g.kv_capacity is not None or g.kv_time_per_token
+        args.service = "tokens" if tokens else "markov"
     if args.gpus is not None:
         if args.gpus < 1:
             raise ScenarioError(f"--gpus: expected an integer >= 1, got {args.gpus}")

@@ -636,7 +636,7 @@ class Engine:
         m = k - self.t_ka[g]
         if self._lin:
             return self.t_ta[g] + m * self.t_itl[g]
-        if self._law:  # (timelaw.refresh: the m-th iteration takes t_itl + l_q m; a partial last chunk l_last less)
+        if self._law:  # (timelaw.iteration: the m-th iteration takes t_itl + l_q m; a partial last chunk l_last less)
             te = self.t_ta[g] + m * self.t_itl[g] + self.l_q[g] * (m * (m - 1) // 2)
             return te - self.l_last[g] if k == self.t_pend[g] and m > 0 else te
         return (self.t_ta[g] + m * (self.t_itl[g] + self.kap * self.t_kv[g])

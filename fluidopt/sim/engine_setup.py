@@ -84,7 +84,7 @@ def init_engine(
             "set); use service='tokens'"
         )
     eng.markov = service == "markov"
-    # the generalised law (timelaw.py): t_itl, l_q and l_last per GPU, set from its state by _law_refresh
+    # the generalised law (timelaw.py): t_itl, l_q and l_last per GPU, set from its state by Engine._law_set
     law = gpu.timemodel
     if law is not None and eng.markov:
         raise ScenarioError("simulate: service='markov' runs the straight line; gpu.timemodel (the generalised "

@@ -205,7 +205,7 @@ def offline(eng, g: int, t: float) -> None:
 def restore(eng, r: int, g: int, ptok: int, ka: int) -> None:
     """Schedule the restore of r's KV from host memory on g (in place of a re-prefill)."""
     eng.r_host[r] = 0
-    eng.l_w[g] = -1  # (a law's refresh times a restore's iterations: timelaw.refresh)
+    eng.l_w[g] = -1  # a restore, not a prefill (a law times its iterations: timelaw.iteration)
     T = eng._swap * ptok
     if eng.chunked:
         tau = eng.tau_mix if eng._lawc is None else eng._lawc[0] + eng._lawc[1] * eng.C  # a chunk's iteration

@@ -16,11 +16,10 @@ __all__ = ["iteration", "law_coefficients", "min_service_time"]
 
 
 def law_coefficients(law, chunk: int) -> tuple:
-    """The flat tuple the kernel's refresh reads: prefill (a, b, c), decode small and large triples, the
-    batch size from which the large one holds (large None: never), and the chunk C (tokens)."""
+    """The flat tuple :func:`iteration` reads: prefill (a, b, c), decode small and large triples, the batch size
+    from which the large one holds (large None: never), and the chunk C (tokens)."""
     d = law.decode
-    large = d.large if d.large is not None else None
-    return (law.prefill.a, law.prefill.b, law.prefill.c, tuple(d.small), large, int(d.threshold), int(chunk))
+    return (law.prefill.a, law.prefill.b, law.prefill.c, tuple(d.small), d.large, int(d.threshold), int(chunk))
 
 
 def iteration(coef: tuple, nd: int, kv: int, ptok: int, w: int, adv: int, left: int, swap: float):
