@@ -49,7 +49,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--horizon", type=float, default=None, help="simulated seconds per run (default: 3 T warm-up "
                    "+ 10 T, T the slowest mean decode)")
     p.add_argument("--warmup", type=float, default=None, help="seconds excluded from metrics")
-    p.add_argument("--service", choices=("markov", "tokens"), default="markov")
+    p.add_argument("--service", choices=("markov", "tokens"), default=None,
+                   help="the simulation check's service (default markov; tokens for a scenario whose own GPU, planned "
+                        "without --profiles, has a KV model or a generalised iteration-time law, [gpu.timemodel])")
     p.add_argument("--study", action="store_true", help="also the batch-size / chunk-size study (LP revenue and "
                    "TPOT against B and C) for the first profile at its planned fleet")
     p.add_argument("--out", default="", help="folder for plan.csv, curves.csv, sli_vs_n.png and the results "
@@ -183,6 +185,10 @@ def run(args: argparse.Namespace) -> int:
     if not args.fluid_only:
         check_cache_simulated(scenario, "plan")
     profiles = [p.strip() for p in args.profiles.split(",") if p.strip()] if args.profiles else None
+    if args.service is None:
+        g = scenario.gpu
+        tokens = not profiles and (g.timemodel is not None or g.kv_capacity is not None or g.kv_time_per_token)
+        args.service = "tokens" if tokens else "markov"
     if args.price:
         if not profiles:
             raise UsageError("--price: only with --profiles NAME,... (the named profiles to price)")
