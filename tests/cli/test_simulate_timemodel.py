@@ -52,3 +52,38 @@ def test_a_bad_time_model_file_is_one_line_and_exit_2(capsys, tmp_path, content,
     assert main(["simulate", "--policy", "round-robin", "--horizon", "10", "--timemodel", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+_LAW_ONLY = """
+[gpu]
+chunk = 256
+batch = 16
+[gpu.timemodel]
+prefill = [0.0174, 6.2e-5, 1e-8]
+decode_small = [0.015, 2e-7, 3e-4]
+[cluster]
+gpus = 4
+[pricing]
+prefill = 0.1
+decode = 0.2
+[[classes]]
+name = "chat"
+prompt = 300
+decode = 200
+rate = 2.0
+patience = 0.0
+"""
+
+
+def test_run_and_plan_simulate_a_law_in_tokens_mode_by_default(capsys, tmp_path):
+    # a law has no markov service: before, both commands failed on this scenario without --service tokens
+    path = tmp_path / "law.toml"
+    path.write_text(_LAW_ONLY)
+    capsys.readouterr()
+    assert main(["run", str(path), "--json", "--horizon", "40", "--warmup", "5", "--seeds", "1", "--policies",
+                 "gate-and-route", "--out", "", "--workers", "1"]) == 0
+    assert json.loads(capsys.readouterr().out)["policies"][0]["revenue"] > 0
+    assert main(["plan", str(path), "--seeds", "1", "--no-progress", "--workers", "1"]) == 0
+    assert main(["run", str(path), "--service", "markov", "--horizon", "40", "--warmup", "5", "--seeds", "1", "--out", "",
+                 "--workers", "1"]) == 2
+    assert "needs service='tokens'" in capsys.readouterr().err
