@@ -43,6 +43,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--per-iteration", action="store_true", help="with --fit-overheads: fit a cost per iteration too")
     p.add_argument("--leave-one-out", action="store_true", help="with --fit-overheads: also fit on all runs but one "
                    "and predict the one left out, for each run (the generalisation test)")
+    p.add_argument("--many-server", action="store_true", help="replay on one GPU of the many-server simulator's "
+                   "kernel (fluidopt.sim, the law as its timemodel; --engine vllm: whole prompts, paper: chunks) "
+                   "instead of the per-instance engine (docs/fidelity.md, \"The many-server simulator on the same "
+                   "runs\")")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     d = p.add_argument_group("disaggregated layout (docs/fidelity.md, \"Disaggregated replay\")")
     d.add_argument("--layout", choices=("colocated", "disaggregated"), default="colocated",
@@ -203,6 +207,9 @@ def run(args: argparse.Namespace) -> int:
         check_output_dir(args.out or ".", "--out")
     if args.fit is not None and args.fit_overheads is not None:
         raise UsageError("give --fit TOML or --fit-overheads TOML, not both")
+    if args.many_server and (args.fit is not None or args.fit_overheads is not None):
+        raise UsageError("--many-server: not with --fit or --fit-overheads (the fits run the per-instance engines; "
+                         "check their law on the kernel with --timemodel TOML --many-server)")
     for flag in ("per_iteration", "leave_one_out"):
         if getattr(args, flag) and args.fit_overheads is None:
             raise UsageError(f"--{flag.replace('_', '-')}: only with --fit-overheads TOML")
@@ -231,9 +238,18 @@ def run(args: argparse.Namespace) -> int:
                                              tpot_slo=args.slo_tpot_ms / 1e3, per_iteration=args.per_iteration,
                                              engine=args.engine)]
     cfg = engine_config(args.engine, kv_tokens=kv)
-    comps = [compare(r, law, cfg, args.engine, args.slo_ttft_ms / 1e3, args.slo_tpot_ms / 1e3) for r in runs]
-    rows = [c.to_dict() for c in comps]
-    figures = [] if args.no_figure else _save_figures(comps, rows, args.out, args.engine)
+    if args.many_server:
+        from fluidopt.engines.validation import Comparison
+        from fluidopt.sim.measured import replay_on_kernel
+
+        comps = [Comparison(r, replay_on_kernel(law, cfg, r.arrival, r.prompt, r.output), f"{args.engine}, many-server",
+                            args.slo_ttft_ms / 1e3, args.slo_tpot_ms / 1e3) for r in runs]
+        rows = [dict(c.to_dict(), engine=args.engine, simulator="many-server") for c in comps]
+    else:
+        comps = [compare(r, law, cfg, args.engine, args.slo_ttft_ms / 1e3, args.slo_tpot_ms / 1e3) for r in runs]
+        rows = [c.to_dict() for c in comps]
+    label = f"{args.engine}-many-server" if args.many_server else args.engine
+    figures = [] if args.no_figure else _save_figures(comps, rows, args.out, label)
     mean_err = sum(abs(d["attainment_error"]) for d in rows) / len(rows)
     if args.json:
         obj = dict(rows[0]) if len(rows) == 1 else {"runs": rows}
@@ -245,7 +261,8 @@ def run(args: argparse.Namespace) -> int:
             obj["leave_one_out_mean_abs_attainment_error"] = sum(abs(d["attainment_error"]) for d in loo) / len(loo)
         print(json.dumps(obj, indent=2))
         return 0
-    print(f"engine {args.engine}, law {law.name or args.timemodel}, KV cache "
+    print(f"engine {args.engine}{' on the many-server kernel' if args.many_server else ''}, law "
+          f"{law.name or args.timemodel}, KV cache "
           f"{'unlimited' if kv is None else f'{kv} tokens'}; SLO TTFT < {args.slo_ttft_ms:g} ms and TPOT < "
           f"{args.slo_tpot_ms:g} ms")
     print(_table(rows))
@@ -290,6 +307,8 @@ def _run_disaggregated(args: argparse.Namespace) -> int:
             raise UsageError(f"{flag}: expected a time in ms > 0, got {v}")
     if args.per_iteration:
         raise UsageError("--per-iteration: not with --layout disaggregated (only with --fit-overheads)")
+    if args.many_server:
+        raise UsageError("--many-server: not with --layout disaggregated (the kernel replays one colocated GPU)")
     if args.leave_one_out and not args.fit_costs:
         raise UsageError("--leave-one-out: with --layout disaggregated only with --fit-costs")
     if args.prefill_cost is not None and not args.fit_costs:
