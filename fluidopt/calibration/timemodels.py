@@ -275,8 +275,8 @@ def law_from_table(table: Mapping[str, Any], where: str = "timemodel") -> Iterat
     return IterationLaw(PrefillLaw(*prefill), DecodeLaw(small, large, int(threshold)), name=str(table.get("name", "")))
 
 
-def load_law_toml(path: str | Path, table: str = "timemodel") -> IterationLaw:
-    """:func:`law_from_table` of the ``[table]`` of a TOML file."""
+def _time_model_toml(path: str | Path, table: str) -> tuple[IterationLaw, dict]:
+    """The law of a TOML file's ``[table]`` and the file's whole content."""
     import tomllib
 
     p = Path(path)
@@ -284,10 +284,29 @@ def load_law_toml(path: str | Path, table: str = "timemodel") -> IterationLaw:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise CalibrationError(f"time-model file {str(p)!r}: not valid TOML: {e}") from None
+        raise CalibrationError(f"time-model file {str(p)!r}: not valid TOML: {' '.join(str(e).split())}") from None
     if table not in data:
         raise CalibrationError(f"time-model file {str(p)!r}: no [{table}] table")
-    return law_from_table(data[table], where=f"{p}: [{table}]")
+    return law_from_table(data[table], where=f"{p}: [{table}]"), data
+
+
+def load_law_toml(path: str | Path, table: str = "timemodel") -> IterationLaw:
+    """:func:`law_from_table` of the ``[table]`` of a TOML file."""
+    return _time_model_toml(path, table)[0]
+
+
+def load_time_model_file(path: str | Path) -> tuple[IterationLaw, int | None]:
+    """A time-model file as ``fluidopt validate --fit-overheads`` writes it (and ``validate`` and ``simulate
+    --timemodel`` read it): the law of its ``[timemodel]`` table (seconds) and its ``[engine] kv_tokens``, the
+    instance's KV cache in tokens (None when absent). Any problem raises :class:`CalibrationError` in one line
+    naming the file."""
+    law, data = _time_model_toml(path, "timemodel")
+    engine = data.get("engine", {})
+    kv = engine.get("kv_tokens") if isinstance(engine, dict) else None
+    if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int) or kv < 1):
+        raise CalibrationError(f"time-model file {str(Path(path))!r}: [engine] kv_tokens = {kv!r}: expected an "
+                               "integer >= 1")
+    return law, kv
 
 
 # ------------------------------------------------------------------------------------------------

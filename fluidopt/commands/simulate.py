@@ -170,9 +170,9 @@ def run(args: argparse.Namespace) -> int:
     if args.timemodel is not None and scenario is not None:
         from dataclasses import replace
 
-        from fluidopt.commands._timemodel import read_timemodel_file
+        from fluidopt.calibration.timemodels import load_time_model_file
 
-        law, kv = read_timemodel_file(args.timemodel)
+        law, kv = load_time_model_file(args.timemodel)
         kw = {} if kv is None else {"kv_capacity": float(kv)}
         scenario = replace(scenario, gpu=replace(scenario.gpu, timemodel=law, **kw))
     from fluidopt.control.registry import make_controller

@@ -109,9 +109,9 @@ def _law(args: argparse.Namespace):
             for flag in ("model", "tp"):
                 if getattr(args, flag) is not None:
                     raise UsageError(f"--{flag}: only with --profile (a TOML time model names no model)")
-            from fluidopt.commands._timemodel import read_timemodel_file
+            from fluidopt.calibration.timemodels import load_time_model_file
 
-            return read_timemodel_file(args.timemodel)
+            return load_time_model_file(args.timemodel)
         if args.profile is None:
             raise UsageError("give --profile JSON --model NAME --tp N (DistServe's profiler JSON) or --timemodel TOML")
         if args.model is None or args.tp is None:

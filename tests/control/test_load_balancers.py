@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import warnings
@@ -168,22 +169,38 @@ def test_min_min_avoids_a_long_prefill_backlog():
     assert replay(sc, "least-requests", rows, service="tokens") == [0, 1, 0, 1, 0]
 
 
+class _View:
+    """The reads min-min's estimate makes of instance 0: ``requests`` there, ``kv`` tokens, ``decodes``."""
+
+    service = "tokens"
+
+    def __init__(self, requests: int, kv: int, decodes: int = 0):
+        self.requests, self.kv, self.decodes = requests, kv, decodes
+
+    def instance_requests(self, g):
+        return self.requests
+
+    def gpu_kv_used(self, g):
+        return self.kv
+
+    def gpu_decodes(self, g):
+        return self.decodes
+
+
+def _min_min(gpu, batch: int, chunked: bool) -> MinMin:
+    """min-min on one instance with 3 routed prompts of 900 tokens in all and 1,200 outstanding output tokens."""
+    mm = MinMin(oracle_output, gpu, chunked=chunked)
+    mm.batch, mm._tok, mm.live = batch, True, False
+    mm._pk, mm._pp, mm._out = [3], [900], [1200.0]
+    return mm
+
+
 def test_min_min_completion_estimate_formula():
     gpu = GPUProfile(alpha=0.02, beta=1e-4, tau_solo=0.025, chunk=128, batch=4, kv_time_per_token=1e-6)
-
-    class View:
-        service = "tokens"
-
-        def instance_requests(self, g):
-            return 6
-
-        def gpu_kv_used(self, g):
-            return 2000
+    View = functools.partial(_View, 6, 2000)
 
     for chunked in (False, True):
-        mm = MinMin(oracle_output, gpu, chunked=chunked)
-        mm.batch, mm._tok, mm.live = 4, True, False
-        mm._pk, mm._pp, mm._out = [3], [900], [1200.0]
+        mm = _min_min(gpu, 4, chunked)
         tau = 0.025 + 1e-6 * 2000
         backlog = (900 / 128 + 1.5) * gpu.tau_mix if chunked else 3 * 0.02 + 1e-4 * 900
         slot = (6 + 1 - 4) * (1200 / 6) * tau / 4  # 3 slots to free, 200 tokens per request, 4 streams
@@ -199,22 +216,10 @@ def test_min_min_completion_estimate_under_a_law():
     law = IterationLaw(PrefillLaw(0.02, 1e-4, 1e-8), DecodeLaw((0.025, 1e-6, 2e-4), (0.02, 2e-6, 3e-4), 4))
     gpu = GPUProfile(alpha=0.02, beta=1e-4, tau_solo=0.025, chunk=128, batch=8, timemodel=law)
 
-    class View:
-        service = "tokens"
-
-        def instance_requests(self, g):
-            return 10
-
-        def gpu_kv_used(self, g):
-            return 2000
-
-        def gpu_decodes(self, g):
-            return 5
+    View = functools.partial(_View, 10, 2000, 5)
 
     for chunked in (False, True):
-        mm = MinMin(oracle_output, gpu, chunked=chunked)
-        mm.batch, mm._tok, mm.live = 8, True, False
-        mm._pk, mm._pp, mm._out = [3], [900], [1200.0]
+        mm = _min_min(gpu, 8, chunked)
         tau = 0.02 + 2e-6 * 2000 + 3e-4 * 5  # the large triple: 5 decodes >= 4
         backlog = (900 / 128 + 1.5 if chunked else 3) * 0.02 + 1e-4 * 900 + 1e-8 * 900 ** 2 / 3
         slot = (10 + 1 - 8) * (1200 / 10) * tau / 8

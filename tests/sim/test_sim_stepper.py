@@ -534,8 +534,14 @@ def _cases(draw):
     kv = draw(st.none() | st.integers(2, 2 * pmax + 40))
     p = dict(n=n, classes=ncls, batch=draw(st.integers(1, 8)), chunk=chunk, alpha=alpha, beta=beta,
              tau_solo=tau_solo, kv=kv, kap=kap, chunked=draw(st.booleans()), w=draw(st.sampled_from([0.0, 0.01])))
+    specs = draw(_traces(exact, 8 * max(alpha + beta * chunk, tau_solo), pmax, chunk, ncls, 24))
+    return exact, p, specs
+
+
+def _traces(exact: bool, scale: float, pmax: int, chunk: int, ncls: int, size: int):
+    """Request specs (timing, prompt, output, class): "exact" arrivals on multiples of U/4 or on boundaries of
+    their GPU, else generic gaps up to ``scale`` seconds; prompts up to ``pmax`` tokens, whole chunks among them."""
     prompt = st.integers(1, pmax) | st.integers(1, max(1, pmax // chunk)).map(lambda k: k * chunk)
-    scale = 8 * max(alpha + beta * chunk, tau_solo)
     if exact:
         timing = (st.tuples(st.just("gap"), st.integers(0, 64).map(lambda k: k * U / 4))
                   | st.tuples(st.just("bnd"), st.integers(1, 4) | st.integers(5, 40),
@@ -543,9 +549,7 @@ def _cases(draw):
     else:
         timing = st.tuples(st.just("gap"), st.just(0.0) | st.floats(0.0, scale))
     output = st.integers(1, 3) | st.integers(1, 20) | st.integers(21, 120)
-    specs = draw(st.lists(st.tuples(timing, prompt, output, st.integers(0, ncls - 1)),
-                          min_size=1, max_size=24))
-    return exact, p, specs
+    return st.lists(st.tuples(timing, prompt, output, st.integers(0, ncls - 1)), min_size=1, max_size=size)
 
 
 # 100 drawn cases (200 until issue 47's sixth cut): each event below was drawn in at least 15% of 221 cases
@@ -640,16 +644,7 @@ def _law_cases(draw):
     p = _params(n=draw(st.integers(1, 3)), classes=draw(st.integers(1, 2)), batch=draw(st.integers(1, 8)),
                 chunk=chunk, kv=draw(st.none() | st.integers(2, 2 * pmax + 40)), chunked=draw(st.booleans()),
                 w=draw(st.sampled_from([0.0, 0.01])), law=law)
-    scale = 8 * (pre[0] + pre[1] * chunk + small[0])
-    if exact:
-        timing = (st.tuples(st.just("gap"), st.integers(0, 64).map(lambda k: k * U / 4))
-                  | st.tuples(st.just("bnd"), st.integers(1, 4) | st.integers(5, 40),
-                              st.integers(1, 16).map(lambda k: k * U / 4)))
-    else:
-        timing = st.tuples(st.just("gap"), st.just(0.0) | st.floats(0.0, scale))
-    prompt = st.integers(1, pmax) | st.integers(1, max(1, pmax // chunk)).map(lambda k: k * chunk)
-    output = st.integers(1, 3) | st.integers(1, 20) | st.integers(21, 120)
-    specs = draw(st.lists(st.tuples(timing, prompt, output, st.integers(0, p["classes"] - 1)), min_size=1, max_size=20))
+    specs = draw(_traces(exact, 8 * (pre[0] + pre[1] * chunk + small[0]), pmax, chunk, p["classes"], 20))
     return exact, p, specs
 
 
