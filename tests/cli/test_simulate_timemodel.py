@@ -54,31 +54,19 @@ def test_a_bad_time_model_file_is_one_line_and_exit_2(capsys, tmp_path, content,
     assert message in err and len(err.splitlines()) == 1
 
 
-_LAW_ONLY = """
-[gpu]
-chunk = 256
-batch = 16
-[gpu.timemodel]
-prefill = [0.0174, 6.2e-5, 1e-8]
-decode_small = [0.015, 2e-7, 3e-4]
-[cluster]
-gpus = 4
-[pricing]
-prefill = 0.1
-decode = 0.2
-[[classes]]
-name = "chat"
-prompt = 300
-decode = 200
-rate = 2.0
-patience = 0.0
-"""
+def _law_only() -> str:
+    """The example scenario on 4 GPUs with a law in place of its straight line (the LP takes the law's line), its
+    two classes at 0.25 request/s each and patient (so that a plan's served fraction can reach 0.99)."""
+    lines = [ln for ln in EXAMPLE.read_text().splitlines() if ln.split("=")[0].strip() not in ("alpha", "beta", "gamma")]
+    text = "\n".join(lines).replace("gpus = 500", "gpus = 4").replace("rate = 250.0", "rate = 0.25")
+    text = text.replace("patience = 0.1", "patience = 0.0")
+    return text + "\n" + LAW.read_text().split("[engine]")[0].replace("[timemodel]", "[gpu.timemodel]")
 
 
 def test_run_and_plan_simulate_a_law_in_tokens_mode_by_default(capsys, tmp_path):
     # a law has no markov service: before, both commands failed on this scenario without --service tokens
     path = tmp_path / "law.toml"
-    path.write_text(_LAW_ONLY)
+    path.write_text(_law_only())
     capsys.readouterr()
     assert main(["run", str(path), "--json", "--horizon", "40", "--warmup", "5", "--seeds", "1", "--policies",
                  "gate-and-route", "--out", "", "--workers", "1"]) == 0
