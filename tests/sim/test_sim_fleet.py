@@ -186,6 +186,33 @@ def test_draining_gpu_finishes_its_work_then_goes_offline(backend, tmp_path):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("host,end", [(True, 2.25), (False, 2.37890625)])
+def test_eviction_restore_cost_by_hand_under_a_law(backend, host, end, tmp_path):
+    # gpu.timemodel: prefill 0.125 + 1/512 s per token, decode 0.125 s. Alone: one chunk of 256 [0, 0.625],
+    # then 8 decode steps. Evicted at 0.875 (2 tokens generated) and restarted at once:
+    # * to host: 0.516 s of restore in iterations of the law's chunk, 0.125 + 0.5 = 0.625 s: one, [0.875, 1.5];
+    #   then the 6 tokens left: 1.5 + 0.75 = 2.25;
+    # * recompute: 258 tokens, a chunk of 256 [0.875, 1.5] and one of 2 tokens, which pays for its 2 tokens
+    #   (0.125 + 2/512), to 1.62890625; then 1.62890625 + 0.75 (the straight line would charge a whole chunk)
+    from fluidopt.calibration.timemodels import DecodeLaw, IterationLaw, PrefillLaw
+
+    law = IterationLaw(PrefillLaw(0.125, 1 / 512, 0.0), DecodeLaw((0.125, 0.0, 0.0)))
+    sc = _scenario(n=1, fleet=Fleet(kv_swap_time_per_token=0.002), timemodel=law)
+    eng = make_engine(sc, AnyOnline(), horizon=10.0, seed=1, service="tokens", workload=Trace([(0.0, 0, 256, 8)]),
+                      backend=backend, check=True, records=tmp_path / "r.csv")
+    eng.advance(0.875)
+    r = eng.gpu_requests(0)[0]
+    assert eng.req_generated(r) == 2
+    assert eng.evict(r, host=host)
+    eng.start_prefill(r, 0)
+    eng.advance(10.0)
+    eng.finish()
+    rec = pd.read_csv(tmp_path / "r.csv")
+    assert rec["ttft"].tolist() == [0.625] and rec["preemptions"].tolist() == [1]
+    assert rec["end"].tolist() == [end]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("host,end", [(True, 2.0), (False, 1.75)])
 def test_eviction_restore_cost_by_hand(backend, host, end, tmp_path):
     # tau_mix = 0.25 (one chunk: prompt 256), tau_solo = 0.125, 8 output tokens. Alone: prefill
