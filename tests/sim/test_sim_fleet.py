@@ -185,6 +185,23 @@ def test_draining_gpu_finishes_its_work_then_goes_offline(backend, tmp_path):
     assert res.gpu_hours == pytest.approx((10.0 + 1.25) / 3600.0, abs=1e-12)
 
 
+def _evicted_and_restarted(sc, backend, at, host, tmp_path):
+    """One request (prompt 256, output 8) alone on GPU 0, evicted at time ``at`` (a boundary, after its second
+    token; ``host``: to host memory, else for recompute), restarted there at once and run to the end: its
+    records and the run's result."""
+    eng = make_engine(sc, AnyOnline(), horizon=10.0, seed=1, service="tokens", workload=Trace([(0.0, 0, 256, 8)]),
+                      backend=backend, check=True, records=tmp_path / "r.csv")
+    eng.advance(at)
+    r = eng.gpu_requests(0)[0]
+    assert eng.req_generated(r) == 2
+    assert eng.evict(r, host=host)
+    assert eng.req_phase(r) == 0 and eng.qlen(PREFILL_QUEUE) == 1 and eng.gpu_requests(0) == []
+    eng.start_prefill(r, 0)
+    eng.advance(10.0)
+    res = eng.finish()
+    return pd.read_csv(tmp_path / "r.csv"), res
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("host,end", [(True, 2.25), (False, 2.37890625)])
 def test_eviction_restore_cost_by_hand_under_a_law(backend, host, end, tmp_path):
@@ -197,17 +214,8 @@ def test_eviction_restore_cost_by_hand_under_a_law(backend, host, end, tmp_path)
     from fluidopt.calibration.timemodels import DecodeLaw, IterationLaw, PrefillLaw
 
     law = IterationLaw(PrefillLaw(0.125, 1 / 512, 0.0), DecodeLaw((0.125, 0.0, 0.0)))
-    sc = _scenario(n=1, fleet=Fleet(kv_swap_time_per_token=0.002), timemodel=law)
-    eng = make_engine(sc, AnyOnline(), horizon=10.0, seed=1, service="tokens", workload=Trace([(0.0, 0, 256, 8)]),
-                      backend=backend, check=True, records=tmp_path / "r.csv")
-    eng.advance(0.875)
-    r = eng.gpu_requests(0)[0]
-    assert eng.req_generated(r) == 2
-    assert eng.evict(r, host=host)
-    eng.start_prefill(r, 0)
-    eng.advance(10.0)
-    eng.finish()
-    rec = pd.read_csv(tmp_path / "r.csv")
+    rec, _ = _evicted_and_restarted(_scenario(n=1, fleet=Fleet(kv_swap_time_per_token=0.002), timemodel=law),
+                                    backend, 0.875, host, tmp_path)
     assert rec["ttft"].tolist() == [0.625] and rec["preemptions"].tolist() == [1]
     assert rec["end"].tolist() == [end]
 
@@ -221,18 +229,8 @@ def test_eviction_restore_cost_by_hand(backend, host, end, tmp_path):
     # * to host: restore 0.002 s/token x 258 tokens = 0.516 s -> ceil(0.516 / 0.25) = 3 mixed
     #   iterations [0.5, 1.25], then the 6 tokens left: 1.25 + 0.75 = 2.0;
     # * recompute: prefill of 258 tokens -> 2 chunks [0.5, 1.0], then 1.0 + 0.75 = 1.75.
-    sc = _scenario(n=1, fleet=Fleet(kv_swap_time_per_token=0.002))
-    eng = make_engine(sc, AnyOnline(), horizon=10.0, seed=1, service="tokens", workload=Trace([(0.0, 0, 256, 8)]),
-                      backend=backend, check=True, records=tmp_path / "r.csv")
-    eng.advance(0.5)
-    r = eng.gpu_requests(0)[0]
-    assert eng.req_generated(r) == 2
-    assert eng.evict(r, host=host)
-    assert eng.req_phase(r) == 0 and eng.qlen(PREFILL_QUEUE) == 1 and eng.gpu_requests(0) == []
-    eng.start_prefill(r, 0)
-    eng.advance(10.0)
-    res = eng.finish()
-    rec = pd.read_csv(tmp_path / "r.csv")
+    rec, res = _evicted_and_restarted(_scenario(n=1, fleet=Fleet(kv_swap_time_per_token=0.002)), backend, 0.5, host,
+                                      tmp_path)
     assert rec["preemptions"].tolist() == [1]
     assert rec["ttft"].tolist() == [0.25]
     assert rec["end"].tolist() == [end]
