@@ -103,6 +103,7 @@ def scenario_from_dict(data: Mapping[str, Any], *, source: str = "<dict>") -> Sc
         raise ScenarioError(f"name: expected a string, got {name!r}")
 
     gpu_spec = data["gpu"]
+    line_from_law = False  # a timemodel without alpha, beta, tau_solo: the LP's line comes from the law
     if isinstance(gpu_spec, str):
         from fluidopt.calibration.profiles import load_profile  # local import: calibration pulls statsmodels lazily
 
@@ -113,8 +114,9 @@ def scenario_from_dict(data: Mapping[str, Any], *, source: str = "<dict>") -> Sc
         law = _timemodel(gpu_spec["timemodel"], source)
         table = {k: v for k, v in gpu_spec.items() if k != "timemodel"}
         line = [k for k in ("alpha", "beta", "tau_solo", "gamma") if k in table]
-        if not line:  # the LP's straight line from the law itself (after the classes, which weight it)
-            table.update(alpha=1.0, beta=0.0, tau_solo=1.0)  # (placeholders, replaced below)
+        line_from_law = not line
+        if line_from_law:  # placeholders, replaced once the classes, which weight the law's line, are read
+            table.update(alpha=1.0, beta=0.0, tau_solo=1.0)
         elif not ({"alpha", "beta"} <= set(line) and ("tau_solo" in line or "gamma" in line)):
             raise ScenarioError(f"gpu: with a timemodel give alpha, beta and tau_solo (or gamma) together, or none of "
                                 f"them to take the fluid LP's straight line from the law; got only {', '.join(line)}")
@@ -142,7 +144,7 @@ def scenario_from_dict(data: Mapping[str, Any], *, source: str = "<dict>") -> Sc
         from fluidopt.core.demand import demands_from_tables
 
         parsed = demands_from_tables(classes, parsed, _number("pricing.prefill", cp), _number("pricing.decode", cd))
-    if gpu.timemodel is not None and isinstance(gpu_spec, Mapping) and "alpha" not in gpu_spec:
+    if line_from_law:
         from dataclasses import replace as _replace
 
         from fluidopt.calibration.timemodels import straight_line_at
